@@ -1,0 +1,14 @@
+"""Domain code of phantora_assets: no Dagster import anywhere under this package.
+
+Modules:
+    errors          exception types (each names the file or entry and the rule broken)
+    ring            Phantora's ring model: bytes per hop, flows of one collective
+    chrome_trace    Phantora visualizer JSON (timeline.json.gz): writer and fast reader
+    steps           steady-step detection from repeating collective sequences
+    trace_checks    the four trace rules of DATASET.md section 3
+    binning         the 180 s / 100 ms flows_100ms build (DATASET.md section 4)
+    window_features detector features per 1 s and 15 s window
+    workloads       collectives each workload issues per step (presets.toml rules)
+    analytic        the embedded analytic simulator
+    io              atomic file writes
+"""
