@@ -1,0 +1,211 @@
+"""Tests of phantora_assets.lib.window_features."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phantora_assets.lib.binning import build_bins
+from phantora_assets.lib.tables import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.window_features import (
+    FEATURES,
+    WINDOW_FEATURE_COLUMNS,
+    compute_window_features,
+    dominant_frequency_hz,
+    feature_markdown,
+    step_period_from_frequency,
+)
+
+
+def bin_table(run_id: str, series: dict[tuple[int, int], list[int]], bin_s: float = 0.1) -> pd.DataFrame:
+    """Dense BIN_COLUMNS rows from per-pair byte lists (one value per bin)."""
+    rows = []
+    n = len(next(iter(series.values())))
+    for i in range(n):
+        for (s, d), values in sorted(series.items()):
+            rows.append((run_id, round(i * bin_s, 6), s, d, values[i]))
+    return pd.DataFrame(rows, columns=list(BIN_COLUMNS)).astype(BIN_COLUMNS)
+
+
+# Two nodes, 8 bins of 100 ms, windows of 400 ms, control level 5 B per pair-bin.
+TINY = {
+    (0, 1): [5, 105, 5, 5, 5, 5, 5, 5],
+    (1, 0): [5, 5, 45, 5, 5, 5, 5, 5],
+}
+
+
+@pytest.fixture()
+def tiny() -> pd.DataFrame:
+    return compute_window_features(
+        bin_table("r", TINY), window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin=5
+    )
+
+
+def test_tiny_window_by_hand(tiny: pd.DataFrame) -> None:
+    assert list(tiny.columns) == list(WINDOW_FEATURE_COLUMNS)
+    assert tiny[["run_id", "window_s", "window_start_s", "n_bins"]].values.tolist() == [
+        ["r", 0.4, 0.0, 4], ["r", 0.4, 0.4, 4]]
+    w = tiny.iloc[0]
+    # bin series x = [10, 110, 50, 10]; pair totals T = [120, 60]
+    assert w.total_bytes == 180
+    assert w.n_active_pairs == 2
+    assert w.bytes_per_active_pair == 90.0
+    assert w.bin_mean_bytes == 45.0
+    assert w.bin_std_bytes == pytest.approx(math.sqrt((35**2 + 65**2 + 5**2 + 35**2) / 4))
+    assert w.bin_max_bytes == 110.0
+    assert w.bin_p95_bytes == pytest.approx(50 + 0.85 * 60)  # sorted [10,10,50,110], rank 2.85
+    assert w.cv == pytest.approx(math.sqrt(1675) / 45)
+    assert w.peak_to_mean == pytest.approx(110 / 45)
+    assert w.idle_bin_fraction == 0.5  # bins 0 and 3
+    assert w.pair_entropy_bits == pytest.approx(-(2 / 3) * math.log2(2 / 3) - (1 / 3) * math.log2(1 / 3))
+    assert w.top_pair_share == pytest.approx(2 / 3)
+    assert 2.5 <= w.dominant_frequency_hz <= 5.0  # searched from 1 cycle / window to Nyquist
+    assert not math.isnan(w.dominant_period_s)
+
+
+def test_tiny_control_only_window(tiny: pd.DataFrame) -> None:
+    w = tiny.iloc[1]  # every pair at the control level, constant series
+    assert w.total_bytes == 40
+    assert w.n_active_pairs == 0
+    assert w.bytes_per_active_pair == 0.0
+    assert w.bin_mean_bytes == 10.0 and w.bin_std_bytes == 0.0 and w.bin_max_bytes == 10.0
+    assert w.bin_p95_bytes == 10.0
+    assert w.cv == 0.0 and w.peak_to_mean == 1.0
+    assert w.idle_bin_fraction == 1.0
+    assert w.pair_entropy_bits == pytest.approx(1.0)
+    assert w.top_pair_share == 0.5
+    assert math.isnan(w.dominant_frequency_hz) and math.isnan(w.dominant_period_s)
+
+
+def test_control_level_per_pair_mapping_and_default() -> None:
+    bins = bin_table("r", TINY)
+    # a level of 45 for (1, 0) makes that pair idle; (0, 1) stays active
+    m = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8,
+                                control_bytes_per_pair_bin={(0, 1): 5, (1, 0): 45})
+    assert m.iloc[0].n_active_pairs == 1
+    assert m.iloc[0].bytes_per_active_pair == 120.0
+    assert m.iloc[0].idle_bin_fraction == 0.75
+    # default: the build rule, 5000 B/s * 0.1 s = 500 B per pair-bin for 2 nodes -> all idle
+    d = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8)
+    assert d.iloc[0].n_active_pairs == 0 and d.iloc[0].idle_bin_fraction == 1.0
+    with pytest.raises(ValueError, match="lacks pairs"):
+        compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8,
+                                control_bytes_per_pair_bin={(0, 1): 5})
+
+
+def test_empty_window() -> None:
+    # bins cover only the first 400 ms of an 800 ms run: the second window has no bins
+    bins = bin_table("r", {k: v[:4] for k, v in TINY.items()})
+    out = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin=5)
+    w = out.iloc[1]
+    assert w.n_bins == 0 and w.total_bytes == 0 and w.n_active_pairs == 0
+    for name in ("bytes_per_active_pair", "bin_mean_bytes", "bin_std_bytes", "bin_max_bytes",
+                 "bin_p95_bytes", "cv", "peak_to_mean", "pair_entropy_bits", "top_pair_share"):
+        assert w[name] == 0.0, name
+    for name in ("idle_bin_fraction", "dominant_frequency_hz", "dominant_period_s"):
+        assert math.isnan(w[name]), name
+
+
+def test_run_without_rows_gets_every_window() -> None:
+    out = compute_window_features(bin_table("x", TINY).iloc[:0], run_id="solo", window_s=2.0)
+    assert len(out) == 2 + 0  # 2 windows of 1 s, none of 15 s (longer than the run)
+    assert (out.run_id == "solo").all() and (out.n_bins == 0).all() and (out.total_bytes == 0).all()
+
+
+def test_single_pair() -> None:
+    bins = bin_table("r", {(0, 1): [0, 100, 0, 300]})
+    w = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.4,
+                                control_bytes_per_pair_bin=0).iloc[0]
+    assert w.total_bytes == 400 and w.n_active_pairs == 1 and w.bytes_per_active_pair == 400.0
+    assert w.pair_entropy_bits == 0.0 and w.top_pair_share == 1.0
+    assert w.idle_bin_fraction == 0.5
+
+
+def test_window_grid_and_multi_run() -> None:
+    rng = np.random.default_rng(3)
+    series = {(0, 1): rng.integers(0, 1000, 300).tolist(), (1, 0): rng.integers(0, 1000, 300).tolist()}
+    bins = pd.concat([bin_table("b", series), bin_table("a", series)], ignore_index=True)
+    out = compute_window_features(bins, window_s=30.0)
+    assert out.groupby(["run_id", "window_s"]).size().to_dict() == {
+        ("a", 1.0): 30, ("a", 15.0): 2, ("b", 1.0): 30, ("b", 15.0): 2}
+    assert out.run_id.tolist()[0] == "a"
+    one = out[(out.run_id == "a") & (out.window_s == 1.0)]
+    np.testing.assert_allclose(one.window_start_s, np.arange(30.0))
+    assert (one.n_bins == 10).all()
+    # window totals add up to the run total, for both grains
+    total = bins[bins.run_id == "a"]["bytes"].sum()
+    for w in (1.0, 15.0):
+        assert out[(out.run_id == "a") & (out.window_s == w)].total_bytes.sum() == total
+    for col, dtype in WINDOW_FEATURE_COLUMNS.items():
+        assert str(out[col].dtype) == ("object" if dtype == "str" else dtype), col
+
+
+def test_invalid_inputs() -> None:
+    bins = bin_table("r", TINY)
+    with pytest.raises(ValueError, match="multiple"):
+        compute_window_features(bins, window_sizes_s=(0.25,), window_s=0.8)
+    with pytest.raises(ValueError, match="outside"):
+        compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.4)
+    with pytest.raises(ValueError, match="lacks columns"):
+        compute_window_features(bins.drop(columns="t"))
+
+
+def test_dominant_frequency_of_a_4_bin_pattern() -> None:
+    x = np.tile([0, 100, 100, 0], 10)  # period 0.4 s: fundamental 2.5 Hz, no Nyquist term
+    # the negative-frequency image pulls the finite-series peak slightly (0.006 Hz here)
+    assert dominant_frequency_hz(x, 0.1) == pytest.approx(2.5, abs=0.01)
+    # 1/2.5 = 0.4 s is no plausible step; the longest alias inside 60-260 ms is 1/7.5 s
+    assert step_period_from_frequency(2.5, 0.1) == pytest.approx(1 / 7.5)
+    assert step_period_from_frequency(4.0, 0.1) == pytest.approx(0.25)  # direct reading kept
+    assert step_period_from_frequency(1.0, 0.1) == pytest.approx(1 / 9.0)
+    assert step_period_from_frequency(0.5, 0.1, (2.5, 3.0)) == pytest.approx(2.0)  # none inside: 1/fa
+    assert math.isnan(dominant_frequency_hz([1, 2, 3], 0.1))
+    assert math.isnan(dominant_frequency_hz([7, 7, 7, 7, 7], 0.1))
+
+
+def plausible_step(step_time_s: float, n_nodes: int = 2, n_flows: int = 8) -> pd.DataFrame:
+    """A burst of ring flows in the last 40 % of the step."""
+    step_us = step_time_s * 1e6
+    rows = []
+    for i in range(n_flows):
+        for s in range(n_nodes):
+            rows.append((0.6 * step_us + i * 0.4 * step_us / n_flows, 0.4 * step_us / n_flows,
+                         s, (s + 1) % n_nodes, 50_000_000))
+    return pd.DataFrame(rows, columns=list(STEP_FLOW_COLUMNS)).astype(STEP_FLOW_COLUMNS)
+
+
+def run_windows(step_time_s: float, run_id: str) -> pd.DataFrame:
+    binned = build_bins(plausible_step(step_time_s), step_time_s=step_time_s, n_nodes=2, run_id=run_id)
+    return compute_window_features(binned.bins, window_sizes_s=(15.0,))
+
+
+@pytest.mark.parametrize("step_ms", [61.5, 90.9, 147.2, 178.2, 234.9, 251.0, 108.5, 122.4, 194.8, 203.0])
+def test_dominant_period_recovers_step_time_in_15s_windows(step_ms: float) -> None:
+    out = run_windows(step_ms / 1000, f"recover_{step_ms}")
+    assert len(out) == 12
+    err = (out.dominant_period_s - step_ms / 1000).abs()
+    assert (err <= 0.1).all(), out.dominant_period_s.tolist()
+    assert (out.n_active_pairs == 2).all() and (out.idle_bin_fraction < 1).all()
+
+
+def test_dominant_period_alias_limit_is_as_documented() -> None:
+    # A 70.3 ms step (published W1 a100 2x2) folds to ~4.22 Hz: indistinguishable from a
+    # 237 ms step in 100 ms bins. The feature reports the direct (237 ms) reading.
+    out = run_windows(0.0703, "alias_70.3")
+    expected = 1 / (1 / 0.0703 - 10)
+    np.testing.assert_allclose(out.dominant_period_s, expected, atol=0.003)
+
+
+def test_feature_registry_and_markdown() -> None:
+    names = [f.name for f in FEATURES]
+    assert len(names) == len(set(names))
+    assert list(WINDOW_FEATURE_COLUMNS)[4:] == names
+    md = feature_markdown()
+    assert md.splitlines()[0] == "| feature | unit | formula | edge cases |"
+    assert len(md.splitlines()) == 2 + len(FEATURES)
+    for f in FEATURES:
+        assert f"`{f.name}`" in md and f.unit and f.formula and f.edge_cases
+        assert f.nullable == ("NaN" in f.edge_cases), f.name
