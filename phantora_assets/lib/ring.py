@@ -101,13 +101,15 @@ def group_sizes_for(op: str, count: int, dtype_bytes: int, flow_bytes: int, max_
         # floor(2 S (n-1)/n) is increasing in n and lies in [S, 2S); solve near the real root.
         if not size <= flow_bytes < 2 * size:
             return []
-        # 2S(n-1)/n = b  =>  n = 2S / (2S - b)
-        approx = (2 * size) / (2 * size - flow_bytes)
-        out = []
-        for n in range(max(2, int(approx) - 2), min(max_n, int(approx) + 3) + 1):
-            if hop_bytes(op, count, dtype_bytes, n) == flow_bytes:
-                out.append(n)
-        return out
+        # b = floor(2S(n-1)/n)  <=>  b <= 2S(n-1)/n < b + 1
+        #   <=>  n >= 2S / (2S - b)  and  n (2S - b - 1) < 2S.
+        # Many n can give the same b (small S, large n), so solve for the whole range
+        # exactly in integers instead of searching near the real root.
+        two_s = 2 * size
+        lo = max(2, -(-two_s // (two_s - flow_bytes)))
+        d = two_s - flow_bytes - 1
+        hi = max_n if d <= 0 else min(max_n, (two_s - 1) // d)
+        return list(range(lo, hi + 1))
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -1,0 +1,285 @@
+"""The trace rules of DATASET.md section 3 (checks 1-4), as plain functions.
+
+Each rule returns a :class:`CheckOutcome`; a violated rule never raises, it returns
+``passed=False`` with a message naming the communicator / step / flow at fault. The
+Dagster asset checks wrap these functions; ``render_checks_txt`` writes ``checks.txt``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
+from .steps import StepResult
+
+#: How many individual violations a message lists before summarising the rest.
+MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """Result of one trace rule.
+
+    Attributes:
+        name: short identifier of the rule (also the Dagster check name).
+        passed: True when the rule holds.
+        description: one plain-English sentence stating the rule.
+        observed: what was measured (JSON-serialisable values).
+        expected: what the rule requires (JSON-serialisable values).
+        message: plain-words result, naming what is at fault on failure.
+    """
+
+    name: str
+    passed: bool
+    description: str
+    observed: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+def _listing(items: list[str]) -> str:
+    shown = "; ".join(items[:MAX_LISTED])
+    if len(items) > MAX_LISTED:
+        shown += f"; and {len(items) - MAX_LISTED} more"
+    return shown
+
+
+# --------------------------------------------------------------------------------------
+def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
+    """Rule 1: the trace has at least one network flow (``src_node != dst_node``)."""
+    desc = "The trace contains at least one network flow, i.e. a flow between two different hosts."
+    n_total = int(len(flows))
+    n_net = int((flows["src_node"].to_numpy() != flows["dst_node"].to_numpy()).sum()) if n_total else 0
+    net_bytes = int(flows.loc[flows["src_node"] != flows["dst_node"], "bytes"].sum()) if n_net else 0
+    observed = {"flows": n_total, "network_flows": n_net, "loopback_flows": n_total - n_net,
+                "network_bytes": net_bytes}
+    expected = {"network_flows": ">= 1"}
+    if n_net:
+        msg = f"{n_net} of {n_total} flows cross the network ({net_bytes} bytes in total)."
+    elif n_total:
+        msg = (f"No network flow: all {n_total} flows stay inside one host (loopback), "
+               "so this run has no node-to-node traffic.")
+    else:
+        msg = "No network flow: the trace has no Communication event at all."
+    return CheckOutcome("flows_exist", n_net > 0, desc, observed, expected, msg)
+
+
+# --------------------------------------------------------------------------------------
+def _step_signatures(step_result: StepResult) -> pd.Series:
+    f = step_result.flows
+    f = f.loc[f["step"].isin(step_result.steady_steps)]
+    return f.groupby(["step", "comm_id", "op", "count", "dtype"]).size()
+
+
+def steps_match(step_result: StepResult) -> CheckOutcome:
+    """Rule 2: every steady step issues the same collectives.
+
+    A step's signature is, per communicator, the number of flows of each
+    (op, count, dtype); the reference is the signature most steady steps share.
+    """
+    desc = ("Every steady step issues the same collectives: per communicator, the same "
+            "operations with the same element counts and dtypes, the same number of times.")
+    steady = list(step_result.steady_steps)
+    sig = _step_signatures(step_result)
+    per_step: dict[int, tuple] = {}
+    for k in steady:
+        part = sig.xs(k, level="step") if k in sig.index.get_level_values("step") else sig.iloc[:0]
+        per_step[k] = tuple(sorted((tuple(map(str, idx)), int(v)) for idx, v in part.items()))
+    if not steady:
+        return CheckOutcome("steps_match", False, desc, {"steady_steps": 0},
+                            {"steady_steps": ">= 1"}, "There is no steady step to compare.")
+    uniq: dict[tuple, list[int]] = {}
+    for k, s in per_step.items():
+        uniq.setdefault(s, []).append(k)
+    ref_sig, ref_steps = max(uniq.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+    ref = dict(ref_sig)
+    problems: list[str] = []
+    bad_steps: list[int] = []
+    for k in steady:
+        if per_step[k] == ref_sig:
+            continue
+        bad_steps.append(k)
+        got = dict(per_step[k])
+        for key in sorted(set(ref) | set(got)):
+            a, b = got.get(key, 0), ref.get(key, 0)
+            if a != b:
+                comm, op, count, dtype = key
+                problems.append(f"step {k}, communicator {comm}: {op} count={count} {dtype} "
+                                f"has {a} flows, the other steps have {b}")
+    observed = {"steady_steps": len(steady), "distinct_signatures": len(uniq),
+                "mismatched_steps": bad_steps,
+                "collectives_per_step": int(sum(ref.values()))}
+    expected = {"distinct_signatures": 1, "mismatched_steps": []}
+    if not bad_steps:
+        n_comm = len({key[0] for key in ref})
+        msg = (f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
+               f"({sum(ref.values())} flows) on {n_comm} communicators.")
+        return CheckOutcome("steps_match", True, desc, observed, expected, msg)
+    msg = (f"{len(bad_steps)} of {len(steady)} steady steps differ from the others: "
+           + _listing(problems) + ".")
+    return CheckOutcome("steps_match", False, desc, observed, expected, msg)
+
+
+# --------------------------------------------------------------------------------------
+def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
+    """Rule 3: every flow's bytes fit the ring rule, with one group size n per communicator.
+
+    Broadcast / send / recv flows must carry ``count x dtype size`` bytes. For ring ops
+    (all_reduce, all_gather, reduce_scatter) each distinct (op, count, dtype, bytes)
+    gives the candidate sizes ``ring.group_sizes_for``; a communicator passes when the
+    intersection of its candidates (and, if more than one ``comm_rank`` is seen, the
+    number of distinct ranks) is exactly one n.
+    """
+    desc = ("Every flow carries the bytes Phantora's ring rule gives for its operation, "
+            "with one group size n per communicator.")
+    problems: list[str] = []
+    bad_comms: set[str] = set()
+    sizes: dict[str, int] = {}
+    n_flows = int(len(flows))
+    if n_flows == 0:
+        return CheckOutcome("ring_bytes_match", True, desc, {"flows": 0}, {}, "No flow to check.")
+
+    # dtype size must agree with the dtype name
+    dt_expected = flows["dtype"].map(DTYPE_BYTES)
+    bad_dt = dt_expected.notna() & (dt_expected != flows["dtype_bytes"])
+    for (comm, dtype, db), _ in flows.loc[bad_dt].groupby(["comm_id", "dtype", "dtype_bytes"]):
+        bad_comms.add(str(comm))
+        problems.append(f"communicator {comm}: dtype {dtype} given {db} bytes per element, "
+                        f"expected {DTYPE_BYTES[dtype]}")
+
+    combos = (flows.groupby(["comm_id", "op", "count", "dtype", "dtype_bytes", "bytes"])
+              .agg(n=("flow_id", "size"), flow_id=("flow_id", "min")).reset_index())
+    ranks_seen = flows.groupby("comm_id")["comm_rank"].nunique().to_dict()
+    n_bad_flows = 0
+    for comm, part in combos.groupby("comm_id", sort=True):
+        comm = str(comm)
+        cand_sets: list[tuple[set[int], str]] = []
+        for r in part.itertuples(index=False):
+            try:
+                cands = group_sizes_for(r.op, int(r.count), int(r.dtype_bytes), int(r.bytes))
+            except ValueError:
+                cands = []
+            label = f"{r.op} count={r.count} {r.dtype} with {r.bytes} bytes per flow"
+            if not cands:
+                bad_comms.add(comm)
+                n_bad_flows += int(r.n)
+                if r.op in RING_OPS:
+                    why = "no group size n fits the ring rule"
+                else:
+                    why = f"expected count x dtype size = {int(r.count) * int(r.dtype_bytes)}"
+                problems.append(f"communicator {comm}: {label} ({int(r.n)} flows, e.g. flow "
+                                f"{r.flow_id}): {why}")
+                continue
+            if r.op in RING_OPS and cands != [0]:
+                cand_sets.append((set(cands), label))
+        if not cand_sets:
+            continue
+        common = set.intersection(*(c for c, _ in cand_sets))
+        n_ranks = int(ranks_seen.get(comm, 0))
+        if n_ranks > 1:
+            common &= {n_ranks}
+        if len(common) == 1:
+            sizes[comm] = next(iter(common))
+            continue
+        bad_comms.add(comm)
+        def fmt(c: set[int]) -> str:
+            s = sorted(c)
+            return f"n in {s}" if len(s) <= 6 else f"n in {s[0]}..{s[-1]} ({len(s)} values)"
+        detail = "; ".join(f"{lab} fits {fmt(c)}" for c, lab in cand_sets[:MAX_LISTED])
+        rank_note = f"; {n_ranks} distinct ranks are seen" if n_ranks > 1 else ""
+        if common:
+            problems.append(f"communicator {comm}: group size is ambiguous, {fmt(common)} "
+                            f"({detail}{rank_note})")
+        else:
+            problems.append(f"communicator {comm}: no single group size fits all its flows "
+                            f"({detail}{rank_note})")
+    observed = {"flows": n_flows, "communicators": int(flows["comm_id"].nunique()),
+                "group_sizes": dict(sorted(sizes.items())),
+                "bad_communicators": sorted(bad_comms), "bad_flows": n_bad_flows}
+    expected = {"bad_communicators": [], "group_size_per_communicator": "exactly one n"}
+    if not problems:
+        gs = ", ".join(f"{c}: n={n}" for c, n in sorted(sizes.items())) or "none needed"
+        msg = (f"All {n_flows} flows on {observed['communicators']} communicators match the "
+               f"ring rule (group sizes {gs}).")
+        return CheckOutcome("ring_bytes_match", True, desc, observed, expected, msg)
+    noun = "violation" if len(problems) == 1 else "violations"
+    msg = f"{len(problems)} ring-rule {noun}: " + _listing(problems) + "."
+    return CheckOutcome("ring_bytes_match", False, desc, observed, expected, msg)
+
+
+# --------------------------------------------------------------------------------------
+def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> CheckOutcome:
+    """Rule 4: steady steps carry identical network bytes and nearly equal durations.
+
+    Bytes are compared over all steady steps. Durations are compared over the timed steps
+    (``step_result.timed_steps``: the steady steps except the last, whose end is its last
+    flow's end rather than the next step's start), relative to their median
+    (``step_time_us``); the largest relative deviation must be <= ``rel_tol``.
+    """
+    desc = (f"Steady steps carry identical network bytes and their durations stay within "
+            f"{rel_tol:.1%} of the median step time.")
+    steps = step_result.steps.set_index("step")
+    steady = list(step_result.steady_steps)
+    timed = list(step_result.timed_steps)
+    if not steady:
+        return CheckOutcome("steady_steps_stable", False, desc, {"steady_steps": 0},
+                            {"steady_steps": ">= 1"}, "There is no steady step.")
+    net = steps.loc[steady, "network_bytes"].astype("int64")
+    ref_bytes = int(step_result.network_bytes_per_step)
+    odd_bytes = net[net != ref_bytes]
+    durs = steps.loc[timed, "duration_us"].astype("float64")
+    med = float(step_result.step_time_us)
+    dev = (durs - med).abs() / med if med > 0 else pd.Series(np.inf, index=durs.index)
+    max_dev = float(dev.max()) if len(dev) else 0.0
+    worst = int(dev.idxmax()) if len(dev) else -1
+    slow = dev[dev > rel_tol]
+    observed = {
+        "steady_steps": len(steady), "timed_steps": len(timed),
+        "network_bytes_min": int(net.min()), "network_bytes_max": int(net.max()),
+        "step_time_us": med, "max_rel_deviation": max_dev, "worst_step": worst,
+        "steps_with_other_bytes": [int(k) for k in odd_bytes.index],
+        "steps_out_of_tolerance": [int(k) for k in slow.index],
+    }
+    expected = {"network_bytes_per_step": ref_bytes, "max_rel_deviation": f"<= {rel_tol}"}
+    problems: list[str] = []
+    for k, b in odd_bytes.items():
+        problems.append(f"step {k} carries {int(b)} network bytes, the median steady step "
+                        f"{ref_bytes} ({int(b) - ref_bytes:+d})")
+    for k, d in slow.items():
+        problems.append(f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median "
+                        f"{med:.1f} us (tolerance {rel_tol:.1%})")
+    if not problems:
+        msg = (f"All {len(steady)} steady steps carry {ref_bytes} network bytes; the {len(timed)} "
+               f"timed steps stay within {max_dev:.2%} of the median {med:.1f} us "
+               f"(tolerance {rel_tol:.1%}).")
+        return CheckOutcome("steady_steps_stable", True, desc, observed, expected, msg)
+    msg = "Steady steps are not stable: " + _listing(problems) + "."
+    return CheckOutcome("steady_steps_stable", False, desc, observed, expected, msg)
+
+
+# --------------------------------------------------------------------------------------
+def run_trace_checks(flows: pd.DataFrame, step_result: StepResult,
+                     rel_tol: float = 0.05) -> list[CheckOutcome]:
+    """The four trace rules, in DATASET.md order."""
+    return [
+        flows_exist(flows),
+        steps_match(step_result),
+        ring_bytes_match(flows),
+        steady_steps_stable(step_result, rel_tol=rel_tol),
+    ]
+
+
+def render_checks_txt(outcomes: list[CheckOutcome]) -> str:
+    """Plain-text report: one block per check (PASS/FAIL and name, rule, result)."""
+    blocks = []
+    for o in outcomes:
+        blocks.append(f"{'PASS' if o.passed else 'FAIL'}  {o.name}\n"
+                      f"  rule:   {o.description}\n"
+                      f"  result: {o.message}\n")
+    n_fail = sum(not o.passed for o in outcomes)
+    head = (f"{len(outcomes)} checks, {len(outcomes) - n_fail} passed, {n_fail} failed\n\n")
+    return head + "\n".join(blocks)

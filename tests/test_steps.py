@@ -1,0 +1,374 @@
+"""Step detection on synthetic runs built the way Phantora's ring model issues flows.
+
+Synthetic run (``build_run``): 4 ranks on 2 hosts (ranks 0,1 on node 0; 2,3 on node 1).
+Communicators: TP groups {0,1} and {2,3} (loopback only), DP groups {0,2} and {1,3}
+(network), a world ring {0,1,2,3}, and an ``init`` communicator used once at start-up.
+20 iterations; iteration 0 is a 3T warm-up that also broadcasts parameters (on the DP
+groups and on the world ring, before its first step call). Steady iteration lengths
+alternate T+5 and T-5 us, so the median step time is exactly T.
+
+Steady-step counting (the documented decision): 20 steps, step 0 warm-up, steps 1..19
+steady (19 steady steps, the last one included); ``step_time_us`` is the median of steps
+1..18 because the last step's end is the end of its last flow, not a next step's start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.lib.ring import DTYPE_BYTES, OP_TO_CALL, hop_bytes
+from phantora_assets.lib.steps import StepResult, detect_steps
+from phantora_assets.lib.tables import FLOW_COLUMNS, STEP_COLUMNS, STEP_FLOW_COLUMNS
+
+T = 10_000.0
+N_ITER = 20
+RANK_NODE = {0: 0, 1: 0, 2: 1, 3: 1}
+COMMS = {
+    "tp0": ("00000000000000a0", [0, 1]),
+    "tp1": ("00000000000000a1", [2, 3]),
+    "dp0": ("00000000000000b0", [0, 2]),
+    "dp1": ("00000000000000b1", [1, 3]),
+    "world": ("00000000000000c0", [0, 1, 2, 3]),
+    "init": ("00000000000000d0", [0, 1, 2, 3]),
+}
+TP_COUNT = 2**20          # Bf16: 2 MiB per all-reduce, n=2 -> 2 MiB per hop (loopback)
+DP_COUNT = 2**21          # Bf16: 4 MiB per all-reduce, n=2 -> 4 MiB per hop (network)
+# per steady step: DP 2 communicators x 2 hops x 4 MiB + world ring hops 1->2 and 3->0 of 6 B
+NET_BYTES_PER_STEP = 2 * 2 * hop_bytes("all_reduce", DP_COUNT, 2, 2) + 2 * hop_bytes("all_reduce", 1, 4, 4)
+FLOWS_PER_STEP = 2 * (1 + 2 * 2) + 2 * 2 + 4
+
+
+class FlowBuilder:
+    """Collects flows as FLOW_COLUMNS rows, following the ring model."""
+
+    def __init__(self, rank_node: dict[int, int] | None = None) -> None:
+        self.rows: list[dict] = []
+        self.rank_node = rank_node or RANK_NODE
+
+    def _row(self, comm_id, comm_rank, src_rank, dst_rank, op, count, dtype, nbytes, ts, dur, root=-1):
+        s, d = self.rank_node[src_rank], self.rank_node[dst_rank]
+        self.rows.append({
+            "flow_id": len(self.rows), "ts_us": float(ts), "dur_us": float(dur),
+            "src_host": f"host-{s + 1}", "dst_host": f"host-{d + 1}", "src_node": s, "dst_node": d,
+            "bytes": int(nbytes), "call": OP_TO_CALL[op], "op": op, "dtype": dtype,
+            "dtype_bytes": DTYPE_BYTES[dtype], "count": int(count), "comm_id": comm_id,
+            "comm_rank": comm_rank, "root": root, "stream": 7, "name": OP_TO_CALL[op],
+        })
+
+    def ring(self, comm_id, ranks, op, count, dtype, ts, dur):
+        n = len(ranks)
+        b = hop_bytes(op, count, DTYPE_BYTES[dtype], n)
+        for i in range(n):
+            self._row(comm_id, i, ranks[i], ranks[(i + 1) % n], op, count, dtype, b, ts, dur)
+
+    def bcast(self, comm_id, ranks, root, count, dtype, ts, dur):
+        b = count * DTYPE_BYTES[dtype]
+        for r in range(len(ranks)):
+            if r != root:
+                self._row(comm_id, root, ranks[root], ranks[r], "broadcast", count, dtype, b, ts, dur, root)
+
+    def send(self, comm_id, ranks, src, dst, count, dtype, ts, dur):
+        self._row(comm_id, src, ranks[src], ranks[dst], "send", count, dtype,
+                  count * DTYPE_BYTES[dtype], ts, dur)
+
+    def frame(self, shuffle_seed: int | None = 0) -> pd.DataFrame:
+        df = pd.DataFrame(self.rows, columns=list(FLOW_COLUMNS)).astype(FLOW_COLUMNS)
+        if shuffle_seed is not None:   # traces are not sorted by time
+            df = df.sample(frac=1.0, random_state=shuffle_seed).reset_index(drop=True)
+        return df
+
+
+def iteration_lengths(n_iter=N_ITER, jitter=5.0, slow_step=None, slow_factor=1.1):
+    lens = [3 * T] + [T + (jitter if i % 2 else -jitter) for i in range(1, n_iter)]
+    if slow_step is not None:
+        lens[slow_step] = T * slow_factor
+    return lens
+
+
+def build_run(*, n_iter=N_ITER, jitter=5.0, warmup_bcast=True, first_dp_count=None,
+              slow_step=None, slow_factor=1.1, extra_bytes_step=None, seed=0,
+              shuffle_seed: int | None = 0) -> pd.DataFrame:
+    """The synthetic run described in the module docstring, as a flows table."""
+    rng = np.random.default_rng(seed)
+    fb = FlowBuilder()
+    c = {k: v for k, v in COMMS.items()}
+    t0 = 0.0
+    for it, length in enumerate(iteration_lengths(n_iter, jitter, slow_step, slow_factor)):
+        j = lambda: float(rng.uniform(0, 20))  # noqa: E731  (jitter of later calls)
+        if it == 0:
+            fb.ring(*c["init"], "all_reduce", 1, "F32", t0 + 10, 0)             # start-up barrier
+            if warmup_bcast:
+                fb.bcast(*c["world"], 0, 4096, "Bf16", t0 + 50, 3)
+                for k, cnt in enumerate((1000, 2000, 3000)):
+                    for name in ("dp0", "dp1"):
+                        fb.bcast(*c[name], 0, cnt, "Bf16", t0 + 100 * (k + 1), 1)
+        for name in ("tp0", "tp1"):
+            fb.bcast(*c[name], 0, 1024, "I64", t0 + 500, 2)                     # batch broadcast
+            fb.ring(*c[name], "all_reduce", TP_COUNT, "Bf16", t0 + 1000 + j(), 40)
+            fb.ring(*c[name], "all_reduce", TP_COUNT, "Bf16", t0 + 3000 + j(), 40)
+        dp_count = first_dp_count if (it == 0 and first_dp_count) else DP_COUNT
+        for name in ("dp0", "dp1"):
+            fb.ring(*c[name], "all_reduce", dp_count, "Bf16", t0 + 6000 + j(), 2000)
+        fb.ring(*c["world"], "all_reduce", 1, "F32", t0 + 8500 + j(), 0)
+        if extra_bytes_step == it:
+            fb.rows[-1]["bytes"] += 1000   # world hop 3 -> 0 is a network flow
+        t0 += length
+    return fb.frame(shuffle_seed)
+
+
+@pytest.fixture(scope="module")
+def clean_run():
+    flows = build_run()
+    return flows, detect_steps(flows, source="synthetic-run")
+
+
+def test_clean_run_steps(clean_run):
+    flows, sr = clean_run
+    assert isinstance(sr, StepResult)
+    assert list(sr.steps.columns) == list(STEP_COLUMNS)
+    assert {c: str(t) for c, t in sr.steps.dtypes.items()} == {k: ("object" if v == "str" else v) for k, v in STEP_COLUMNS.items()}
+    assert len(sr.steps) == 20
+    assert sr.steady_steps == list(range(1, 20))            # 19 steady steps
+    assert sr.timed_steps == list(range(1, 19))             # the last one is untimed
+    assert sr.steps["steady"].tolist() == [False] + [True] * 19
+    assert sr.step_time_us == T
+    assert sr.network_bytes_per_step == NET_BYTES_PER_STEP == 16_777_228
+    assert (sr.steps.loc[sr.steps.steady, "network_bytes"] == NET_BYTES_PER_STEP).all()
+    assert (sr.steps["n_flows"] == FLOWS_PER_STEP).all()
+    # TP rank 0 issues [bcast, AR, AR] per step; rank 1 [AR, AR] (sub-period 1, reconciled to 2)
+    assert sr.periods == {COMMS["tp0"][0]: 3, COMMS["tp1"][0]: 3, COMMS["dp0"][0]: 1,
+                          COMMS["dp1"][0]: 1, COMMS["world"][0]: 1}
+    # step boundaries: iteration starts + 500 us (first call, the TP batch broadcast)
+    starts = np.cumsum([0.0] + iteration_lengths()[:-1]) + 500
+    assert sr.steps["start_us"].tolist() == starts.tolist()
+    d = sr.steps["duration_us"].to_numpy()
+    assert d[0] == 3 * T and d[1] == T + 5 and d[2] == T - 5
+    # last step: ends at the end of its last flow (world all-reduce, dur 0, at 8500 + jitter)
+    last = sr.steps.iloc[-1]
+    assert 8000 <= last.duration_us <= 8000 + 20
+    assert last.end_us == pytest.approx(last.start_us + last.duration_us)
+
+
+def test_flows_output_keeps_rows_and_marks_warmup(clean_run):
+    flows, sr = clean_run
+    out = sr.flows
+    assert len(out) == len(flows)
+    assert out.index.equals(flows.index)
+    assert out["flow_id"].tolist() == flows["flow_id"].tolist()
+    assert out["step"].dtype == np.int64
+    warm = out[out.step == -1]
+    # warm-up: init barrier (4) + world bcast (3) + 6 dp broadcasts + iteration 0 (18 flows)
+    assert len(warm) == 4 + 3 + 6 + FLOWS_PER_STEP
+    assert (warm["ts_us"] < 3 * T).all()
+    assert sorted(out.loc[out.step >= 0, "step"].unique()) == list(range(1, 20))
+    assert (out.groupby("step").size().drop(-1) == FLOWS_PER_STEP).all()
+
+
+def test_step_flows(clean_run):
+    _, sr = clean_run
+    f = sr.step_flows(5)
+    assert list(f.columns) == list(STEP_FLOW_COLUMNS)
+    assert (f["src_node"] != f["dst_node"]).all()
+    assert int(f["bytes"].sum()) == NET_BYTES_PER_STEP
+    assert len(f) == 2 * 2 + 2
+    assert f["offset_us"].min() >= 6000 - 500 and f["offset_us"].max() <= 8500 - 500 + 20
+    assert f["offset_us"].is_monotonic_increasing
+    allf = sr.step_flows(5, network_only=False)
+    assert len(allf) == FLOWS_PER_STEP and allf["offset_us"].min() == 0.0
+    assert len(sr.step_flows(0, network_only=False)) == FLOWS_PER_STEP  # warm-up steps too
+    with pytest.raises(KeyError):
+        sr.step_flows(20)
+
+
+def test_order_of_rows_does_not_matter(clean_run):
+    _, sr = clean_run
+    sr2 = detect_steps(build_run(shuffle_seed=123))
+    pd.testing.assert_frame_equal(sr.steps, sr2.steps)
+    assert sr2.periods == sr.periods and sr2.step_time_us == sr.step_time_us
+
+
+def test_without_warmup_broadcasts_same_steps():
+    sr = detect_steps(build_run(warmup_bcast=False))
+    assert sr.steady_steps == list(range(1, 20)) and sr.step_time_us == T
+
+
+def test_warmup_steps_zero_and_two():
+    flows = build_run()
+    sr0 = detect_steps(flows, warmup_steps=0)
+    assert sr0.steady_steps == list(range(0, 20))
+    assert sr0.timed_steps == list(range(0, 19))
+    sr2 = detect_steps(flows, warmup_steps=2)
+    assert sr2.steady_steps == list(range(2, 20))
+    assert sr2.step_time_us == T - 5        # steps 2..18: nine of T-5, eight of T+5
+
+
+def test_different_first_collective_drops_one_more_step():
+    # the DP groups' first all-reduce differs in iteration 0: their periodic tail covers
+    # 19 iterations, the part before it is warm-up, and one more full period is dropped
+    sr = detect_steps(build_run(first_dp_count=12345))
+    assert len(sr.steps) == 20
+    assert sr.steady_steps == list(range(2, 20))            # 18 steady steps
+    assert sr.timed_steps == list(range(2, 19))
+    assert sr.step_time_us == T - 5         # steps 2..18: nine of T-5, eight of T+5
+    assert sr.network_bytes_per_step == NET_BYTES_PER_STEP
+
+
+def test_never_repeating_sequence_raises():
+    fb = FlowBuilder()
+    comm = "00000000000000ee"
+    for i in range(30):
+        fb.ring(comm, [0, 2], "all_reduce", 1000 + i, "Bf16", 100.0 * i, 1)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(fb.frame(), source="runs/x/timeline.json.gz")
+    assert ei.value.rule == "steps never repeat"
+    assert comm in ei.value.detail
+    assert ei.value.path == "runs/x/timeline.json.gz"
+    assert "runs/x/timeline.json.gz: steps never repeat" in str(ei.value)
+
+
+def test_non_repeating_communicator_inside_steady_steps_raises():
+    flows = build_run()
+    fb = FlowBuilder()
+    comm = "00000000000000ff"
+    for i in range(5):   # one-off calls in the middle of the run
+        fb.ring(comm, [0, 2], "all_reduce", 77 + i, "Bf16", 100_000.0 + 1000 * i, 1)
+    extra = fb.frame()
+    extra["flow_id"] += 10_000
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(pd.concat([flows, extra], ignore_index=True))
+    assert ei.value.rule == "steps never repeat" and comm in ei.value.detail
+
+
+def test_empty_flows_raise():
+    empty = pd.DataFrame({k: pd.Series(dtype=("object" if v == "str" else v)) for k, v in FLOW_COLUMNS.items()})
+    with pytest.raises(StepDetectionError):
+        detect_steps(empty)
+
+
+def test_communicators_disagreeing_on_step_count_raise():
+    fb = FlowBuilder()
+    a, b = "000000000000000a", "000000000000000b"
+    for it in range(20):
+        fb.ring(a, [0, 2], "all_reduce", 100, "Bf16", it * 1000.0, 1)
+        fb.ring(a, [0, 2], "all_reduce", 200, "Bf16", it * 1000.0 + 100, 1)
+    for it in range(7):                      # repeats, but only in the last 7 iterations
+        fb.ring(b, [1, 3], "all_gather", 100, "Bf16", (13 + it) * 1000.0 + 500, 1)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(fb.frame())
+    assert ei.value.rule == "steps disagree"
+    assert a in ei.value.detail and b in ei.value.detail
+
+
+def test_step_ending_with_identical_calls_keeps_full_period():
+    # each step = [A, x, x, x]: "smallest p with 3 repeats" would be p=1 on the x's
+    fb = FlowBuilder()
+    comm = "0000000000000011"
+    for it in range(12):
+        t = it * 1000.0
+        fb.ring(comm, [0, 2], "all_reduce", 4096, "Bf16", t + 10, 5)
+        for k in range(3):
+            fb.ring(comm, [0, 2], "all_reduce", 1, "F32", t + 100 + 10 * k, 0)
+    sr = detect_steps(fb.frame())
+    assert sr.periods == {comm: 4}
+    assert len(sr.steps) == 12 and sr.steady_steps == list(range(1, 12))
+    assert sr.step_time_us == 1000.0
+
+
+def test_alltoall_send_flows():
+    # MoE all-to-all: one send per ordered rank pair, twice per step, plus a DP all-reduce
+    fb = FlowBuilder()
+    ep, dp = "0000000000000e01", "0000000000000d01"
+    ranks = [0, 1, 2, 3]
+    for it in range(20):
+        t = it * 5000.0 + (2000.0 if it else 0.0)
+        for phase in (100, 900):
+            for s in range(4):
+                for d in range(4):
+                    if s != d:
+                        fb.send(ep, ranks, s, d, 512, "Bf16", t + phase, 3)
+        fb.ring(dp, [0, 2], "all_reduce", 2048, "Bf16", t + 2000, 10)
+    sr = detect_steps(fb.frame())
+    assert sr.periods == {dp: 1, ep: 6}
+    assert sr.steady_steps == list(range(1, 20))
+    assert sr.step_time_us == 5000.0
+    # network sends: pairs on different hosts: 8 of 12, x 2 phases x 1024 B; DP: 2 x 4096 B
+    assert sr.network_bytes_per_step == 8 * 2 * 1024 + 2 * 4096
+
+
+def test_large_run_is_fast():
+    # 16 hosts x 8 GPUs: 8-rank TP rings per host, 16-rank DP rings: ~100k flows
+    rank_node = {r: r // 8 for r in range(128)}
+    fb = FlowBuilder(rank_node)
+    tp = [(f"{0xa00 + h:016x}", list(range(8 * h, 8 * h + 8))) for h in range(16)]
+    dp = [(f"{0xb00 + g:016x}", list(range(g, 128, 8))) for g in range(8)]
+    for it in range(130):
+        t = it * T
+        for k in range(4):
+            for cid, rk in tp:
+                fb.ring(cid, rk, "all_reduce", 4096 * (k + 1), "Bf16", t + 100 * k, 5)
+        for k in range(2):
+            for cid, rk in dp:
+                fb.ring(cid, rk, "reduce_scatter", 8192, "Bf16", t + 5000 + 100 * k, 50)
+    flows = fb.frame()
+    assert len(flows) >= 99_000
+    t0 = time.perf_counter()
+    sr = detect_steps(flows)
+    elapsed = time.perf_counter() - t0
+    assert len(sr.steady_steps) == 129 and sr.step_time_us == T
+    assert elapsed < 10.0, f"detect_steps took {elapsed:.1f} s on {len(flows)} flows"
+
+
+# ---- property: random periodic token sequences with a noisy warm-up -------------------
+
+def _primitive_period(pattern: list[int]) -> int:
+    n = len(pattern)
+    for d in range(1, n + 1):
+        if n % d == 0 and pattern == pattern[:d] * (n // d):
+            return d
+    return n
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pattern=st.lists(st.integers(0, 4), min_size=1, max_size=7),
+    reps=st.integers(4, 12),
+    noise=st.lists(st.integers(100, 105), min_size=0, max_size=6),
+    n_ranks=st.sampled_from([2, 4]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_recovers_period_and_step_count(pattern, reps, noise, n_ranks, seed):
+    comm = "0000000000000abc"
+    ranks = list(range(n_ranks))
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    step_len = 1000.0
+    t = 0.0
+    for k, tok in enumerate(noise):            # warm-up calls, tokens never in the pattern
+        fb.ring(comm, ranks, "all_reduce", tok + 1, "Bf16", t + 10 * k, 0)
+    t = 500.0
+    for _ in range(reps):
+        for k, tok in enumerate(pattern):
+            fb.ring(comm, ranks, "all_reduce", tok + 1, "Bf16", t + 10 * k, 1)
+        t += step_len
+    sr = detect_steps(fb.frame(shuffle_seed=seed))
+    d = _primitive_period(pattern)
+    n_steps = reps * len(pattern) // d
+    assert sr.periods == {comm: d}
+    assert len(sr.steps) == n_steps
+    assert sr.steady_steps == list(range(1, n_steps))
+    assert (sr.flows["step"] >= 0).sum() == (n_steps - 1) * d * n_ranks
+    if d == len(pattern):
+        assert sr.step_time_us == step_len
+
+
+def test_result_is_frozen(clean_run):
+    _, sr = clean_run
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sr.step_time_us = 1.0  # type: ignore[misc]
