@@ -98,7 +98,7 @@ def group_sizes_for(op: str, count: int, dtype_bytes: int, flow_bytes: int, max_
         n = flow_bytes // size + 1
         return [n] if 2 <= n <= max_n else []
     if op == "all_reduce":
-        # floor(2 S (n-1)/n) is increasing in n and lies in [S, 2S); solve near the real root.
+        # floor(2 S (n-1)/n) is non-decreasing in n and lies in [S, 2S).
         if not size <= flow_bytes < 2 * size:
             return []
         # b = floor(2S(n-1)/n)  <=>  b <= 2S(n-1)/n < b + 1
