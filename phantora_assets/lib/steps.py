@@ -20,13 +20,14 @@ Definitions used here (all documented choices):
   the smallest ``p``. (Taking simply the smallest ``p`` with 3 repetitions would pick
   ``p = 1`` for any step that ends with three identical calls, e.g. three 1-element loss
   all-reduces; the longest tail is the step's primitive period, by Fine and Wilf.)
-* **Sub-periods**: a communicator whose step holds its pattern twice (two identical
-  gradient buckets) has a primitive period of half a step. Its period is multiplied by
-  the smallest ``k`` that brings its number of full periods within
-  ``[C, C + slack]`` where ``C`` is the smallest count over all sequences and
-  ``slack = warmup_steps + 1`` (a warm-up iteration may fail to match, or match partly).
-  A sequence whose count still falls outside that window raises
-  :class:`StepDetectionError` naming the communicator.
+* **Sub-periods**: a communicator whose step holds its pattern k times (two identical
+  gradient buckets) has a primitive period of 1/k step. When exactly one multiple of its
+  period brings its number of full periods within ``[C, C + slack]`` (``C`` the smallest
+  count over all sequences, ``slack = warmup_steps + 1``) it uses that multiple. When
+  several do (e.g. the 16 identical all-to-all sends of a MoE step), the boundary inside
+  it is ambiguous: its calls are assigned to steps **by time**, using the step starts of
+  the other ("anchor") sequences, and the last step, cut short by the end of the trace,
+  is not steady. When none does, :class:`StepDetectionError` ("steps disagree").
 * **Steps**: with ``N`` the largest count, a sequence with ``N_i`` full periods numbers
   them ``N - N_i ... N - 1``; calls before its first full period belong to no step.
   Steps ``0 .. (N - C) + warmup_steps - 1`` are warm-up; the rest are steady (for the
@@ -289,37 +290,69 @@ def detect_steps(
     counts = {i: per[i].full_periods(best[i]) for i in repeating}
     c_ref = min(counts.values())
     slack = warmup_steps + 1
+    # Sequences whose primitive period repeats more often than a step (e.g. the identical
+    # all-to-all sends of MoE layers) cannot place step boundaries themselves: their calls
+    # are assigned to steps by time, using the boundaries of the other ("anchor") sequences.
+    # A sequence that repeats its pattern k times per step is an anchor with period k * p
+    # when exactly one multiple brings its count into [c_ref, c_ref + slack]; when several
+    # do, the step boundary inside it is ambiguous and it is assigned by time.
     period = {}
+    by_time = []
     for i in repeating:
-        p, q = best[i], best[i]
-        while per[i].full_periods(q) > c_ref + slack and q + p <= seq_len[i]:
-            q += p
-        period[i] = q
-        counts[i] = per[i].full_periods(q)
-    n_min, n_max = min(counts.values()), max(counts.values())
+        p = best[i]
+        if counts[i] <= c_ref + slack:
+            period[i] = p
+            continue
+        fits = [q for q in range(p, seq_len[i] + 1, p) if c_ref <= per[i].full_periods(q) <= c_ref + slack]
+        if len(fits) == 1:
+            period[i] = fits[0]
+            counts[i] = per[i].full_periods(fits[0])
+        elif fits:
+            by_time.append(i)
+        else:
+            lo = min(repeating, key=lambda j: counts[j])
+            raise _fail(src, "steps disagree",
+                        f"communicator {seq_comm[i]} rank {seq_rank[i]} repeats {counts[i]} times "
+                        f"(period {p} calls), no multiple of which matches the {counts[lo]} steps of "
+                        f"communicator {seq_comm[lo]} rank {seq_rank[lo]} (period {best[lo]} calls)")
+    anchors = [i for i in repeating if i in period]
+    n_min, n_max = min(counts[i] for i in anchors), max(counts[i] for i in anchors)
     if n_max - n_min > slack:
-        lo = min(repeating, key=lambda i: counts[i])
-        hi = max(repeating, key=lambda i: counts[i])
+        lo = min(anchors, key=lambda i: counts[i])
+        hi = max(anchors, key=lambda i: counts[i])
         raise _fail(src, "steps disagree",
                     f"communicator {seq_comm[hi]} rank {seq_rank[hi]} has {counts[hi]} steps "
                     f"(period {period[hi]} calls) but communicator {seq_comm[lo]} rank "
                     f"{seq_rank[lo]} has {counts[lo]} (period {period[lo]} calls)")
     n_steps = n_max
     first_steady = (n_max - n_min) + warmup_steps
-    if first_steady >= n_steps:
+    # with time-assigned sequences the last step is cut short by the end of the trace
+    n_complete = n_steps - 1 if by_time else n_steps
+    if first_steady >= n_complete:
         raise _fail(src, "no steady step",
                     f"{n_steps} steps, of which {first_steady} are warm-up")
 
     # ---- step of every call, then of every row -------------------------------------
     q_arr = np.ones(n_seq, dtype=np.int64)
     nper = np.zeros(n_seq, dtype=np.int64)
-    for i in repeating:
+    for i in anchors:
         q_arr[i], nper[i] = period[i], counts[i]
     local = call_no - seq_call_start[seq_id]  # call index within its sequence
     first_full = seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
     rel = local - first_full
     step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0),
                            (n_steps - nper[seq_id]) + rel // q_arr[seq_id], -1)
+    if by_time:
+        anchor_rows = step_sorted >= 0
+        a_starts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows]).min()
+        a_starts = a_starts.reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
+        timed_rows = np.isin(seq_id, np.asarray(by_time))
+        k = np.searchsorted(a_starts, ts_s[timed_rows], side="right") - 1
+        step_sorted[timed_rows] = k
+        for i in by_time:
+            rows = seq_id == i
+            per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
+            period[i] = int(np.median(per_step[first_steady:n_complete]))
     period_step = np.empty(n_rows, dtype=np.int64)
     period_step[order] = step_sorted
 
@@ -333,7 +366,7 @@ def detect_steps(
     g = g.reindex(np.arange(n_steps))
     starts = g["start"].to_numpy(dtype=np.float64)
     ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
-    steady = np.arange(n_steps) >= first_steady
+    steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
     steps = pd.DataFrame({
         "step": np.arange(n_steps, dtype=np.int64),
         "start_us": starts,
@@ -346,7 +379,7 @@ def detect_steps(
 
     # ---- consistency of the cut in time (steady steps) -----------------------------
     ss = pd.DataFrame({"seq": seq_id, "step": step_sorted, "ts": ts_s})
-    ss = ss[(ss["step"] >= first_steady) & (ss["step"] < n_steps - 1)]
+    ss = ss[(ss["step"] >= first_steady) & (ss["step"] < n_steps - 1) & np.isin(ss["seq"], np.asarray(anchors))]
     first_ts = ss.groupby(["seq", "step"])["ts"].min()
     if len(first_ts):
         nxt = starts[first_ts.index.get_level_values("step").to_numpy() + 1]
@@ -375,8 +408,11 @@ def detect_steps(
                         f"after the first steady step began ({steady_start:.3f} us)")
 
     # ---- summary -------------------------------------------------------------------
-    steady_steps = [int(k) for k in range(first_steady, n_steps)]
-    timed = steady_steps[:-1] if len(steady_steps) - 1 >= 2 else steady_steps
+    steady_steps = [int(k) for k in range(first_steady, n_complete)]
+    if by_time:  # the last step is not steady, so every steady step ends at the next one's start
+        timed = steady_steps
+    else:
+        timed = steady_steps[:-1] if len(steady_steps) - 1 >= 2 else steady_steps
     step_time = float(np.median(steps["duration_us"].to_numpy()[timed]))
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
@@ -385,7 +421,7 @@ def detect_steps(
         periods[str(seq_comm[i])] = max(periods.get(str(seq_comm[i]), 0), int(period[i]))
 
     out = flows.copy()
-    out["step"] = np.where(period_step >= first_steady, period_step, -1).astype(np.int64)
+    out["step"] = np.where((period_step >= first_steady) & (period_step < n_complete), period_step, -1).astype(np.int64)
     return StepResult(
         flows=out,
         steps=steps,

@@ -1,0 +1,66 @@
+"""The per-run record of check outcomes: ``checks.json`` (machine) and ``checks.txt`` (plain words).
+
+Each asset resets its own checks to "not evaluated" when it starts and records each outcome
+when it finishes, so a run is in the dataset only if every expected check has passed in the
+latest materialization of its asset. Both files are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from phantora_assets.lib.io import atomic_write_text
+
+NOT_EVALUATED = "not evaluated"
+
+#: Every check a run must pass to enter the dataset, in pipeline order, with its asset.
+RUN_CHECKS: dict[str, str] = {
+    "fits_in_memory": "raw_timeline",
+    "flows_exist": "validated_flows",
+    "steps_match": "validated_flows",
+    "ring_bytes_match": "validated_flows",
+    "steady_steps_stable": "validated_flows",
+    "bins_conserve_bytes": "binned_flows",
+    "windows_contract": "window_features",
+    "runs_contract": "run_summary",
+}
+
+
+def read_checks(folder: Path) -> dict[str, dict]:
+    """``check name -> {status, message}`` from ``folder/checks.json`` ({} if absent)."""
+    p = folder / "checks.json"
+    if not p.exists():
+        return {}
+    return json.loads(p.read_text())
+
+
+def _write(folder: Path, data: dict[str, dict]) -> None:
+    ordered = {k: data[k] for k in sorted(data, key=lambda k: (list(RUN_CHECKS).index(k) if k in RUN_CHECKS else 99, k))}
+    atomic_write_text(folder / "checks.json", json.dumps(ordered, indent=1, sort_keys=False) + "\n")
+    lines = ["Checks of this run (latest materialization of each asset)", ""]
+    for name, rec in ordered.items():
+        lines.append(f"[{rec['status'].upper()}] {name} ({rec.get('asset', '')}): {rec.get('message', '')}")
+    atomic_write_text(folder / "checks.txt", "\n".join(lines) + "\n")
+
+
+def reset_checks(folder: Path, asset: str) -> None:
+    """Mark every check of ``asset`` as not evaluated (called when the asset starts)."""
+    data = read_checks(folder)
+    for name, owner in RUN_CHECKS.items():
+        if owner == asset:
+            data[name] = {"status": NOT_EVALUATED, "asset": asset, "message": "asset started; not yet evaluated"}
+    _write(folder, data)
+
+
+def record_check(folder: Path, asset: str, name: str, passed: bool, message: str) -> None:
+    """Record one outcome (``passed`` / ``failed``) with its plain-words message."""
+    data = read_checks(folder)
+    data[name] = {"status": "passed" if passed else "failed", "asset": asset, "message": message}
+    _write(folder, data)
+
+
+def run_passed(folder: Path) -> bool:
+    """True iff every check of RUN_CHECKS is recorded as passed."""
+    data = read_checks(folder)
+    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)

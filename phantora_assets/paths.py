@@ -1,0 +1,65 @@
+"""Where every file lives under the data root (default ``data/``). No Dagster import.
+
+    <root>/traces/<gpu>/<workload>_<layout>/   run folder, laid out like the published dataset:
+        timeline.json.gz  checks.txt  checks.json  run.log  config/...
+    <root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
+        raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet
+        flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
+    <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
+    <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
+    <root>/phantora.duckdb                     cross-run database
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from phantora_assets.runs import RunSpec
+
+DATA_DIR_ENV = "PHANTORA_ASSETS_DATA_DIR"
+PERFDB_DIR_ENV = "PHANTORA_ASSETS_PERFDB_DIR"
+
+
+def default_data_dir() -> Path:
+    """``$PHANTORA_ASSETS_DATA_DIR`` or ``./data``."""
+    return Path(os.environ.get(DATA_DIR_ENV, "data"))
+
+
+def default_perfdb_dir() -> Path:
+    """``$PHANTORA_ASSETS_PERFDB_DIR`` or the repository's ``perfdb/`` folder."""
+    env = os.environ.get(PERFDB_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "perfdb"
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    """Paths under one data root."""
+
+    root: Path
+
+    def run_folder(self, spec: RunSpec) -> Path:
+        return self.root / spec.trace_dir
+
+    def partition_dir(self, run_id: str) -> Path:
+        return self.root / "partitions" / run_id
+
+    def table(self, run_id: str, name: str) -> Path:
+        return self.partition_dir(run_id) / f"{name}.parquet"
+
+    def chrome_trace(self, spec: RunSpec) -> Path:
+        return self.run_folder(spec) / "timeline.json.gz"
+
+    def perfdb_summary(self, gpu: str) -> Path:
+        return self.root / "perfdb" / gpu / "perf_db.json"
+
+    @property
+    def dataset_dir(self) -> Path:
+        return self.root / "phantora_v0"
+
+    @property
+    def duckdb_path(self) -> Path:
+        return self.root / "phantora.duckdb"

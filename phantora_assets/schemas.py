@@ -1,0 +1,101 @@
+"""pandera schemas: the published CSV contract (v1 columns) and the perf DB tables.
+
+One schema per table. Units: bytes, seconds, bytes/s, FLOP. Column descriptions are the
+documentation of the contract (README links here).
+"""
+
+from __future__ import annotations
+
+import pandera.pandas as pa
+from pandera.pandas import Check, Column, DataFrameSchema
+
+_RUN_ID = Check.str_matches(r"^phantora_[a-z0-9_]+_W\d+_\d+x\d+$")
+
+PERFDB_COMPUTE = DataFrameSchema(
+    {
+        "op": Column(str, Check.str_length(min_value=1), description="torch op name (the key's top-level name)"),
+        "key": Column(str, Check.str_startswith("{"), unique=True, description="torch call as compact JSON"),
+        "nanos": Column("int64", Check.ge(0), description="kernel time, ns"),
+    },
+    strict=True,
+    name="perfdb_compute",
+)
+
+PERFDB_MEMCPY = DataFrameSchema(
+    {
+        "kind": Column(str, description="copy direction, e.g. DeviceToDevice"),
+        "size_bytes": Column("int64", Check.ge(0), description="bytes copied"),
+        "nanos": Column("int64", Check.ge(0), description="copy time, ns"),
+    },
+    strict=True,
+    name="perfdb_memcpy",
+)
+
+#: runs.csv: one row per run. The first 11 columns are the v1 contract, in order.
+RUNS = DataFrameSchema(
+    {
+        "run_id": Column(str, _RUN_ID, unique=True, description="phantora_<gpu>_<workload>_<nodes>x<gpus>"),
+        "source": Column(str, description="where timing came from: phantora_v0 (Phantora traces) or phantora_analytic"),
+        "layout": Column(str, Check.str_matches(r"^\d+x\d+$"), description="<nodes>x<gpus_per_node>"),
+        "n_nodes": Column("int64", Check.ge(1), description="hosts"),
+        "step_time_s": Column(float, Check.gt(0), description="median steady step, s"),
+        "inter_node_bytes_per_step": Column("int64", Check.ge(0), description="network bytes of one steady step, both directions"),
+        "nic_bw": Column(float, Check.gt(0), description="simulated host link, bytes/s (800 Gbps = 1e11)"),
+        "flops_per_step": Column(float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"),
+        "mfu": Column(float, Check.in_range(0, 1), nullable=True, description="model FLOP utilisation (roofline timing only)"),
+        "peak_flops": Column(float, Check.gt(0), nullable=True, description="per-GPU BF16 peak, FLOP/s (roofline timing only)"),
+        "alpha": Column(float, Check.in_range(0, 1), nullable=True, description="roofline matmul efficiency (roofline timing only)"),
+        "workload": Column(str, Check.str_matches(r"^W\d+$")),
+        "framework": Column(str),
+        "model": Column(str),
+        "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),
+        "gpu": Column(str),
+        "gpus_per_node": Column("int64", Check.ge(1)),
+        "world_size": Column("int64", Check.ge(1)),
+        "simulator": Column(str, Check.isin(["analytic", "docker", "import"]), description="which simulation source produced the trace"),
+        "n_steady_steps": Column("int64", Check.ge(1)),
+        "peak_memory_gib": Column(float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"),
+        "window_s": Column(float, Check.gt(0), description="length of the flows_100ms window, s"),
+        "bin_s": Column(float, Check.gt(0), description="bin length, s"),
+        "seed": Column("int64", description="seed of the build's randomness (from run_id)"),
+    },
+    strict=True,
+    ordered=True,
+    name="runs",
+)
+
+#: flows_100ms.csv: bytes sent src_node -> dst_node in the bin starting at t.
+FLOWS_100MS = DataFrameSchema(
+    {
+        "run_id": Column(str, _RUN_ID),
+        "t": Column(float, [Check.ge(0), Check.lt(180.0)], description="bin start, s"),
+        "src_node": Column("int64", Check.ge(0)),
+        "dst_node": Column("int64", Check.ge(0)),
+        "bytes": Column("int64", Check.ge(0), description="bytes in the bin"),
+    },
+    checks=[Check(lambda df: (df["src_node"] != df["dst_node"]).all(), error="src_node == dst_node")],
+    unique=["run_id", "t", "src_node", "dst_node"],
+    strict=True,
+    ordered=True,
+    name="flows_100ms",
+)
+
+
+def windows_schema() -> DataFrameSchema:
+    """windows.csv: one row per (run_id, window_s, window_start_s); features from the registry."""
+    from phantora_assets.lib.window_features import FEATURES
+
+    cols: dict[str, Column] = {
+        "run_id": Column(str, _RUN_ID),
+        "window_s": Column(float, Check.isin([1.0, 15.0]), description="window length, s"),
+        "window_start_s": Column(float, Check.ge(0), description="window start, s"),
+        "n_bins": Column("int64", Check.ge(1), description="100 ms bins in the window"),
+    }
+    for f in FEATURES:
+        cols[f.name] = Column(float if f.dtype == "float64" else f.dtype, nullable=f.nullable,
+                              description=f"{f.formula} [{f.unit}]")
+    return DataFrameSchema(cols, strict=True, ordered=True, unique=["run_id", "window_s", "window_start_s"],
+                           name="windows")
+
+
+__all__ = ["PERFDB_COMPUTE", "PERFDB_MEMCPY", "RUNS", "FLOWS_100MS", "windows_schema", "pa"]

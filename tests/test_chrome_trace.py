@@ -1,0 +1,334 @@
+"""Tests of phantora_assets.lib.chrome_trace: writer -> reader round trip and format errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phantora_assets.lib.chrome_trace import comm_id_of, read_trace, write_chrome_trace
+from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.tables import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
+
+COMM_A = bytes(range(128))
+COMM_B = bytes([7] * 128)
+COMM_C = bytes(range(255, 127, -1))
+
+TORCH_META = {"Torch": {"time": 2500, "id": {"host": {"hostname": "host-1", "pid": 101}, "tid": 3},
+                        "stream": {"device": 0, "id": 7},
+                        "info": {"MM": [{"shape": [8, 16], "dtype": "BFloat16"}]}}}
+CUDA_META = {"Cuda": {"CudaMemcpyAsync": {"size": 64, "kind": "HostToDevice"}}}
+
+
+def _comm(eid, name, start, end, src, dst, nbytes, call, count, dtype, op, root, comm, rank, dev=0, sid=7):
+    return dict(event_id=eid, kind="communication", name=name, start_ns=start, end_ns=end,
+                src_host=src, dst_host=dst, bytes=nbytes, call=call, count=count, dtype=dtype,
+                reduce_op=op, root=root, comm_id_hex=comm.hex(), comm_rank=rank, stream_device=dev,
+                stream_id=sid, os_pid=0, meta_json="")
+
+
+def _comp(eid, name, start, end, host, pid, meta, sid=7):
+    return dict(event_id=eid, kind="computation", name=name, start_ns=start, end_ns=end,
+                src_host=host, dst_host="", bytes=0, call="", count=0, dtype="", reduce_op="",
+                root=-1, comm_id_hex="", comm_rank=-1, stream_device=0, stream_id=sid, os_pid=pid,
+                meta_json=json.dumps(meta, separators=(",", ":")))
+
+
+def raw_timeline() -> pd.DataFrame:
+    """Hand-built raw timeline, deliberately not in time order."""
+    rows = [
+        _comm(11, "ar", 5_000_000, 5_056_000, "host-1", "host-2", 8_388_608, "NcclAllReduce",
+              4_194_304, "Bf16", "Sum", -1, COMM_A, 0),
+        _comp(1, "aten::mm", 10_000, 13_000, "host-1", 101, TORCH_META),
+        _comm(12, "ar", 5_000_000, 5_056_500, "host-2", "host-1", 8_388_608, "NcclAllReduce",
+              4_194_304, "Bf16", "Sum", -1, COMM_A, 1, dev=1, sid=9),
+        _comm(13, "ag", 1_000, 1_000, "host-1", "host-1", 4096, "NcclAllGather",
+              1024, "F32", "", -1, COMM_B, 0),
+        _comm(14, "rs", 2_000, 2_000, "host-2", "host-1", 2048, "NcclReduceScatter",
+              256, "F64", "Sum", -1, COMM_B, 1),
+        _comm(15, "bc", 3_000_123, 3_010_000, "host-2", "host-1", 1_000_000, "NcclBcast",
+              1_000_000, "I8", "", 1, COMM_A, 1),
+        _comm(16, "send", 4_000_000, 4_020_000, "host-1", "host-2", 65_536, "NcclSend",
+              32_768, "F16", "", -1, COMM_C, 0, sid=-1),
+        _comm(17, "recv", 4_000_000, 4_020_000, "host-1", "host-2", 65_536, "NcclRecv",
+              32_768, "F16", "", -1, COMM_C, 1, sid=3),
+        _comp(2, "aten::add", 0, 2_500, "host-1", 101, TORCH_META),
+        _comp(3, "memcpy", 500, 1_500, "host-2", 202, CUDA_META),
+    ]
+    df = pd.DataFrame(rows, columns=list(RAW_TIMELINE_COLUMNS))
+    for c, t in RAW_TIMELINE_COLUMNS.items():
+        df[c] = df[c].astype("int64" if t == "int64" else object)
+    return df
+
+
+@pytest.fixture()
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "timeline.json.gz"
+    write_chrome_trace(raw_timeline(), path)
+    return path
+
+
+def _lines(path: Path) -> list[str]:
+    return gzip.decompress(path.read_bytes()).decode().split("\n")
+
+
+# ------------------------------------------------------------------------------------- writer
+
+
+def test_writer_layout_and_stats(tmp_path: Path) -> None:
+    path = tmp_path / "t.json.gz"
+    stats = write_chrome_trace(raw_timeline(), path)
+    assert stats == {"n_events": 10, "n_communication": 7, "n_computation": 3,
+                     "bytes_written": path.stat().st_size}
+    text = gzip.decompress(path.read_bytes()).decode()
+    assert text.startswith("[\n{") and text.endswith("}\n]")
+    lines = text.split("\n")
+    assert len(lines) == 12 and all(ln.endswith("},") for ln in lines[1:-2])
+    events = json.loads(text)
+    ar = events[0]
+    assert ar == {
+        "name": "ar", "cat": "Communication", "ph": "X", "ts": 5000, "dur": 56, "pid": 0,
+        "tid": 7, "args": {"Communication": [
+            {"id": 11, "bytes": 8388608, "src": "host-1", "dst": "host-2", "token": None,
+             "tenant_id": None, "vsrc": None, "vdst": None, "udp_src_port": None},
+            {"NcclAllReduce": {"count": 4194304, "dtype": "Bf16", "op": "Sum",
+                               "comm": {"rank": 0, "id": list(COMM_A)},
+                               "stream": {"device": 0, "id": 7}}}]}}
+    # second AllReduce: fractional µs, device 1 -> tid, host-2 is the second src host
+    ar2 = events[2]
+    assert ar2["dur"] == 56.5 and ar2["pid"] == 1 and ar2["tid"] == (1 << 32) | 9
+    bc = events[5]["args"]["Communication"][1]
+    assert bc == {"NcclBcast": {"count": 1000000, "dtype": "I8", "root": 1,
+                                "comm": {"rank": 1, "id": list(COMM_A)}, "stream": {"device": 0, "id": 7}}}
+    assert events[5]["ts"] == 3000.123 and '"ts":3000.123,' in lines[6]
+    send = events[6]
+    assert send["tid"] == 0
+    assert send["args"]["Communication"][1] == {"NcclSend": {
+        "count": 32768, "dtype": "F16", "peer": 1, "comm": {"rank": 0, "id": list(COMM_C)}, "stream": None}}
+    recv = events[7]["args"]["Communication"][1]["NcclRecv"]
+    assert recv["peer"] == 0 and recv["stream"] == {"device": 0, "id": 3}
+    ag = events[3]["args"]["Communication"][1]["NcclAllGather"]
+    assert set(ag) == {"count", "dtype", "comm", "stream"}
+    comp = events[1]
+    assert comp == {"name": "aten::mm", "cat": "Computation", "ph": "X", "ts": 10, "dur": 3,
+                    "pid": 101, "tid": 7,
+                    "args": {"Computation": [{"hostname": "host-1", "pid": 101}, 3000, TORCH_META]}}
+
+
+def test_writer_deterministic_bytes(tmp_path: Path) -> None:
+    a, b = tmp_path / "a" / "t.json.gz", tmp_path / "b" / "t.json.gz"
+    write_chrome_trace(raw_timeline(), a)
+    write_chrome_trace(raw_timeline(), b)
+    assert a.read_bytes() == b.read_bytes()
+    first = a.read_bytes()
+    write_chrome_trace(raw_timeline(), a)  # rewrite in place
+    assert a.read_bytes() == first
+    assert first[4:8] == b"\0\0\0\0"       # gzip mtime 0
+    assert not first[3] & 0x08             # no FNAME in the header
+    assert not list(a.parent.glob(".*tmp"))
+
+
+def test_writer_plain_json(tmp_path: Path) -> None:
+    p = tmp_path / "t.json"
+    write_chrome_trace(raw_timeline(), p)
+    assert p.read_bytes().startswith(b"[\n{")
+    assert len(json.loads(p.read_text())) == 10
+
+
+def test_writer_rejects_bad_span(tmp_path: Path) -> None:
+    raw = raw_timeline()
+    raw.loc[0, "end_ns"] = raw.loc[0, "start_ns"] - 1
+    with pytest.raises(ValueError):
+        write_chrome_trace(raw, tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+# ------------------------------------------------------------------------------------- reader
+
+
+def test_round_trip_flows(trace: Path) -> None:
+    pt = read_trace(trace)
+    f = pt.flows
+    assert pt.n_events == 10 and pt.path == trace
+    assert list(f.columns) == list(FLOW_COLUMNS)
+    for c, t in FLOW_COLUMNS.items():
+        assert str(f[c].dtype) == ("object" if t == "str" else t), c
+    assert isinstance(f.index, pd.RangeIndex) and f.index[0] == 0
+    assert f["flow_id"].tolist() == [13, 14, 15, 16, 17, 11, 12]
+    assert f["ts_us"].tolist() == [1.0, 2.0, 3000.123, 4000.0, 4000.0, 5000.0, 5000.0]
+    assert f["dur_us"].tolist() == [0.0, 0.0, 9.877, 20.0, 20.0, 56.0, 56.5]
+    assert f["bytes"].tolist() == [4096, 2048, 1_000_000, 65_536, 65_536, 8_388_608, 8_388_608]
+    assert f["src_node"].tolist() == [0, 1, 1, 0, 0, 0, 1]
+    assert f["dst_node"].tolist() == [0, 0, 0, 1, 1, 1, 0]
+    assert f["src_host"].tolist() == ["host-1", "host-2", "host-2", "host-1", "host-1", "host-1", "host-2"]
+    assert f["op"].tolist() == ["all_gather", "reduce_scatter", "broadcast", "send", "recv",
+                                "all_reduce", "all_reduce"]
+    assert f["call"].tolist()[2] == "NcclBcast"
+    assert f["dtype"].tolist() == ["F32", "F64", "I8", "F16", "F16", "Bf16", "Bf16"]
+    assert f["dtype_bytes"].tolist() == [4, 8, 1, 2, 2, 2, 2]
+    assert f["count"].tolist() == [1024, 256, 1_000_000, 32_768, 32_768, 4_194_304, 4_194_304]
+    assert f["root"].tolist() == [-1, -1, 1, -1, -1, -1, -1]
+    assert f["comm_rank"].tolist() == [0, 1, 1, 0, 1, 0, 1]
+    assert f["stream"].tolist() == [7, 7, 7, 0, 3, 7, (1 << 32) | 9]
+    assert f["name"].tolist() == ["ag", "rs", "bc", "send", "recv", "ar", "ar"]
+    # loopback flow is kept, with src == dst
+    assert (f["src_node"] == f["dst_node"]).sum() == 1
+    # communicator ids: equal within one communicator, 16 hex chars, blake2b of the id bytes
+    cid = dict(zip(f["flow_id"], f["comm_id"]))
+    assert cid[11] == cid[12] == cid[15] == comm_id_of(COMM_A)
+    assert cid[13] == cid[14] == comm_id_of(COMM_B) != cid[11]
+    assert cid[16] == cid[17] == comm_id_of(COMM_C)
+    assert all(len(x) == 16 for x in f["comm_id"])
+
+
+def test_round_trip_compute(trace: Path) -> None:
+    c = read_trace(trace).compute
+    assert list(c.columns) == list(COMPUTE_SUMMARY_COLUMNS)
+    assert c["host"].tolist() == ["host-1", "host-2"]
+    assert c["n_events"].tolist() == [2, 1]
+    assert c["busy_us"].tolist() == [5.5, 1.0]
+    assert c["first_ts_us"].tolist() == [0.0, 0.5]
+    assert c["last_end_us"].tolist() == [13.0, 1.5]
+    assert str(c["n_events"].dtype) == "int64" and str(c["busy_us"].dtype) == "float64"
+
+
+def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
+    ref = read_trace(trace)
+    events = json.loads(gzip.decompress(trace.read_bytes()))
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(events))                 # one line, ", " separators
+    pretty = tmp_path / "pretty.json.gz"
+    pretty.write_bytes(gzip.compress(json.dumps(events, indent=2).encode()))
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(gzip.decompress(trace.read_bytes()))
+    for p in (one, pretty, plain):
+        got = read_trace(p)
+        pd.testing.assert_frame_equal(got.flows, ref.flows)
+        pd.testing.assert_frame_equal(got.compute, ref.compute)
+        assert got.n_events == 10
+
+
+def test_small_chunks_and_multimember_gzip(tmp_path: Path, trace: Path) -> None:
+    """Tiny batches exercise the ',\\n' cutting across chunk boundaries."""
+    ref = read_trace(trace)
+    for cb in (1, 7, 64, 300, 1000):
+        pd.testing.assert_frame_equal(read_trace(trace, chunk_bytes=cb).flows, ref.flows)
+    text = gzip.decompress(trace.read_bytes())
+    half = len(text) // 2
+    mm = tmp_path / "mm.json.gz"
+    mm.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    pd.testing.assert_frame_equal(read_trace(mm, chunk_bytes=100).flows, ref.flows)
+
+
+def test_many_events(tmp_path: Path) -> None:
+    raw = raw_timeline()
+    big = pd.concat([raw] * 300, ignore_index=True)
+    big["event_id"] = np.arange(len(big), dtype=np.int64)
+    big["start_ns"] = big["start_ns"] + np.arange(len(big)) * 10
+    big["end_ns"] = big["end_ns"] + np.arange(len(big)) * 10
+    p = tmp_path / "big.json.gz"
+    write_chrome_trace(big, p)
+    pt = read_trace(p, chunk_bytes=4096)
+    assert pt.n_events == 3000 and len(pt.flows) == 2100
+    assert pt.flows["ts_us"].is_monotonic_increasing
+    assert pt.flows["bytes"].sum() == 300 * raw["bytes"].sum()
+    assert pt.compute["n_events"].tolist() == [600, 300]
+
+
+# ------------------------------------------------------------------------------------- errors
+
+
+def _write(tmp_path: Path, name: str, text: str, gz: bool = False) -> Path:
+    p = tmp_path / name
+    data = text.encode()
+    p.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    return p
+
+
+def _expect(path: Path, rule: str, *fragments: str) -> TraceFormatError:
+    with pytest.raises(TraceFormatError) as ei:
+        read_trace(path)
+    msg = str(ei.value)
+    assert path.name in msg and rule in msg, msg
+    assert ei.value.rule == rule
+    for frag in fragments:
+        assert frag in msg, msg
+    return ei.value
+
+
+def _mutated(trace: Path, tmp_path: Path, name: str, old: str, new: str, line: int | None = None) -> Path:
+    lines = _lines(trace)
+    idxs = [i for i, ln in enumerate(lines) if old in ln] if line is None else [line - 1]
+    assert idxs
+    i = idxs[0]
+    assert old in lines[i]
+    lines[i] = lines[i].replace(old, new, 1)
+    return _write(tmp_path, name, "\n".join(lines), gz=True)
+
+
+def test_error_truncated_gzip(tmp_path: Path, trace: Path) -> None:
+    data = trace.read_bytes()
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(data[: len(data) - 20])
+    _expect(p, "truncated gzip")
+
+
+def test_error_invalid_json_with_line(tmp_path: Path, trace: Path) -> None:
+    p = _mutated(trace, tmp_path, "bad.json.gz", '"cat":"Computation"', '"cat":Computation"', line=3)
+    _expect(p, "invalid JSON", "line 3")
+    p2 = _write(tmp_path, "open.json", _lines(trace)[0] + "\n" + _lines(trace)[1])
+    _expect(p2, "invalid JSON")
+    p3 = _write(tmp_path, "comma.json", "\n".join(_lines(trace)[:-1]) + ",\n]")
+    _expect(p3, "invalid JSON")
+    p4 = _write(tmp_path, "nocomma.json", "\n".join(_lines(trace)).replace("},\n{", "}\n{", 1))
+    _expect(p4, "invalid JSON")
+
+
+def test_error_empty_trace(tmp_path: Path) -> None:
+    _expect(_write(tmp_path, "empty.json.gz", "[\n]", gz=True), "empty trace")
+    _expect(_write(tmp_path, "empty2.json", "[]"), "empty trace")
+
+
+def test_error_not_array(tmp_path: Path) -> None:
+    _expect(_write(tmp_path, "obj.json", '{"traceEvents": []}'), "not a JSON array")
+
+
+def test_error_negative_duration(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "neg.json.gz", '"dur":56,', '"dur":-56,'), "negative duration", "line 2")
+    _expect(_mutated(trace, tmp_path, "negts.json.gz", '"ts":10,', '"ts":-0.5,'), "negative duration")
+
+
+def test_error_overflowing_duration(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "big.json.gz", '"dur":56,', '"dur":1e300,'), "overflowing duration")
+    _expect(_mutated(trace, tmp_path, "inf.json.gz", '"dur":56,', '"dur":1e999,'), "overflowing duration")
+    _expect(_mutated(trace, tmp_path, "big2.json.gz", '"ts":5000,', f'"ts":{2**60},'), "overflowing duration")
+    _expect(_mutated(trace, tmp_path, "i64.json.gz", '"bytes":8388608', f'"bytes":{2**64}'),
+            "overflowing value")
+
+
+def test_error_unknown_op(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "op.json.gz", '"NcclAllGather"', '"NcclAllToAll"'),
+            "unknown NCCL op", "NcclAllToAll")
+
+
+def test_error_unknown_dtype(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "dt.json.gz", '"dtype":"F32"', '"dtype":"F128"'), "unknown dtype", "F128")
+
+
+def test_error_bad_host(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "h.json.gz", '"dst":"host-2"', '"dst":"node-2"'), "bad host name", "node-2")
+    _expect(_mutated(trace, tmp_path, "h0.json.gz", '"src":"host-1"', '"src":"host-0"'), "bad host name")
+    _expect(_mutated(trace, tmp_path, "hc.json.gz", '"hostname":"host-2"', '"hostname":"gpu7"'),
+            "bad host name", "gpu7")
+
+
+def test_error_negative_bytes(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "b.json.gz", '"bytes":4096', '"bytes":-4096'), "negative bytes")
+
+
+def test_error_wrong_type(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "t.json.gz", '"bytes":4096', '"bytes":"4096"'), "invalid event", "line")
