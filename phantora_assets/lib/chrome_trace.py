@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 
@@ -331,7 +331,7 @@ def comm_id_of(id_bytes: bytes | list[int]) -> str:
     return hashlib.blake2b(bytes(id_bytes), digest_size=8).hexdigest()
 
 
-def read_trace(path: str | Path, *, chunk_bytes: int = 8 << 20) -> ParsedTrace:
+def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20) -> ParsedTrace:
     """Parse a Phantora Chrome trace (``.json`` or ``.json.gz``; gzip is detected by magic bytes).
 
     Memory stays bounded by a few chunks of text plus the output tables for the visualizer
@@ -483,42 +483,39 @@ def _check_start(path: Path, head: bytes) -> None:
 
 
 def _parse_stream(path: Path, chunk_bytes: int, acc: "_Accumulator") -> None:
-    pending: list[bytes] = []   # text not yet decoded, in order (never re-copied while growing)
-    size = 0
-    line = 1                    # line number of the first byte of pending
+    # buf always holds "[" + text not yet decoded; a batch is cut at its last ",\n", whose comma
+    # is overwritten by "]" so that msgspec decodes buf[:cut + 1] in place (no copy).
+    buf = bytearray(b"[")
+    line = 1                    # line number of buf[1]
     started = False
     for chunk in _Producer(path, chunk_bytes).chunks():
         if not started:
-            chunk = (pending.pop() if pending else b"") + chunk
-            stripped = chunk.lstrip(_WS)
+            head = bytes(buf[1:]) + chunk
+            stripped = head.lstrip(_WS)
             if not stripped:
-                pending, size = [chunk], len(chunk)
+                buf = bytearray(b"[") + head
                 continue
-            line += chunk.count(b"\n", 0, len(chunk) - len(stripped))
+            line += head.count(b"\n", 0, len(head) - len(stripped))
             _check_start(path, stripped)
-            chunk = stripped[1:]
-            pending, size = [], 0
+            buf = bytearray(stripped)  # keeps the document's own "["
             started = True
-        # look for the last element boundary in the new chunk (and the byte before it)
-        prev = pending[-1][-1:] if pending else b""
-        pending.append(chunk)
-        size += len(chunk)
-        if size < chunk_bytes:
+            start = 0
+        else:
+            start = len(buf) - 1
+            buf += chunk
+        if len(buf) < chunk_bytes:
             continue
-        cut = (prev + chunk).rfind(b",\n")
+        cut = buf.rfind(b",\n", max(start, 1))
         if cut < 0:
             continue  # no element boundary yet (e.g. one-line JSON): keep reading
-        cut -= len(prev)  # position of the comma in chunk (may be -1: last byte of previous)
-        head = b"".join(pending[:-1])
-        body = head[:len(head) - 1] if cut < 0 else head + chunk[:cut]
-        _decode_piece(path, body, line, acc)
-        line += body.count(b"\n") + 1
-        rest = chunk[cut + 2:]
-        pending, size = [rest], len(rest)
+        buf[cut] = 0x5D  # "]"
+        _decode_piece(path, buf, cut + 1, line, acc)
+        line += buf.count(b"\n", 0, cut) + 1
+        del buf[1:cut + 2]
     if not started:
         _check_start(path, b"")
     # final piece: elements then "]"
-    tail = b"".join(pending).rstrip(_WS)
+    tail = bytes(buf[1:]).rstrip(_WS)
     if not tail.endswith(b"]"):
         ln = line + tail.count(b"\n")
         raise TraceFormatError(path, "invalid JSON", f"line {ln}: document ends before the closing ']'")
@@ -527,7 +524,8 @@ def _parse_stream(path: Path, chunk_bytes: int, acc: "_Accumulator") -> None:
         if body.rstrip(_WS).endswith(b","):
             ln = line + body.rstrip(_WS).count(b"\n")
             raise TraceFormatError(path, "invalid JSON", f"line {ln}: trailing comma before ']'")
-        _decode_piece(path, body, line, acc)
+        final = bytearray(b"[") + body + b"]"
+        _decode_piece(path, final, len(final), line, acc)
     elif acc.n_events:
         raise TraceFormatError(path, "invalid JSON", f"line {line}: trailing comma before ']'")
 
@@ -572,13 +570,21 @@ def _looks_like_layout(body: bytes) -> bool:
     return True
 
 
-def _decode_piece(path: Path, body: bytes, line0: int, acc: "_Accumulator") -> None:
-    """Decode ``body`` (elements separated by commas, no brackets) starting at line ``line0``."""
+def _decode_piece(path: Path, buf: bytearray, end: int, line0: int, acc: "_Accumulator") -> None:
+    """Decode ``buf[:end]`` = ``[`` + elements + ``]``; ``buf[1]`` is on line ``line0``.
+
+    Every reference into ``buf`` (msgspec.Raw values) is dropped before returning, so that the
+    caller may resize it.
+    """
+    mv = memoryview(buf)
+    view = mv[:end]
     try:
-        events = _batch_decoder.decode(b"[" + body + b"]")
+        events = _batch_decoder.decode(view)
     except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
+        body = bytes(buf[1:end - 1])
         raise _validation_error(path, exc, _locator(body, line0)) from None
     except msgspec.DecodeError as exc:
+        body = bytes(buf[1:end - 1])
         if not _looks_like_layout(body):
             raise _NeedWholeDoc() from None
         m = re.search(r"byte (\d+)", str(exc))
@@ -586,7 +592,14 @@ def _decode_piece(path: Path, body: bytes, line0: int, acc: "_Accumulator") -> N
         raise TraceFormatError(path, "invalid JSON", f"line {ln}: {exc}") from None
     if not events:
         raise TraceFormatError(path, "invalid JSON", f"line {line0}: empty element")
-    acc.add(events, _locator(body, line0))
+    acc.add(events, _locator_lazy(buf, end, line0))  # on error buf is abandoned: no release needed
+    del events
+    view.release()
+    mv.release()
+
+
+def _locator_lazy(buf: bytearray, end: int, line0: int) -> Callable[[int], str]:
+    return lambda i: _locator(bytes(buf[1:end - 1]), line0)(i)
 
 
 def _locator(body: bytes, line0: int) -> Callable[[int], str]:
@@ -614,7 +627,7 @@ class _Codes:
         self.values: list = []
 
     def encode(self, items: list) -> np.ndarray:
-        codes, uniq = pd.factorize(np.array(items, dtype=object), use_na_sentinel=False)
+        codes, uniq = pd.factorize(np.fromiter(items, object, len(items)), use_na_sentinel=False)
         gmap = np.empty(len(uniq), dtype=np.int32)
         for k, u in enumerate(uniq):
             g = self.index.get(u)
@@ -662,7 +675,7 @@ class _Accumulator:
         if bad.any():
             i = int(np.argmax(bad))
             raise self.err("overflowing duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
-        is_comm = np.array(list(map(type, events)), dtype=object) == _CommEvent
+        is_comm = np.fromiter(map(isinstance, events, repeat(_CommEvent, n)), bool, n)
         if is_comm.any():
             self._add_comm(events, is_comm, ts, dur, where)
         is_comp = ~is_comm

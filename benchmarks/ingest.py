@@ -1,0 +1,391 @@
+"""Ingest benchmark of ``phantora_assets.lib.chrome_trace.read_trace``.
+
+Usage::
+
+    python benchmarks/ingest.py                      # 500 MB synthetic trace, references on 100 MB
+    python benchmarks/ingest.py --size-mb 1000 --reference-mb 1000
+    python benchmarks/ingest.py --trace path/to/timeline.json.gz
+
+What it does:
+
+1. Generates (once; cached under the system temp folder, ``phantora_ingest_bench/``) a gzipped
+   trace in the Phantora visualizer layout (``[\\n`` + one event per line joined by ``,\\n`` +
+   ``\\n]``) of at least ``--size-mb`` MB (10**6 bytes) of decompressed JSON: about 3/4 of the
+   events are Communication events of 8 hosts / 6 communicators with 128-byte ids (all six NCCL
+   call kinds, some loopback and 0-dur flows), the rest Computation events with Torch or Cuda
+   meta, in random (not time) order.
+2. Runs each reader in its own subprocess (so that peak RSS, read from ``ru_maxrss`` of the
+   child, is that reader's alone), timing it end to end from the ``.json.gz`` file:
+
+   * ``ours``     -- ``read_trace(path)`` (flows + compute summary DataFrames);
+   * ``msgspec``  -- inflate the whole file, then one ``msgspec.json.decode`` of the whole document
+     into fully typed Structs (the "typed whole-document decode" reference; no DataFrame);
+   * ``orjson``   -- inflate the whole file, ``orjson.loads`` (skipped with a message when orjson
+     is not importable; it is a benchmark-only extra: ``pip install orjson``);
+   * ``stdlib``   -- ``json.load(gzip.open(path))`` then a pandas DataFrame of the flows.
+
+   ``orjson`` and ``stdlib`` are slow and memory-hungry (orjson holds ~10x the text as Python
+   objects), so by default they run on a smaller trace made by the same generator with the same
+   event mix (``--reference-mb``, default 100): every comparison is of rates (MB/s of
+   decompressed JSON), which do not depend on the size for these whole-document readers.
+   ``msgspec`` runs on the full trace unless ``--msgspec-on-reference`` is given.
+3. Prints a table (MB/s, seconds, peak RSS MB, ours/that speed ratio) and exits 1 when
+   ``ours`` is under 150 MB/s, under 0.5x msgspec, under 10x orjson, under 15x stdlib, or
+   peaks above 1024 MB of RSS. Exit 0 otherwise.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+GEN_VERSION = 1
+THRESHOLDS = {"min_mb_s": 150.0, "msgspec": 0.5, "orjson": 10.0, "stdlib": 15.0, "max_rss_mb": 1024.0}
+
+# ------------------------------------------------------------------------------------- generator
+
+
+def _comm_templates(rng: random.Random) -> list[bytes]:
+    hosts = [f"host-{k}" for k in range(1, 9)]
+    comms = [bytes(rng.randrange(256) for _ in range(128)) for _ in range(6)]
+    ids = [("[" + ",".join(map(str, c)) + "]") for c in comms]
+    out = []
+    calls = [("NcclAllReduce", '"op":"Sum",'), ("NcclAllGather", ""), ("NcclReduceScatter", '"op":"Sum",'),
+             ("NcclBcast", '"root":0,'), ("NcclSend", '"peer":1,'), ("NcclRecv", '"peer":0,')]
+    weights = [8, 4, 4, 1, 2, 2]
+    for (call, extra), w in zip(calls, weights):
+        for _ in range(w):
+            src = rng.choice(hosts)
+            dst = src if rng.random() < 0.1 else rng.choice(hosts)
+            ci = rng.randrange(len(comms))
+            dtype = rng.choice(["Bf16", "Bf16", "F32", "F16"])
+            stream = ('null' if call in ("NcclSend", "NcclRecv") and rng.random() < 0.5
+                      else '{"device":%d,"id":7}' % rng.randrange(8))
+            name = {"NcclAllReduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                    "NcclAllGather": "ncclDevKernel_AllGather_RING_LL",
+                    "NcclReduceScatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL",
+                    "NcclBcast": "ncclDevKernel_Broadcast_RING_LL", "NcclSend": "ncclDevKernel_SendRecv",
+                    "NcclRecv": "ncclDevKernel_SendRecv"}[call]
+            t = ('{"name":"%s","cat":"Communication","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%%d,'
+                 '"args":{"Communication":[{"id":%%d,"bytes":%%d,"src":"%s","dst":"%s","token":null,'
+                 '"tenant_id":null,"vsrc":null,"vdst":null,"udp_src_port":null},{"%s":{"count":%%d,'
+                 '"dtype":"%s",%s"comm":{"rank":%d,"id":%s},"stream":%s}}]}}'
+                 % (name, hosts.index(src), src, dst, call, dtype, extra, rng.randrange(8), ids[ci], stream))
+            out.append(t.encode())
+    return out
+
+
+def _comp_templates(rng: random.Random) -> list[bytes]:
+    out = []
+    ops = ["aten::mm", "aten::bmm", "aten::add_", "aten::_flash_attention_forward", "aten::layer_norm"]
+    for k in range(16):
+        host = f"host-{k % 8 + 1}"
+        pid = 1000 + k
+        if k % 4 == 3:
+            meta = '{"Cuda":{"CudaMemcpyAsync":{"size":%d,"kind":"DeviceToHost"}}}' % (1 << (k + 4))
+            name = "cudaMemcpyAsync"
+        else:
+            name = ops[k % len(ops)]
+            meta = ('{"Torch":{"time":%%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+                    '"stream":{"device":%d,"id":7},"info":{"MM":[{"shape":[%d,%d],"dtype":"BFloat16"},'
+                    '{"shape":[%d,%d],"dtype":"BFloat16"}]}}}' % (host, pid, k, k % 8, 1024, 4096, 4096, 1024))
+        t = ('{"name":"%s","cat":"Computation","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%d,'
+             '"args":{"Computation":[{"hostname":"%s","pid":%d},%%d,%s]}}'
+             % (name, pid, 7 + ((k % 8) << 32), host, pid, meta))
+        out.append(t.encode())
+    return out
+
+
+def _us(ns: int) -> bytes:
+    q, r = divmod(ns, 1000)
+    return (b"%d" % q) if r == 0 else (b"%d.%03d" % (q, r)).rstrip(b"0")
+
+
+def generate(path: Path, size_mb: float, seed: int = 0) -> int:
+    """Write a synthetic visualizer-layout trace of >= size_mb MB; returns decompressed bytes."""
+    rng = random.Random(seed)
+    comm_t, comp_t = _comm_templates(rng), _comp_templates(rng)
+    target = int(size_mb * 1e6)
+    written = 0
+    tmp = path.with_suffix(".tmp")
+    fid = 0
+    with open(tmp, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz:
+        gz.write(b"[\n")
+        written += 2
+        first = True
+        rnd = rng.random
+        while written < target:
+            lines = []
+            for _ in range(2000):
+                ts = int(rnd() * 60e9)
+                if rnd() < 0.75:
+                    t = comm_t[int(rnd() * len(comm_t))]
+                    tiny = rnd() < 0.3
+                    dur = 0 if tiny else int(rnd() * 5e6)
+                    count = int(rnd() * 2048) if tiny else int(rnd() * 1e8)
+                    fid += 1
+                    lines.append(t % (_us(ts), _us(dur), 7, fid, count * 2, count))
+                else:
+                    t = comp_t[int(rnd() * len(comp_t))]
+                    dur = int(rnd() * 2e6)
+                    if b"%d,{\"Torch" in t or t.count(b"%d") == 2:
+                        lines.append(t % (_us(ts), _us(dur), dur, dur))
+                    else:
+                        lines.append(t % (_us(ts), _us(dur), dur))
+            blob = b",\n".join(lines)
+            if not first:
+                blob = b",\n" + blob
+            first = False
+            gz.write(blob)
+            written += len(blob)
+        gz.write(b"\n]")
+        written += 2
+    os.replace(tmp, path)
+    return written
+
+
+def decompressed_size(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b":
+            return path.stat().st_size
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(16 << 20):
+            n += len(chunk)
+    return n
+
+
+def cached_trace(size_mb: float) -> tuple[Path, int]:
+    folder = Path(tempfile.gettempdir()) / "phantora_ingest_bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"trace_v{GEN_VERSION}_{size_mb:g}mb.json.gz"
+    meta = path.with_suffix(".size")
+    if path.exists() and meta.exists():
+        return path, int(meta.read_text())
+    t0 = time.perf_counter()
+    n = generate(path, size_mb)
+    meta.write_text(str(n))
+    print(f"generated {path.name}: {n / 1e6:.0f} MB decompressed, {path.stat().st_size / 1e6:.0f} MB gz "
+          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path, n
+
+
+# ------------------------------------------------------------------------------------- workers
+
+
+def _inflate(path: Path) -> bytes:
+    data = path.read_bytes()
+    return zlib.decompress(data, wbits=47) if data[:2] == b"\x1f\x8b" else data
+
+
+def worker_ours(path: Path) -> dict:
+    from phantora_assets.lib.chrome_trace import read_trace
+
+    pt = read_trace(path)
+    return {"rows": len(pt.flows), "events": pt.n_events}
+
+
+def _msgspec_types():
+    import msgspec
+
+    class Flow(msgspec.Struct):
+        id: int
+        bytes: int
+        src: str
+        dst: str
+        token: int | None = None
+        tenant_id: int | None = None
+        vsrc: str | None = None
+        vdst: str | None = None
+        udp_src_port: int | None = None
+
+    class Comm(msgspec.Struct):
+        rank: int
+        id: list[int]
+
+    class Stream(msgspec.Struct):
+        device: int
+        id: int
+
+    class Call(msgspec.Struct):
+        count: int
+        dtype: str
+        comm: Comm
+        op: str | None = None
+        root: int | None = None
+        peer: int | None = None
+        stream: Stream | None = None
+
+    class Host(msgspec.Struct):
+        hostname: str
+        pid: int
+
+    class Args(msgspec.Struct):
+        Communication: tuple[Flow, dict[str, Call]] | None = None
+        Computation: tuple[Host, int, dict] | None = None
+
+    class Event(msgspec.Struct):
+        name: str
+        cat: str
+        ph: str
+        ts: float
+        dur: float
+        pid: int
+        tid: int
+        args: Args
+
+    return list[Event]
+
+
+def worker_msgspec(path: Path) -> dict:
+    import msgspec
+
+    events = msgspec.json.decode(_inflate(path), type=_msgspec_types())
+    return {"rows": sum(e.cat == "Communication" for e in events), "events": len(events)}
+
+
+def worker_orjson(path: Path) -> dict:
+    import orjson
+
+    events = orjson.loads(_inflate(path))
+    return {"rows": sum(e["cat"] == "Communication" for e in events), "events": len(events)}
+
+
+def worker_stdlib(path: Path) -> dict:
+    import pandas as pd
+
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh)
+    rows = []
+    for e in events:
+        if e["cat"] != "Communication":
+            continue
+        flow, call = e["args"]["Communication"]
+        (name, p), = call.items()
+        rows.append((flow["id"], e["ts"], e["dur"], flow["src"], flow["dst"], flow["bytes"], name,
+                     p["dtype"], p["count"], bytes(p["comm"]["id"]), p["comm"]["rank"], p.get("root", -1), e["tid"]))
+    df = pd.DataFrame(rows, columns=["flow_id", "ts_us", "dur_us", "src_host", "dst_host", "bytes", "call",
+                                     "dtype", "count", "comm", "comm_rank", "root", "stream"])
+    return {"rows": len(df), "events": len(events)}
+
+
+WORKERS = {"ours": worker_ours, "msgspec": worker_msgspec, "orjson": worker_orjson, "stdlib": worker_stdlib}
+
+
+def run_worker(mode: str, path: Path) -> None:
+    # imports are not timed
+    import msgspec  # noqa: F401
+    import pandas  # noqa: F401
+
+    import phantora_assets.lib.chrome_trace  # noqa: F401
+    if mode == "orjson":
+        import orjson  # noqa: F401
+    t0 = time.perf_counter()
+    info = WORKERS[mode](path)
+    info["seconds"] = time.perf_counter() - t0
+    info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    print("RESULT " + json.dumps(info), flush=True)
+
+
+def spawn(mode: str, path: Path) -> dict | None:
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", mode, str(path)],
+                          capture_output=True, text=True, env=env)
+    for ln in proc.stdout.splitlines():
+        if ln.startswith("RESULT "):
+            return json.loads(ln[7:])
+    print(f"[{mode}] failed (rc={proc.returncode}):\n{proc.stderr[-2000:]}", flush=True)
+    return None
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=float, default=500.0, help="decompressed size of the main trace (MB)")
+    ap.add_argument("--reference-mb", type=float, default=100.0,
+                    help="decompressed size of the trace the slow references (orjson, stdlib) read")
+    ap.add_argument("--trace", type=Path, help="use this trace instead of a generated one (all readers)")
+    ap.add_argument("--msgspec-on-reference", action="store_true", help="run msgspec on the reference trace")
+    ap.add_argument("--skip", action="append", default=[], choices=list(WORKERS), help="skip a reader")
+    ap.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        run_worker(args.worker[0], Path(args.worker[1]))
+        return 0
+
+    if args.trace:
+        main_path, main_n = args.trace, decompressed_size(args.trace)
+        ref_path, ref_n = main_path, main_n
+    else:
+        main_path, main_n = cached_trace(args.size_mb)
+        if args.reference_mb >= args.size_mb:
+            ref_path, ref_n = main_path, main_n
+        else:
+            ref_path, ref_n = cached_trace(args.reference_mb)
+    print(f"main trace {main_path} ({main_n / 1e6:.0f} MB); reference trace {ref_path.name} "
+          f"({ref_n / 1e6:.0f} MB); cpus={os.cpu_count()}", flush=True)
+
+    results: dict[str, dict] = {}
+    plan = [("ours", main_path, main_n),
+            ("msgspec", ref_path if args.msgspec_on_reference else main_path,
+             ref_n if args.msgspec_on_reference else main_n),
+            ("orjson", ref_path, ref_n), ("stdlib", ref_path, ref_n)]
+    for mode, path, n in plan:
+        if mode in args.skip:
+            continue
+        if mode == "orjson":
+            try:
+                import orjson  # noqa: F401
+            except ImportError:
+                print("orjson not importable: skipping the orjson reference (pip install orjson)")
+                continue
+        r = spawn(mode, path)
+        if r is None:
+            continue
+        r["mb"] = n / 1e6
+        r["mb_s"] = r["mb"] / r["seconds"]
+        results[mode] = r
+        print(f"  {mode:8s} {r['mb']:7.0f} MB {r['seconds']:8.2f} s {r['mb_s']:8.1f} MB/s "
+              f"rss {r['peak_rss_mb']:7.0f} MB rows {r['rows']}", flush=True)
+
+    ours = results.get("ours")
+    if ours is None:
+        print("FAIL: our reader did not run")
+        return 1
+    print()
+    print(f"{'reader':10s} {'MB':>7s} {'s':>8s} {'MB/s':>9s} {'peak RSS MB':>12s} {'ours/this':>10s} {'needed':>8s}")
+    failures = []
+    for mode, r in results.items():
+        ratio = ours["mb_s"] / r["mb_s"]
+        need = THRESHOLDS.get(mode) if mode != "ours" else None
+        print(f"{mode:10s} {r['mb']:7.0f} {r['seconds']:8.2f} {r['mb_s']:9.1f} {r['peak_rss_mb']:12.0f} "
+              f"{ratio:10.2f} {('>= %gx' % need) if need else '':>8s}")
+        if need is not None and ratio < need:
+            failures.append(f"ours is {ratio:.2f}x {mode}, needs >= {need}x")
+    if ours["mb_s"] < THRESHOLDS["min_mb_s"]:
+        failures.append(f"ours {ours['mb_s']:.1f} MB/s < {THRESHOLDS['min_mb_s']} MB/s")
+    if ours["peak_rss_mb"] > THRESHOLDS["max_rss_mb"]:
+        failures.append(f"ours peak RSS {ours['peak_rss_mb']:.0f} MB > {THRESHOLDS['max_rss_mb']} MB")
+    print()
+    if failures:
+        print("FAIL: " + "; ".join(failures))
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
