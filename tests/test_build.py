@@ -13,7 +13,7 @@ from phantora_assets.lib.checks_log import read_checks
 from phantora_assets.paths import DataPaths
 from phantora_assets.runs import load_run_matrix
 
-from .conftest import published_rows
+from conftest import published_rows
 
 OK_ROWS = [r for r in published_rows() if r["status"] == "ok"]
 OOM_ROWS = [r for r in published_rows() if r["status"] == "out_of_memory"]

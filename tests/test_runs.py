@@ -7,7 +7,7 @@ import pytest
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.runs import load_run_matrix, parse_entries
 
-from .conftest import published_rows
+from conftest import published_rows
 
 
 def test_matrix_ships_every_published_run():

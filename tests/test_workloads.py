@@ -9,7 +9,7 @@ from phantora_assets.lib.ring import DTYPE_BYTES
 from phantora_assets.lib.workloads import AllToAll, Collective, WorkloadModel
 from phantora_assets.runs import load_run_matrix
 
-from .conftest import published_rows
+from conftest import published_rows
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 
