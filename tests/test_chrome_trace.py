@@ -332,3 +332,16 @@ def test_error_negative_bytes(tmp_path: Path, trace: Path) -> None:
 
 def test_error_wrong_type(tmp_path: Path, trace: Path) -> None:
     _expect(_mutated(trace, tmp_path, "t.json.gz", '"bytes":4096', '"bytes":"4096"'), "invalid event", "line")
+    _expect(_mutated(trace, tmp_path, "c.json.gz", '"cat":"Computation"', '"cat":"Memory"'), "invalid event")
+
+
+def test_reader_accepts_null_stream_and_missing_optional_fields(tmp_path: Path) -> None:
+    ev = {"name": "s", "cat": "Communication", "ph": "X", "ts": 1, "dur": 2, "pid": 0, "tid": 0,
+          "args": {"Communication": [{"id": 5, "bytes": 10, "src": "host-3", "dst": "host-12"},
+                                     {"NcclSend": {"count": 5, "dtype": "U8", "peer": 1,
+                                                   "comm": {"rank": 0, "id": [1, 2, 3]}, "stream": None}}]}}
+    p = _write(tmp_path, "p2p.json", json.dumps([ev]))
+    f = read_trace(p).flows
+    assert f[["src_node", "dst_node", "bytes", "op", "stream", "root"]].iloc[0].tolist() == [2, 11, 10, "send", 0, -1]
+    assert f["comm_id"].iloc[0] == comm_id_of(bytes([1, 2, 3]))
+    assert read_trace(p).compute.empty
