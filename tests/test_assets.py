@@ -1,0 +1,65 @@
+"""Real Dagster materializations of single partitions (in process and through the dagster CLI)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from phantora_assets import definitions as d
+from phantora_assets.lib.checks_log import read_checks
+from phantora_assets.paths import DataPaths
+from phantora_assets.partitions import RUNS_BY_ID
+from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def _materialize(run_id: str, root: Path, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
+    return dg.materialize(
+        d.ALL_ASSETS, selection=d.RUN_ASSETS, partition_key=run_id, instance=instance, raise_on_error=False,
+        resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()}, run_config=QUIET,
+    )
+
+
+def _check_evals(result: dg.ExecuteInJobResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+def test_failing_check_is_reported_on_its_own_partition(tmp_path):
+    """A failing check of partition A (does not fit) is reported on A; partition B passes."""
+    instance = dg.DagsterInstance.ephemeral()
+    oom, ok = "phantora_l40s_W5_2x1", "phantora_l40s_W4_2x1"
+    res_oom = _materialize(oom, tmp_path, instance)
+    res_ok = _materialize(ok, tmp_path, instance)
+    assert not res_oom.success
+    assert _check_evals(res_oom) == {"fits_in_memory": False}
+    assert res_ok.success
+    evals = _check_evals(res_ok)
+    assert evals["fits_in_memory"] and all(evals.values()) and len(evals) == 8
+    paths = DataPaths(tmp_path)
+    assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
+    assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
+    # the non-fitting run wrote no trace; downstream assets did not run
+    assert not paths.chrome_trace(RUNS_BY_ID[oom]).exists()
+    mats = {m.asset_key.to_user_string() for m in res_oom.get_asset_materialization_events()
+            for m in [m.event_specific_data.materialization]}
+    assert mats == {"raw_timeline"}
+
+
+def test_dagster_cli_materializes_one_partition(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data")}
+    (tmp_path / "home").mkdir()
+    run_id = "phantora_a100_40g_W1_2x2"
+    out = subprocess.run(
+        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "phantora_assets.definitions",
+         "--select", "raw_timeline", "--partition", run_id],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "data" / "partitions" / run_id / "raw_timeline.parquet").stat().st_size > 0
+    assert "passed" in (tmp_path / "data" / "traces" / "a100_40g" / "W1_2x2" / "checks.json").read_text()
