@@ -9,17 +9,15 @@ The layout is the one of Phantora's ``phantora_visualizer`` (PHANTORA_FORMATS.md
 * :func:`read_trace` parses a trace into a flow table (``tables.FLOW_COLUMNS``) and a per-host
   computation summary (``tables.COMPUTE_SUMMARY_COLUMNS``).
 
-Reader design (performance): a background thread streams the file and inflates it in large
-chunks (zlib releases the GIL, so inflation overlaps decoding on a second core); the main thread
-cuts the text at the last ``,\\n`` (an element boundary in the visualizer layout) of each ~1 MiB
-batch, overwrites that comma with ``]`` and decodes the batch in place in one ``msgspec`` call into
-typed Structs (``gc=False``; events are a union tagged by ``cat``; ``ph`` is not checked and
-Computation ``meta`` is skipped as ``msgspec.Raw``).
-Columns are pulled out with C-level ``map``/``attrgetter`` passes, strings are factorized per
-batch into small integer codes, and the 128-byte communicator ids are kept as raw JSON and
-blake2b-hashed once per distinct communicator. Only the current chunk of text is ever in memory. A
-valid JSON array in another layout (e.g. all on one line, or pretty-printed) is accepted too:
-it is decoded as one document (memory then grows with the file).
+Reader design (performance, see ``trace_decode``): the file is inflated on a background thread
+(ISA-L when available), cut into ~1 MiB batches of whole elements at ``,\\n`` (the visualizer
+layout) and each batch is decoded in one ``msgspec`` call into typed Structs, with the
+communicator objects (half of the text) replaced by small tokens first; columns are pulled out
+with C-level passes and Computation events are only summed per host. For a large trace a helper
+process reads the same file and decodes the batches the main process has not reached yet
+(dynamic sharing through a counter), so two cores decode at once. Only a few batches of text are
+in memory at a time. A valid JSON array in another layout (e.g. all on one line, or
+pretty-printed) is accepted too: it is decoded as one document (memory then grows with the file).
 
 This module does not import dagster.
 """
@@ -29,22 +27,20 @@ from __future__ import annotations
 import gc
 import gzip
 import hashlib
+import mmap
+import multiprocessing as mp
+import os
 import queue
 import re
 import threading
-import zlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
-from itertools import compress, repeat
-from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import msgspec
-from msgspec.structs import astuple
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib import trace_decode as td
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.io import atomic_path
 from phantora_assets.lib.ring import CALL_TO_OP, DTYPE_BYTES
@@ -53,8 +49,7 @@ from phantora_assets.lib.tables import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RA
 __all__ = ["ParsedTrace", "read_trace", "write_chrome_trace", "comm_id_of"]
 
 #: Largest ts/dur (µs) accepted; beyond it float64 can no longer hold integers exactly.
-MAX_TIME_US = float(2**53)
-_INT64_MAX = 2**63 - 1
+MAX_TIME_US = td.MAX_TIME_US
 _HOST_RE = re.compile(r"host-([0-9]+)")
 
 # ---------------------------------------------------------------------------------------------
@@ -197,112 +192,6 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reader: typed schema
-# ---------------------------------------------------------------------------------------------
-
-
-class _Flow(msgspec.Struct, gc=False):
-    id: int
-    bytes: int
-    src: str
-    dst: str
-
-
-class _Payload(msgspec.Struct, gc=False):
-    count: int
-    dtype: str
-    comm: msgspec.Raw            # {"rank": r, "id": [128 ints]}: decoded once per distinct value
-    root: int = -1
-    # op / peer / stream are not needed (stream = event tid); "stream": null is accepted.
-
-
-# One payload class per call, so that ``type(payload)`` names the call.
-class _AllReduce(_Payload, gc=False):
-    pass
-
-
-class _AllGather(_Payload, gc=False):
-    pass
-
-
-class _ReduceScatter(_Payload, gc=False):
-    pass
-
-
-class _Bcast(_Payload, gc=False):
-    pass
-
-
-class _Send(_Payload, gc=False):
-    pass
-
-
-class _Recv(_Payload, gc=False):
-    pass
-
-
-class _Call(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    """The externally tagged NCCL call ``{"NcclAllReduce": {...}}`` (a struct decodes faster than a dict)."""
-
-    NcclAllReduce: _AllReduce | None = None
-    NcclAllGather: _AllGather | None = None
-    NcclReduceScatter: _ReduceScatter | None = None
-    NcclBcast: _Bcast | None = None
-    NcclSend: _Send | None = None
-    NcclRecv: _Recv | None = None
-
-
-_PAYLOAD_CALL: dict[type, str] = {
-    _AllReduce: "NcclAllReduce", _AllGather: "NcclAllGather", _ReduceScatter: "NcclReduceScatter",
-    _Bcast: "NcclBcast", _Send: "NcclSend", _Recv: "NcclRecv",
-}
-
-
-class _Comm(msgspec.Struct):
-    rank: int
-    id: list[int]
-
-
-class _CompHost(msgspec.Struct, gc=False):
-    hostname: str
-
-
-class _CommArgs(msgspec.Struct, gc=False):
-    Communication: tuple[_Flow, _Call]
-
-
-class _CompArgs(msgspec.Struct, gc=False):
-    Computation: tuple[_CompHost, int, msgspec.Raw]   # meta is skipped (kept raw, never decoded)
-
-
-# Events are a union tagged by "cat"; "ph" is not checked (Phantora writes only "X" events).
-class _CommEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Communication"):
-    name: str
-    ts: float
-    dur: float
-    tid: int
-    args: _CommArgs
-
-
-class _CompEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Computation"):
-    ts: float
-    dur: float
-    args: _CompArgs
-
-
-_batch_decoder = msgspec.json.Decoder(list[_CommEvent | _CompEvent])
-_comm_decoder = msgspec.json.Decoder(_Comm)
-
-_g_ts, _g_dur, _g_tid, _g_name = (attrgetter(a) for a in ("ts", "dur", "tid", "name"))
-_g_commargs = attrgetter("args.Communication")
-_g_compargs = attrgetter("args.Computation")
-_g_id, _g_bytes, _g_src, _g_dst = (attrgetter(a) for a in ("id", "bytes", "src", "dst"))
-_g_count, _g_dtype, _g_comm, _g_root = (attrgetter(a) for a in ("count", "dtype", "comm", "root"))
-_g_hostname = attrgetter("hostname")
-_first, _second = itemgetter(0), itemgetter(1)
-
-
-# ---------------------------------------------------------------------------------------------
 # Reader: public API
 # ---------------------------------------------------------------------------------------------
 
@@ -331,21 +220,29 @@ def comm_id_of(id_bytes: bytes | list[int]) -> str:
     return hashlib.blake2b(bytes(id_bytes), digest_size=8).hexdigest()
 
 
-def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20) -> ParsedTrace:
+#: Decompressed size (bytes, estimated) from which ``read_trace`` uses a helper process.
+PARALLEL_MIN_BYTES = 48 << 20
+
+
+def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None) -> ParsedTrace:
     """Parse a Phantora Chrome trace (``.json`` or ``.json.gz``; gzip is detected by magic bytes).
 
-    Memory stays bounded by a few chunks of text plus the output tables for the visualizer
-    layout (and for any layout whose elements are separated by ``,\\n``); other layouts are
-    decoded as one document.
+    The text is streamed and decoded in batches of whole elements (``trace_decode``); memory
+    stays bounded by a few batches plus the output tables for the visualizer layout (and any
+    layout whose elements are separated by ``,\\n``); other layouts are decoded as one document.
 
     Args:
         path: the trace file.
         chunk_bytes: size of the decompressed text batches (tuning only).
+        workers: helper processes (0 or 1): a helper reads the same file and decodes the batches
+            the main process has not reached yet, so two cores share the work. ``None``: one
+            helper when the machine has two cores or more and the trace is large
+            (>= ``PARALLEL_MIN_BYTES`` decompressed, estimated).
 
     Returns:
         A :class:`ParsedTrace`; ``flows.ts_us``/``dur_us`` in µs, ``bytes`` in bytes,
         ``src_node = k - 1`` for ``host-k``, ``stream`` = event tid, ``root`` = -1 except
-        for NcclBcast.
+        for NcclBcast. The result does not depend on ``chunk_bytes`` or ``workers``.
 
     Raises:
         TraceFormatError: naming the file and one of the rules ``truncated gzip``,
@@ -359,463 +256,349 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20) -> ParsedTrace:
         OSError: the file cannot be read.
     """
     path = Path(path)
-    acc = _Accumulator(path)
+    if workers is None:
+        workers = 1 if (os.cpu_count() or 1) >= 2 and _estimated_size(path) >= PARALLEL_MIN_BYTES else 0
     gc_was = gc.isenabled()
     gc.disable()
     try:
         try:
-            _parse_stream(path, chunk_bytes, acc)
-        except _NeedWholeDoc:
-            acc = _Accumulator(path)
-            _parse_whole(path, acc)
-        return acc.finish()
+            try:
+                asm = _read_batches(path, chunk_bytes, min(int(workers), 1))
+                asm.raise_failure()
+            except td.NeedWholeDoc:
+                asm = _read_whole(path)
+            return asm.finish()
+        except (td.BatchError, td.StreamError) as exc:
+            raise TraceFormatError(path, exc.rule, exc.detail) from None
     finally:
         if gc_was:
             gc.enable()
 
 
-# ---------------------------------------------------------------------------------------------
-# Reader: byte stream
-# ---------------------------------------------------------------------------------------------
-
-_DONE = object()
-
-
-def _raw_chunks(path: Path, out_bytes: int) -> Iterator[bytes]:
-    """Decompressed chunks of the file (gzip by magic, multi-member ok), each <= ~out_bytes."""
+def _estimated_size(path: Path) -> int:
+    """Decompressed size: the file size, or for gzip the larger of ISIZE and 4x the file."""
+    size = path.stat().st_size
     with open(path, "rb") as fh:
-        data = fh.read(1 << 20)
-        if data[:2] != b"\x1f\x8b":
-            while data:
-                yield data
-                data = fh.read(out_bytes)
-            return
-        d = None
+        if fh.read(2) != b"\x1f\x8b" or size < 20:
+            return size
+        fh.seek(-4, os.SEEK_END)
+        return max(int.from_bytes(fh.read(4), "little"), 4 * size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader: orchestration (main process + optional helper process)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Helper:
+    """A forked helper process (``trace_decode.helper_main``) decoding batches handed to it
+    through shared memory, and a thread receiving its results."""
+
+    SLOTS = 4
+    MAX_IN_FLIGHT = 2
+
+    def __init__(self, path: Path, chunk_bytes: int) -> None:
+        self.slot_size = 2 * max(chunk_bytes, 1 << 16) + (1 << 16)
+        self.mm = mmap.mmap(-1, self.slot_size * self.SLOTS)  # shared with the forked child
+        # fork: the child needs no imports (no re-import of __main__ as with spawn/forkserver)
+        # and only runs trace_decode code on the shared memory.
+        ctx = mp.get_context("fork")
+        job_r, self.jobs = ctx.Pipe(duplex=False)
+        self.results, res_w = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=td.helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
+                                daemon=True, name="phantora-trace-helper")
+        self.proc.start()
+        job_r.close()
+        res_w.close()
+        self.dead = False
+        self.free = list(range(self.SLOTS))
+        self.in_flight: dict[int, tuple[int, int, int]] = {}   # k -> (slot, end, offset)
+        self.msgs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
         while True:
-            while data:
-                if d is None:
-                    if not data.lstrip(b"\0"):  # zero padding after the last member
-                        break
-                    d = zlib.decompressobj(wbits=31)
-                try:
-                    out = d.decompress(data, out_bytes)
-                except zlib.error as exc:
-                    raise TraceFormatError(path, "corrupt gzip", str(exc)) from None
-                if out:
-                    yield out
-                if d.eof:
-                    data, d = d.unused_data, None
-                else:
-                    data = d.unconsumed_tail
-            while d is not None and not d.eof:  # drain output still pending inside zlib
-                out = d.decompress(b"", out_bytes)
-                if not out:
-                    break
-                yield out
-            if d is not None and d.eof:
-                data, d = d.unused_data, None
-                if data:
-                    continue
-            data = fh.read(1 << 20)
-            if not data:
-                if d is not None:
-                    raise TraceFormatError(path, "truncated gzip", "compressed stream ends before its end marker")
-                return
-
-
-class _Producer(threading.Thread):
-    """Inflates the file on a background thread into a bounded queue."""
-
-    def __init__(self, path: Path, out_bytes: int) -> None:
-        super().__init__(daemon=True)
-        self.path, self.out_bytes = path, out_bytes
-        self.q: queue.Queue = queue.Queue(maxsize=3)
-        self.stop = threading.Event()
-
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
             try:
-                self.q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+                msg = self.results.recv()
+            except (EOFError, OSError):
+                self.msgs.put(("dead",))
+                return
+            self.msgs.put(msg)
 
-    def run(self) -> None:
-        try:
-            for chunk in _raw_chunks(self.path, self.out_bytes):
-                if not self._put(chunk):
-                    return
-            self._put(_DONE)
-        except BaseException as exc:  # handed to the consumer
-            self._put(exc)
-
-    def chunks(self) -> Iterator[bytes]:
-        self.start()
-        try:
-            while True:
-                item = self.q.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.stop.set()
-            self.join()
-
-
-class _NeedWholeDoc(Exception):
-    """The text is not cut into elements at ``,\\n``: decode it as a whole document."""
-
-
-_WS = b" \t\r\n"
-
-
-def _check_start(path: Path, head: bytes) -> None:
-    c = head[:1]
-    if c == b"[":
-        return
-    if not c:
-        raise TraceFormatError(path, "invalid JSON", "empty document")
-    if c in b'{"-0123456789tfn':
-        raise TraceFormatError(path, "not a JSON array", f"document starts with {c.decode()!r}")
-    raise TraceFormatError(path, "invalid JSON", f"line 1: unexpected {c!r}")
-
-
-def _parse_stream(path: Path, chunk_bytes: int, acc: "_Accumulator") -> None:
-    # buf always holds "[" + text not yet decoded; a batch is cut at its last ",\n", whose comma
-    # is overwritten by "]" so that msgspec decodes buf[:cut + 1] in place (no copy).
-    buf = bytearray(b"[")
-    line = 1                    # line number of buf[1]
-    started = False
-    for chunk in _Producer(path, chunk_bytes).chunks():
-        if not started:
-            head = bytes(buf[1:]) + chunk
-            stripped = head.lstrip(_WS)
-            if not stripped:
-                buf = bytearray(b"[") + head
-                continue
-            line += head.count(b"\n", 0, len(head) - len(stripped))
-            _check_start(path, stripped)
-            buf = bytearray(stripped)  # keeps the document's own "["
-            started = True
-            start = 0
-        else:
-            start = len(buf) - 1
-            buf += chunk
-        if len(buf) < chunk_bytes:
-            continue
-        cut = buf.rfind(b",\n", max(start, 1))
-        if cut < 0:
-            continue  # no element boundary yet (e.g. one-line JSON): keep reading
-        buf[cut] = 0x5D  # "]"
-        _decode_piece(path, buf, cut + 1, line, acc)
-        line += buf.count(b"\n", 0, cut) + 1
-        del buf[1:cut + 2]
-    if not started:
-        _check_start(path, b"")
-    # final piece: elements then "]"
-    tail = bytes(buf[1:]).rstrip(_WS)
-    if not tail.endswith(b"]"):
-        ln = line + tail.count(b"\n")
-        raise TraceFormatError(path, "invalid JSON", f"line {ln}: document ends before the closing ']'")
-    body = tail[:-1]
-    if body.strip(_WS):
-        if body.rstrip(_WS).endswith(b","):
-            ln = line + body.rstrip(_WS).count(b"\n")
-            raise TraceFormatError(path, "invalid JSON", f"line {ln}: trailing comma before ']'")
-        final = bytearray(b"[") + body + b"]"
-        _decode_piece(path, final, len(final), line, acc)
-    elif acc.n_events:
-        raise TraceFormatError(path, "invalid JSON", f"line {line}: trailing comma before ']'")
-
-
-def _parse_whole(path: Path, acc: "_Accumulator") -> None:
-    data = b"".join(_raw_chunks(path, 64 << 20))
-    stripped = data.lstrip(_WS)
-    _check_start(path, stripped)
-    line0 = 1 + data.count(b"\n", 0, len(data) - len(stripped))
-    try:
-        events = _batch_decoder.decode(stripped)
-    except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
-        raise _validation_error(path, exc, lambda i: f"event {i}") from None
-    except msgspec.DecodeError as exc:
-        m = re.search(r"byte (\d+)", str(exc))
-        ln = line0 + stripped.count(b"\n", 0, int(m.group(1))) if m else "?"
-        raise TraceFormatError(path, "invalid JSON", f"line {ln}: {exc}") from None
-    acc.add(events, lambda i: f"event {i}")
-
-
-def _validation_error(path: Path, exc: Exception, where: Callable[[int], str]) -> TraceFormatError:
-    """Maps a msgspec ValidationError to the rule it breaks, located at its event."""
-    msg = str(exc)
-    m = re.search(r"\$\[(\d+)\]", msg)
-    loc = where(int(m.group(1))) if m else "?"
-    rule = "invalid event"
-    u = re.search(r"unknown field `([^`]*)` - at `[^`]*Communication\[1\]`", msg)
-    if u:
-        rule = "unknown NCCL op"
-        msg = f"{u.group(1)!r}: {msg}"
-    elif "out of range" in msg:
-        rule = "overflowing duration" if re.search(r"\.(ts|dur)`", msg) else "overflowing value"
-    return TraceFormatError(path, rule, f"{loc}: {msg}")
-
-
-def _looks_like_layout(body: bytes) -> bool:
-    """Every non-blank line is one ``{...}`` element (optionally followed by a comma)."""
-    for ln in body.split(b"\n"):
-        s = ln.strip(_WS)
-        if s and not (s.startswith(b"{") and s.rstrip(b",").rstrip(_WS).endswith(b"}")):
+    def submit(self, k: int, buf: bytearray, end: int, offset: int) -> bool:
+        """Hand batch ``k`` to the helper if it has room; False to decode it here."""
+        if (self.dead or not self.free or end > self.slot_size
+                or len(self.in_flight) >= self.MAX_IN_FLIGHT):
             return False
-    return True
-
-
-def _decode_piece(path: Path, buf: bytearray, end: int, line0: int, acc: "_Accumulator") -> None:
-    """Decode ``buf[:end]`` = ``[`` + elements + ``]``; ``buf[1]`` is on line ``line0``.
-
-    Every reference into ``buf`` (msgspec.Raw values) is dropped before returning, so that the
-    caller may resize it.
-    """
-    mv = memoryview(buf)
-    view = mv[:end]
-    try:
-        events = _batch_decoder.decode(view)
-    except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
-        body = bytes(buf[1:end - 1])
-        raise _validation_error(path, exc, _locator(body, line0)) from None
-    except msgspec.DecodeError as exc:
-        body = bytes(buf[1:end - 1])
-        if not _looks_like_layout(body):
-            raise _NeedWholeDoc() from None
-        m = re.search(r"byte (\d+)", str(exc))
-        ln = line0 + body.count(b"\n", 0, max(0, int(m.group(1)) - 1)) if m else "?"
-        raise TraceFormatError(path, "invalid JSON", f"line {ln}: {exc}") from None
-    if not events:
-        raise TraceFormatError(path, "invalid JSON", f"line {line0}: empty element")
-    acc.add(events, _locator_lazy(buf, end, line0))  # on error buf is abandoned: no release needed
-    del events
-    view.release()
-    mv.release()
-
-
-def _locator_lazy(buf: bytearray, end: int, line0: int) -> Callable[[int], str]:
-    return lambda i: _locator(bytes(buf[1:end - 1]), line0)(i)
-
-
-def _locator(body: bytes, line0: int) -> Callable[[int], str]:
-    """Maps an event index of a batch to ``"line L"`` (error path only)."""
-
-    def where(i: int) -> str:
-        starts = [k for k, ln in enumerate(body.split(b"\n")) if ln.strip(_WS)]
-        if i < len(starts) and _looks_like_layout(body):
-            return f"line {line0 + starts[i]}"
-        return f"event {i} of the batch starting at line {line0}"
-
-    return where
-
-
-# ---------------------------------------------------------------------------------------------
-# Reader: column accumulation
-# ---------------------------------------------------------------------------------------------
-
-
-class _Codes:
-    """Global factorization of a string-ish column across batches."""
-
-    def __init__(self) -> None:
-        self.index: dict = {}
-        self.values: list = []
-
-    def encode(self, items: list) -> np.ndarray:
-        codes, uniq = pd.factorize(np.fromiter(items, object, len(items)), use_na_sentinel=False)
-        gmap = np.empty(len(uniq), dtype=np.int32)
-        for k, u in enumerate(uniq):
-            g = self.index.get(u)
-            if g is None:
-                g = self.index[u] = len(self.values)
-                self.values.append(u)
-            gmap[k] = g
-        return gmap[codes]
-
-
-class _Accumulator:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.n_events = 0
-        self.cols: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "flow_id", "ts", "dur", "bytes", "count", "root", "stream",
-            "name", "src", "dst", "call", "dtype", "comm")}
-        self.codes = {k: _Codes() for k in ("name", "host", "call", "dtype", "comm")}
-        self.ch_codes = _Codes()
-        self.ch_n = np.zeros(0, np.int64)
-        self.ch_busy = np.zeros(0, np.float64)
-        self.ch_first = np.zeros(0, np.float64)
-        self.ch_last = np.zeros(0, np.float64)
-
-    def err(self, rule: str, detail: str) -> TraceFormatError:
-        return TraceFormatError(self.path, rule, detail)
-
-    def _ints(self, items, n: int, what: str, where) -> np.ndarray:
+        slot = self.free.pop()
+        start = slot * self.slot_size
+        with memoryview(buf) as mv:
+            self.mm[start:start + end] = mv[:end]
         try:
-            return np.fromiter(items, np.int64, n)
-        except OverflowError:
-            raise self.err("overflowing value", f"{what} beyond int64") from None
+            self.jobs.send((k, slot, end, offset))
+        except OSError:
+            self.free.append(slot)
+            return False
+        self.in_flight[k] = (slot, end, offset)
+        return True
 
-    def add(self, events: list, where: Callable[[int], str]) -> None:
-        n = len(events)
-        self.n_events += n
-        ts = np.fromiter(map(_g_ts, events), np.float64, n)
-        dur = np.fromiter(map(_g_dur, events), np.float64, n)
-        with np.errstate(invalid="ignore"):
-            bad = ~((ts >= 0) & (dur >= 0))
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise self.err("negative duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
-        bad = ~((ts <= MAX_TIME_US) & (dur <= MAX_TIME_US))
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise self.err("overflowing duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
-        is_comm = np.fromiter(map(isinstance, events, repeat(_CommEvent, n)), bool, n)
-        if is_comm.any():
-            self._add_comm(events, is_comm, ts, dur, where)
-        is_comp = ~is_comm
-        if is_comp.any():
-            self._add_comp(events, is_comp, ts, dur, where)
+    def slot_copy(self, k: int) -> tuple[bytearray, int, int]:
+        """The text of in-flight batch ``k`` (to decode it here when the helper is gone)."""
+        slot, end, offset = self.in_flight[k]
+        start = slot * self.slot_size
+        return bytearray(self.mm[start:start + end]), end, offset
 
-    def _add_comm(self, events, mask, ts, dur, where) -> None:
-        ev = list(compress(events, mask))
-        m = len(ev)
-        cargs = list(map(_g_commargs, ev))
-        flows = list(map(_first, cargs))
-        calls = list(map(_second, cargs))
-        # first non-None field of each call struct, all at C level
-        payloads = list(map(next, map(partial(filter, None), map(astuple, calls))))
-        if len(payloads) != m:
-            raise self.err("unknown NCCL op", "an NCCL call object names no known call")
-        c = self.cols
-        c["ts"].append(ts[mask])
-        c["dur"].append(dur[mask])
-        c["stream"].append(self._ints(map(_g_tid, ev), m, "tid", where))
-        c["flow_id"].append(self._ints(map(_g_id, flows), m, "flow id", where))
-        c["bytes"].append(self._ints(map(_g_bytes, flows), m, "bytes", where))
-        c["count"].append(self._ints(map(_g_count, payloads), m, "count", where))
-        c["root"].append(self._ints(map(_g_root, payloads), m, "root", where))
-        k = self.codes
-        c["name"].append(k["name"].encode(list(map(_g_name, ev))))
-        c["src"].append(k["host"].encode(list(map(_g_src, flows))))
-        c["dst"].append(k["host"].encode(list(map(_g_dst, flows))))
-        c["call"].append(k["call"].encode(list(map(type, payloads))))
-        c["dtype"].append(k["dtype"].encode(list(map(_g_dtype, payloads))))
-        c["comm"].append(k["comm"].encode(list(map(bytes, map(_g_comm, payloads)))))
+    def close(self) -> None:
+        try:
+            self.jobs.send(None)
+        except OSError:
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+        self.jobs.close()
+        self.thread.join(timeout=5)
+        self.results.close()
+        try:
+            self.mm.close()
+        except BufferError:  # pragma: no cover - a view is still referenced by an exception
+            pass
 
-    def _add_comp(self, events, mask, ts, dur, where) -> None:
-        ev = list(compress(events, mask))
-        cargs = list(map(_g_compargs, ev))
-        hosts = self.ch_codes.encode(list(map(_g_hostname, map(_first, cargs))))
-        nh = len(self.ch_codes.values)
-        if nh > len(self.ch_n):
-            grow = nh - len(self.ch_n)
-            self.ch_n = np.concatenate([self.ch_n, np.zeros(grow, np.int64)])
-            self.ch_busy = np.concatenate([self.ch_busy, np.zeros(grow)])
-            self.ch_first = np.concatenate([self.ch_first, np.full(grow, np.inf)])
-            self.ch_last = np.concatenate([self.ch_last, np.full(grow, -np.inf)])
-        t, d = ts[mask], dur[mask]
-        self.ch_n += np.bincount(hosts, minlength=nh)
-        self.ch_busy += np.bincount(hosts, weights=d, minlength=nh)
-        np.minimum.at(self.ch_first, hosts, t)
-        np.maximum.at(self.ch_last, hosts, t + d)
 
-    # -- final assembly ------------------------------------------------------------------------
+class _Assembly:
+    """Per-batch columns from one or two decoders, assembled into the output tables."""
+
+    def __init__(self, path: Path, chunk_bytes: int) -> None:
+        self.path, self.chunk_bytes = path, chunk_bytes
+        self.batches: dict[int, tuple[int, dict]] = {}     # k -> (decoder, columns)
+        self.tables: dict[int, tuple[list, list, list]] = {}  # decoder -> (names, hosts, comms)
+        self.failure: tuple[int, str, str, str] | None = None  # (k, kind, rule, detail)
+
+    def line_of(self, offset: int) -> int:
+        return td.line_at(self.path, offset)
+
+    def fail(self, k: int, kind: str, rule: str = "", detail: str = "") -> None:
+        if self.failure is None or k < self.failure[0]:
+            self.failure = (k, kind, rule, detail)
+
+    def limit(self) -> float:
+        return self.failure[0] if self.failure else float("inf")
+
+    def add_helper_tables(self, tables: tuple[list, list, list]) -> None:
+        mine = self.tables.setdefault(1, ([], [], []))
+        for have, new in zip(mine, tables):
+            have.extend(new)
+
+    def raise_failure(self) -> None:
+        if self.failure is None:
+            return
+        _, kind, rule, detail = self.failure
+        if kind == "whole":
+            raise td.NeedWholeDoc()
+        raise td.BatchError(rule, detail)
+
+    # -- final tables ----------------------------------------------------------------------------
+
+    def finish(self) -> ParsedTrace:
+        self.raise_failure()
+        ks = sorted(self.batches)
+        n_events = sum(self.batches[k][1]["n_events"] for k in ks)
+        if n_events == 0:
+            raise TraceFormatError(self.path, "empty trace", "the JSON array has no events")
+        names, hosts, comms = _Table(), _Table(), _Table()
+        maps = {}
+        for d, (nv, hv, cv) in self.tables.items():
+            maps[d] = tuple(np.fromiter(map(t.__getitem__, vals), np.int64, len(vals))
+                            for t, vals in ((names, nv), (hosts, hv), (comms, cv)))
+        cols: dict[str, list[np.ndarray]] = {}
+        nh = len(hosts.values)
+        comp_n = np.zeros(nh, np.int64)
+        comp_busy = np.zeros(nh, np.float64)
+        comp_first = np.full(nh, np.inf)
+        comp_last = np.full(nh, -np.inf)
+        for k in ks:
+            d, c = self.batches[k]
+            nmap, hmap, cmap = maps[d]
+            if "ts" in c:
+                for key in ("ts", "dur", "stream", "flow_id", "bytes", "count", "root", "call", "dtype"):
+                    cols.setdefault(key, []).append(c[key])
+                cols.setdefault("name", []).append(nmap[c["name"]])
+                cols.setdefault("src", []).append(hmap[c["src"]])
+                cols.setdefault("dst", []).append(hmap[c["dst"]])
+                cols.setdefault("comm", []).append(cmap[c["comm"]])
+            if "comp_n" in c:
+                idx = hmap[:len(c["comp_n"])]
+                comp_n[idx] += c["comp_n"]
+                comp_busy[idx] += c["comp_busy"]
+                comp_first[idx] = np.minimum(comp_first[idx], c["comp_first"])
+                comp_last[idx] = np.maximum(comp_last[idx], c["comp_last"])
+        flows = self._flows(cols, names.values, hosts.values, comms.values)
+        has = comp_n > 0
+        comp_hosts = [h for h, ok in zip(hosts.values, has) if ok]
+        for h in comp_hosts:
+            self._node(h)
+        compute = pd.DataFrame({
+            "host": _strings(comp_hosts, np.arange(len(comp_hosts))),
+            "n_events": comp_n[has],
+            "busy_us": comp_busy[has],
+            "first_ts_us": comp_first[has],
+            "last_end_us": comp_last[has],
+        }, columns=list(COMPUTE_SUMMARY_COLUMNS), copy=False)
+        compute = compute.sort_values("host", kind="stable").reset_index(drop=True)
+        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=n_events)
 
     def _node(self, host: str) -> int:
         m = _HOST_RE.fullmatch(host) if isinstance(host, str) else None
         if not m or int(m.group(1)) < 1:
-            raise self.err("bad host name", f"{host!r} is not of the form host-<k>, k >= 1")
+            raise TraceFormatError(self.path, "bad host name", f"{host!r} is not of the form host-<k>, k >= 1")
         return int(m.group(1)) - 1
 
-    def finish(self) -> ParsedTrace:
-        if self.n_events == 0:
-            raise self.err("empty trace", "the JSON array has no events")
-        flows = self._flows()
-        compute = self._compute()
-        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=self.n_events)
-
-    def _flows(self) -> pd.DataFrame:
-        c = self.cols
-        if not c["ts"]:
+    def _flows(self, parts: dict[str, list[np.ndarray]], names: list, hosts: list, comms: list) -> pd.DataFrame:
+        if not parts:
             return pd.DataFrame({k: pd.Series([], dtype=v if v != "str" else object)
                                  for k, v in FLOW_COLUMNS.items()})
-        col = {k: np.concatenate(v) for k, v in c.items()}
-        k = self.codes
-        # validate and map the small dictionaries
-        calls = [_PAYLOAD_CALL[t] for t in k["call"].values]
-        for cl in calls:
-            if cl not in CALL_TO_OP:
-                raise self.err("unknown NCCL op", f"{cl!r}")
-        dtypes = k["dtype"].values
-        for dt in dtypes:
-            if dt not in DTYPE_BYTES:
-                raise self.err("unknown dtype", f"{dt!r}")
-        hosts = k["host"].values
+        col = {k: np.concatenate(v) for k, v in parts.items()}
+        for key in ("bytes", "count"):
+            neg = col[key] < 0
+            if neg.any():
+                i = int(np.argmax(neg))
+                raise TraceFormatError(self.path, "negative bytes",
+                                       f"flow {int(col['flow_id'][i])}: {key}={int(col[key][i])}")
         nodes = np.array([self._node(h) for h in hosts], dtype=np.int64)
-        comm_rank = np.empty(len(k["comm"].values), np.int64)
-        comm_hex = []
-        for j, raw in enumerate(k["comm"].values):
-            try:
-                cm = _comm_decoder.decode(raw)
-                hx = comm_id_of(cm.id)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                raise self.err("bad communicator", f"{raw[:80]!r}: {exc}") from None
-            comm_rank[j] = cm.rank
-            comm_hex.append(hx)
-        if (col["bytes"] < 0).any():
-            i = int(np.argmax(col["bytes"] < 0))
-            raise self.err("negative bytes", f"flow {int(col['flow_id'][i])}: bytes={int(col['bytes'][i])}")
-        if (col["count"] < 0).any():
-            i = int(np.argmax(col["count"] < 0))
-            raise self.err("negative bytes", f"flow {int(col['flow_id'][i])}: count={int(col['count'][i])}")
+        comm_rank = np.array([r for r, _ in comms], dtype=np.int64)
+        comm_hex = [comm_id_of(ident) for _, ident in comms]
         order = np.lexsort((col["flow_id"], col["ts"]))
-        for key in col:
-            col[key] = col[key][order]
-
-        def strings(values, codes):
-            return np.array(values + [None], dtype=object)[:-1][codes]
-
-        call_c = col["call"]
-        bcast = np.array([cl == "NcclBcast" for cl in calls], dtype=bool)[call_c]
+        col = {k: v[order] for k, v in col.items()}
+        calls = list(td.CALLS)
+        dtypes = list(td.DTYPES)
+        bcast = col["call"] == calls.index("NcclBcast")
         out = {
             "flow_id": col["flow_id"],
             "ts_us": col["ts"],
             "dur_us": col["dur"],
-            "src_host": strings(hosts, col["src"]),
-            "dst_host": strings(hosts, col["dst"]),
+            "src_host": _strings(hosts, col["src"]),
+            "dst_host": _strings(hosts, col["dst"]),
             "src_node": nodes[col["src"]],
             "dst_node": nodes[col["dst"]],
             "bytes": col["bytes"],
-            "call": strings(calls, call_c),
-            "op": strings([CALL_TO_OP[cl] for cl in calls], call_c),
-            "dtype": strings(dtypes, col["dtype"]),
+            "call": _strings(calls, col["call"]),
+            "op": _strings([CALL_TO_OP[c] for c in calls], col["call"]),
+            "dtype": _strings(dtypes, col["dtype"]),
             "dtype_bytes": np.array([DTYPE_BYTES[d] for d in dtypes], dtype=np.int64)[col["dtype"]],
             "count": col["count"],
-            "comm_id": strings(comm_hex, col["comm"]),
+            "comm_id": _strings(comm_hex, col["comm"]),
             "comm_rank": comm_rank[col["comm"]],
             "root": np.where(bcast, col["root"], -1).astype(np.int64),
             "stream": col["stream"],
-            "name": strings(k["name"].values, col["name"]),
+            "name": _strings(names, col["name"]),
         }
-        return pd.DataFrame(out, columns=list(FLOW_COLUMNS))
+        return pd.DataFrame(out, columns=list(FLOW_COLUMNS), copy=False)
 
-    def _compute(self) -> pd.DataFrame:
-        hosts = self.ch_codes.values
-        for h in hosts:
-            self._node(h)
-        df = pd.DataFrame({
-            "host": np.array(hosts + [None], dtype=object)[:-1],
-            "n_events": self.ch_n.astype(np.int64),
-            "busy_us": self.ch_busy.astype(np.float64),
-            "first_ts_us": self.ch_first.astype(np.float64),
-            "last_end_us": self.ch_last.astype(np.float64),
-        }, columns=list(COMPUTE_SUMMARY_COLUMNS))
-        return df.sort_values("host", kind="stable").reset_index(drop=True)
 
+class _Table(dict):
+    """``value -> dense code`` (codes in order of first appearance, values in ``values``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list = []
+
+    def __missing__(self, key):
+        code = self[key] = len(self.values)
+        self.values.append(key)
+        return code
+
+
+def _strings(values: list, codes: np.ndarray) -> np.ndarray:
+    """Object array ``values[codes]`` (1-D even when the values are sequences)."""
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr[codes]
+
+
+def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
+    asm = _Assembly(path, chunk_bytes)
+    local = td.BatchDecoder()
+    asm.tables[0] = (local.names.values, local.hosts.values, local.comms.values)
+    helper = _Helper(path, chunk_bytes) if workers and hasattr(os, "fork") else None
+    try:
+        for k, (offset, buf, end) in enumerate(td.iter_batches(path, chunk_bytes)):
+            if helper is not None:
+                _drain(helper, asm, local, block=False)
+                if asm.failure is not None:
+                    break
+                if helper.submit(k, buf, end, offset):
+                    continue
+            _decode_here(asm, local, k, buf, end, offset)
+            if asm.failure is not None:
+                break
+    except td.StreamError:
+        # a failure in an earlier batch takes precedence over a file-level one found later
+        if helper is not None:
+            _drain(helper, asm, local, block=True)
+        if asm.failure is None:
+            raise
+    finally:
+        if helper is not None:
+            try:
+                _drain(helper, asm, local, block=True)
+            finally:
+                helper.close()
+    return asm
+
+
+def _decode_here(asm: _Assembly, dec: td.BatchDecoder, k: int, buf, end: int, offset: int) -> None:
+    try:
+        asm.batches[k] = (0, dec.decode(buf, end, offset, asm.line_of))
+    except td.BatchError as exc:
+        asm.fail(k, "error", exc.rule, exc.detail)
+    except td.NeedWholeDoc:
+        asm.fail(k, "whole")
+
+
+def _drain(helper: _Helper, asm: _Assembly, local: td.BatchDecoder, block: bool) -> None:
+    """Take the helper's results; with ``block``, until none is outstanding."""
+    while helper.in_flight:
+        try:
+            msg = helper.msgs.get(block=block)
+        except queue.Empty:
+            return
+        kind = msg[0]
+        if kind == "dead":  # decode what it still held here
+            helper.dead = True
+            for k in sorted(helper.in_flight):
+                if k < asm.limit():
+                    buf, end, offset = helper.slot_copy(k)
+                    _decode_here(asm, local, k, buf, end, offset)
+            helper.in_flight.clear()
+            return
+        k, slot = msg[1], msg[2]
+        helper.in_flight.pop(k, None)
+        helper.free.append(slot)
+        if kind == "batch":
+            asm.add_helper_tables(msg[4])
+            asm.batches[k] = (1, msg[3])
+        elif kind == "error":
+            asm.fail(k, "error", msg[3], msg[4])
+        else:
+            asm.fail(k, "whole")
+
+
+def _read_whole(path: Path) -> _Assembly:
+    """Decode a document that is not cut into lines at ``,\\n`` in one piece."""
+    asm = _Assembly(path, 0)
+    data, line0 = td.whole_document(path)
+    try:
+        events = td.decode_document(data)
+    except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
+        raise td.validation_error(exc, lambda i: f"event {i}") from None
+    except msgspec.DecodeError as exc:
+        m = re.search(r"byte (\d+)", str(exc))
+        ln = line0 + data.count(b"\n", 0, int(m.group(1))) if m else "?"
+        raise td.BatchError("invalid JSON", f"line {ln}: {exc}") from None
+    dec = td.BatchDecoder()
+    asm.tables[0] = (dec.names.values, dec.hosts.values, dec.comms.values)
+    if events:
+        asm.batches[0] = (0, dec.decode_events(events, lambda i: f"event {i}"))
+    return asm
