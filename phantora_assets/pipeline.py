@@ -124,10 +124,12 @@ def write_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
 
 
 # --------------------------------------------------------------------------- flows
-def _outcome(o: trace_checks.CheckOutcome) -> Outcome:
+def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome:
+    """A trace rule's outcome; a failed one's message starts with the trace file."""
     meta = {f"observed_{k}": v for k, v in o.observed.items()}
     meta.update({f"expected_{k}": v for k, v in o.expected.items()})
-    return Outcome(o.name, bool(o.passed), o.message, _jsonable(meta))
+    message = o.message if o.passed or trace is None else f"{trace}: {o.message}"
+    return Outcome(o.name, bool(o.passed), message, _jsonable(meta))
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -148,24 +150,31 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
 
     Writes ``flows.parquet`` (network flows, src_node != dst_node, with ``step``),
     ``steps.parquet``, ``step_flows.parquet`` (the chosen steady step's network flows, the
-    input of the build) and ``trace_summary.json``.
+    input of the build) and ``trace_summary.json`` -- only when every trace rule holds. A
+    broken trace rule (e.g. no network flow, two group sizes on one communicator) is a failed
+    blocking check whose message names the trace file; nothing is written then (files of an
+    earlier materialization stay as they were) and nothing downstream runs.
 
     Raises:
-        TraceFormatError / StepDetectionError: the trace breaks a format rule (names the file).
+        TraceFormatError / StepDetectionError: the trace breaks a format rule (names the file
+            and the rule); nothing is written.
     """
     reset_checks(paths.run_folder(spec), "validated_flows")
     src = trace_path or paths.chrome_trace(spec)
     parsed = chrome_trace.read_trace(src)
     flows = parsed.flows
-    try:
-        result = steps.detect_steps(flows, source=str(src))
-    except Exception:
-        exists = trace_checks.flows_exist(flows)
-        if not exists.passed:  # report the rule the user cares about, then fail the partition
-            _record(paths, spec, "validated_flows", [_outcome(exists)])
-        raise
-    outcomes = [_outcome(o) for o in trace_checks.run_trace_checks(flows, result)]
-    _record(paths, spec, "validated_flows", outcomes)
+    exists = trace_checks.flows_exist(flows)
+    if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
+        outcomes = [_outcome(exists, src)] + [
+            Outcome(name, False, f"{src}: not evaluated: the trace has no network flow")
+            for name in ("steps_match", "ring_bytes_match", "steady_steps_stable")]
+        _record(paths, spec, "validated_flows", outcomes)
+        return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
+    result = steps.detect_steps(flows, source=str(src))
+    outcomes = [_outcome(o, src) for o in trace_checks.run_trace_checks(flows, result)]
+    if not all(o.passed for o in outcomes):
+        _record(paths, spec, "validated_flows", outcomes)
+        return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
 
     net = result.flows[result.flows["src_node"] != result.flows["dst_node"]].reset_index(drop=True)
     steady = result.steps[result.steps["steady"]]
@@ -189,6 +198,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         "compute_busy_us": {r.host: float(r.busy_us) for r in parsed.compute.itertuples()},
     }
     atomic_write_text(pdir / "trace_summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    _record(paths, spec, "validated_flows", outcomes)
     meta = {
         "step_time_ms": round(result.step_time_us / 1000, 3),
         "network_bytes_per_step": int(result.network_bytes_per_step),
@@ -227,11 +237,12 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
          "control_bytes": int(built.control_bytes)},
     )
     out = paths.table(spec.run_id, "flows_100ms")
-    _write_parquet(bins, out)
+    if ok:  # a failed blocking check writes no data file
+        _write_parquet(bins, out)
     _record(paths, spec, "binned_flows", [outcome])
     meta = {"rows": len(bins), "bytes": total, "n_repetitions": int(built.n_repetitions),
             "phase_s": float(built.phase_s), "seed": int(built.seed)}
-    return StageResult(out, meta, [outcome])
+    return StageResult(out if ok else None, meta, [outcome])
 
 
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
@@ -241,9 +252,10 @@ def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=BIN_S, window_s=WINDOW_S)
     outcome = _contract_outcome("windows_contract", schemas.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
-    _write_parquet(feats, out)
+    if outcome.passed:  # a failed blocking check writes no data file
+        _write_parquet(feats, out)
     _record(paths, spec, "window_features", [outcome])
-    return StageResult(out, {"rows": len(feats)}, [outcome])
+    return StageResult(out if outcome.passed else None, {"rows": len(feats)}, [outcome])
 
 
 def _contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
@@ -303,10 +315,11 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     df = runs_frame([row])
     outcome = _contract_outcome("runs_contract", schemas.RUNS, df)
     out = paths.table(spec.run_id, "run_summary")
-    _write_parquet(df, out)
+    if outcome.passed:  # a failed blocking check writes no data file
+        _write_parquet(df, out)
     _record(paths, spec, "run_summary", [outcome])
     meta = {"step_time_ms": round(step_time_s * 1000, 3), "inter_node_gb_per_step": round(row["inter_node_bytes_per_step"] / 1e9, 4)}
-    return StageResult(out, meta, [outcome])
+    return StageResult(out if outcome.passed else None, meta, [outcome])
 
 
 def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

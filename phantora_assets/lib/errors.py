@@ -38,3 +38,25 @@ class RunMatrixError(PhantoraAssetsError):
 
 class PerfDBError(PhantoraAssetsError):
     """A performance database file is missing, corrupt, or breaks the perf DB schema."""
+
+
+class OutputWriteError(PhantoraAssetsError, OSError):
+    """An output file could not be written (e.g. the disk is full); the previous file, if any,
+    is unchanged and no temporary file is left.
+
+    Args:
+        path: the output file.
+        rule: ``disk full`` (ENOSPC / EDQUOT) or ``write failed``.
+        detail: the operating system's message.
+    """
+
+    def __init__(self, path: str | Path, rule: str, detail: str = "", errno_: int | None = None) -> None:
+        self.path = str(path)
+        self.rule = rule
+        self.detail = detail
+        msg = f"{self.path}: {rule}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+        if errno_ is not None:
+            self.errno = errno_

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from phantora_assets.lib.errors import OutputWriteError
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 @contextlib.contextmanager
@@ -15,22 +20,37 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
 
     On any exception the temporary file is removed and ``path`` keeps its previous
-    content (or stays absent), so no half-written output is ever visible.
+    content (or stays absent), so no half-written output is ever visible (a process killed
+    mid-write leaves at most a ``.<name>.*.tmp`` file, never a partial ``path``).
+
+    Raises:
+        OutputWriteError: an ``OSError`` while writing, syncing or renaming (rule ``disk full``
+            for ENOSPC / EDQUOT, else ``write failed``), naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(exc, OSError) and not isinstance(exc, OutputWriteError):
+            raise _write_error(path, exc) from exc
         raise
+
+
+def _write_error(path: Path, exc: OSError) -> OutputWriteError:
+    rule = "disk full" if exc.errno in _DISK_FULL else "write failed"
+    return OutputWriteError(path, rule, exc.strerror or str(exc), exc.errno)
 
 
 @contextlib.contextmanager
