@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from phantora_assets.lib.checks_log import read_checks
+from phantora_assets.lib.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
 
@@ -47,6 +48,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    stale = sweep_temp_files(data_dir)  # left by a build that was killed mid-write
+    if stale and not args.quiet:
+        print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
     for gpu in sorted({s.gpu for s in specs}):
         dg.materialize([perf_db], partition_key=gpu, resources=resources, instance=instance, raise_on_error=False, run_config=quiet_logs)
     failures = 0

@@ -414,8 +414,7 @@ class _Assembly:
                             for t, vals in ((names, nv), (hosts, hv), (comms, cv)))
         cols: dict[str, list[np.ndarray]] = {}
         nh = len(hosts.values)
-        comp_n = np.zeros(nh, np.int64)
-        comp_busy = np.zeros(nh, np.float64)
+        comp_hosts, comp_durs = [], []
         comp_first = np.full(nh, np.inf)
         comp_last = np.full(nh, -np.inf)
         for k in ks:
@@ -428,13 +427,18 @@ class _Assembly:
                 cols.setdefault("src", []).append(hmap[c["src"]])
                 cols.setdefault("dst", []).append(hmap[c["dst"]])
                 cols.setdefault("comm", []).append(cmap[c["comm"]])
-            if "comp_n" in c:
-                idx = hmap[:len(c["comp_n"])]
-                comp_n[idx] += c["comp_n"]
-                comp_busy[idx] += c["comp_busy"]
+            if "comp_host" in c:
+                comp_hosts.append(hmap[c["comp_host"]])
+                comp_durs.append(c["comp_dur"])
+                idx = hmap[:len(c["comp_first"])]
                 comp_first[idx] = np.minimum(comp_first[idx], c["comp_first"])
                 comp_last[idx] = np.maximum(comp_last[idx], c["comp_last"])
         flows = self._flows(cols, names.values, hosts.values, comms.values)
+        # one pass in file order: the sums do not depend on the batches (or who decoded them)
+        ch = np.concatenate(comp_hosts) if comp_hosts else np.zeros(0, np.int64)
+        cd = np.concatenate(comp_durs) if comp_durs else np.zeros(0, np.float64)
+        comp_n = np.bincount(ch, minlength=nh).astype(np.int64)
+        comp_busy = np.bincount(ch, weights=cd, minlength=nh)
         has = comp_n > 0
         comp_hosts = [h for h, ok in zip(hosts.values, has) if ok]
         for h in comp_hosts:

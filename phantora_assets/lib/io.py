@@ -1,10 +1,16 @@
-"""Atomic file writes: write to a temporary name in the target folder, fsync, rename."""
+"""Atomic file writes: write to a temporary name in the target folder, fsync, rename.
+
+A process killed mid-write (``kill -9``) can leave a ``.<name>.<8 chars>.tmp`` file beside the
+target, never a partial target; :func:`sweep_temp_files` removes such leftovers (the build
+command does so when it starts).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +75,24 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+#: Names of the temporary files made by :func:`atomic_path` (``tempfile.mkstemp``).
+TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def sweep_temp_files(root: str | Path) -> list[Path]:
+    """Remove temporary files left under ``root`` by writers that were killed; returns them.
+
+    Only call it when no other process writes under ``root``.
+    """
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for p in root.rglob(".*.tmp"):
+        if p.is_file() and TEMP_NAME.match(p.name):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed

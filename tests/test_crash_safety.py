@@ -1,0 +1,156 @@
+"""Crash safety and reproducibility (issue 6): kill -9 mid-build, killed writers, byte-identical
+re-materialization."""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from phantora_assets import definitions as d
+from phantora_assets.lib.io import TEMP_NAME, atomic_path, sweep_temp_files
+from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+RUNS = ["phantora_l40s_W4_2x1", "phantora_a100_40g_W1_2x1", "phantora_l40s_W1_2x1",
+        "phantora_a100_40g_W4_2x1", "phantora_l40s_W5_2x1"]   # the last one does not fit
+
+
+def _build_cmd(root: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(root)]
+    for r in RUNS:
+        cmd += ["--run", r]
+    return cmd
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_kill_9_mid_build_keeps_previous_outputs_and_rerun_completes(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    first = subprocess.run(_build_cmd(root), capture_output=True, text=True, cwd=ROOT)
+    assert first.returncode == 0, first.stdout + first.stderr
+    dataset = root / "phantora_v0"
+    csvs = {p.name: p.read_bytes() for p in dataset.glob("*.csv")}
+    assert set(csvs) == {"runs.csv", "flows_100ms.csv", "windows.csv", "run_status.csv"}
+    before = _files(root)
+    parquet = sorted(p for p in before if p.endswith(".parquet"))
+
+    # rebuild over the complete build and kill it (SIGKILL, whole process group) mid-run
+    proc = subprocess.Popen(_build_cmd(root), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=ROOT, start_new_session=True)
+    done = []
+    try:
+        for line in proc.stdout:
+            if line.startswith("phantora_"):
+                done.append(line)
+                if len(done) == 2:
+                    time.sleep(0.3)     # well into the third partition
+                    break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(done) == 2, "the build ended before it could be killed"
+
+    # previous outputs intact: CSVs byte-identical, every Parquet file there and readable,
+    # nothing partial; a writer killed mid-write can only have left its own hidden temp file
+    assert {p.name: p.read_bytes() for p in dataset.glob("*.csv")} == csvs
+    for rel in parquet:
+        pd.read_parquet(root / rel)
+    after = _files(root)
+    assert sorted(p for p in after if p.endswith(".parquet")) == parquet
+    stray = [p for p in root.rglob("*.tmp") if not TEMP_NAME.match(p.name)]
+    assert not stray
+    assert set(after) - set(before) <= {str(p.relative_to(root)) for p in root.rglob("*.tmp")}
+
+    # rerunning completes and gives byte-identical files
+    again = subprocess.run(_build_cmd(root), capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not list(root.rglob("*.tmp"))
+    assert {p.name: p.read_bytes() for p in dataset.glob("*.csv")} == csvs
+    assert _files(root) == before
+
+
+def test_writer_killed_mid_write_leaves_target_intact(tmp_path: Path) -> None:
+    """A process SIGKILLed inside atomic_path: the target keeps its old bytes; the only trace is
+    a hidden temporary file, which sweep_temp_files removes."""
+    target = tmp_path / "out" / "flows.parquet"
+    pd.DataFrame({"x": [1, 2, 3]}).to_parquet(target.parent.mkdir() or target)
+    old = target.read_bytes()
+    pid = os.fork()
+    if pid == 0:  # child: half-write a new version, then die without any cleanup
+        try:
+            with atomic_path(target) as tmp:
+                with open(tmp, "wb") as fh:
+                    fh.write(b"PAR1" + b"\0" * 1000)
+                    fh.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert target.read_bytes() == old
+    left = list(target.parent.glob("*.tmp"))
+    assert len(left) == 1 and TEMP_NAME.match(left[0].name) and left[0].name.startswith(".flows.parquet.")
+    assert sweep_temp_files(tmp_path) == left
+    assert sorted(p.name for p in target.parent.iterdir()) == ["flows.parquet"]
+
+
+def _materialize(root: Path, instance: dg.DagsterInstance) -> None:
+    res = dg.materialize(
+        d.ALL_ASSETS, selection=d.RUN_ASSETS, partition_key=RUNS[0], instance=instance, run_config=QUIET,
+        resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
+    )
+    assert res.success
+    res = dg.materialize(
+        d.ALL_ASSETS, selection=[d.export.phantora_v0], instance=instance, run_config=QUIET,
+        resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
+    )
+    assert res.success
+
+
+def test_rematerializing_gives_byte_identical_files(tmp_path: Path) -> None:
+    """Every asset of a run, then the dataset, materialized twice in one data root and once in
+    another: every file (Parquet, json.gz, CSV, JSON, text) is byte-identical."""
+    instance = dg.DagsterInstance.ephemeral()
+    a, b = tmp_path / "a", tmp_path / "b"
+    _materialize(a, instance)
+    first = _files(a)
+    exts = {Path(k).suffix for k in first}
+    assert {".parquet", ".gz", ".csv", ".json"} <= exts
+    assert any(k.endswith("timeline.json.gz") for k in first)
+    _materialize(a, instance)
+    assert _files(a) == first
+    _materialize(b, dg.DagsterInstance.ephemeral())
+    assert _files(b) == first
+    for name in ("runs.csv", "flows_100ms.csv", "windows.csv"):
+        assert filecmp.cmp(a / "phantora_v0" / name, b / "phantora_v0" / name, shallow=False)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_trace_reader_is_deterministic_across_workers_and_batches(tmp_path: Path, workers: int) -> None:
+    """The parsed tables do not depend on the helper process or the batch size."""
+    from phantora_assets.lib.chrome_trace import read_trace
+
+    root = tmp_path / "data"
+    _materialize(root, dg.DagsterInstance.ephemeral())
+    trace = next(root.rglob("timeline.json.gz"))
+    ref = read_trace(trace, workers=0)
+    for chunk in (1 << 20, 4096, 777):
+        got = read_trace(trace, chunk_bytes=chunk, workers=workers)
+        pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
+        pd.testing.assert_frame_equal(got.compute, ref.compute, check_exact=True)
