@@ -237,3 +237,37 @@ def test_conservation_property(data, n_nodes, step_ms, n_bins, jitter, run_id) -
     assert len(r.bins) == n_bins * n_nodes * (n_nodes - 1)
     per_node_bin = 1000 * bin_ms // 1000
     assert r.control_bytes == (per_node_bin * n_nodes * n_bins if n_nodes > 1 else 0)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    n_nodes=st.integers(2, 5),
+    bin_us=st.integers(1, 250_000),          # any bin size (whole microseconds)
+    n_bins=st.integers(1, 40),
+    step_us=st.integers(1, 2_000_000),
+    jitter=st.sampled_from([0.0, 0.02, 0.5]),
+    control=st.sampled_from([0, 1_000_000, 5_000_000]),
+)
+def test_conservation_property_any_bin_size(data, n_nodes, bin_us, n_bins, step_us, jitter, control) -> None:
+    """Random flows (zero-length, longer than a step or the whole window, huge byte counts)
+    and any bin size: the bins hold exactly the placed flow bytes plus the control bytes."""
+    rows = []
+    for _ in range(data.draw(st.integers(0, 15))):
+        src = data.draw(st.integers(0, n_nodes - 1))
+        dst = (src + data.draw(st.integers(1, n_nodes - 1))) % n_nodes
+        rows.append((
+            data.draw(st.floats(0, 3 * step_us, allow_nan=False)),
+            data.draw(st.one_of(st.just(0.0), st.floats(0, 5 * step_us + bin_us * n_bins, allow_nan=False))),
+            src, dst,
+            data.draw(st.one_of(st.integers(0, 10), st.integers(0, 2**50))),
+        ))
+    r = build_bins(
+        flows(rows), step_time_s=step_us / 1e6, n_nodes=n_nodes, run_id="prop",
+        window_s=bin_us * n_bins / 1e6, bin_s=bin_us / 1e6, jitter=jitter, control_bytes_per_s=control,
+    )
+    assert conservation_ok(r)
+    assert int(r.bins["bytes"].sum()) == r.placed_flow_bytes + r.control_bytes
+    assert (r.bins["bytes"] >= 0).all()
+    assert len(r.bins) == n_bins * n_nodes * (n_nodes - 1)
+    assert r.control_bytes == control * bin_us // 1_000_000 * n_nodes * n_bins

@@ -372,3 +372,44 @@ def test_result_is_frozen(clean_run):
     _, sr = clean_run
     with pytest.raises(dataclasses.FrozenInstanceError):
         sr.step_time_us = 1.0  # type: ignore[misc]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    patterns=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=3),
+    reps=st.integers(4, 10),
+    noise=st.lists(st.lists(st.integers(200, 203), min_size=0, max_size=4), min_size=3, max_size=3),
+    step_jitter=st.lists(st.floats(-0.02, 0.02), min_size=10, max_size=10),
+    seed=st.integers(0, 2**16),
+)
+def test_property_several_communicators_noisy_warmup(patterns, reps, noise, step_jitter, seed):
+    """Random periodic sequences on 1-3 communicators (their own patterns, each step jittered
+    by up to 2 %), each after its own noisy warm-up: every communicator's primitive period is
+    found, the steps are the repetitions, and every steady step holds the same flows."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    comms = [f"00000000000c{i:04x}" for i in range(len(patterns))]
+    ranks = [0, 1, 2, 3]
+    for c, comm in enumerate(comms):               # warm-up calls, counts never in a pattern
+        for k, tok in enumerate(noise[c]):
+            fb.ring(comm, ranks, "all_reduce", tok + 1, "Bf16", 5.0 * k + c, 0)
+    t = 500.0
+    step_len = 1000.0
+    for rep in range(reps):
+        for c, (comm, pattern) in enumerate(zip(comms, patterns)):
+            for k, tok in enumerate(pattern):
+                fb.ring(comm, ranks, "all_gather", 10 * (c + 1) + tok, "F32", t + 40 * c + 6 * k, 1)
+        t += step_len * (1 + step_jitter[rep % len(step_jitter)])
+    periods = [_primitive_period(p) for p in patterns]
+    # steps are the pattern repetitions only when no communicator repeats inside a step
+    counts = {reps * len(p) // d for p, d in zip(patterns, periods)}
+    if len(counts) != 1:
+        return
+    sr = detect_steps(fb.frame(shuffle_seed=seed))
+    n_steps = counts.pop()
+    assert sr.periods == dict(zip(comms, periods))
+    assert len(sr.steps) == n_steps
+    assert sr.steady_steps == list(range(1, n_steps))
+    steady = sr.flows[sr.flows["step"] >= 1]
+    per_step = steady.groupby("step").size()
+    assert per_step.nunique() == 1 and len(per_step) == n_steps - 1
+    assert (sr.flows["step"] >= 0).sum() == (n_steps - 1) * sum(periods) * len(ranks)
