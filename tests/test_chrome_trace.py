@@ -345,3 +345,63 @@ def test_reader_accepts_null_stream_and_missing_optional_fields(tmp_path: Path) 
     assert f[["src_node", "dst_node", "bytes", "op", "stream", "root"]].iloc[0].tolist() == [2, 11, 10, "send", 0, -1]
     assert f["comm_id"].iloc[0] == comm_id_of(bytes([1, 2, 3]))
     assert read_trace(p).compute.empty
+
+
+# ------------------------------------------------------------------------------------- helper process
+
+
+def _big_trace(tmp_path: Path, copies: int = 300) -> Path:
+    raw = raw_timeline()
+    big = pd.concat([raw] * copies, ignore_index=True)
+    big["event_id"] = np.arange(len(big), dtype=np.int64)
+    big["start_ns"] = big["start_ns"] + np.arange(len(big)) * 10
+    big["end_ns"] = big["end_ns"] + np.arange(len(big)) * 10
+    p = tmp_path / "big.json.gz"
+    write_chrome_trace(big, p)
+    return p
+
+
+@pytest.mark.parametrize("chunk", [4096, 1000, 1 << 20])
+def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int) -> None:
+    p = _big_trace(tmp_path)
+    ref = read_trace(p, workers=0)
+    got = read_trace(p, chunk_bytes=chunk, workers=1)
+    pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
+    pd.testing.assert_frame_equal(got.compute, ref.compute, check_exact=True)
+    assert got.n_events == ref.n_events == 3000
+
+
+def test_default_uses_the_helper_for_large_traces(tmp_path: Path, monkeypatch) -> None:
+    import phantora_assets.lib.chrome_trace as ct
+
+    p = _big_trace(tmp_path)
+    ref = read_trace(p, workers=0)
+    calls = []
+    real = ct._Helper
+
+    class Spy(real):
+        def __init__(self, *a, **k):
+            calls.append(a)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(ct, "_Helper", Spy)
+    monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 0)
+    got = read_trace(p, chunk_bytes=4096)
+    assert calls, "the helper process was not used"
+    pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_first_error_in_file_order_with_line(tmp_path: Path, workers: int) -> None:
+    """Errors in two batches: the first one in the file is reported, with its line, whichever
+    process decoded it."""
+    lines = _lines(_big_trace(tmp_path))
+    i = next(k for k in range(2400, 2600) if '"cat":"Communication"' in lines[k])
+    lines[i] = lines[i].replace('"dur":', '"dur":-', 1)
+    j = next(k for k in range(2800, 2900) if '"cat":"Computation"' in lines[k])
+    lines[j] = lines[j].replace('"cat":"', '"cat":', 1)
+    p = _write(tmp_path, "two_errors.json.gz", "\n".join(lines), gz=True)
+    with pytest.raises(TraceFormatError) as ei:
+        read_trace(p, chunk_bytes=2048, workers=workers)
+    assert ei.value.rule == "negative duration", str(ei.value)
+    assert f"line {i + 1}:" in str(ei.value) and p.name in str(ei.value)
