@@ -4,6 +4,7 @@ Modules:
     errors          exception types (each names the file or entry and the rule broken)
     ring            Phantora's ring model: bytes per hop, flows of one collective
     chrome_trace    Phantora visualizer JSON (timeline.json.gz): writer and fast reader
+    trace_decode    the reader's engine: streaming batches, typed msgspec decoding, helper process
     steps           steady-step detection from repeating collective sequences
     trace_checks    the four trace rules of DATASET.md section 3
     binning         the 180 s / 100 ms flows_100ms build (DATASET.md section 4)
