@@ -294,8 +294,8 @@ class _Helper:
     """A forked helper process (``trace_decode.helper_main``) decoding batches handed to it
     through shared memory, and a thread receiving its results."""
 
-    SLOTS = 4
-    MAX_IN_FLIGHT = 2
+    SLOTS = 6
+    MAX_IN_FLIGHT = 4
 
     def __init__(self, path: Path, chunk_bytes: int) -> None:
         self.slot_size = 2 * max(chunk_bytes, 1 << 16) + (1 << 16)
