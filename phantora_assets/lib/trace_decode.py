@@ -240,8 +240,19 @@ class BatchDecoder:
         n = len(events)
         if n == 0:
             raise BatchError("invalid JSON", f"{where(0)}: empty element")
-        ts = np.fromiter(map(_g_ts, events), np.float64, n)
-        dur = np.fromiter(map(_g_dur, events), np.float64, n)
+        is_comm = np.fromiter(map(isinstance, events, repeat(_CommEvent, n)), bool, n)
+        m = int(is_comm.sum())
+        ce = list(compress(events, is_comm)) if m else []
+        pe = list(compress(events, ~is_comm)) if m < n else []
+        ts = np.empty(n, np.float64)
+        dur = np.empty(n, np.float64)
+        if m:
+            name, c_ts, c_dur, tid, args = zip(*map(astuple, ce))
+            ts[is_comm] = c_ts
+            dur[is_comm] = c_dur
+        if m < n:
+            ts[~is_comm] = np.fromiter(map(_g_ts, pe), np.float64, n - m)
+            dur[~is_comm] = np.fromiter(map(_g_dur, pe), np.float64, n - m)
         with np.errstate(invalid="ignore"):
             bad = ~((ts >= 0) & (dur >= 0))
         if bad.any():
@@ -251,21 +262,17 @@ class BatchDecoder:
         if bad.any():
             i = int(np.argmax(bad))
             raise BatchError("overflowing duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
-        is_comm = np.fromiter(map(isinstance, events, repeat(_CommEvent, n)), bool, n)
         out: dict = {"n_events": n}
-        m = int(is_comm.sum())
         if m:
             index = np.flatnonzero(is_comm)
-            out.update(self._comm_columns(list(compress(events, is_comm)), m,
-                                          lambda i: where(int(index[i]))))
+            out.update(self._comm_columns(name, tid, args, m, lambda i: where(int(index[i]))))
             out["ts"], out["dur"] = ts[is_comm], dur[is_comm]
         if m < n:
             is_comp = ~is_comm
-            out.update(self._comp_summary(list(compress(events, is_comp)), n - m, ts[is_comp], dur[is_comp]))
+            out.update(self._comp_summary(pe, n - m, ts[is_comp], dur[is_comp]))
         return out
 
-    def _comm_columns(self, ev: list, m: int, where: Callable[[int], str]) -> dict:
-        name, _ts, _dur, tid, args = zip(*map(astuple, ev))
+    def _comm_columns(self, name: tuple, tid: tuple, args: tuple, m: int, where: Callable[[int], str]) -> dict:
         flows, calls = zip(*map(_g_communication, args))
         try:
             call, payloads = zip(*map(dict.popitem, calls))
