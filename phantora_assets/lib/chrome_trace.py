@@ -11,13 +11,13 @@ The layout is the one of Phantora's ``phantora_visualizer`` (PHANTORA_FORMATS.md
 
 Reader design (performance, see ``trace_decode``): the file is inflated on a background thread
 (ISA-L when available), cut into ~1 MiB batches of whole elements at ``,\\n`` (the visualizer
-layout) and each batch is decoded in one ``msgspec`` call into typed Structs, with the
-communicator objects (half of the text) replaced by small tokens first; columns are pulled out
-with C-level passes and Computation events are only summed per host. For a large trace a helper
-process reads the same file and decodes the batches the main process has not reached yet
-(dynamic sharing through a counter), so two cores decode at once. Only a few batches of text are
-in memory at a time. A valid JSON array in another layout (e.g. all on one line, or
-pretty-printed) is accepted too: it is decoded as one document (memory then grows with the file).
+layout) and each batch is decoded in place in one ``msgspec`` call into typed Structs; columns
+are pulled out with C-level passes (strings and communicators coded through tables, each
+distinct communicator object decoded once) and Computation events are only summed per host.
+For a large trace, forked helper processes decode batches that the main process copies into
+shared memory (``read_trace(workers=...)``). Only a few batches of text are in memory at a time.
+A valid JSON array in another layout (e.g. all on one line, or pretty-printed) is accepted too:
+it is decoded as one document (memory then grows with the file).
 
 This module does not import dagster.
 """
@@ -220,8 +220,10 @@ def comm_id_of(id_bytes: bytes | list[int]) -> str:
     return hashlib.blake2b(bytes(id_bytes), digest_size=8).hexdigest()
 
 
-#: Decompressed size (bytes, estimated) from which ``read_trace`` uses a helper process.
+#: Decompressed size (bytes, estimated) from which ``read_trace`` uses helper processes.
 PARALLEL_MIN_BYTES = 48 << 20
+#: Most helper processes ``read_trace`` starts.
+MAX_WORKERS = 4
 
 
 def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None) -> ParsedTrace:
@@ -234,10 +236,10 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
     Args:
         path: the trace file.
         chunk_bytes: size of the decompressed text batches (tuning only).
-        workers: helper processes (0 or 1): a helper reads the same file and decodes the batches
-            the main process has not reached yet, so two cores share the work. ``None``: one
-            helper when the machine has two cores or more and the trace is large
-            (>= ``PARALLEL_MIN_BYTES`` decompressed, estimated).
+        workers: helper processes (forked; they decode batches the main process copies into
+            shared memory while it inflates the file and decodes batches too). ``None``: one per
+            core beyond the first (at most ``MAX_WORKERS``) when the trace is large
+            (>= ``PARALLEL_MIN_BYTES`` decompressed, estimated); else 0.
 
     Returns:
         A :class:`ParsedTrace`; ``flows.ts_us``/``dur_us`` in µs, ``bytes`` in bytes,
@@ -257,13 +259,14 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
     """
     path = Path(path)
     if workers is None:
-        workers = 1 if (os.cpu_count() or 1) >= 2 and _estimated_size(path) >= PARALLEL_MIN_BYTES else 0
+        cpus = os.cpu_count() or 1
+        workers = min(cpus - 1, MAX_WORKERS) if cpus >= 2 and _estimated_size(path) >= PARALLEL_MIN_BYTES else 0
     gc_was = gc.isenabled()
     gc.disable()
     try:
         try:
             try:
-                asm = _read_batches(path, chunk_bytes, min(int(workers), 1))
+                asm = _read_batches(path, chunk_bytes, max(0, min(int(workers), MAX_WORKERS)))
                 asm.raise_failure()
             except td.NeedWholeDoc:
                 asm = _read_whole(path)
@@ -291,76 +294,97 @@ def _estimated_size(path: Path) -> int:
 
 
 class _Helper:
-    """A forked helper process (``trace_decode.helper_main``) decoding batches handed to it
-    through shared memory, and a thread receiving its results."""
+    """Forked helper processes (``trace_decode.helper_main``) decoding batches handed to them
+    through shared memory, and one thread per process receiving its results."""
 
-    SLOTS = 6
-    MAX_IN_FLIGHT = 4
+    MAX_IN_FLIGHT = 3   # batches queued per helper
 
-    def __init__(self, path: Path, chunk_bytes: int) -> None:
+    def __init__(self, path: Path, chunk_bytes: int, n: int) -> None:
+        self.n = n
         self.slot_size = 2 * max(chunk_bytes, 1 << 16) + (1 << 16)
-        self.mm = mmap.mmap(-1, self.slot_size * self.SLOTS)  # shared with the forked child
-        # fork: the child needs no imports (no re-import of __main__ as with spawn/forkserver)
+        n_slots = n * self.MAX_IN_FLIGHT
+        self.mm = mmap.mmap(-1, self.slot_size * n_slots)  # shared with the forked children
+        # fork: a child needs no imports (no re-import of __main__ as with spawn/forkserver)
         # and only runs trace_decode code on the shared memory.
         ctx = mp.get_context("fork")
-        job_r, self.jobs = ctx.Pipe(duplex=False)
-        self.results, res_w = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=td.helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
-                                daemon=True, name="phantora-trace-helper")
-        self.proc.start()
-        job_r.close()
-        res_w.close()
-        self.dead = False
-        self.free = list(range(self.SLOTS))
-        self.in_flight: dict[int, tuple[int, int, int]] = {}   # k -> (slot, end, offset)
+        self.jobs, self.results, self.procs = [], [], []
+        for i in range(n):
+            job_r, job_w = ctx.Pipe(duplex=False)
+            res_r, res_w = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=td.helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
+                               daemon=True, name=f"phantora-trace-helper-{i}")
+            proc.start()
+            job_r.close()
+            res_w.close()
+            self.jobs.append(job_w)
+            self.results.append(res_r)
+            self.procs.append(proc)
+        self.dead = [False] * n
+        self.free = list(range(n_slots))
+        self.load = [0] * n
+        self.in_flight: dict[int, tuple[int, int, int, int]] = {}   # k -> (helper, slot, end, offset)
         self.msgs: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._receive, daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._receive, args=(i,), daemon=True) for i in range(n)]
+        for th in self.threads:
+            th.start()
 
-    def _receive(self) -> None:
+    def _receive(self, i: int) -> None:
         while True:
             try:
-                msg = self.results.recv()
+                msg = self.results[i].recv()
             except (EOFError, OSError):
-                self.msgs.put(("dead",))
+                self.msgs.put(("dead", i))
                 return
-            self.msgs.put(msg)
+            self.msgs.put((msg[0], i, *msg[1:]))
 
-    def submit(self, k: int, buf: bytearray, end: int, offset: int) -> bool:
-        """Hand batch ``k`` to the helper if it has room; False to decode it here."""
-        if (self.dead or not self.free or end > self.slot_size
-                or len(self.in_flight) >= self.MAX_IN_FLIGHT):
+    def submit(self, k: int, buf, end: int, offset: int) -> bool:
+        """Hand batch ``k`` to the least busy helper if one has room; False to decode it here."""
+        if not self.free or end > self.slot_size:
+            return False
+        i = min((h for h in range(self.n) if not self.dead[h]), key=self.load.__getitem__, default=None)
+        if i is None or self.load[i] >= self.MAX_IN_FLIGHT:
             return False
         slot = self.free.pop()
         start = slot * self.slot_size
         with memoryview(buf) as mv:
             self.mm[start:start + end] = mv[:end]
         try:
-            self.jobs.send((k, slot, end, offset))
+            self.jobs[i].send((k, slot, end, offset))
         except OSError:
             self.free.append(slot)
             return False
-        self.in_flight[k] = (slot, end, offset)
+        self.load[i] += 1
+        self.in_flight[k] = (i, slot, end, offset)
         return True
 
+    def done(self, k: int) -> None:
+        i, slot, _, _ = self.in_flight.pop(k)
+        self.load[i] -= 1
+        self.free.append(slot)
+
     def slot_copy(self, k: int) -> tuple[bytearray, int, int]:
-        """The text of in-flight batch ``k`` (to decode it here when the helper is gone)."""
-        slot, end, offset = self.in_flight[k]
+        """The text of in-flight batch ``k`` (to decode it here when its helper is gone)."""
+        _, slot, end, offset = self.in_flight[k]
         start = slot * self.slot_size
         return bytearray(self.mm[start:start + end]), end, offset
 
     def close(self) -> None:
-        try:
-            self.jobs.send(None)
-        except OSError:
-            pass
-        self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout=5)
-        self.jobs.close()
-        self.thread.join(timeout=5)
-        self.results.close()
+        for conn in self.jobs:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        for conn in self.jobs:
+            conn.close()
+        for th in self.threads:
+            th.join(timeout=5)
+        for conn in self.results:
+            conn.close()
         try:
             self.mm.close()
         except BufferError:  # pragma: no cover - a view is still referenced by an exception
@@ -386,8 +410,8 @@ class _Assembly:
     def limit(self) -> float:
         return self.failure[0] if self.failure else float("inf")
 
-    def add_helper_tables(self, tables: tuple[list, list, list]) -> None:
-        mine = self.tables.setdefault(1, ([], [], []))
+    def add_helper_tables(self, decoder: int, tables: tuple[list, list, list]) -> None:
+        mine = self.tables.setdefault(decoder, ([], [], []))
         for have, new in zip(mine, tables):
             have.extend(new)
 
@@ -525,7 +549,7 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
     asm = _Assembly(path, chunk_bytes)
     local = td.BatchDecoder()
     asm.tables[0] = (local.names.values, local.hosts.values, local.comms.values)
-    helper = _Helper(path, chunk_bytes) if workers and hasattr(os, "fork") else None
+    helper = _Helper(path, chunk_bytes, workers) if workers and hasattr(os, "fork") else None
     try:
         for k, (offset, buf, end) in enumerate(td.iter_batches(path, chunk_bytes)):
             if helper is not None:
@@ -562,29 +586,30 @@ def _decode_here(asm: _Assembly, dec: td.BatchDecoder, k: int, buf, end: int, of
 
 
 def _drain(helper: _Helper, asm: _Assembly, local: td.BatchDecoder, block: bool) -> None:
-    """Take the helper's results; with ``block``, until none is outstanding."""
+    """Take the helpers' results; with ``block``, until none is outstanding."""
     while helper.in_flight:
         try:
             msg = helper.msgs.get(block=block)
         except queue.Empty:
             return
-        kind = msg[0]
-        if kind == "dead":  # decode what it still held here
-            helper.dead = True
-            for k in sorted(helper.in_flight):
+        kind, i = msg[0], msg[1]
+        if kind == "dead":  # decode here what that helper still held
+            helper.dead[i] = True
+            for k in sorted(k for k, v in helper.in_flight.items() if v[0] == i):
                 if k < asm.limit():
                     buf, end, offset = helper.slot_copy(k)
                     _decode_here(asm, local, k, buf, end, offset)
-            helper.in_flight.clear()
-            return
-        k, slot = msg[1], msg[2]
-        helper.in_flight.pop(k, None)
-        helper.free.append(slot)
+                helper.done(k)
+            continue
+        k = msg[2]
+        if k not in helper.in_flight:
+            continue
+        helper.done(k)
         if kind == "batch":
-            asm.add_helper_tables(msg[4])
-            asm.batches[k] = (1, msg[3])
+            asm.add_helper_tables(1 + i, msg[5])
+            asm.batches[k] = (1 + i, msg[4])
         elif kind == "error":
-            asm.fail(k, "error", msg[3], msg[4])
+            asm.fail(k, "error", msg[4], msg[5])
         else:
             asm.fail(k, "whole")
 
