@@ -361,11 +361,11 @@ def _big_trace(tmp_path: Path, copies: int = 300) -> Path:
     return p
 
 
-@pytest.mark.parametrize("chunk", [4096, 1000, 1 << 20])
-def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int) -> None:
+@pytest.mark.parametrize("chunk,workers", [(4096, 1), (1000, 2), (1 << 20, 1)])
+def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int, workers: int) -> None:
     p = _big_trace(tmp_path)
     ref = read_trace(p, workers=0)
-    got = read_trace(p, chunk_bytes=chunk, workers=1)
+    got = read_trace(p, chunk_bytes=chunk, workers=workers)
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
     pd.testing.assert_frame_equal(got.compute, ref.compute, check_exact=True)
     assert got.n_events == ref.n_events == 3000
@@ -391,7 +391,7 @@ def test_default_uses_the_helper_for_large_traces(tmp_path: Path, monkeypatch) -
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_first_error_in_file_order_with_line(tmp_path: Path, workers: int) -> None:
     """Errors in two batches: the first one in the file is reported, with its line, whichever
     process decoded it."""
