@@ -34,8 +34,24 @@ dataset_job = dg.define_asset_job(
     description="Assemble data/phantora_v0 from every run that passed its checks.",
 )
 
+
+
+@dg.schedule(cron_schedule="0 2 * * 0", job=all_runs_job, default_status=dg.DefaultScheduleStatus.STOPPED,
+             description="Weekly backfill: one run request per run partition (every run of the matrix).")
+def weekly_runs_backfill(context: dg.ScheduleEvaluationContext):
+    for key in all_runs_job.partitions_def.get_partition_keys():
+        yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}-{key}", partition_key=key)
+
+
+@dg.schedule(cron_schedule="0 6 * * 0", job=dataset_job, default_status=dg.DefaultScheduleStatus.STOPPED,
+             description="Weekly dataset assembly, after the runs backfill.")
+def weekly_dataset(context: dg.ScheduleEvaluationContext):
+    return dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}")
+
+
 defs = dg.Definitions(
     assets=ALL_ASSETS,
     jobs=[all_runs_job, dataset_job],
+    schedules=[weekly_runs_backfill, weekly_dataset],
     resources=resources_from_env(),
 )

@@ -63,3 +63,11 @@ def test_dagster_cli_materializes_one_partition(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "data" / "partitions" / run_id / "raw_timeline.parquet").stat().st_size > 0
     assert "passed" in (tmp_path / "data" / "traces" / "a100_40g" / "W1_2x2" / "checks.json").read_text()
+
+
+def test_weekly_backfill_requests_every_run_partition():
+    from phantora_assets.definitions import weekly_runs_backfill
+
+    ctx = dg.build_schedule_context(scheduled_execution_time=__import__("datetime").datetime(2026, 11, 29, 2))
+    requests = list(weekly_runs_backfill(ctx))
+    assert sorted(r.partition_key for r in requests) == sorted(RUNS_BY_ID)
