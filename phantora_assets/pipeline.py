@@ -46,6 +46,7 @@ from phantora_assets.lib.io import atomic_path, atomic_write_text
 from phantora_assets.lib.phantora_docker import PhantoraDockerError
 from phantora_assets.lib.run_folder import trace_file
 from phantora_assets.lib.run_log import RunLog, read_run_log
+from phantora_assets.lib.tables import BIN_COLUMNS
 from phantora_assets.lib.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.lib.workloads import Compute, WorkloadModel
 from phantora_assets.paths import DataPaths
@@ -659,7 +660,8 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         bins.append(b)
         wins.append(pd.read_parquet(paths.table(spec.run_id, "windows")))
     runs_df = runs_frame([]) if not runs else pd.concat(runs, ignore_index=True)
-    bins_df = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame({c: [] for c in schemas.FLOWS_100MS.columns})
+    bins_df = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame(
+        {c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
     wins_df = pd.concat(wins, ignore_index=True) if wins else None
     outcomes = [
         _contract_outcome("runs", schemas.RUNS, runs_df),

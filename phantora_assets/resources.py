@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
-from pydantic import Field
 
 from phantora_assets import pipeline
 from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
@@ -77,19 +76,26 @@ class PhantoraDocker(SimulatorResource):
     local GPU, which must be that GPU).
     """
 
-    image: str = Field(default="phantora:latest", description="Phantora image built with patches/visualizer.patch")
-    phantora_tests_dir: str | None = Field(
-        default=None, description="host path of Phantora's tests/ folder (training scripts), mounted at "
-        "/phantora/tests; None if the image contains them")
-    socket_dir: str = Field(default="/run/phantora", description="host folder shared as /run/phantora "
-                            "(each run uses <socket_dir>/<run_id>)")
-    max_concurrent: int = Field(default=1, description="simulations at once on this machine, across processes "
-                                f"(default from ${DOCKER_MAX_CONCURRENT_ENV})")
+    #: Phantora image built with patches/visualizer.patch.
+    image: str = "phantora:latest"
+    #: Host path of Phantora's tests/ folder (the training scripts), mounted at /phantora/tests;
+    #: None when the image contains them.
+    phantora_tests_dir: str | None = None
+    #: Host folder shared as /run/phantora (each run uses <socket_dir>/<run_id>).
+    socket_dir: str = "/run/phantora"
+    #: Simulations at once on this machine, across processes (definitions.py reads the default
+    #: from $PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT).
+    max_concurrent: int = 1
+    #: Seconds between starting the containers and the first training command.
     startup_wait_s: float = 6.0
+    #: Wall-clock limit of the training command.
     timeout_s: int = 4 * 3600
+    #: PHANTORA_LOG of the simulator.
     log_level: str = "info"
+    #: Without a perf DB for the GPU, profile on the local GPU instead of refusing the run.
     profile_without_perfdb: bool = False
-    docker_base_url: str | None = Field(default=None, description="Docker engine URL; None = docker.from_env()")
+    #: Docker engine URL; None = docker.from_env().
+    docker_base_url: str | None = None
 
     def settings(self):
         from phantora_assets.lib.docker_config import DockerSettings

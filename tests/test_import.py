@@ -228,3 +228,22 @@ def test_import_dir_env_var_feeds_the_dagster_cli(src, tmp_path):
     checks = json.loads((tmp_path / "data" / "traces" / "h100" / "W4_2x2" / "checks.json").read_text())
     assert checks["ring_bytes_match"]["status"] == "passed"
     assert checks["matches_workload_model"]["status"] == "passed"
+
+
+def test_replay_with_missing_perf_db_shapes_blocks_the_run(tmp_path):
+    """A run folder whose replay listed missing kernel shapes (perfdb_missing/, as this project's
+    Docker runs keep <db>.missing/) fails the blocking perfdb_complete check: no trace, no dataset row."""
+    spec, raw, its = analytic(W1)
+    folder = write_run_folder(tmp_path / "src", spec, raw, run_log=megatron_log(its, 4, 16000.0))
+    (folder / "perfdb_missing").mkdir()
+    (folder / "perfdb_missing" / "compute.csv").write_text('key\n{"BMM":[["bf16",[32,1024,128]],["bf16",[32,128,1024]]]}\n')
+    data = tmp_path / "data"
+    assert main(["import", str(folder), "--data-dir", str(data), "--quiet"]) == 1
+    checks = read_checks(DataPaths(data).run_folder(spec))
+    assert checks["perfdb_complete"]["status"] == "failed"
+    assert "2 kernel shape(s) missing" in checks["perfdb_complete"]["message"]
+    assert checks["fits_in_memory"]["status"] == "passed"
+    assert not DataPaths(data).chrome_trace(spec).exists()  # downstream assets did not run
+    status = pd.read_csv(data / "phantora_v0" / "run_status.csv").set_index("run_id")
+    assert status.loc[W1, "status"] == "excluded" and "perfdb_complete: failed" in status.loc[W1, "reason"]
+    assert (DataPaths(data).run_folder(spec) / "perfdb_missing" / "compute.csv").exists()
