@@ -280,6 +280,8 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
                                   "nothing to check")
     outcomes = [fits, perfdb]
     _record(paths, spec, "raw_timeline", outcomes)
+    if trace is None:
+        paths.chrome_trace(spec).unlink(missing_ok=True)  # no stale trace of an earlier source
     if trace is None and fits.passed:
         raise TraceFormatError(src, "missing trace", "no timeline.json.gz or timeline.json, and run.log reports "
                                "no out-of-memory error")
@@ -379,6 +381,9 @@ def simulate_docker(spec: RunSpec, paths: DataPaths, runner, slots, settings, *,
         _copy_file(outcome.run_log, folder / "run.log")
     if outcome.timeline is not None:
         _link_or_copy(outcome.timeline, folder / "timeline.bin")
+    else:
+        for stale in (folder / "timeline.bin", paths.chrome_trace(spec)):
+            stale.unlink(missing_ok=True)
     missing = missing_listing(layout.missing_dir) if replay else None
     _replace_dir(layout.missing_dir if missing else None, folder / "perfdb_missing")
     log_present = (folder / "run.log").is_file()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.analytic import SimulationResult, simulate
@@ -70,3 +71,26 @@ def write_run_folder(root: Path, spec: RunSpec, raw: pd.DataFrame | None, *, run
         (folder / "config" / "netconfig.toml").write_text(dumps_netconfig(netconfig_for(spec)))
         (folder / "config" / "command.txt").write_text("# recorded elsewhere\n")
     return folder
+
+
+def mixed_send_recv(raw: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Record the all-to-all of an ``n``-rank communicator as a group of NcclSend *and* NcclRecv
+    events: the flow of the pair (s, d) is a receive (caller = rank d) when s + d is odd.
+
+    The analytic simulator emits each all-to-all as n(n-1) consecutive NcclSend rows with one
+    start time, sender-major (s, then d), which gives every row's receiver.
+    """
+    raw = raw.copy()
+    idx = np.flatnonzero((raw["call"] == "NcclSend").to_numpy())
+    pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
+    assert len(idx) % len(pairs) == 0
+    call, name, rank = (raw.columns.get_loc(c) for c in ("call", "name", "comm_rank"))
+    for b in range(0, len(idx), len(pairs)):
+        rows = idx[b:b + len(pairs)]
+        assert raw["start_ns"].iloc[rows].nunique() == 1
+        for r, (s, d) in zip(rows, pairs):
+            assert raw.iat[r, rank] == s
+            if (s + d) % 2:
+                raw.iat[r, call] = raw.iat[r, name] = "NcclRecv"
+                raw.iat[r, rank] = d
+    return raw

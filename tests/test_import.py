@@ -25,22 +25,25 @@ import pytest
 from phantora_assets import definitions as d
 from phantora_assets.cli import main
 from phantora_assets.lib.checks_log import RUN_CHECKS, read_checks
+from phantora_assets.lib.chrome_trace import read_trace
 from phantora_assets.lib.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.lib.run_folder import discover, effective_matrix, read_registry, register
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 from phantora_assets.runs import RunSpec, load_run_matrix
 
-from run_folders import analytic, deepspeed_log, megatron_log, write_run_folder
+from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 W1 = "phantora_a100_40g_W1_2x2"        # in the matrix: the import replaces its analytic source
 W3_P2P = "phantora_a100_40g_W3_2x2"    # all-to-all in Phantora's matched send/recv encoding
 W3_NO_A2A = "phantora_a100_40g_W3_2x4"  # a published-style trace missing its all-to-all flows
+W3_MIXED = "phantora_a100_40g_W3_4x1"  # all-to-all as a group of NcclSend and NcclRecv events
 W4_NEW = "phantora_h100_W4_2x2"        # not in the matrix: a new partition
 W5_OOM = "phantora_l40s_W5_2x1"        # run.log reports out of memory, no trace
-IMPORTED = [W1, W3_P2P, W3_NO_A2A, W4_NEW, W5_OOM]
+IMPORTED = [W1, W3_P2P, W3_NO_A2A, W3_MIXED, W4_NEW, W5_OOM]
+COMPLETE = [W1, W3_P2P, W3_MIXED, W4_NEW]  # traces with every flow
 
 
 def _second_communicator(raw: pd.DataFrame) -> pd.DataFrame:
@@ -72,6 +75,8 @@ def src(tmp_path_factory) -> Path:
     write_run_folder(root, spec, _phantora_p2p(raw), run_log=megatron_log(its, 4, 20000.0))
     spec, raw, its = analytic(W3_NO_A2A)
     write_run_folder(root, spec, raw[raw["call"] != "NcclSend"], run_log=megatron_log(its, 8, 20000.0))
+    spec, raw, its = analytic(W3_MIXED)
+    write_run_folder(root, spec, mixed_send_recv(raw, 4), run_log=megatron_log(its, 4, 20000.0))
     new = RunSpec("W4", "h100", 2, 2, topology=(("host_bw_gbps", 400),))
     spec, raw, its = analytic(new)
     folder = write_run_folder(root, spec, raw, run_log=deepspeed_log(its, 4), gz=False, timeline_bin=False)
@@ -113,7 +118,7 @@ def test_registry_and_replacement_rule(imported, src):
     by_id = {s.run_id: s for s in matrix}
     shipped = {s.run_id: s for s in load_run_matrix()}
     assert len(matrix) == len(shipped) + 1  # only W4_NEW is new
-    for rid in (W1, W3_P2P, W3_NO_A2A, W5_OOM):
+    for rid in (W1, W3_P2P, W3_NO_A2A, W3_MIXED, W5_OOM):
         assert by_id[rid].source == "import" and by_id[rid].published == shipped[rid].published
         assert Path(by_id[rid].path) == (src / "traces" / by_id[rid].gpu / f"{by_id[rid].workload}_{by_id[rid].layout}").resolve()
     assert [s.run_id for s in matrix][-1] == W4_NEW
@@ -127,11 +132,11 @@ def test_registry_and_replacement_rule(imported, src):
 def test_every_imported_run_passes_every_check_and_enters_the_dataset(imported):
     paths = DataPaths(imported)
     by_id = {s.run_id: s for s in effective_matrix(imported)}
-    for rid in (W1, W3_P2P, W3_NO_A2A, W4_NEW):
+    for rid in COMPLETE + [W3_NO_A2A]:
         checks = read_checks(paths.run_folder(by_id[rid]))
         assert all(checks[c]["status"] == "passed" for c in RUN_CHECKS), (rid, checks)
     runs = pd.read_csv(imported / "phantora_v0" / "runs.csv").set_index("run_id")
-    assert set(runs.index) == {W1, W3_P2P, W3_NO_A2A, W4_NEW}
+    assert set(runs.index) == set(COMPLETE) | {W3_NO_A2A}
     assert set(runs["source"]) == {"phantora_v0"} and set(runs["simulator"]) == {"import"}
     # the analytic simulation's bytes (published W1 2x2: 7.69 GB) plus the second communicator's
     _, raw, its = analytic(W1)
@@ -152,6 +157,16 @@ def test_run_folder_gets_the_imported_files(imported, src):
     assert (folder / "run.log").read_text() == (Path(by_id[W1].path) / "run.log").read_text()
     assert (folder / "config" / "command.txt").exists() and not (folder / "config" / "run.toml").exists()
     assert json.loads((folder / "import.json").read_text())["source"] == by_id[W1].path
+    # the edge cases are really in the imported traces
+    w1 = read_trace(paths.chrome_trace(by_id[W1]))
+    assert (w1.flows["src_node"] == w1.flows["dst_node"]).any()            # loopback flows
+    assert (w1.flows["dur_us"] == 0).any()                                 # 0 us tiny collectives
+    assert w1.flows["comm_id"].nunique() == 5                              # 2 TP + 2 DP + the extra one
+    with gzip.open(paths.chrome_trace(by_id[W1]), "rt") as fh:
+        ts = [float(line.split('"ts":', 1)[1].split(",", 1)[0]) for line in fh if '"ts":' in line]
+    assert ts != sorted(ts)                                                # unsorted events
+    mixed = read_trace(paths.chrome_trace(by_id[W3_MIXED])).flows
+    assert set(mixed["op"]) >= {"send", "recv"}
     log = json.loads((paths.partition_dir(W1) / "run_log.json").read_text())
     assert log["format"] == "megatron" and len(log["iteration_s"]) == 20
     # the plain timeline.json was gzip-compressed on the way in
@@ -173,7 +188,7 @@ def test_missing_all_to_all_is_reported_by_the_cross_check(imported):
     rows = {r["kind"]: r for r in cc["rows"]}
     assert rows["all_to_all"]["measured_bytes"] == 0 and rows["all_to_all"]["predicted_bytes"] > 0
     assert rows["dp"]["deviation_pct"] == 0.0
-    for rid in (W1, W3_P2P, W4_NEW):  # complete traces agree with the model
+    for rid in COMPLETE:  # complete traces agree with the model
         assert read_checks(paths.run_folder(by_id[rid]))["matches_workload_model"]["status"] == "passed"
 
 
@@ -247,3 +262,11 @@ def test_replay_with_missing_perf_db_shapes_blocks_the_run(tmp_path):
     status = pd.read_csv(data / "phantora_v0" / "run_status.csv").set_index("run_id")
     assert status.loc[W1, "status"] == "excluded" and "perfdb_complete: failed" in status.loc[W1, "reason"]
     assert (DataPaths(data).run_folder(spec) / "perfdb_missing" / "compute.csv").exists()
+
+
+def test_import_dir_env_var_must_name_a_directory(tmp_path, monkeypatch):
+    from phantora_assets.lib.errors import RunMatrixError
+
+    monkeypatch.setenv("PHANTORA_ASSETS_IMPORT_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(RunMatrixError, match="PHANTORA_ASSETS_IMPORT_DIR: .*nowhere is not a directory"):
+        effective_matrix(tmp_path / "data")

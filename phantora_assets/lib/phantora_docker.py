@@ -9,7 +9,8 @@ No Dagster import. The configuration comes from :mod:`phantora_assets.lib.docker
    socket folder, labels ``phantora_assets.run_id``);
 3. wait ``startup_wait_s``; run the training command detached in ``host-2 ..`` (torchrun) and in
    the foreground in ``host-1``, streaming its output to ``out/run.log``;
-4. send SIGINT to the simulator so it flushes ``timeline.bin``, wait for it to exit;
+4. send SIGINT to the simulator (``phantora_server`` never exits by itself; it flushes every
+   ``timeline.bin`` record as it writes it, so stopping it loses nothing) and wait for it;
 5. **always** (``finally``) remove every container it created and the network, even when a
    step above failed or was interrupted.
 

@@ -240,6 +240,8 @@ def imported_specs(data_root: str | Path) -> list[RunSpec]:
     """Registry entries, then the environment's directories (later wins per run_id)."""
     out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
     for d in env_import_dirs():
+        if not d.is_dir():
+            raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
         folders, _ = discover(d)
         for f in folders:
             out[f.spec.run_id] = f.spec
