@@ -208,6 +208,7 @@ def test_materialization_reports_checks_with_severity_and_run_log_metadata(impor
     assert all(e.passed for name, e in evals.items() if name != "matches_workload_model")
     raw_meta = res.asset_materializations_for_node("raw_timeline")[0].metadata
     assert raw_meta["source"].value == "import" and raw_meta["run_log_iterations"].value == 20
+    assert len(raw_meta["run_log_iteration_ms"].value) == 20 and raw_meta["run_log_peak_memory_gib"].value == 19.531
 
 
 def test_broken_trace_fails_its_partition_and_names_the_file(tmp_path):

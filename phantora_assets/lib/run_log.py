@@ -94,13 +94,15 @@ class RunLog:
         return float(median(self.iteration_s[1:])) if len(self.iteration_s) > 1 else None
 
     def metadata(self) -> dict[str, Any]:
-        """Flat, JSON-friendly summary for run metadata (times in ms, memory in GiB)."""
+        """JSON-friendly summary for run metadata (times in ms, memory in GiB; the per-iteration
+        times as a list)."""
         steady = self.steady_iteration_s
         return {
             "run_log_format": self.format,
             "run_log_iterations": self.n_iterations,
             "run_log_first_iteration_ms": round(self.iteration_s[0] * 1e3, 3) if self.iteration_s else None,
             "run_log_steady_iteration_ms": round(steady * 1e3, 3) if steady is not None else None,
+            "run_log_iteration_ms": [round(t * 1e3, 3) for t in self.iteration_s],
             "run_log_peak_memory_gib": round(self.peak_memory_gib, 3) if self.peak_memory_gib is not None else None,
             "run_log_out_of_memory": self.out_of_memory,
         }
