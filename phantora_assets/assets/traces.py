@@ -17,8 +17,8 @@ from phantora_assets.resources import DataRoot, SimulatorResource
     description="timeline.json.gz in the Phantora visualizer schema (Communication and Computation "
     "complete events, hosts host-1..., microseconds), openable in ui.perfetto.dev. Written into the "
     "run folder data/traces/<gpu>/<workload>_<nodes>x<gpus>/: from the analytic raw timeline, by "
-    "phantora_visualizer from timeline.bin (Docker), or copied from the imported folder; always "
-    "parsed before it replaces the previous file.",
+    "phantora_visualizer from timeline.bin (Docker), or copied from the imported folder (converted and "
+    "imported traces are parsed before they replace the previous file).",
 )
 def chrome_trace(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
     spec = spec_for(context)
