@@ -37,10 +37,10 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     res_oom = _materialize(oom, tmp_path, instance)
     res_ok = _materialize(ok, tmp_path, instance)
     assert not res_oom.success
-    assert _check_evals(res_oom) == {"fits_in_memory": False}
+    assert _check_evals(res_oom) == {"fits_in_memory": False, "perfdb_complete": True}
     assert res_ok.success
     evals = _check_evals(res_ok)
-    assert evals["fits_in_memory"] and all(evals.values()) and len(evals) == 8
+    assert evals["fits_in_memory"] and all(evals.values()) and len(evals) == 10
     paths = DataPaths(tmp_path)
     assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
