@@ -2,9 +2,13 @@
 
     <root>/traces/<gpu>/<workload>_<layout>/   run folder, laid out like the published dataset:
         timeline.json.gz  checks.txt  checks.json  run.log  config/...
+        timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
     <root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
         raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet
         flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
+        run_log.json  cross_check.json
+    <root>/imports.toml                        imported run folders (phantora-assets import)
+    <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
     <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
     <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
     <root>/phantora.duckdb                     cross-run database

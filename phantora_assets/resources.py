@@ -1,9 +1,14 @@
 """Resources: where data lives, and the simulation source behind one interface.
 
-``simulator`` is the key every environment binds: :class:`AnalyticSimulatorResource`
-(default, pure Python) or, for runs whose ``source`` is ``docker``, the Docker-backed Phantora
-simulator. Both return a :class:`~phantora_assets.pipeline.StageResult` for ``raw_timeline``
-and write the same run-folder layout.
+``simulator`` is the key every environment binds, to one of two resources with the same
+interface (``simulate`` -> raw_timeline stage, ``write_trace`` -> chrome_trace stage):
+
+* :class:`AnalyticSimulatorResource` (default, pure Python): runs ``source = "analytic"``.
+* :class:`PhantoraDocker`: runs ``source = "docker"`` with Phantora in Docker, and
+  ``analytic`` runs with the embedded simulator, so a mixed run matrix works with it bound.
+
+Both handle ``source = "import"`` (a run folder registered by ``phantora-assets import``), which
+needs no simulator. Every path writes the same run-folder layout.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from pathlib import Path
 import dagster as dg
 
 from phantora_assets import pipeline
-from phantora_assets.paths import DataPaths, default_data_dir
+from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
 from phantora_assets.runs import RunSpec
+
+DOCKER_MAX_CONCURRENT_ENV = "PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT"
 
 
 class DataRoot(dg.ConfigurableResource):
@@ -27,18 +34,107 @@ class DataRoot(dg.ConfigurableResource):
         return DataPaths(Path(self.data_dir))
 
 
-class AnalyticSimulatorResource(dg.ConfigurableResource):
-    """The embedded analytic simulator (``phantora_assets.lib.analytic``); no Docker, no GPU."""
+class SimulatorResource(dg.ConfigurableResource):
+    """Common interface; dispatches on ``spec.source`` (analytic / docker / import)."""
 
     def simulate(self, spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> pipeline.StageResult:
-        """Simulate ``spec``: raw timeline, run.log and config/ under ``paths``."""
-        if spec.source not in ("analytic",):
-            raise ValueError(
-                f"{spec.run_id}: source {spec.source!r} needs the Phantora Docker simulator; "
-                "bind it under the 'simulator' resource key"
-            )
-        return pipeline.simulate_run(spec, paths, perfdb_status)
+        """raw_timeline of ``spec``: run.log, config/ and the raw timeline under ``paths``."""
+        if spec.source == "import":
+            return pipeline.import_run_folder(spec, paths)
+        if spec.source == "analytic":
+            return pipeline.simulate_run(spec, paths, perfdb_status)
+        return self._simulate_docker(spec, paths)
 
     def write_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
-        """Raw timeline -> timeline.json.gz (Phantora visualizer schema)."""
-        return pipeline.write_trace(spec, paths)
+        """chrome_trace of ``spec``: timeline.json.gz (Phantora visualizer schema) in its run folder."""
+        if spec.source == "import":
+            return pipeline.import_trace(spec, paths)
+        if spec.source == "analytic":
+            return pipeline.write_trace(spec, paths)
+        return self._docker_trace(spec, paths)
+
+    def _simulate_docker(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
+        raise ValueError(
+            f"{spec.run_id}: source {spec.source!r} needs the Phantora Docker simulator; bind PhantoraDocker "
+            "under the 'simulator' resource key (PHANTORA_ASSETS_SIMULATOR=docker)"
+        )
+
+    def _docker_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
+        return self._simulate_docker(spec, paths)
+
+
+class AnalyticSimulatorResource(SimulatorResource):
+    """The embedded analytic simulator (``phantora_assets.lib.analytic``); no Docker, no GPU."""
+
+
+class PhantoraDocker(SimulatorResource):
+    """Phantora in Docker (``lib/docker_config.py`` builds the files, ``lib/phantora_docker.py`` runs them).
+
+    The image must be built with ``patches/visualizer.patch`` (README). Kernel timings are
+    replayed from the run's GPU database under ``perfdb/<gpu>/`` (no GPU needed); a GPU without
+    a database is refused unless ``profile_without_perfdb`` (then the simulator profiles on the
+    local GPU, which must be that GPU).
+    """
+
+    #: Phantora image built with patches/visualizer.patch.
+    image: str = "phantora:latest"
+    #: Host path of Phantora's tests/ folder (the training scripts), mounted at /phantora/tests;
+    #: None when the image contains them.
+    phantora_tests_dir: str | None = None
+    #: Host folder shared as /run/phantora (each run uses <socket_dir>/<run_id>).
+    socket_dir: str = "/run/phantora"
+    #: Simulations at once on this machine, across processes (definitions.py reads the default
+    #: from $PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT).
+    max_concurrent: int = 1
+    #: Seconds between starting the containers and the first training command.
+    startup_wait_s: float = 6.0
+    #: Wall-clock limit of the training command.
+    timeout_s: int = 4 * 3600
+    #: PHANTORA_LOG of the simulator.
+    log_level: str = "info"
+    #: Without a perf DB for the GPU, profile on the local GPU instead of refusing the run.
+    profile_without_perfdb: bool = False
+    #: Docker engine URL; None = docker.from_env().
+    docker_base_url: str | None = None
+
+    def settings(self):
+        from phantora_assets.lib.docker_config import DockerSettings
+
+        return DockerSettings(image=self.image, socket_dir=self.socket_dir, phantora_tests_dir=self.phantora_tests_dir,
+                              log_level=self.log_level, startup_wait_s=self.startup_wait_s, timeout_s=self.timeout_s)
+
+    def _client(self):
+        import docker
+
+        return docker.DockerClient(base_url=self.docker_base_url) if self.docker_base_url else docker.from_env()
+
+    def _runner(self):
+        from phantora_assets.lib.phantora_docker import PhantoraDockerRunner
+
+        return PhantoraDockerRunner(self._client(), self.settings(), dg.get_dagster_logger().info)
+
+    def perfdb_source(self, spec: RunSpec) -> Path | None:
+        """The GPU's perf DB folder (replay), or None to profile (only with profile_without_perfdb).
+
+        Raises:
+            FileNotFoundError: no database for the GPU and profiling is not allowed.
+        """
+        folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
+        if (folder / "compute.csv").is_file():
+            return folder
+        if self.profile_without_perfdb:
+            return None
+        raise FileNotFoundError(
+            f"{spec.run_id}: no perf DB for {spec.gpu} at {folder}; record one (tohtana/Phantora "
+            "tests/perfdb/record_all.sh on that GPU) or set profile_without_perfdb on a machine with that GPU")
+
+    def _simulate_docker(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
+        from phantora_assets.lib.phantora_docker import SimulationSlots
+
+        source = self.perfdb_source(spec)
+        slots = SimulationSlots(paths.root / "work" / ".slots", self.max_concurrent)
+        return pipeline.simulate_docker(spec, paths, self._runner(), slots, self.settings(), perfdb_source=source,
+                                        log=dg.get_dagster_logger().info)
+
+    def _docker_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
+        return pipeline.docker_trace(spec, paths, self._runner())

@@ -52,6 +52,8 @@ class RunSpec:
         source: ``analytic`` | ``docker`` | ``import``.
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
+        path: for ``source = "import"``, the run folder the run is imported from
+            (``traces/<gpu>/<workload>_<layout>/`` of a Phantora dataset); else ``""``.
     """
 
     workload: str
@@ -61,6 +63,7 @@ class RunSpec:
     source: str = "analytic"
     published: str = ""
     topology: tuple[tuple[str, Any], ...] = field(default=())
+    path: str = ""
 
     @property
     def run_id(self) -> str:
@@ -150,6 +153,10 @@ def validate(spec: RunSpec, entry: str) -> None:
                 f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} sets expert_model_parallel_size = "
                 f"GPU count, which must divide num_moe_experts={experts}"
             )
+    if spec.source == "import" and not spec.path:
+        raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
+    if spec.path and spec.source != "import":
+        raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
     unknown = set(dict(spec.topology)) - set(presets()["cluster"])
     if unknown:
         raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
@@ -164,7 +171,7 @@ def parse_entries(entries: list[dict[str, Any]], source_name: str = "runs.toml")
         missing = {"workload", "gpu", "nodes", "gpus_per_node"} - set(raw)
         if missing:
             raise RunMatrixError(f"{entry}: missing keys {sorted(missing)}")
-        extra = set(raw) - {"workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology"}
+        extra = set(raw) - {"workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path"}
         if extra:
             raise RunMatrixError(f"{entry}: unknown keys {sorted(extra)}")
         spec = RunSpec(
@@ -175,6 +182,7 @@ def parse_entries(entries: list[dict[str, Any]], source_name: str = "runs.toml")
             source=str(raw.get("source", "analytic")),
             published=str(raw.get("published", "")),
             topology=tuple(sorted(dict(raw.get("topology", {})).items())),
+            path=str(raw.get("path", "")),
         )
         validate(spec, f"{entry} ({spec.workload} {spec.gpu} {spec.layout})")
         if spec.run_id in seen:

@@ -37,10 +37,10 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     res_oom = _materialize(oom, tmp_path, instance)
     res_ok = _materialize(ok, tmp_path, instance)
     assert not res_oom.success
-    assert _check_evals(res_oom) == {"fits_in_memory": False}
+    assert _check_evals(res_oom) == {"fits_in_memory": False, "perfdb_complete": True}
     assert res_ok.success
     evals = _check_evals(res_ok)
-    assert evals["fits_in_memory"] and all(evals.values()) and len(evals) == 8
+    assert evals["fits_in_memory"] and all(evals.values()) and len(evals) == 10
     paths = DataPaths(tmp_path)
     assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
@@ -63,3 +63,11 @@ def test_dagster_cli_materializes_one_partition(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "data" / "partitions" / run_id / "raw_timeline.parquet").stat().st_size > 0
     assert "passed" in (tmp_path / "data" / "traces" / "a100_40g" / "W1_2x2" / "checks.json").read_text()
+
+
+def test_weekly_backfill_requests_every_run_partition():
+    from phantora_assets.definitions import weekly_runs_backfill
+
+    ctx = dg.build_schedule_context(scheduled_execution_time=__import__("datetime").datetime(2026, 11, 29, 2))
+    requests = list(weekly_runs_backfill(ctx))
+    assert sorted(r.partition_key for r in requests) == sorted(RUNS_BY_ID)

@@ -18,13 +18,19 @@ def stage_metadata(result: StageResult, **extra: Any) -> dict[str, Any]:
 
 
 def check_results(result: StageResult, asset: str) -> Iterator[dg.AssetCheckResult]:
-    """One AssetCheckResult per outcome (ERROR severity; blocking is set on the spec)."""
+    """One AssetCheckResult per outcome (ERROR, or WARN for advisory outcomes; blocking is set on
+    the spec). Metadata keys ending in ``_md`` are rendered as Markdown."""
     for o in result.outcomes:
+        meta: dict[str, Any] = {"message": o.message}
+        for k, v in o.metadata.items():
+            if v is None:
+                continue
+            meta[k] = dg.MetadataValue.md(v) if k.endswith("_md") else v
         yield dg.AssetCheckResult(
             asset_key=asset,
             check_name=o.name,
             passed=o.passed,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={"message": o.message, **{k: v for k, v in o.metadata.items() if v is not None}},
+            severity=dg.AssetCheckSeverity.WARN if o.severity == "warn" else dg.AssetCheckSeverity.ERROR,
+            metadata=meta,
             description=o.message,
         )

@@ -5,7 +5,7 @@ import dagster as dg
 
 from phantora_assets import pipeline
 from phantora_assets.assets.features import run_summary
-from phantora_assets.partitions import RUN_MATRIX
+from phantora_assets.partitions import matrix_for
 from phantora_assets.resources import DataRoot
 
 
@@ -20,7 +20,7 @@ from phantora_assets.resources import DataRoot
     "row per run_id, window_s, window_start_s. run_status.csv lists included and excluded runs with reasons.",
 )
 def phantora_v0(context: dg.AssetExecutionContext, data: DataRoot):
-    result = pipeline.export_dataset(RUN_MATRIX, data.paths)
+    result = pipeline.export_dataset(matrix_for(data.data_dir), data.paths)
     excluded_md = "\n".join(f"| {r} | {why} |" for r, why in result.excluded.items()) or "| (none) | |"
     yield dg.MaterializeResult(metadata={
         "path": dg.MetadataValue.path(str(result.dir)),

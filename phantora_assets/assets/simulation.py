@@ -12,7 +12,7 @@ from phantora_assets.lib.io import atomic_write_text
 from phantora_assets.lib.perfdb import load_perfdb
 from phantora_assets.partitions import gpu_partitions, gpu_to_runs, run_partitions, spec_for
 from phantora_assets.paths import default_perfdb_dir
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
+from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.runs import gpu_specs
 
 
@@ -49,17 +49,28 @@ def perf_db(context: dg.AssetExecutionContext, data: DataRoot) -> dg.Materialize
     partitions_def=run_partitions,
     group_name="simulation",
     deps=[dg.AssetDep(perf_db, partition_mapping=gpu_to_runs)],
-    check_specs=[dg.AssetCheckSpec("fits_in_memory", asset="raw_timeline", blocking=True,
-                                   description="The per-GPU peak memory estimate fits the simulated card.")],
-    kinds={"python", "parquet"},
-    description="The simulator's event output for one run: 20 iterations (the first is warm-up), one row "
-    "per computation event and per ring flow (simulated ns). A run that does not fit in GPU memory "
-    "materializes with its estimate and fails the blocking fits_in_memory check.",
+    check_specs=[
+        dg.AssetCheckSpec("fits_in_memory", asset="raw_timeline", blocking=True,
+                          description="The run fits the simulated card: the analytic peak memory estimate, or "
+                          "Phantora's run.log (no CUDA out-of-memory error, reported peak <= card)."),
+        dg.AssetCheckSpec("perfdb_complete", asset="raw_timeline", blocking=True,
+                          description="A perf-DB replay met no kernel shape missing from the database "
+                          "(Phantora's <db>.missing/ is empty); otherwise the run's timings are invalid."),
+    ],
+    kinds={"python", "parquet", "docker"},
+    pool="phantora_simulation",
+    description="The simulator's output for one run, 20 iterations (the first is warm-up). Analytic: "
+    "raw_timeline.parquet, one row per computation event and per ring flow (simulated ns). Docker "
+    "(Phantora): timeline.bin, run.log and config/ in the run folder. Import: the registered run "
+    "folder's timeline.bin, run.log and config/ copied in. run.log's per-iteration time and peak "
+    "memory become metadata. A run that does not fit in GPU memory fails the blocking fits_in_memory "
+    "check.",
 )
-def raw_timeline(context: dg.AssetExecutionContext, data: DataRoot, simulator: AnalyticSimulatorResource):
+def raw_timeline(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
     spec = spec_for(context)
     status_file = data.paths.perfdb_summary(spec.gpu)
     perfdb_status = json.loads(status_file.read_text())["status"] if status_file.exists() else "not materialized"
     result = simulator.simulate(spec, data.paths, perfdb_status)
-    yield dg.MaterializeResult(metadata=stage_metadata(result, run_id=spec.run_id, perf_db=perfdb_status))
+    yield dg.MaterializeResult(metadata=stage_metadata(result, run_id=spec.run_id, source=spec.source,
+                                                       perf_db=perfdb_status))
     yield from check_results(result, "raw_timeline")

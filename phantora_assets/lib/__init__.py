@@ -12,4 +12,9 @@ Modules:
     workloads       collectives each workload issues per step (presets.toml rules)
     analytic        the embedded analytic simulator
     io              atomic file writes
+    run_folder      run folders of a Phantora dataset: discovery, the imports registry, merging
+    run_log         run.log: per-iteration simulated time and peak memory
+    cross_check     network bytes per steady step versus the workload model, by collective kind
+    docker_config   compose.yaml, netconfig, hostfile and exact commands of a Phantora Docker run
+    phantora_docker the Docker SDK launcher (container lifecycle, visualizer, concurrency slots)
 """
