@@ -55,9 +55,10 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     flows = pd.read_parquet(pdir / "flows.parquet")
     compute = anatomy.read_compute_events(paths.chrome_trace(spec))
     hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
-    table = anatomy.step_anatomy(steps, flows, compute, hosts)
+    intervals = anatomy.host_intervals(flows, compute, hosts)
+    table = anatomy.step_anatomy(steps, flows, compute, hosts, intervals)
     chosen = int(summary["chosen_step"])
-    spans = anatomy.step_spans(steps[steps["step"] == chosen].iloc[0], flows, compute, hosts)
+    spans = anatomy.step_spans(steps[steps["step"] == chosen].iloc[0], flows, compute, hosts, intervals)
     _write_parquet(table, pdir / "step_anatomy.parquet")
     _write_parquet(spans, pdir / "step_spans.parquet")
     steady = table[table["steady"]]

@@ -98,7 +98,7 @@ _MARK = b'"Computation"'
 NEWLINE = b"\n"
 _event = msgspec.json.Decoder(_Event)
 _events = msgspec.json.Decoder(list[_Event])
-_comp_args = msgspec.json.Decoder(_CompArgs)
+_comp_args_list = msgspec.json.Decoder(list[_CompArgs])
 
 
 def node_of(host: str) -> int:
@@ -115,42 +115,45 @@ def _open(path: Path):
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def read_compute_events(path: str | Path) -> pd.DataFrame:
+def read_compute_events(path: str | Path, *, chunk_bytes: int = 1 << 22) -> pd.DataFrame:
     """Every Computation event of a Phantora Chrome trace (``COMPUTE_EVENT_COLUMNS``).
 
-    The visualizer layout (one event per line) is streamed line by line and only lines that
-    name ``Computation`` are decoded; any other JSON array layout is decoded whole.
+    The visualizer layout (one event per line) is streamed a few MiB at a time and only the
+    lines that name ``Computation`` are decoded (in one ``msgspec`` call per chunk); any other
+    JSON array layout is decoded whole.
 
     Raises:
-        TraceFormatError: the file is not such a JSON array, or an event breaks the schema.
+        TraceFormatError: the file is not such a JSON array, or an event breaks the schema
+            (names the file and, in the visualizer layout, the line).
     """
     path = Path(path)
     hosts: list[str] = []
     ts: list[float] = []
     dur: list[float] = []
 
-    def add(ev: _Event, where) -> None:
-        if ev.cat != "Computation":
+    def add(events: list[_Event], where) -> None:
+        comp = [e for e in events if e.cat == "Computation"]
+        if not comp:
             return
         try:
-            args = _comp_args.decode(ev.args)
+            args = _comp_args_list.decode(b"[" + b",".join(e.args for e in comp) + b"]")
         except msgspec.DecodeError as exc:
-            raise TraceFormatError(path, "bad Computation event", f"{where()}: {exc}") from None
-        hosts.append(args.Computation[0].hostname)
-        ts.append(ev.ts)
-        dur.append(ev.dur)
+            raise TraceFormatError(path, "bad Computation event", f"{where(None)}: {exc}") from None
+        hosts.extend(a.Computation[0].hostname for a in args)
+        ts.extend(e.ts for e in comp)
+        dur.extend(e.dur for e in comp)
 
     try:
         with _open(path) as fh:
             first = fh.readline()
             if first.strip() == b"[":
-                _scan_lines(fh, add)
+                _scan_lines(path, fh, add, chunk_bytes)
             else:
                 try:
-                    for i, ev in enumerate(_events.decode(first + fh.read())):
-                        add(ev, lambda i=i: f"event {i}")
+                    events = _events.decode(first + fh.read())
                 except msgspec.DecodeError as exc:
                     raise TraceFormatError(path, "invalid JSON", str(exc)) from None
+                add(events, lambda _i: "the JSON array")
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(path, "unreadable trace", str(exc)) from None
     return pd.DataFrame({"host": pd.Series(hosts, dtype=object),
@@ -158,34 +161,31 @@ def read_compute_events(path: str | Path) -> pd.DataFrame:
                          "dur_us": np.asarray(dur, dtype=np.float64)}, columns=list(COMPUTE_EVENT_COLUMNS))
 
 
-def _scan_lines(fh, add, chunk_bytes: int = 1 << 22) -> None:
-    """Decode the lines of ``fh`` that hold a Computation event, a few MiB of text at a time."""
+def _scan_lines(path: Path, fh, add, chunk_bytes: int) -> None:
+    """Pass the Computation lines of ``fh`` to ``add``, one decoded batch per chunk of text."""
     tail = b""
-    offset_lines = 1
+    line0 = 2                                    # line number of the chunk's first line
     while True:
         chunk = fh.read(chunk_bytes)
         buf = tail + chunk
-        cut = len(buf) if not chunk else buf.rfind(b"\n") + 1
-        if cut <= 0:
-            tail = buf
-            continue
+        cut = len(buf) if not chunk else buf.rfind(NEWLINE) + 1
         text, tail = buf[:cut], buf[cut:]
-        pos = text.find(_MARK)
-        while pos >= 0:
-            lo = text.rfind(b"\n", 0, pos) + 1
-            hi = text.find(b"\n", pos)
-            hi = len(text) if hi < 0 else hi
-            body = text[lo:hi].rstrip().rstrip(b",")
-
-            def where(lo: int = lo, text: bytes = text, base: int = offset_lines) -> str:
-                return f"line {base + text.count(NEWLINE, 0, lo) + 1}"
+        lines = text.split(NEWLINE)
+        picked = [k for k, ln in enumerate(lines) if _MARK in ln]
+        if picked:
+            bodies = [lines[k].rstrip().rstrip(b",") for k in picked]
             try:
-                event = _event.decode(body)
-            except msgspec.DecodeError as exc:
-                raise TraceFormatError(fh.name, "invalid JSON", f"{where()}: {exc}") from None
-            add(event, where)
-            pos = text.find(_MARK, hi)
-        offset_lines += text.count(b"\n")
+                events = _events.decode(b"[" + b",".join(bodies) + b"]")
+            except msgspec.DecodeError:
+                for k, body in zip(picked, bodies):      # find the line to name it
+                    try:
+                        _event.decode(body)
+                    except msgspec.DecodeError as exc:
+                        raise TraceFormatError(path, "invalid JSON", f"line {line0 + k}: {exc}") from None
+                raise
+            first_line = line0 + picked[0]
+            add(events, lambda _i, n=first_line: f"line {n} or below")
+        line0 += len(lines) - 1
         if not chunk:
             return
 
@@ -224,14 +224,29 @@ def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) 
     return np.maximum(upto(b) - upto(a), 0.0)
 
 
-def _host_intervals(flows: pd.DataFrame, compute: pd.DataFrame, host: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    node = node_of(host)
-    c = compute[compute["host"] == host]
-    net = flows[(flows["src_node"] != flows["dst_node"]) & ((flows["src_node"] == node) | (flows["dst_node"] == node))]
-    cs, ce = merge_intervals(c["ts_us"].to_numpy(), (c["ts_us"] + c["dur_us"]).to_numpy())
-    ns, ne = merge_intervals(net["ts_us"].to_numpy(), (net["ts_us"] + net["dur_us"]).to_numpy())
-    us, ue = merge_intervals(np.concatenate([cs, ns]), np.concatenate([ce, ne]))
-    return {"compute": (cs, ce), "communication": (ns, ne), "union": (us, ue)}
+Intervals = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+
+
+def host_intervals(flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str]) -> Intervals:
+    """Per host: merged ``compute``, ``communication`` (network flows) and ``union`` intervals (us)."""
+    src = flows["src_node"].to_numpy(np.int64)
+    dst = flows["dst_node"].to_numpy(np.int64)
+    fs = flows["ts_us"].to_numpy(np.float64)
+    fe = fs + flows["dur_us"].to_numpy(np.float64)
+    net = src != dst
+    ch = compute["host"].to_numpy(object)
+    cs = compute["ts_us"].to_numpy(np.float64)
+    ce = cs + compute["dur_us"].to_numpy(np.float64)
+    out: Intervals = {}
+    for host in hosts:
+        node = node_of(host)
+        mine = ch == host
+        on = net & ((src == node) | (dst == node))
+        c = merge_intervals(cs[mine], ce[mine])
+        n = merge_intervals(fs[on], fe[on])
+        u = merge_intervals(np.concatenate([c[0], n[0]]), np.concatenate([c[1], n[1]]))
+        out[host] = {"compute": c, "communication": n, "union": u}
+    return out
 
 
 def hosts_of(flows: pd.DataFrame, compute: pd.DataFrame, n_nodes: int | None = None) -> list[str]:
@@ -244,7 +259,7 @@ def hosts_of(flows: pd.DataFrame, compute: pd.DataFrame, n_nodes: int | None = N
 
 
 def step_anatomy(steps: pd.DataFrame, flows: pd.DataFrame, compute: pd.DataFrame,
-                 hosts: list[str] | None = None) -> pd.DataFrame:
+                 hosts: list[str] | None = None, intervals: Intervals | None = None) -> pd.DataFrame:
     """One ``ANATOMY_COLUMNS`` row per (step, host) (module docstring: definitions).
 
     Args:
@@ -253,13 +268,15 @@ def step_anatomy(steps: pd.DataFrame, flows: pd.DataFrame, compute: pd.DataFrame
             are selected here).
         compute: ``COMPUTE_EVENT_COLUMNS`` rows.
         hosts: hosts to report (default: :func:`hosts_of`).
+        intervals: :func:`host_intervals` of these hosts, if already computed.
     """
     hosts = hosts if hosts is not None else hosts_of(flows, compute)
+    intervals = intervals if intervals is not None else host_intervals(flows, compute, hosts)
     a = steps["start_us"].to_numpy(np.float64)
     b = steps["end_us"].to_numpy(np.float64)
     frames = []
     for host in hosts:
-        iv = _host_intervals(flows, compute, host)
+        iv = intervals[host]
         # rounded to the trace's resolution (1 ns = 0.001 us) so that float noise does not show as
         # picoseconds of overlap
         comp = np.round(covered(*iv["compute"], a, b), 3)
@@ -285,12 +302,14 @@ def step_anatomy(steps: pd.DataFrame, flows: pd.DataFrame, compute: pd.DataFrame
     return out[list(ANATOMY_COLUMNS)]
 
 
-def step_spans(step: pd.Series, flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str]) -> pd.DataFrame:
+def step_spans(step: pd.Series, flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str],
+               intervals: Intervals | None = None) -> pd.DataFrame:
     """Merged compute and network intervals of one step per host, relative to the step start."""
+    intervals = intervals if intervals is not None else host_intervals(flows, compute, hosts)
     a, b = float(step["start_us"]), float(step["end_us"])
     rows = []
     for host in hosts:
-        iv = _host_intervals(flows, compute, host)
+        iv = intervals[host]
         for kind in ("compute", "communication"):
             s, e = iv[kind]
             s, e = np.clip(s, a, b), np.clip(e, a, b)

@@ -72,6 +72,7 @@ VIEWS: tuple[View, ...] = (
         FROM window_pairs w
         JOIN n USING (run_id)
         LEFT JOIN step_pairs p USING (run_id, src_node, dst_node)
+        ORDER BY run_id, src_node, dst_node
         """,
         "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_100ms.",
         {
@@ -98,6 +99,7 @@ VIEWS: tuple[View, ...] = (
                communicators,
                steady_bytes / sum(steady_bytes) OVER (PARTITION BY run_id) AS share_of_step
         FROM per JOIN n USING (run_id)
+        ORDER BY run_id, bytes_per_step DESC, collective
         """,
         "Network traffic by collective type per run: one row per (run_id, collective) present in the "
         "run's steady steps.",
@@ -126,6 +128,7 @@ VIEWS: tuple[View, ...] = (
                avg(compute_us / step_time_us) AS compute_share,
                avg(exposed_comm_us / step_time_us) AS exposed_comm_share
         FROM step_anatomy WHERE steady GROUP BY run_id
+        ORDER BY run_id
         """,
         "Step anatomy per run: the step_anatomy rows of the steady steps averaged over steps and hosts "
         "(step time: median).",
@@ -153,6 +156,7 @@ VIEWS: tuple[View, ...] = (
                END AS expected_period_s,
                w.median_period_s, w.median_periodicity, w.n_windows
         FROM runs r LEFT JOIN w USING (run_id)
+        ORDER BY run_id
         """,
         "The dominant_period_s feature against the step time, per run (15 s windows).",
         {
@@ -236,15 +240,22 @@ def build_database(
                 ddl = ", ".join(f"{_ident(c)} {_sql_type(d)}" for c, d in cols.items())
                 con.execute(f"CREATE TABLE {_ident(t.name)} ({ddl})")
                 if t.source is not None:
+                    files: dict[str, str] = {}
                     for run_id in sorted(partition_dir):
                         f = Path(partition_dir[run_id]) / t.source
                         if t.optional and not f.exists():
                             missing.setdefault(t.name, []).append(run_id)
                             continue
-                        sel = ", ".join(_ident(c) for c in t.columns)
-                        prefix = f"{_quote(run_id)} AS run_id, " if t.add_run_id else ""
+                        files[str(f)] = run_id
+                    if files:  # one statement per table: the file name gives the run_id
+                        sel = ", ".join(f"p.{_ident(c)}" for c in t.columns)
+                        prefix = "m.run_id, " if t.add_run_id else ""
+                        listing = ", ".join(_quote(f) for f in files)
+                        mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
                         con.execute(f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
-                                    f"FROM read_parquet({_quote(str(f))})")
+                                    f"FROM read_parquet([{listing}], filename = true) p "
+                                    f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
+                                    f"ORDER BY m.run_id")
                 _comment(con, "TABLE", t.name, t.description, t.column_docs)
             con.execute("CREATE TABLE run_status (run_id VARCHAR, status VARCHAR, reason VARCHAR)")
             con.executemany("INSERT INTO run_status VALUES (?, ?, ?)", [list(r) for r in run_status])
