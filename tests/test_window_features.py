@@ -259,3 +259,45 @@ def test_feature_registry_and_markdown() -> None:
     for f in FEATURES:
         assert f"`{f.name}`" in md and f.unit and f.formula and f.edge_cases
         assert f.nullable == ("NaN" in f.edge_cases), f.name
+
+
+def test_window_with_a_missing_bin() -> None:
+    # bin 1 (t = 0.1) is absent: statistics over the 3 bins present, no period features (not gap-free)
+    bins = bin_table("r", TINY)
+    bins = bins[bins.t != 0.1]
+    w = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin=5).iloc[0]
+    assert w.n_bins == 3 and w.total_bytes == 70  # x = [10, 50, 10]
+    assert w.bin_mean_bytes == pytest.approx(70 / 3) and w.bin_max_bytes == 50.0
+    assert w.bin_p95_bytes == pytest.approx(10 + 0.9 * 40)  # sorted [10, 10, 50], rank 1.9
+    assert w.idle_bin_fraction == pytest.approx(2 / 3) and w.n_active_pairs == 1
+    for name in ("spectral_peak_hz", "dominant_period_s", "periodicity"):
+        assert math.isnan(w[name]), name
+
+
+def test_windows_schema_enforces_the_registry() -> None:
+    import pandera.errors as pa_errors
+
+    from phantora_assets.schemas import windows_schema
+
+    rng = np.random.default_rng(5)
+    series = {(0, 1): rng.integers(0, 1000, 300).tolist(), (1, 0): rng.integers(0, 1000, 300).tolist()}
+    good = compute_window_features(bin_table("phantora_x_W1_2x1", series), window_s=30.0)
+    windows_schema().validate(good)
+    cases = {
+        "periodicity": (1.5, "less_than_or_equal_to"),                   # a share above 1
+        "top_pair_share": (-0.1, "greater_than_or_equal_to"),
+        "dominant_period_s": (20.0, "dominant_period_s outside"),         # longer than half a 15 s window
+        "total_bytes": (1, "bin_mean_bytes * n_bins != total_bytes"),
+        "bin_p95_bytes": (1e15, "bin_p95_bytes > bin_max_bytes"),
+    }
+    for col, (value, check) in cases.items():
+        bad = good.copy()
+        row = bad.index[bad.window_s == 15.0][0]
+        bad.loc[row, col] = value
+        with pytest.raises(pa_errors.SchemaErrors) as exc:
+            windows_schema().validate(bad, lazy=True)
+        assert exc.value.failure_cases["check"].astype(str).str.contains(check, regex=False).any(), (col, check)
+    bad = good.copy()
+    bad.loc[0, "periodicity"] = np.nan  # NaN together with dominant_period_s, or not at all
+    with pytest.raises(pa_errors.SchemaErrors):
+        windows_schema().validate(bad, lazy=True)

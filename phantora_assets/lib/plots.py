@@ -53,7 +53,8 @@ def _figure(name: str):
 
 def _save(fig, path: Path | None) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    # compress_level 1: a third of the encoding time of the default 6, files ~1.3x larger
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
     data = buf.getvalue()
     if path is not None:
         atomic_write_bytes(path, data)
