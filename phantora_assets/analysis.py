@@ -20,7 +20,7 @@ import pandas as pd
 
 from phantora_assets import schemas
 from phantora_assets.lib import anatomy, database, plots
-from phantora_assets.lib.checks_log import RUN_CHECKS, read_checks, run_passed
+from phantora_assets.lib.checks_log import RUN_CHECKS, read_checks, record_check, reset_checks, run_passed
 from phantora_assets.lib.tables import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
 from phantora_assets.paths import DataPaths
@@ -50,6 +50,8 @@ def published_runs() -> pd.DataFrame:
 def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Compute vs exposed communication per (step, host) and the spans of the chosen steady step."""
     pdir = paths.partition_dir(spec.run_id)
+    folder = paths.run_folder(spec)
+    reset_checks(folder, "step_anatomy", ("anatomy_adds_up",))
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet")
@@ -71,7 +73,9 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
             "idle_ms": round(float(steady["idle_us"].mean()) / 1000, 3),
             "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["step_time_us"]).mean()), 4),
         })
-    return StageResult(pdir / "step_anatomy.parquet", meta, [anatomy_outcome(table, len(hosts))])
+    outcome = anatomy_outcome(table, len(hosts))
+    record_check(folder, "step_anatomy", outcome.name, outcome.passed, outcome.message)
+    return StageResult(pdir / "step_anatomy.parquet", meta, [outcome])
 
 
 def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
