@@ -1,15 +1,19 @@
 """``phantora-assets``: build the dataset, import run folders, list runs (the Dagster graph in one process).
 
-    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...]
+    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build]
     phantora-assets runs   [--data-dir DIR]
+    phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
 
 ``build`` materializes every asset and check of every run (one in-process Dagster run per
-partition: a CLI call per partition would cost ~16 s each), then the dataset. Runs that do
-not fit in GPU memory are reported as such; any other failure makes the exit code 1.
+partition: a CLI call per partition would cost ~16 s each), then the dataset, the DuckDB
+database and the dataset plots. Runs that do not fit in GPU memory are reported as such; any
+other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
 in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
 is ``runs.toml`` merged with its imports (``lib/run_folder.py``).
+``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
+statement prints DuckDB's message and exits 2.
 """
 
 from __future__ import annotations
@@ -42,11 +46,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    return _build(data_dir, matrix, args.run, quiet=args.quiet)
+    return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots)
 
 
-def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False) -> int:
-    """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset."""
+def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True) -> int:
+    """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets.
+
+    ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``).
+    """
     import dagster as dg
 
     from phantora_assets import definitions as d
@@ -55,7 +62,10 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False) 
     paths = DataPaths(data_dir)
     all_assets, run_assets = d.assets_for(matrix)
     perf_db = next(a for a in all_assets if a.key == d.simulation.perf_db.key)
-    export = next(a for a in all_assets if a.key == d.export.phantora_v0.key)
+    skip = {a.key for a in d.PLOT_ASSETS} if not plots else set()
+    run_assets = [a for a in run_assets if a.key not in skip]
+    by_key = {a.key: a for a in all_assets}
+    dataset_assets = [by_key[a.key] for a in d.DATASET_ASSETS if a.key not in skip]
     resources = {"data": DataRoot(data_dir=str(data_dir)), "simulator": d.simulator_from_env(matrix)}
     instance = _instance()
     quiet_logs = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -91,17 +101,20 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False) 
         rows.append((spec.run_id, status))
         if not quiet:
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-    res = dg.materialize(all_assets, selection=[export], resources=resources, instance=instance,
-                         raise_on_error=False, run_config=quiet_logs)
-    if not res.success:
-        failures += 1
-        print("dataset: FAILED (see the phantora_v0 check)", file=sys.stderr)
+    for asset in dataset_assets:
+        res = dg.materialize(all_assets, selection=[asset], resources=resources, instance=instance,
+                             raise_on_error=False, run_config=quiet_logs)
+        if not res.success:
+            failures += 1
+            print(f"{asset.key.to_user_string()}: FAILED (see its checks)", file=sys.stderr)
+            break
     elapsed = time.perf_counter() - t0
     print(f"\nbuilt {len(specs)} runs in {elapsed:.1f} s: "
           f"{sum(r[1].startswith('ok') for r in rows)} ok, "
           f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
           f"{sum(r[1].startswith('FAILED') for r in rows)} failed")
     print(f"dataset:     {paths.dataset_dir.resolve()}")
+    print(f"database:    {paths.duckdb_path.resolve()}  (phantora-assets query \"SQL\")")
     print(f"run folders: {(paths.root / 'traces').resolve()}")
     return 1 if failures else 0
 
@@ -160,6 +173,81 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.10g}"
+    return str(v)
+
+
+def _jsonable(v):
+    import math
+    from datetime import date, datetime, time as dtime
+    from decimal import Decimal
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (datetime, date, dtime)):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def format_rows(columns: list[str], rows: list[tuple], fmt: str) -> str:
+    """Rows as an aligned text table, CSV (header + rows) or JSON (a list of objects)."""
+    import csv
+    import io
+    import json
+
+    if fmt == "json":
+        return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows([["" if v is None else _cell(v) for v in r] for r in rows])
+        return buf.getvalue()
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows != []
+               for i in range(len(columns))]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+
+    out = [line(columns), "  ".join("-" * w for w in widths)] + [line(r) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out) + "\n"
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    db = DataPaths(Path(args.data_dir)).duckdb_path
+    if not db.exists():
+        print(f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
+              file=sys.stderr)
+        return 2
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            cur = con.execute(args.sql)
+            columns = [d[0] for d in cur.description] if cur.description else []
+            rows = cur.fetchall() if columns else []
+    except duckdb.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_rows(columns, rows, args.format))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phantora-assets", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -168,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
     b.add_argument("--run", action="append", help="only this run_id (repeatable)")
     b.add_argument("--quiet", action="store_true", help="print only the summary")
+    b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
     b.set_defaults(func=cmd_build)
     i = sub.add_parser("import", help="register run folders of a Phantora dataset and build them")
     i.add_argument("folders", nargs="+", metavar="FOLDER",
@@ -179,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")
     r.add_argument("--data-dir", default=default_dir)
     r.set_defaults(func=cmd_runs)
+    q = sub.add_parser("query", help="run one SQL statement against the DuckDB database and print the result")
+    q.add_argument("sql", help='e.g. "select run_id, sum(bytes) from flows_100ms group by 1"')
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.add_argument("--data-dir", default=default_dir)
+    q.set_defaults(func=cmd_query)
     return p
 
 

@@ -6,7 +6,7 @@ import os
 
 import dagster as dg
 
-from phantora_assets.assets import export, features, flows, simulation, traces
+from phantora_assets.assets import analysis, export, features, flows, simulation, traces
 from phantora_assets.partitions import RUN_MATRIX, gpu_to_runs_for, run_partitions, run_partitions_for
 from phantora_assets.paths import DATA_DIR_ENV
 from phantora_assets.resources import DOCKER_MAX_CONCURRENT_ENV, AnalyticSimulatorResource, DataRoot, PhantoraDocker
@@ -20,9 +20,13 @@ DOCKER_TAG = {"phantora/simulator": "docker"}
 
 RUN_ASSETS = [
     simulation.raw_timeline, traces.chrome_trace, flows.validated_flows, flows.binned_flows,
-    features.window_features, features.run_summary,
+    features.window_features, features.run_summary, analysis.step_anatomy, analysis.run_plots,
 ]
-ALL_ASSETS = [simulation.perf_db, *RUN_ASSETS, export.phantora_v0]
+#: Per-run assets that only draw (``phantora-assets build --no-plots`` skips them).
+PLOT_ASSETS = [analysis.run_plots, analysis.dataset_plots]
+#: Unpartitioned assets materialized after every run, in order.
+DATASET_ASSETS = [export.phantora_v0, analysis.dataset_duckdb, analysis.dataset_plots]
+ALL_ASSETS = [simulation.perf_db, *RUN_ASSETS, *DATASET_ASSETS]
 
 
 def simulator_from_env(specs: list[RunSpec] | None = None):
@@ -82,8 +86,9 @@ docker_runs_job = dg.define_asset_job(
     "phantora/simulator=docker, which dagster.yaml limits (tag_concurrency_limits).",
 )
 dataset_job = dg.define_asset_job(
-    "dataset", selection=dg.AssetSelection.assets(export.phantora_v0),
-    description="Assemble data/phantora_v0 from every run that passed its checks.",
+    "dataset", selection=dg.AssetSelection.assets(*DATASET_ASSETS),
+    description="Assemble data/phantora_v0 from every run that passed its checks, rebuild "
+    "data/phantora.duckdb from the same runs, and draw the dataset plots.",
 )
 
 

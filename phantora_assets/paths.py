@@ -3,15 +3,17 @@
     <root>/traces/<gpu>/<workload>_<layout>/   run folder, laid out like the published dataset:
         timeline.json.gz  checks.txt  checks.json  run.log  config/...
         timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
+        plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
     <root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
         raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet
         flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
-        run_log.json  cross_check.json
+        run_log.json  cross_check.json  step_anatomy.parquet  step_spans.parquet
     <root>/imports.toml                        imported run folders (phantora-assets import)
     <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
     <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
     <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
-    <root>/phantora.duckdb                     cross-run database
+    <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
+    <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class DataPaths:
     def table(self, run_id: str, name: str) -> Path:
         return self.partition_dir(run_id) / f"{name}.parquet"
 
+    def plots_dir(self, spec: RunSpec) -> Path:
+        return self.run_folder(spec) / "plots"
+
     def chrome_trace(self, spec: RunSpec) -> Path:
         return self.run_folder(spec) / "timeline.json.gz"
 
@@ -63,6 +68,10 @@ class DataPaths:
     @property
     def dataset_dir(self) -> Path:
         return self.root / "phantora_v0"
+
+    @property
+    def dataset_plots_dir(self) -> Path:
+        return self.dataset_dir / "plots"
 
     @property
     def duckdb_path(self) -> Path:

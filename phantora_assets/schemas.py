@@ -82,8 +82,14 @@ FLOWS_100MS = DataFrameSchema(
 
 
 def windows_schema() -> DataFrameSchema:
-    """windows.csv: one row per (run_id, window_s, window_start_s); features from the registry."""
-    from phantora_assets.lib.window_features import FEATURES
+    """windows.csv: one row per (run_id, window_s, window_start_s); features from the registry.
+
+    Each feature's column gets its dtype, nullability and valid range from
+    :data:`phantora_assets.lib.window_features.FEATURES`; the frame-level checks tie the
+    features to each other (mean x bins = total, mean <= p95 <= max, a period within the
+    window's search range, NaN period iff NaN periodicity).
+    """
+    from phantora_assets.lib.window_features import FEATURES, MIN_CYCLES
 
     cols: dict[str, Column] = {
         "run_id": Column(str, _RUN_ID),
@@ -92,10 +98,37 @@ def windows_schema() -> DataFrameSchema:
         "n_bins": Column("int64", Check.ge(1), description="100 ms bins in the window"),
     }
     for f in FEATURES:
-        cols[f.name] = Column(float if f.dtype == "float64" else f.dtype, nullable=f.nullable,
+        checks = []
+        if f.ge is not None:
+            checks.append(Check.ge(f.ge))
+        if f.le is not None:
+            checks.append(Check.le(f.le))
+        cols[f.name] = Column(float if f.dtype == "float64" else f.dtype, checks, nullable=f.nullable,
                               description=f"{f.formula} [{f.unit}]")
-    return DataFrameSchema(cols, strict=True, ordered=True, unique=["run_id", "window_s", "window_start_s"],
-                           name="windows")
+
+    def _close(a, b):
+        return (a - b).abs() <= 1e-6 * b.abs().clip(lower=1.0)
+
+    frame_checks = [
+        Check(lambda df: _close(df["bin_mean_bytes"] * df["n_bins"], df["total_bytes"].astype(float)),
+              error="bin_mean_bytes * n_bins != total_bytes"),
+        Check(lambda df: df["bin_p95_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_p95_bytes > bin_max_bytes"),
+        Check(lambda df: df["bin_mean_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_mean_bytes > bin_max_bytes"),
+        Check(lambda df: df["bytes_per_active_pair"] * df["n_active_pairs"] <= df["total_bytes"] * (1 + 1e-12),
+              error="bytes of the active pairs exceed total_bytes"),
+        Check(lambda df: df["dominant_period_s"].isna() == df["periodicity"].isna(),
+              error="dominant_period_s and periodicity must be NaN together"),
+        # 2 bins <= period <= window / MIN_CYCLES (bin length = window_s / n_bins for a whole window)
+        Check(lambda df: df["dominant_period_s"].isna()
+              | ((df["dominant_period_s"] >= 2 * df["window_s"] / df["n_bins"] * (1 - 1e-9))
+                 & (df["dominant_period_s"] <= df["window_s"] / MIN_CYCLES * (1 + 1e-9))),
+              error="dominant_period_s outside [2 bins, window / 2]"),
+        Check(lambda df: df["spectral_peak_hz"].isna()
+              | (df["spectral_peak_hz"] <= df["n_bins"] / (2 * df["window_s"]) * (1 + 1e-9)),
+              error="spectral_peak_hz above the Nyquist frequency"),
+    ]
+    return DataFrameSchema(cols, checks=frame_checks, strict=True, ordered=True,
+                           unique=["run_id", "window_s", "window_start_s"], name="windows")
 
 
 __all__ = ["PERFDB_COMPUTE", "PERFDB_MEMCPY", "RUNS", "FLOWS_100MS", "windows_schema", "pa"]

@@ -26,10 +26,10 @@ def test_asset_and_check_keys_match_checked_in_list():
 def test_domain_code_imports_without_dagster():
     code = (
         "import sys\n"
-        "import phantora_assets.runs, phantora_assets.pipeline, phantora_assets.paths\n"
+        "import phantora_assets.runs, phantora_assets.pipeline, phantora_assets.paths, phantora_assets.analysis\n"
         "from phantora_assets.lib import analytic, binning, chrome_trace, steps, trace_checks, window_features, "
         "workloads, memory, perfdb, ring, netconfig, run_folder, run_log, docker_config, phantora_docker, "
-        "cross_check\n"
+        "cross_check, anatomy, database, plots\n"
         "assert 'dagster' not in sys.modules, sorted(m for m in sys.modules if m.startswith('dagster'))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -9,6 +9,9 @@ Modules:
     trace_checks    the four trace rules of DATASET.md section 3
     binning         the 180 s / 100 ms flows_100ms build (DATASET.md section 4)
     window_features detector features per 1 s and 15 s window
+    anatomy         step anatomy: compute vs exposed communication per step and host
+    database        the cross-run DuckDB database, rebuilt from per-run Parquet files
+    plots           PNG plots of a run and of the dataset (matplotlib Agg)
     workloads       collectives each workload issues per step (presets.toml rules)
     analytic        the embedded analytic simulator
     io              atomic file writes

@@ -54,12 +54,17 @@ def _write(folder: Path, data: dict[str, dict]) -> None:
     atomic_write_text(folder / "checks.txt", "\n".join(lines) + "\n")
 
 
-def reset_checks(folder: Path, asset: str) -> None:
-    """Mark every check of ``asset`` as not evaluated (called when the asset starts)."""
+def reset_checks(folder: Path, asset: str, names: tuple[str, ...] = ()) -> None:
+    """Mark every check of ``asset`` as not evaluated (called when the asset starts).
+
+    ``names``: checks of ``asset`` that are not in RUN_CHECKS (they do not gate the dataset).
+    """
     data = read_checks(folder)
     for name, owner in {**RUN_CHECKS, **ADVISORY_CHECKS}.items():
         if owner == asset:
             data[name] = {"status": NOT_EVALUATED, "asset": asset, "message": "asset started; not yet evaluated"}
+    for name in names:
+        data[name] = {"status": NOT_EVALUATED, "asset": asset, "message": "asset started; not yet evaluated"}
     _write(folder, data)
 
 

@@ -1,0 +1,294 @@
+"""The cross-run DuckDB database (``data/phantora.duckdb``), rebuilt from per-run Parquet files.
+
+Each run keeps its tables in its own partition folder (``partitions/<run_id>/*.parquet``),
+so runs materialized in parallel never contend on one file; :func:`build_database` reads
+the files of the runs that passed every check into a *new* database file beside the old
+one and renames it into place, so readers see the previous database or the new one, never
+a half-built one. The database holds copies (not views over the Parquet paths), so it can
+be moved or queried from any working directory.
+
+Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run, bin, directed pair),
+``windows`` (run, window), ``flows`` (network flow), ``steps`` (step), ``step_anatomy``
+(step, host), ``run_status`` (run of the matrix, included or not, with the reason).
+Views: :data:`VIEWS`. Every table, view and documented column carries a ``COMMENT``
+(``select * from duckdb_views()``, ``duckdb_columns()``).
+
+No Dagster import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: pandas dtype name -> DuckDB type.
+_SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "str": "VARCHAR", "bool": "BOOLEAN"}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A base table: its columns (name -> dtype), the per-run file it is read from, its docs."""
+
+    name: str
+    columns: Mapping[str, str]
+    source: str | None             # per-partition file name (None: built here)
+    description: str
+    column_docs: Mapping[str, str] = field(default_factory=dict)
+    add_run_id: bool = False       # the file has no run_id column: prepend it
+    optional: bool = False         # a run without the file adds no rows (else: error)
+
+
+@dataclass(frozen=True)
+class View:
+    """A documented view: its SQL, what one row is, and what each column means."""
+
+    name: str
+    sql: str
+    description: str
+    column_docs: Mapping[str, str]
+
+
+VIEWS: tuple[View, ...] = (
+    View(
+        "pair_bytes",
+        """
+        WITH n AS (SELECT run_id, count(*) AS n_steady FROM steps WHERE steady GROUP BY run_id),
+        step_pairs AS (
+            SELECT f.run_id, f.src_node, f.dst_node, sum(f.bytes) AS steady_bytes, count(*) AS steady_flows
+            FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
+            WHERE s.steady GROUP BY ALL),
+        window_pairs AS (
+            SELECT run_id, src_node, dst_node, sum(bytes) AS window_bytes FROM flows_100ms GROUP BY ALL)
+        SELECT w.run_id, w.src_node, w.dst_node,
+               coalesce(p.steady_bytes, 0) / n.n_steady AS bytes_per_step,
+               coalesce(p.steady_flows, 0) / n.n_steady AS flows_per_step,
+               coalesce(coalesce(p.steady_bytes, 0) / nullif(sum(coalesce(p.steady_bytes, 0))
+                   OVER (PARTITION BY w.run_id), 0), 0) AS share_of_step,
+               w.window_bytes
+        FROM window_pairs w
+        JOIN n USING (run_id)
+        LEFT JOIN step_pairs p USING (run_id, src_node, dst_node)
+        ORDER BY run_id, src_node, dst_node
+        """,
+        "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_100ms.",
+        {
+            "bytes_per_step": "network bytes of the pair in one steady step (mean over the steady steps), bytes",
+            "flows_per_step": "network flows of the pair per steady step",
+            "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
+            "window_bytes": "bytes of the pair over the 180 s window of flows_100ms, control traffic included",
+        },
+    ),
+    View(
+        "collective_bytes",
+        """
+        WITH n AS (SELECT run_id, count(*) AS n_steady FROM steps WHERE steady GROUP BY run_id),
+        per AS (
+            SELECT f.run_id,
+                   CASE WHEN f.op IN ('send', 'recv') THEN 'all_to_all' ELSE f.op END AS collective,
+                   sum(f.bytes) AS steady_bytes, count(*) AS steady_flows,
+                   count(DISTINCT f.comm_id) AS communicators
+            FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
+            WHERE s.steady GROUP BY ALL)
+        SELECT run_id, collective,
+               steady_bytes / n_steady AS bytes_per_step,
+               steady_flows / n_steady AS flows_per_step,
+               communicators,
+               steady_bytes / sum(steady_bytes) OVER (PARTITION BY run_id) AS share_of_step
+        FROM per JOIN n USING (run_id)
+        ORDER BY run_id, bytes_per_step DESC, collective
+        """,
+        "Network traffic by collective type per run: one row per (run_id, collective) present in the "
+        "run's steady steps.",
+        {
+            "collective": "all_reduce | all_gather | reduce_scatter | all_to_all | broadcast; all_to_all is "
+                          "the NcclSend/NcclRecv flows (the MoE all-to-all is issued as grouped send/recv; no "
+                          "workload here uses point-to-point otherwise)",
+            "bytes_per_step": "network bytes of that collective type in one steady step (mean), bytes",
+            "flows_per_step": "network flows (ring hops) of that type per steady step",
+            "communicators": "distinct communicators issuing it",
+            "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
+        },
+    ),
+    View(
+        "run_anatomy",
+        """
+        SELECT run_id,
+               count(DISTINCT step) AS n_steady_steps,
+               count(DISTINCT host) AS n_hosts,
+               median(step_time_us) / 1e3 AS step_time_ms,
+               avg(compute_us) / 1e3 AS compute_ms,
+               avg(comm_us) / 1e3 AS comm_ms,
+               avg(overlap_us) / 1e3 AS overlapped_comm_ms,
+               avg(exposed_comm_us) / 1e3 AS exposed_comm_ms,
+               avg(idle_us) / 1e3 AS idle_ms,
+               avg(compute_us / step_time_us) AS compute_share,
+               avg(exposed_comm_us / step_time_us) AS exposed_comm_share
+        FROM step_anatomy WHERE steady GROUP BY run_id
+        ORDER BY run_id
+        """,
+        "Step anatomy per run: the step_anatomy rows of the steady steps averaged over steps and hosts "
+        "(step time: median).",
+        {
+            "compute_ms": "mean per-host compute time per steady step, ms",
+            "comm_ms": "mean per-host network time per steady step, ms",
+            "overlapped_comm_ms": "mean network time hidden behind compute, ms",
+            "exposed_comm_ms": "mean network time not overlapped by compute, ms",
+            "idle_ms": "mean time with neither compute nor network, ms",
+            "compute_share": "mean compute_us / step_time_us",
+            "exposed_comm_share": "mean exposed_comm_us / step_time_us",
+        },
+    ),
+    View(
+        "step_period",
+        """
+        WITH w AS (
+            SELECT run_id, median(dominant_period_s) AS median_period_s,
+                   median(periodicity) AS median_periodicity, count(*) AS n_windows
+            FROM windows WHERE window_s = 15 GROUP BY run_id)
+        SELECT r.run_id, r.step_time_s, r.bin_s,
+               r.step_time_s < 2 * r.bin_s AS period_aliased,
+               CASE WHEN r.step_time_s >= 2 * r.bin_s THEN r.step_time_s
+                    ELSE 1 / nullif(abs(1 / r.step_time_s - round(r.bin_s / r.step_time_s) / r.bin_s), 0)
+               END AS expected_period_s,
+               w.median_period_s, w.median_periodicity, w.n_windows
+        FROM runs r LEFT JOIN w USING (run_id)
+        ORDER BY run_id
+        """,
+        "The dominant_period_s feature against the step time, per run (15 s windows).",
+        {
+            "period_aliased": "true when the step is shorter than two bins: dominant_period_s then reads the "
+                              "step's alias, not the step time",
+            "expected_period_s": "what dominant_period_s reads for this step: the step time, or its alias "
+                                 "1/|1/step - k/bin_s| (NULL: the step is a whole fraction of a bin)",
+            "median_period_s": "median of dominant_period_s over the run's 15 s windows",
+            "median_periodicity": "median of periodicity over the run's 15 s windows",
+        },
+    ),
+)
+
+
+RUN_STATUS_DOC = ("Every run of the run matrix: included in the dataset tables (all checks passed) or not, "
+                  "with the reason.")
+RUN_STATUS_COLUMNS = {
+    "status": "included | excluded (a check failed or was not evaluated) | not built",
+    "reason": "the checks that did not pass, with their status (empty when included)",
+}
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What :func:`build_database` wrote: the file, rows per table, included and excluded runs."""
+
+
+    path: Path
+    rows: dict[str, int]
+    included: list[str]
+    excluded: dict[str, str]
+    missing: dict[str, list[str]] = field(default_factory=dict)   # optional table -> runs without its file
+
+
+def _sql_type(dtype: str) -> str:
+    return _SQL_TYPES[dtype]
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _ident(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+def build_database(
+    out: Path,
+    tables: Sequence[Table],
+    partition_dir: Mapping[str, Path],
+    run_status: Sequence[tuple[str, str, str]],
+    views: Sequence[View] = VIEWS,
+) -> BuildResult:
+    """Write a DuckDB database at ``out`` atomically (temporary file, then rename).
+
+    Args:
+        out: the database file.
+        tables: the base tables; each with a ``source`` is filled from
+            ``partition_dir[run_id] / source`` for every included run.
+        partition_dir: included run_id -> its partition folder.
+        run_status: ``(run_id, status, reason)`` for every run of the matrix (the
+            ``run_status`` table).
+        views: the views to create over the tables.
+
+    Raises:
+        duckdb.Error, OSError: the old database (if any) is left untouched.
+    """
+    import duckdb
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    rows: dict[str, int] = {}
+    missing: dict[str, list[str]] = {}
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute("SET threads TO 2")
+            for t in tables:
+                cols = {"run_id": "str", **t.columns} if t.add_run_id else dict(t.columns)
+                ddl = ", ".join(f"{_ident(c)} {_sql_type(d)}" for c, d in cols.items())
+                con.execute(f"CREATE TABLE {_ident(t.name)} ({ddl})")
+                if t.source is not None:
+                    files: dict[str, str] = {}
+                    for run_id in sorted(partition_dir):
+                        f = Path(partition_dir[run_id]) / t.source
+                        if t.optional and not f.exists():
+                            missing.setdefault(t.name, []).append(run_id)
+                            continue
+                        files[str(f)] = run_id
+                    if files:  # one statement per table: the file name gives the run_id
+                        sel = ", ".join(f"p.{_ident(c)}" for c in t.columns)
+                        prefix = "m.run_id, " if t.add_run_id else ""
+                        listing = ", ".join(_quote(f) for f in files)
+                        mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
+                        con.execute(f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
+                                    f"FROM read_parquet([{listing}], filename = true) p "
+                                    f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
+                                    f"ORDER BY m.run_id")
+                _comment(con, "TABLE", t.name, t.description, t.column_docs)
+            con.execute("CREATE TABLE run_status (run_id VARCHAR, status VARCHAR, reason VARCHAR)")
+            con.executemany("INSERT INTO run_status VALUES (?, ?, ?)", [list(r) for r in run_status])
+            _comment(con, "TABLE", "run_status", RUN_STATUS_DOC, RUN_STATUS_COLUMNS)
+            for v in views:
+                con.execute(f"CREATE VIEW {_ident(v.name)} AS {v.sql}")
+                _comment(con, "VIEW", v.name, v.description, v.column_docs)
+            for name in [t.name for t in tables] + ["run_status"]:
+                rows[name] = int(con.execute(f"SELECT count(*) FROM {_ident(name)}").fetchone()[0])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, out)
+    finally:
+        for p in (tmp, tmp.with_name(tmp.name + ".wal")):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    included = sorted(partition_dir)
+    excluded = {r: why for r, status, why in run_status if status != "included"}
+    return BuildResult(out, rows, included, excluded, missing)
+
+
+def _comment(con, kind: str, name: str, text: str, columns: Mapping[str, str]) -> None:
+    con.execute(f"COMMENT ON {kind} {_ident(name)} IS {_quote(text)}")
+    for col, doc in columns.items():
+        con.execute(f"COMMENT ON COLUMN {_ident(name)}.{_ident(col)} IS {_quote(doc)}")
+
+
+def views_markdown(views: Sequence[View] = VIEWS) -> str:
+    """The views as Markdown: name, what a row is, and the documented columns."""
+    out = []
+    for v in views:
+        out.append(f"- **`{v.name}`**: {v.description}")
+        for c, d in v.column_docs.items():
+            out.append(f"  - `{c}`: {d}")
+    return "\n".join(out) + "\n"
