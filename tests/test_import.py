@@ -200,7 +200,7 @@ def test_materialization_reports_checks_with_severity_and_run_log_metadata(impor
                          resources={"data": DataRoot(data_dir=str(imported)), "simulator": AnalyticSimulatorResource()})
     assert res.success  # the cross-check is advisory
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
-    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model"}
+    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
     cc = evals["matches_workload_model"]
     assert not cc.passed and cc.severity == dg.AssetCheckSeverity.WARN
     assert cc.metadata["trace_bytes_all_to_all"].value == 0
