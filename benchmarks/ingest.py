@@ -19,9 +19,10 @@ What it does:
    that subprocess, plus that of its helper process for ``ours``):
 
    * ``ours``     -- ``read_trace(path)`` end to end from the ``.json.gz`` file: inflating,
-     decoding, the flows DataFrame and the per-host compute summary (default settings: one
-     helper process per core beyond the first; its peak RSS is added to the main process's);
-   * ``ours_1proc`` -- the same with ``workers=0`` (no helper process; information only);
+     decoding, the flows DataFrame and the per-host compute summary (default settings: helper
+     processes only for idle cores, ``chrome_trace.default_workers``; their peak RSS is added);
+   * ``ours_1proc`` / ``ours_1helper`` -- the same with ``workers=0`` / ``workers=1``
+     (information only: no target);
    * ``msgspec``  -- the typed whole-document reference: the text is inflated first (not timed),
      then one ``msgspec.json.decode`` of the whole document into Structs with ``args`` kept as
      ``msgspec.Raw``, garbage collector disabled;
@@ -189,25 +190,26 @@ def _inflate(path: Path) -> bytes:
     return zlib.decompress(data, wbits=47) if data[:2] == b"\x1f\x8b" else data
 
 
-def worker_ours(path: Path) -> dict:
+def _ours(path: Path, workers: int | None) -> dict:
     from phantora_assets.lib import chrome_trace
 
+    helpers = chrome_trace.default_workers(path) if workers is None else workers
     t0 = time.perf_counter()
-    pt = chrome_trace.read_trace(path)
+    pt = chrome_trace.read_trace(path, workers=helpers)
     seconds = time.perf_counter() - t0
-    cpus = os.cpu_count() or 1
-    helpers = (min(cpus - 1, chrome_trace.MAX_WORKERS)
-               if cpus >= 2 and chrome_trace._estimated_size(path) >= chrome_trace.PARALLEL_MIN_BYTES else 0)
     return {"rows": len(pt.flows), "events": pt.n_events, "seconds": seconds, "helpers": helpers}
 
 
-def worker_ours_1proc(path: Path) -> dict:
-    from phantora_assets.lib import chrome_trace
+def worker_ours(path: Path) -> dict:
+    return _ours(path, None)
 
-    t0 = time.perf_counter()
-    pt = chrome_trace.read_trace(path, workers=0)
-    seconds = time.perf_counter() - t0
-    return {"rows": len(pt.flows), "events": pt.n_events, "seconds": seconds}
+
+def worker_ours_1proc(path: Path) -> dict:
+    return _ours(path, 0)
+
+
+def worker_ours_1helper(path: Path) -> dict:
+    return _ours(path, 1)
 
 
 def _msgspec_type():
@@ -270,7 +272,8 @@ def worker_stdlib(path: Path) -> dict:
     return {"rows": len(df), "events": len(events), "seconds": seconds}
 
 
-WORKERS = {"ours": worker_ours, "ours_1proc": worker_ours_1proc, "msgspec": worker_msgspec,
+WORKERS = {"ours": worker_ours, "ours_1proc": worker_ours_1proc, "ours_1helper": worker_ours_1helper,
+           "msgspec": worker_msgspec,
            "orjson": worker_orjson, "stdlib": worker_stdlib}
 
 
@@ -341,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orjson and stdlib read {ref_path.name} ({ref_n / 1e6:.0f} MB)", flush=True)
 
     results: dict[str, dict] = {}
-    plan = [("ours", main_path, main_n), ("ours_1proc", main_path, main_n), ("msgspec", main_path, main_n),
+    plan = [("ours", main_path, main_n), ("ours_1proc", main_path, main_n), ("ours_1helper", main_path, main_n),
+            ("msgspec", main_path, main_n),
             ("orjson", ref_path, ref_n), ("stdlib", ref_path, ref_n)]
     for mode, path, n in plan:
         if mode in args.skip:
@@ -358,20 +362,21 @@ def main(argv: list[str] | None = None) -> int:
         r["mb"] = n / 1e6
         r["mb_s"] = r["mb"] / r["seconds"]
         results[mode] = r
-        print(f"  {mode:8s} {r['mb']:7.0f} MB {r['seconds']:8.2f} s {r['mb_s']:8.1f} MB/s "
-              f"rss {r['peak_rss_mb']:7.0f} MB rows {r['rows']}  ({load()})", flush=True)
+        print(f"  {mode:12s} {r['mb']:7.0f} MB {r['seconds']:8.2f} s {r['mb_s']:8.1f} MB/s "
+              f"rss {r['peak_rss_mb']:7.0f} MB rows {r['rows']}"
+              + (f" helpers {r['helpers']}" if "helpers" in r else "") + f"  ({load()})", flush=True)
 
     ours = results.get("ours")
     if ours is None:
         print("FAIL: our reader did not run")
         return 1
     print()
-    print(f"{'reader':10s} {'MB':>7s} {'s':>8s} {'MB/s':>9s} {'peak RSS MB':>12s} {'ours/this':>10s} {'target':>8s}")
+    print(f"{'reader':12s} {'MB':>7s} {'s':>8s} {'MB/s':>9s} {'peak RSS MB':>12s} {'ours/this':>10s} {'target':>8s}")
     failures = []
     for mode, r in results.items():
         ratio = ours["mb_s"] / r["mb_s"]
         need = THRESHOLDS.get(mode)
-        print(f"{mode:10s} {r['mb']:7.0f} {r['seconds']:8.2f} {r['mb_s']:9.1f} {r['peak_rss_mb']:12.0f} "
+        print(f"{mode:12s} {r['mb']:7.0f} {r['seconds']:8.2f} {r['mb_s']:9.1f} {r['peak_rss_mb']:12.0f} "
               f"{ratio:10.2f} {('>= %gx' % need) if need else '':>8s}")
         if need is not None and ratio < need:
             failures.append(f"ours is {ratio:.2f}x {mode}, needs >= {need}x")

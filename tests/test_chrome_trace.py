@@ -371,7 +371,7 @@ def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int, worker
     assert got.n_events == ref.n_events == 3000
 
 
-def test_default_uses_the_helper_for_large_traces(tmp_path: Path, monkeypatch) -> None:
+def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -> None:
     import phantora_assets.lib.chrome_trace as ct
 
     p = _big_trace(tmp_path)
@@ -386,9 +386,16 @@ def test_default_uses_the_helper_for_large_traces(tmp_path: Path, monkeypatch) -
 
     monkeypatch.setattr(ct, "_Helper", Spy)
     monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ct.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ct.os, "getloadavg", lambda: (1.7, 1.0, 1.0))   # busy: no helper
+    assert ct.default_workers(p) == 0
+    monkeypatch.setattr(ct.os, "getloadavg", lambda: (0.2, 1.0, 1.0))   # a core idles
+    assert ct.default_workers(p) == 1
     got = read_trace(p, chunk_bytes=4096)
-    assert calls, "the helper process was not used"
+    assert calls and calls[0][2] == 1, "the helper process was not used"
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
+    monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 1 << 40)              # small trace: none
+    assert ct.default_workers(p) == 0
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
