@@ -277,14 +277,15 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
 
 
 def default_workers(path: str | Path) -> int:
-    """Helper processes ``read_trace`` starts by default: one per idle core beyond the first
-    (cores minus the 1-minute load average, at most ``MAX_WORKERS``) for a trace of at least
-    ``PARALLEL_MIN_BYTES`` (estimated), else 0.
+    """Helper processes ``read_trace`` starts by default for a trace of at least
+    ``PARALLEL_MIN_BYTES`` (estimated): one per core (at most ``MAX_WORKERS``) when at least one
+    core is idle (cores minus the 1-minute load average >= 1), else none.
 
-    Helpers cost about a quarter more CPU in all (copies, a second decoder's tables, cache
-    traffic), so they only pay off where a core would otherwise sit idle: measured on a shared
-    2-core machine with a load average of ~2, one helper made a 500 MB trace slower (61 MB/s
-    against 100 MB/s in one process).
+    Measured on this project's 2-core machine with a 500 MB trace: idle, 2 helpers ~130 MB/s,
+    1 helper ~110 MB/s, none ~76-100 MB/s (the main process also inflates, copies batches out
+    and assembles the tables, so it gains from handing more batches out); with a load average
+    of ~2 from other work, 1 helper 61 MB/s against 100 MB/s in one process (helpers cost about
+    a quarter more CPU in all, which only pays off on idle cores).
     """
     cpus = os.cpu_count() or 1
     if cpus < 2 or _estimated_size(Path(path)) < PARALLEL_MIN_BYTES:
@@ -293,7 +294,7 @@ def default_workers(path: str | Path) -> int:
         idle = cpus - os.getloadavg()[0]
     except OSError:  # pragma: no cover - no load average on this platform
         idle = 0.0
-    return max(0, min(cpus - 1, MAX_WORKERS, int(idle)))
+    return min(cpus, MAX_WORKERS) if idle >= 1.0 else 0
 
 
 def _estimated_size(path: Path) -> int:
