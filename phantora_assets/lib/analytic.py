@@ -123,7 +123,7 @@ class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
     def __init__(self, spec: RunSpec, iterations: int | None = None, perfdb_dir: str | Path | None = "default",
-                 emit: bool = True) -> None:
+                 emit: bool = True, replicate: bool = True) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
         self.iterations = int(iterations or presets()["common"]["iterations"])
@@ -135,6 +135,7 @@ class AnalyticSimulator:
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
         self.topology = Topology.from_cluster(spec.cluster, spec.n_nodes)
         self.emit = emit
+        self.replicate = replicate
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --------------------------------------------------------------- pieces
@@ -170,12 +171,12 @@ class AnalyticSimulator:
             return SimulationResult(spec, memory, _empty_raw())
         world = self.world
         comm_list = [c for cs in model.comms.values() for c in cs]
-        comms_of_rank: list[list[str]] = [[] for _ in range(world)]
-        for c in comm_list:
-            for r in c.ranks:
-                comms_of_rank[r].append(c.name)
         steady = model.step_program(warmup=False)
         warm = model.init_program() + model.step_program(warmup=True)
+        iters = self.iterations
+        factors = [(WARMUP_COMPUTE_FACTOR if it == 0 else 1.0) * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
+                   for it in range(iters)]
+        n_sim = min(iters, 2) if self.replicate else iters
 
         # ---- per-item base durations
         base: dict[int, float] = {}
@@ -186,7 +187,7 @@ class AnalyticSimulator:
                     base[id(item)], db_ns[id(item)] = self.timer.time_kernels(item.kernels)
 
         # ---- build the DAG
-        kind: list[int] = []        # 0 compute, 1 collective
+        kind: list[int] = []        # 0 compute, 1 collective, 2 barrier
         dur: list[float] = []       # compute duration (ns)
         who: list[int] = []         # compute: rank; collective: communicator index
         what: list[object] = []     # the item
@@ -212,11 +213,9 @@ class AnalyticSimulator:
 
         frontier: list[list[int]] = [[] for _ in range(world)]
         stream_last: dict[str, int] = {}
-        factors: list[float] = []
-        for it in range(self.iterations):
+        for it in range(n_sim):
             program = warm if it == 0 else steady
-            factor = (WARMUP_COMPUTE_FACTOR if it == 0 else 1.0) * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
-            factors.append(factor)
+            factor = factors[it]
             tags: dict[str, dict[int, int]] = {}
             for item in program:
                 if isinstance(item, Compute):
@@ -244,30 +243,58 @@ class AnalyticSimulator:
                         per_rank[r] = node
                         if blocking:
                             frontier[r].append(node)
-            # end of iteration: every stream of the rank drains (host synchronisation)
-            for r in range(world):
-                frontier[r] = list(dict.fromkeys(frontier[r] + [stream_last[n] for n in comms_of_rank[r]
-                                                                 if n in stream_last]))
+            # end of iteration: every stream drains (torch.cuda.synchronize / loss.cpu() on every
+            # rank, and the next step's first collective lines the ranks up): a global barrier
+            last_nodes = {x for f in frontier for x in f} | set(stream_last.values())
+            bar = new(2, 0.0, -1, None, it, last_nodes)
+            frontier = [[bar] for _ in range(world)]
+            stream_last = {name: bar for name in stream_last}
 
-        # ---- event loop
+        start, end, flow_first, flow_end = self._event_loop(kind, dur, who, what, dependents, deps_left, comm_list)
+
+        # ---- iterations: simulated ones, then the steady one replicated with its jitter
+        it_arr = np.array(iter_of)
+        k_arr = np.array(kind)
+        bars = np.nonzero(k_arr == 2)[0]
+        sim_end = end[bars]
+        sim_start = np.concatenate([[0.0], sim_end[:-1]])
+        durations = list(sim_end - sim_start)
+        for it in range(n_sim, iters):
+            durations.append(durations[1] * factors[it] / factors[1])
+        iteration_ns = [int(round(d)) for d in durations]
+        who_arr = np.array(who)
+        r0 = (k_arr == 0) & (who_arr == 0)
+        busy = [float((end - start)[r0 & (it_arr == i)].sum()) for i in range(n_sim)]
+        busy += [busy[1] * factors[it] / factors[1] for it in range(n_sim, iters)]
+        exposed = [max(0.0, durations[i] - busy[i]) for i in range(1, iters)] or [0.0]
+        steady_items = [i for i in steady if isinstance(i, Compute)]
+        comp_step = sum(base[id(i)] for i in steady_items)
+        from_db = sum(db_ns[id(i)] for i in steady_items)
+        n_k = sum(len(i.kernels) for i in steady_items)
+        n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
+        raw = _empty_raw()
+        if self.emit:
+            raw = self._emit(kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list,
+                             list(sim_start), durations, factors, n_sim)
+        return SimulationResult(
+            spec, memory, raw, iteration_ns, int(round(busy[1] if iters > 1 else busy[0])),
+            (from_db / comp_step) if comp_step else 0.0, int(round(float(np.median(exposed)))), n_k, n_db)
+
+    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):
+        """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
+        the network simulator and end with their last flow, barriers take no time."""
         n_nodes = len(kind)
         start = np.zeros(n_nodes)
         end = np.zeros(n_nodes)
         ready = [0.0] * n_nodes
         net = FlowNetwork(self.topology)
-        heap: list[tuple[float, int, int]] = []  # (time, node, event) event 0 = compute end, 1 = collective start
+        heap: list[tuple[float, int, int]] = []  # (time, node, event) 0 = compute end, 1 = collective start
         pending: dict[int, int] = {}
         flow_node = np.zeros(1024, dtype=np.int64)  # flow id -> node
         flow_first: dict[int, int] = {}
         G = self.G
-
-        def schedule(n: int) -> None:
-            t = ready[n]
-            if kind[n] == 0:
-                start[n] = t
-                heapq.heappush(heap, (t + dur[n], n, 0))
-            else:
-                heapq.heappush(heap, (t, n, 1))
+        world = self.world
+        n_comms = len(comm_list)
 
         def finish(n: int, t: float) -> None:
             end[n] = t
@@ -278,14 +305,26 @@ class AnalyticSimulator:
                 if deps_left[x] == 0:
                     schedule(x)
 
+        def schedule(n: int) -> None:
+            t = ready[n]
+            start[n] = t
+            k = kind[n]
+            if k == 0:
+                heapq.heappush(heap, (t + dur[n], n, 0))
+            elif k == 1:
+                heapq.heappush(heap, (t, n, 1))
+            else:
+                heapq.heappush(heap, (t, n, 0))
+
         for n in range(n_nodes):
             if deps_left[n] == 0:
                 schedule(n)
         n_flows_total = 0
+        inf = float("inf")
         while heap or pending:
-            t_heap = heap[0][0] if heap else float("inf")
+            t_heap = heap[0][0] if heap else inf
             t_net = net.next_time()
-            if t_net <= t_heap and t_net != float("inf"):
+            if t_net <= t_heap and t_net != inf:
                 done = net.advance(t_net)
                 if len(done):
                     uniq, cnt = np.unique(flow_node[done], return_counts=True)
@@ -299,143 +338,129 @@ class AnalyticSimulator:
                 break
             t, n, ev = heapq.heappop(heap)
             if t > net.now:
-                done = net.advance(t)
-                assert not len(done) or t_net >= t
+                net.advance(t)
             if ev == 0:
                 finish(n, t)
                 continue
-            start[n] = t
             item = what[n]
             comm = comm_list[who[n]]
             src, dst, nbytes = self._flows_arrays(item, comm)
             tiny = item.count * DTYPE_BYTES[item.dtype] <= TINY_COLLECTIVE_BYTES
             flow_first[n] = n_flows_total
             n_flows_total += len(src)
-            conn = (src * world + dst) * len(comm_list) + who[n]  # one NCCL connection per (src, dst, comm)
-            if tiny or not len(src):
-                ids = net.add(src // G, dst // G, np.zeros(len(src)), conn)
-            else:
-                ids = net.add(src // G, dst // G, nbytes, conn)
-            if len(ids):
-                if ids[-1] >= len(flow_node):
-                    flow_node = np.concatenate([flow_node, np.zeros(max(len(flow_node), len(ids)), dtype=np.int64)])
-                flow_node[ids] = n
-                pending[n] = len(ids)
-                # 0-byte flows complete at the next advance (same time)
-                if tiny or not (nbytes > 0).any():
-                    net.advance(net.now)
-                    pending[n] -= len(ids)
-                    del pending[n]
-                    finish(n, t)
-            else:
+            if not len(src):
                 finish(n, t)
-        flow_end = net.end_times()
-
-        # ---- results
-        iters = self.iterations
-        it_arr = np.array(iter_of)
-        it_end = np.array([end[it_arr == i].max() for i in range(iters)])
-        it_start = np.concatenate([[0.0], it_end[:-1]])
-        iteration_ns = [int(round(e - s)) for s, e in zip(it_start, it_end)]
-        k_arr = np.array(kind)
-        who_arr = np.array(who)
-        r0 = (k_arr == 0) & (who_arr == 0)
-        busy = np.array([(end - start)[r0 & (it_arr == i)].sum() for i in range(iters)])
-        exposed = [it_end[i] - it_start[i] - busy[i] for i in range(1, iters)] or [0.0]
-        steady_items = [i for i in steady if isinstance(i, Compute)]
-        comp_step = sum(base[id(i)] for i in steady_items)
-        from_db = sum(db_ns[id(i)] for i in steady_items)
-        n_k = sum(len(i.kernels) for i in steady_items)
-        n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
-        raw = self._emit(kind, who, what, start, end, flow_first, flow_end, comm_list) if self.emit else _empty_raw()
-        return SimulationResult(
-            spec, memory, raw, iteration_ns, int(round(busy[1] if iters > 1 else busy[0])),
-            (from_db / comp_step) if comp_step else 0.0, int(round(float(np.median(exposed)))), n_k, n_db)
+                continue
+            if tiny:  # 0 us in Phantora traces: record the flows, no network time
+                ids = net.add(src // G, dst // G, np.zeros(len(src)))
+                net.advance(net.now)
+                finish(n, t)
+                continue
+            conn = (src * world + dst) * n_comms + who[n]  # one NCCL connection per (src, dst, comm)
+            ids = net.add(src // G, dst // G, nbytes, conn)
+            if ids[-1] >= len(flow_node):
+                flow_node = np.concatenate([flow_node, np.zeros(max(len(flow_node), len(ids)), dtype=np.int64)])
+            flow_node[ids] = n
+            pending[n] = len(ids)
+        return start, end, flow_first, net.end_times()
 
     # --------------------------------------------------------------- emission
-    def _emit(self, kind, who, what, start, end, flow_first, flow_end, comm_list) -> pd.DataFrame:
+    def _emit(self, kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list,
+              sim_start, durations, factors, n_sim) -> pd.DataFrame:
+        """Raw timeline rows of the simulated iterations, then of the replicated steady ones
+        (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1)."""
         spec = self.spec
         G = self.G
         pids = [4000 + 17 * r for r in range(self.world)]
         comm_hex = {c.name: comm_id_bytes(spec.run_id, c.name).hex() for c in comm_list}
         comm_stream = {c.name: 13 + i for i, c in enumerate(comm_list)}
-        cols: dict[str, list] = {c: [] for c in RAW_TIMELINE_COLUMNS}
         info_cache: dict[int, str] = {}
-        s_ns = np.rint(start).astype(np.int64)
-        e_ns = np.rint(end).astype(np.int64)
-        f_end = np.rint(flow_end).astype(np.int64)
-        rows_c: list[tuple] = []
-        rows_f: list[tuple] = []
-        for n in np.argsort(s_ns, kind="stable").tolist():
-            item = what[n]
-            if kind[n] == 0:
-                r = who[n]
-                info = info_cache.get(id(item))
-                if info is None:
-                    info = info_cache[id(item)] = _torch_info(item)
-                rows_c.append((n, item.name, int(s_ns[n]), int(e_ns[n]), r, info))
+        hosts = [f"host-{h + 1}" for h in range(spec.n_nodes)]
+        # one block of rows per simulated iteration: str/int columns + float times
+        blocks = []
+        order = np.lexsort((np.arange(len(kind)), start))
+        iter_arr = np.array(iter_of)
+        for it in range(n_sim):
+            nodes = [int(n) for n in order if iter_arr[n] == it and kind[n] != 2]
+            c_rows: dict[str, list] = {c: [] for c in ("kind", "name", "src_host", "dst_host", "bytes", "call", "count",
+                                                       "dtype", "reduce_op", "root", "comm_id_hex", "comm_rank",
+                                                       "stream_device", "stream_id", "os_pid", "info")}
+            t0: list[float] = []
+            t1: list[float] = []
+            for n in nodes:
+                item = what[n]
+                if kind[n] == 0:
+                    r = who[n]
+                    info = info_cache.get(id(item))
+                    if info is None:
+                        info = info_cache[id(item)] = _torch_info(item)
+                    vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
+                            COMPUTE_STREAM_ID, pids[r], info)
+                    for c, v in zip(c_rows, vals):
+                        c_rows[c].append(v)
+                    t0.append(start[n])
+                    t1.append(end[n])
+                    continue
+                comm = comm_list[who[n]]
+                src, dst, nbytes = self._flows_arrays(item, comm)
+                first = flow_first[n]
+                if isinstance(item, AllToAll):
+                    call, op_name, root = "NcclSend", "", -1
+                else:
+                    call = OP_TO_CALL[item.op]
+                    op_name = "Sum" if item.op in ("all_reduce", "reduce_scatter") else ""
+                    root = item.root if item.op == "broadcast" else -1
+                rank_of = {g: i for i, g in enumerate(comm.ranks)}
+                hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
+                for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
+                    vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count, item.dtype,
+                            op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
+                    for c, v in zip(c_rows, vals):
+                        c_rows[c].append(v)
+                    t0.append(start[n])
+                    t1.append(max(start[n], flow_end[first + j]))
+            blocks.append((c_rows, np.array(t0), np.array(t1)))
+        # replicate iteration 1
+        starts = [0.0]
+        for d in durations[:-1]:
+            starts.append(starts[-1] + d)
+        parts = []
+        for it in range(len(durations)):
+            src_it = it if it < n_sim else 1
+            c_rows, t0, t1 = blocks[src_it]
+            if it < n_sim:
+                s_ns, e_ns = t0, t1
             else:
-                rows_f.append((n, item, comm_list[who[n]], int(s_ns[n])))
-        next_id = 0
-        for n, name, s, e, r, info in rows_c:
-            host = f"host-{r // G + 1}"
-            meta = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-                    '"stream":{"device":%d,"id":%d},"info":%s}}') % (e - s, host, pids[r], pids[r], r % G,
-                                                                    COMPUTE_STREAM_ID, info)
-            cols["event_id"].append(next_id)
-            cols["kind"].append("computation")
-            cols["name"].append(name)
-            cols["start_ns"].append(s)
-            cols["end_ns"].append(e)
-            cols["src_host"].append(host)
-            cols["dst_host"].append("")
-            cols["bytes"].append(0)
-            cols["call"].append("")
-            cols["count"].append(0)
-            cols["dtype"].append("")
-            cols["reduce_op"].append("")
-            cols["root"].append(-1)
-            cols["comm_id_hex"].append("")
-            cols["comm_rank"].append(-1)
-            cols["stream_device"].append(r % G)
-            cols["stream_id"].append(COMPUTE_STREAM_ID)
-            cols["os_pid"].append(pids[r])
-            cols["meta_json"].append(meta)
-            next_id += 1
-        for n, item, comm, s in rows_f:
-            src, dst, nbytes = self._flows_arrays(item, comm)
-            first = flow_first[n]
-            if isinstance(item, AllToAll):
-                call, op_name, root = "NcclSend", "", -1
-            else:
-                call = OP_TO_CALL[item.op]
-                op_name = "Sum" if item.op in ("all_reduce", "reduce_scatter") else ""
-                root = item.root if item.op == "broadcast" else -1
-            rank_of = {g: i for i, g in enumerate(comm.ranks)}
-            hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
-            for j in range(len(src)):
-                a, b = int(src[j]), int(dst[j])
-                cols["event_id"].append(next_id)
-                cols["kind"].append("communication")
-                cols["name"].append(call)
-                cols["start_ns"].append(s)
-                cols["end_ns"].append(max(s, int(f_end[first + j])))
-                cols["src_host"].append(f"host-{a // G + 1}")
-                cols["dst_host"].append(f"host-{b // G + 1}")
-                cols["bytes"].append(int(nbytes[j]))
-                cols["call"].append(call)
-                cols["count"].append(item.count)
-                cols["dtype"].append(item.dtype)
-                cols["reduce_op"].append(op_name)
-                cols["root"].append(root)
-                cols["comm_id_hex"].append(hexid)
-                cols["comm_rank"].append(rank_of[a])
-                cols["stream_device"].append(a % G)
-                cols["stream_id"].append(sid)
-                cols["os_pid"].append(pids[a])
-                cols["meta_json"].append("")
-                next_id += 1
-        df = pd.DataFrame(cols)
+                scale = factors[it] / factors[1]
+                s_ns = starts[it] + (t0 - sim_start[1]) * scale
+                e_ns = starts[it] + (t1 - sim_start[1]) * scale
+            s_i = np.rint(s_ns).astype(np.int64)
+            e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
+            parts.append((c_rows, s_i, e_i))
+        cols: dict[str, list] = {c: [] for c in RAW_TIMELINE_COLUMNS}
+        for c_rows, s_i, e_i in parts:
+            for c in RAW_TIMELINE_COLUMNS:
+                if c in ("event_id", "start_ns", "end_ns", "meta_json"):
+                    continue
+                cols[c].extend(c_rows[c])
+            cols["start_ns"].extend(s_i.tolist())
+            cols["end_ns"].extend(e_i.tolist())
+            d = (e_i - s_i).tolist()
+            meta = cols["meta_json"]
+            for k, info, host, pid, dev in zip(c_rows["kind"], c_rows["info"], c_rows["src_host"], c_rows["os_pid"],
+                                               c_rows["stream_device"]):
+                meta.append("" if info is None else info)
+            # fill the duration into the computation metas of this block
+            base_i = len(meta) - len(d)
+            for j, (k, info) in enumerate(zip(c_rows["kind"], c_rows["info"])):
+                if info is not None:
+                    meta[base_i + j] = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+                                        '"stream":{"device":%d,"id":%d},"info":%s}}') % (
+                        d[j], c_rows["src_host"][j], c_rows["os_pid"][j], c_rows["os_pid"][j],
+                        c_rows["stream_device"][j], COMPUTE_STREAM_ID, info)
+        n_rows = len(cols["start_ns"])
+        cols["event_id"] = list(range(n_rows))
+        df = pd.DataFrame({c: cols[c] for c in RAW_TIMELINE_COLUMNS})
         for c, t in RAW_TIMELINE_COLUMNS.items():
             df[c] = df[c].astype("int64" if t == "int64" else object)
         return df

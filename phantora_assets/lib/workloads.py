@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 from phantora_assets.lib.torch_ops import TorchOps
@@ -119,6 +120,12 @@ class AllToAll:
 
 
 Item = Compute | Collective | AllToAll
+
+
+@lru_cache(maxsize=64)
+def workload_model(spec: RunSpec) -> WorkloadModel:
+    """The (cached) :class:`WorkloadModel` of ``spec``."""
+    return WorkloadModel(spec)
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -316,12 +323,17 @@ class WorkloadModel:
         return [Collective("dp", "broadcast", p.numel, "Bf16", f"init.broadcast.{p.name}") for p in self.params]
 
     def step_program(self, warmup: bool = False) -> list[Item]:
-        """Items of one training step, in host issue order, for every rank."""
-        if self.spec.framework == "megatron":
-            return self._megatron_step(warmup)
-        if self.spec.zero_stage == 3:
-            return self._zero3_step(warmup)
-        return self._deepspeed_zero0_step(warmup)
+        """Items of one training step, in host issue order, for every rank (built once per
+        model; do not mutate the returned list)."""
+        cache = self.__dict__.setdefault("_programs", {})
+        if warmup not in cache:
+            if self.spec.framework == "megatron":
+                cache[warmup] = self._megatron_step(warmup)
+            elif self.spec.zero_stage == 3:
+                cache[warmup] = self._zero3_step(warmup)
+            else:
+                cache[warmup] = self._deepspeed_zero0_step(warmup)
+        return cache[warmup]
 
     def _megatron_step(self, warmup: bool) -> list[Item]:
         """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
