@@ -1,6 +1,8 @@
 """``phantora-assets``: build the dataset, list runs (the Dagster graph in one process).
 
-    phantora-assets build [--data-dir DIR] [--run RUN_ID ...]
+    phantora-assets build [--data-dir DIR] [--run RUN_ID ...] [--jobs N]
+    phantora-assets sweep [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
+                          [--gpu h100] [--out sweep.csv]
     phantora-assets runs  [--data-dir DIR]
 
 ``build`` materializes every asset and check of every run (one in-process Dagster run per
@@ -154,6 +156,42 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from phantora_assets.runs import gpu_specs, presets
+    from phantora_assets.sweep import grid, run_sweep
+
+    if args.gpu not in gpu_specs():
+        print(f"unknown GPU {args.gpu!r} (known: {', '.join(sorted(gpu_specs()))})", file=sys.stderr)
+        return 2
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in presets()["workloads"]]
+    if unknown:
+        print(f"unknown workload(s) {unknown} (known: {', '.join(sorted(presets()['workloads']))})", file=sys.stderr)
+        return 2
+    try:
+        bandwidths = [float(b) for b in args.bandwidths.split(",") if b.strip()]
+        points = grid([x for x in args.layouts.split(",") if x.strip()], bandwidths, workloads, args.gpu,
+                      uplink_bw_gbps=args.uplink_bw, rack_size=args.rack_size, nspines=args.nspines, ecmp=args.ecmp)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    df = run_sweep(points, jobs=args.jobs)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        df.to_parquet(out, index=False)
+    else:
+        df.to_csv(out, index=False, float_format="%.6g", lineterminator="\n")
+    if not args.quiet:
+        show = df[["workload", "layout", "host_bw_gbps", "status", "step_time_ms", "compute_ms", "exposed_comm_ms",
+                   "inter_node_bytes_per_step"]].copy()
+        show["status"] = show["status"].str.slice(0, 40)
+        print(show.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\n{len(df)} points ({(df['status'] == 'ok').sum()} ok) in {time.perf_counter() - t0:.1f} s -> {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phantora-assets", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -165,6 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes for the runs (default: min(2, CPUs)); 1 = sequential")
     b.set_defaults(func=cmd_build)
+    w = sub.add_parser("sweep", help="what-if grid (layouts x host bandwidths x workloads) with the analytic "
+                                      "simulator, one table row per point (no Dagster)")
+    w.add_argument("--layouts", default="2x8,4x8,16x8", help="comma-separated <nodes>x<gpus_per_node>")
+    w.add_argument("--bandwidths", default="100,200,400,800", help="host link bandwidths, Gbps")
+    w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5")
+    w.add_argument("--gpu", default="h100", help="a key of gpus.toml")
+    w.add_argument("--uplink-bw", type=float, default=None,
+                   help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)")
+    w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
+    w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
+    w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/network.py)")
+    w.add_argument("--out", default="sweep.csv", help="output table (.csv or .parquet)")
+    w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    w.add_argument("--quiet", action="store_true", help="print only the summary line")
+    w.set_defaults(func=cmd_sweep)
     r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")
     r.add_argument("--data-dir", default=default_dir)
     r.set_defaults(func=cmd_runs)

@@ -123,7 +123,7 @@ class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
     def __init__(self, spec: RunSpec, iterations: int | None = None, perfdb_dir: str | Path | None = "default",
-                 emit: bool = True, replicate: bool = True) -> None:
+                 emit: bool = True, replicate: bool = True, warmup: bool = True) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
         self.iterations = int(iterations or presets()["common"]["iterations"])
@@ -136,6 +136,7 @@ class AnalyticSimulator:
         self.topology = Topology.from_cluster(spec.cluster, spec.n_nodes)
         self.emit = emit
         self.replicate = replicate
+        self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --------------------------------------------------------------- pieces
@@ -160,6 +161,16 @@ class AnalyticSimulator:
             hit = self._flow_cache[key] = (arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy())
         return hit
 
+    def network_bytes_per_step(self) -> int:
+        """Network bytes (source host != destination host) of one steady step, both directions."""
+        total = 0
+        for item in self.model.step_program():
+            if isinstance(item, (Collective, AllToAll)):
+                for comm in self.model.comms[item.kind]:
+                    src, dst, nbytes = self._flows_arrays(item, comm)
+                    total += int(nbytes[(src // self.G) != (dst // self.G)].sum())
+        return total
+
     def compute_ns(self, item: Compute) -> float:
         return self.timer.time_kernels(item.kernels)[0]
 
@@ -172,9 +183,9 @@ class AnalyticSimulator:
         world = self.world
         comm_list = [c for cs in model.comms.values() for c in cs]
         steady = model.step_program(warmup=False)
-        warm = model.init_program() + model.step_program(warmup=True)
+        warm = (model.init_program() + model.step_program(warmup=True)) if self.warmup else steady
         iters = self.iterations
-        factors = [(WARMUP_COMPUTE_FACTOR if it == 0 else 1.0) * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
+        factors = [(WARMUP_COMPUTE_FACTOR if it == 0 and self.warmup else 1.0) * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
                    for it in range(iters)]
         n_sim = min(iters, 2) if self.replicate else iters
 
@@ -251,6 +262,7 @@ class AnalyticSimulator:
             stream_last = {name: bar for name in stream_last}
 
         start, end, flow_first, flow_end = self._event_loop(kind, dur, who, what, dependents, deps_left, comm_list)
+        self.n_nodes, self.n_flows = len(kind), len(flow_end)
 
         # ---- iterations: simulated ones, then the steady one replicated with its jitter
         it_arr = np.array(iter_of)
@@ -266,7 +278,8 @@ class AnalyticSimulator:
         r0 = (k_arr == 0) & (who_arr == 0)
         busy = [float((end - start)[r0 & (it_arr == i)].sum()) for i in range(n_sim)]
         busy += [busy[1] * factors[it] / factors[1] for it in range(n_sim, iters)]
-        exposed = [max(0.0, durations[i] - busy[i]) for i in range(1, iters)] or [0.0]
+        first_steady = 1 if iters > 1 else 0  # a single simulated step counts as the steady one
+        exposed = [max(0.0, durations[i] - busy[i]) for i in range(first_steady, iters)]
         steady_items = [i for i in steady if isinstance(i, Compute)]
         comp_step = sum(base[id(i)] for i in steady_items)
         from_db = sum(db_ns[id(i)] for i in steady_items)
@@ -277,7 +290,7 @@ class AnalyticSimulator:
             raw = self._emit(kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list,
                              list(sim_start), durations, factors, n_sim)
         return SimulationResult(
-            spec, memory, raw, iteration_ns, int(round(busy[1] if iters > 1 else busy[0])),
+            spec, memory, raw, iteration_ns, int(round(busy[first_steady])),
             (from_db / comp_step) if comp_step else 0.0, int(round(float(np.median(exposed)))), n_k, n_db)
 
     def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):
@@ -362,6 +375,7 @@ class AnalyticSimulator:
                 flow_node = np.concatenate([flow_node, np.zeros(max(len(flow_node), len(ids)), dtype=np.int64)])
             flow_node[ids] = n
             pending[n] = len(ids)
+        self.net_recomputations = net.recomputations
         return start, end, flow_first, net.end_times()
 
     # --------------------------------------------------------------- emission
