@@ -434,14 +434,23 @@ class AnalyticSimulator:
                     t0.append(start[n])
                     t1.append(max(start[n], flow_end[first + j]))
             blocks.append((c_rows, np.array(t0), np.array(t1)))
-        # replicate iteration 1
+        # columns of each simulated block as arrays, built once (replicated steps reuse them)
+        str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
+        int_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
+        arrays = []
+        for c_rows, t0, t1 in blocks:
+            arr = {c: np.array(c_rows[c], dtype=object) for c in str_cols}
+            arr.update({c: np.array(c_rows[c], dtype=np.int64) for c in int_cols})
+            comp_idx = np.array([j for j, x in enumerate(c_rows["info"]) if x is not None], dtype=np.int64)
+            arrays.append((arr, t0, t1, comp_idx, c_rows))
         starts = [0.0]
         for d in durations[:-1]:
             starts.append(starts[-1] + d)
-        parts = []
+        parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
+        meta_tpl = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+                    '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}')
         for it in range(len(durations)):
-            src_it = it if it < n_sim else 1
-            c_rows, t0, t1 = blocks[src_it]
+            arr, t0, t1, comp_idx, c_rows = arrays[it if it < n_sim else 1]
             if it < n_sim:
                 s_ns, e_ns = t0, t1
             else:
@@ -450,34 +459,19 @@ class AnalyticSimulator:
                 e_ns = starts[it] + (t1 - sim_start[1]) * scale
             s_i = np.rint(s_ns).astype(np.int64)
             e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
-            parts.append((c_rows, s_i, e_i))
-        cols: dict[str, list] = {c: [] for c in RAW_TIMELINE_COLUMNS}
-        for c_rows, s_i, e_i in parts:
-            for c in RAW_TIMELINE_COLUMNS:
-                if c in ("event_id", "start_ns", "end_ns", "meta_json"):
-                    continue
-                cols[c].extend(c_rows[c])
-            cols["start_ns"].extend(s_i.tolist())
-            cols["end_ns"].extend(e_i.tolist())
-            d = (e_i - s_i).tolist()
-            meta = cols["meta_json"]
-            for k, info, host, pid, dev in zip(c_rows["kind"], c_rows["info"], c_rows["src_host"], c_rows["os_pid"],
-                                               c_rows["stream_device"]):
-                meta.append("" if info is None else info)
-            # fill the duration into the computation metas of this block
-            base_i = len(meta) - len(d)
-            for j, (k, info) in enumerate(zip(c_rows["kind"], c_rows["info"])):
-                if info is not None:
-                    meta[base_i + j] = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-                                        '"stream":{"device":%d,"id":%d},"info":%s}}') % (
-                        d[j], c_rows["src_host"][j], c_rows["os_pid"][j], c_rows["os_pid"][j],
-                        c_rows["stream_device"][j], COMPUTE_STREAM_ID, info)
-        n_rows = len(cols["start_ns"])
-        cols["event_id"] = list(range(n_rows))
-        df = pd.DataFrame({c: cols[c] for c in RAW_TIMELINE_COLUMNS})
-        for c, t in RAW_TIMELINE_COLUMNS.items():
-            df[c] = df[c].astype("int64" if t == "int64" else object)
-        return df
+            for c in str_cols + int_cols:
+                parts[c].append(arr[c])
+            parts["start_ns"].append(s_i)
+            parts["end_ns"].append(e_i)
+            meta = np.full(len(s_i), "", dtype=object)
+            d = (e_i - s_i)[comp_idx].tolist()
+            host, pid, dev, info = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
+            meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], info[j])
+                              for dj, j in zip(d, comp_idx.tolist())]
+            parts["meta_json"].append(meta)
+        n_rows = sum(len(x) for x in parts["start_ns"])
+        parts["event_id"] = [np.arange(n_rows, dtype=np.int64)]
+        return pd.DataFrame({c: np.concatenate(parts[c]) for c in RAW_TIMELINE_COLUMNS})
 
 
 def _torch_info(item: Compute) -> str:

@@ -47,10 +47,41 @@ def _r2(op: str, t: list) -> Kernel:
     return ew(op, [t, t])
 
 
+def _memo(fn):
+    """Cache a kernel-list method per (instance, arguments); callers get a fresh list."""
+    def wrapper(self, *args, **kwargs):
+        key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = tuple(fn(self, *args, **kwargs))
+        return list(hit)
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+_SHARED: dict[tuple, TorchOps] = {}
+
+
+def torch_ops(model: WorkloadModel) -> TorchOps:
+    """A :class:`TorchOps` shared by every model with the same dimensions and parallelism (the
+    kernel lists depend on nothing else; the optimizer ones take their sizes as arguments)."""
+    sp = model.spec
+    key = (sp.workload, sp.framework, sp.tp, sp.ep, model.seq, model.mbs, model.hidden, model.ffn, model.heads,
+           model.kv_heads, model.head_dim, model.vocab, model.experts, model.topk)
+    ops = _SHARED.get(key)
+    if ops is None:
+        if len(_SHARED) > 256:
+            _SHARED.clear()
+        ops = _SHARED[key] = TorchOps(model)
+    return ops
+
+
 class TorchOps:
     """Kernel lists of one rank of ``model`` (see module docstring)."""
 
     def __init__(self, model: WorkloadModel) -> None:
+        self._memo: dict[tuple, tuple[Kernel, ...]] = {}
         self.m = model
         self.s = model.seq * model.mbs
         self.h = model.hidden
@@ -89,6 +120,7 @@ class TorchOps:
                 conv(f4, "BFloat16"), _bmm((np_, s, s), (np_, s, d)), ew("MulScalar", T(B16, np_, s, d)),
                 _bmm((np_, d, s), (np_, s, s)), ew("MulScalar", T(B16, np_, d, s))]
 
+    @_memo
     def _bda(self, phase: str) -> list[Kernel]:
         """bias-dropout-add of the residual: dropout + add (fwd), dropout grad + grad add (bwd)."""
         t = T(B16, self.s, 1, self.h)
@@ -96,6 +128,7 @@ class TorchOps:
             return [ew("Dropout", [t, DROPOUT_P, True]), _r2("Add", t)]
         return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]), _r2("Add", t)]
 
+    @_memo
     def megatron_attention(self, phase: str) -> list[Kernel]:
         """One layer's self-attention block (after input norm) incl. the residual."""
         h, tp, d = self.h, self.tp, self.d
@@ -107,6 +140,7 @@ class TorchOps:
             return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
         return self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv)
 
+    @_memo
     def megatron_mlp(self, phase: str) -> list[Kernel]:
         """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual."""
         h, f = self.h, self.f // self.tp
@@ -115,6 +149,7 @@ class TorchOps:
             return self._mlin_fwd(h, 2 * f) + [_r2("Mul", glu)] + self._mlin_fwd(f, h) + self._bda("fwd")
         return self._bda("bwd") + self._mlin_bwd(f, h) + [_r2("Mul", glu), _r2("Mul", glu)] + self._mlin_bwd(h, 2 * f)
 
+    @_memo
     def megatron_router(self, phase: str) -> list[Kernel]:
         e, s, h = self.m.experts, self.s, self.h
         if phase == "fwd":
@@ -122,6 +157,7 @@ class TorchOps:
         return [ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]), _mm((s, e), (e, h)), _mm((e, s), (s, h)),
                 _r2("Add_", T(B16, e, h))]
 
+    @_memo
     def megatron_experts(self, phase: str) -> list[Kernel]:
         """SequentialMLP over the local experts; each gets (s*topk/E) tokens from every EP rank."""
         m = self.m
@@ -137,6 +173,7 @@ class TorchOps:
                    _mat((tok, 2 * f), (2 * f, h)), _mat((2 * f, tok), (tok, h)), _r2("Add_", T(B16, 2 * f, h))]
         return one * local
 
+    @_memo
     def megatron_embedding(self, phase: str) -> list[Kernel]:
         t = T(B16, self.s, 1, self.h)
         if phase == "fwd":
@@ -145,6 +182,7 @@ class TorchOps:
         return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
                 _r2("Add_", T(B16, self.v // self.tp, self.h))]
 
+    @_memo
     def megatron_head(self, phase: str) -> list[Kernel]:
         """Output layer and the vocab-parallel cross entropy in fp32."""
         s, h, vt = self.s, self.h, self.v // self.tp
@@ -153,6 +191,7 @@ class TorchOps:
             return self._mlin_fwd(h, vt) + [conv(lg, "Float"), ew("Sum", lf), _r2("Mul", T(F32, s)), ew("Sum", T(F32, s))]
         return [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")] + self._mlin_bwd(h, vt)
 
+    @_memo
     def megatron_grad_scale(self, bucket_numel: int) -> list[Kernel]:
         """``bucket.grad_data *= 1/dp`` before the bucket's reduce-scatter."""
         return [ew("Mul_", [T(B16, bucket_numel), T("f64")], out=T(B16, bucket_numel))]
@@ -204,6 +243,7 @@ class TorchOps:
         t, c = T(B16, 1, heads, s, d), T(B16, 1, 1, s, d)
         return [ew("Mul", [t, c]), ew("Mul", [t, c]), _r2("Add", t)]
 
+    @_memo
     def hf_rotary(self, gpt_oss: bool = False) -> list[Kernel]:
         """The rotary embedding once per forward: inv_freq @ positions, cos/sin x scaling
         (gpt-oss keeps half-width cos/sin)."""
@@ -211,6 +251,7 @@ class TorchOps:
         return [_mat((1, self.d // 2, 1), (1, 1, self.s), F32), ew("Mul", [cs, T("f64")]), ew("Mul", [cs, T("f64")]),
                 conv(cs, "BFloat16"), conv(cs, "BFloat16")]
 
+    @_memo
     def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
         """input RMSNorm, q/k/v/o projections, RoPE, eager attention (softmax in fp32 for Llama;
         bf16 with attention sinks for gpt-oss), residual add."""
@@ -243,6 +284,7 @@ class TorchOps:
         out += self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, q, gpt_oss)
         return out + self._hf_rmsnorm("bwd", weight_first=not gpt_oss)
 
+    @_memo
     def hf_llama_mlp(self, phase: str) -> list[Kernel]:
         h, f, s = self.h, self.f, self.s
         glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
@@ -252,6 +294,7 @@ class TorchOps:
         return ([_r2("Add", res)] + self._hf_lin_bwd(f, h) + [_r2("Mul", glu), _r2("Mul", glu)]
                 + self._hf_lin_bwd(h, f) + self._hf_lin_bwd(h, f) + self._hf_rmsnorm("bwd", True))
 
+    @_memo
     def hf_head(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
         """Final norm, LM head and the loss's fp32 upcast of the logits."""
         s, h, v = self.s, self.h, self.v
@@ -262,6 +305,7 @@ class TorchOps:
                 + self._hf_rmsnorm("bwd", not gpt_oss))
 
     # ================================================================== gpt-oss MoE (HF training path)
+    @_memo
     def gptoss_moe(self, phase: str) -> list[Kernel]:
         """post-attention norm, router, every expert on every token (bmm), residual."""
         m = self.m
@@ -287,6 +331,7 @@ class TorchOps:
         return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)
 
     # ================================================================== DeepSpeed optimizers
+    @_memo
     def bf16_update_hp_grads(self) -> list[Kernel]:
         """BF16_Optimizer: every parameter's bf16 grad converted and added to its fp32 grad."""
         out: list[Kernel] = []
@@ -295,10 +340,12 @@ class TorchOps:
             out += [conv(T(B16, *shape), "Float"), _r2("Add_", T(F32, p.numel))]
         return out
 
+    @_memo
     def bf16_grads_for_reduction(self, total: int) -> list[Kernel]:
         """The flat fp32 grads converted to the bf16 communication dtype and scaled by 1/dp."""
         return [conv(T(F32, total), "BFloat16"), ew("Mul_", [T(B16, total), T("f64")], out=T(B16, total))]
 
+    @_memo
     def adam_flat(self, partition: int, warmup: bool, convert_grads: bool, unscale: bool) -> list[Kernel]:
         """torch.optim.Adam (foreach, weight decay 0) over one flat fp32 partition."""
         p = T(F32, partition)

@@ -4,9 +4,16 @@ A :class:`WorkloadModel` turns a workload preset and a layout into
 
 * the model's parameters (name, element count, module, TP-sharded or expert-local),
 * the communicators (TP, DP, EP groups over global ranks, host-major placement),
-* the per-step program every rank executes in order: :class:`Compute` items and
-  :class:`Collective` / :class:`AllToAll` items, for a steady step and for the warm-up step,
+* the per-step program every rank executes in host issue order: :class:`Compute` items (each
+  the list of torch calls Phantora intercepts, ``lib.torch_ops``) and :class:`Collective` /
+  :class:`AllToAll` items, for a steady step and for the warm-up step, with the framework's
+  stream semantics: a collective is ``blocking`` (the next compute waits for it) or asynchronous
+  (a later compute names its tag in ``waits``),
 * the init program (parameter broadcasts before the first step).
+
+Overlap (see the step builders): Megatron DDP as Phantora's tests/test_megatron.py configures it
+(``overlap_grad_reduce=True``, ``overlap_param_gather=True``), synchronous TP all-reduces and MoE
+all-to-alls; DeepSpeed bf16 ZeRO-0 synchronous; ZeRO-3 with prefetch and overlapped reduce-scatter.
 
 Rules (presets.toml notes, Megatron-core and DeepSpeed defaults):
     Megatron TP: per micro-batch 18 all-reduces of [seq, mbs, hidden] bf16 for 4 layers
@@ -37,7 +44,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 
-from phantora_assets.lib.torch_ops import TorchOps
+from phantora_assets.lib.torch_ops import torch_ops
 from phantora_assets.runs import RunSpec, presets
 
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
@@ -342,7 +349,7 @@ class WorkloadModel:
         and ``overlap_param_gather=True`` (the first bucket's all-gather is dispatched at
         ``zero_grad``, each forward pre-hook waits for its bucket and dispatches the next).
         TP all-reduces and MoE all-to-alls are synchronous (critical path)."""
-        ops = TorchOps(self)
+        ops = torch_ops(self)
         s, h = self.seq * self.mbs, self.hidden
         tp_on = "tp" in self.comms and self.spec.tp > 1
         ep_on = "ep" in self.comms
@@ -464,7 +471,7 @@ class WorkloadModel:
         """DeepSpeed 1-stage pipeline, bf16 optimizer (ZeRO stage 0): synchronous gradient
         all-reduce after the backward, synchronous parameter all-gather after the step (no
         overlap on this path: ``_exec_reduce_grads`` / ``update_lp_params``)."""
-        ops = TorchOps(self)
+        ops = torch_ops(self)
         items: list[Item] = [compute("embedding.fwd", "fwd", ops.hf_rotary())]
         for i in range(self.layers):
             items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
@@ -516,7 +523,7 @@ class WorkloadModel:
         compute waits for its own gathers only. Gradients are reduce-scattered asynchronously
         after each module's backward and waited for before the optimizer step. The warm-up step
         has no trace: no prefetch, everything gathered again in backward."""
-        ops = TorchOps(self)
+        ops = torch_ops(self)
         dp = self.spec.dp
         mods = self._zero3_modules()
         fwd: dict[str, list] = {"embedding": ops.hf_rotary(gpt_oss=True), "output_layer": ops.hf_head("fwd", True)}
