@@ -26,6 +26,20 @@ def test_from_cluster_converts_gbps():
                                "loopback_gbps": 1, "ecmp": "random"}, 2)
 
 
+def test_topology_from_a_runs_netconfig():
+    from phantora_assets.lib.netconfig import dumps_netconfig, loads_netconfig, netconfig_for
+    from phantora_assets.runs import RunSpec
+
+    spec = RunSpec("W4", "a100_40g", 5, 2, topology=(("host_bw_gbps", 400), ("nspines", 3)))
+    cfg = loads_netconfig(dumps_netconfig(netconfig_for(spec)))
+    t = Topology.from_netconfig(cfg)
+    assert t == Topology.from_cluster(spec.cluster, 5)
+    assert (t.n_hosts, t.n_racks, t.nspines, t.host_bw) == (5, 3, 3, 50.0)
+    cfg["topology"]["type"] = "FatTree"
+    with pytest.raises(ValueError, match="TwoLayerMultiPath only"):
+        Topology.from_netconfig(cfg)
+
+
 def test_textbook_max_min():
     """Links A (cap 10) and B (cap 4): f0 on A, f1 on A+B, f2 on B -> f1 = f2 = 2, f0 = 8."""
     cap = np.array([10.0, 4.0])

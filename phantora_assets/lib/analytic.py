@@ -48,6 +48,7 @@ import pandas as pd
 
 from phantora_assets.lib.kernels import KernelTimer
 from phantora_assets.lib.memory import MemoryEstimate, estimate_memory
+from phantora_assets.lib.netconfig import netconfig_for
 from phantora_assets.lib.network import FlowNetwork, Topology
 from phantora_assets.lib.ring import DTYPE_BYTES, OP_TO_CALL, ring_flows
 from phantora_assets.lib.tables import RAW_TIMELINE_COLUMNS
@@ -133,7 +134,8 @@ class AnalyticSimulator:
         if perfdb_dir == "default":
             perfdb_dir = default_perfdb_folder(spec)
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
-        self.topology = Topology.from_cluster(spec.cluster, spec.n_nodes)
+        # the network of the run's netconfig.toml (lib/netconfig.py writes the same dict to config/)
+        self.topology = Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
         self.emit = emit
         self.replicate = replicate
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)

@@ -65,6 +65,20 @@ class Topology:
                    float(cluster["host_bw_gbps"]) * gbps, float(cluster["rack_uplink_port_bw_gbps"]) * gbps,
                    float(cluster["loopback_gbps"]) * gbps, ecmp)
 
+    @classmethod
+    def from_netconfig(cls, cfg: dict[str, Any], ecmp: str = "hash") -> Topology:
+        """From a Phantora ``netconfig.toml`` (parsed): ``TwoLayerMultiPath`` only; hosts =
+        ``host_mapping``. ``ecmp`` is this simulator's choice (the file's ``load_balancer_type``
+        names Phantora's, see the module docstring)."""
+        topo = cfg["topology"]
+        if topo.get("type") != "TwoLayerMultiPath":
+            raise ValueError(f"netconfig topology {topo.get('type')!r} is not supported (TwoLayerMultiPath only)")
+        a = topo["args"]
+        n_hosts = len(cfg.get("host_mapping") or []) or int(a["nracks"]) * int(a["rack_size"])
+        return cls.from_cluster({"rack_size": a["rack_size"], "nspines": a["nspines"], "host_bw_gbps": a["host_bw"],
+                                 "rack_uplink_port_bw_gbps": a["rack_uplink_port_bw"],
+                                 "loopback_gbps": cfg["simulator"]["loopback_speed"], "ecmp": ecmp}, n_hosts)
+
     @property
     def n_racks(self) -> int:
         return math.ceil(self.n_hosts / self.rack_size)
