@@ -32,3 +32,4 @@ def test_l40s_constants_are_the_perf_db_fit():
     assert abs(fit["memory_efficiency"] - l40s["memory_efficiency"]) < 0.01
     assert abs(fit["l2_bw_bytes_per_s"] - l40s["l2_bw_bytes_per_s"]) / l40s["l2_bw_bytes_per_s"] < 0.05
     assert abs(fit["kernel_floor_ns"] - l40s["kernel_floor_ns"]) < 100
+    assert abs(fit["gemm_floor_ns"] - l40s["gemm_floor_ns"]) < 200

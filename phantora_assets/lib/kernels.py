@@ -15,7 +15,7 @@ its time on a GPU model:
 * else the **roofline** of ``gpus.toml``::
 
       t = max(flops / (peak_bf16_flops * matmul_efficiency),   # GEMM-like ops only
-              bytes / bandwidth) + kernel_floor_ns
+              bytes / bandwidth) + floor       (gemm_floor_ns for GEMMs, else kernel_floor_ns)
       bandwidth = l2_bw_bytes_per_s        if unique working set <= l2_bytes
                 = mem_bw_bytes_per_s * memory_efficiency   otherwise
 
@@ -189,13 +189,15 @@ class GpuRoofline:
     l2_bytes: float
     l2_bw: float
     floor_ns: float
+    gemm_floor_ns: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> GpuRoofline:
         return cls(float(spec["peak_bf16_flops"]), float(spec["matmul_efficiency"]),
                    float(spec["mem_bw_bytes_per_s"]), float(spec["memory_efficiency"]),
                    float(spec.get("l2_bytes", 0.0)), float(spec.get("l2_bw_bytes_per_s", 0.0)),
-                   float(spec.get("kernel_floor_ns", 1000.0)))
+                   float(spec.get("kernel_floor_ns", 1000.0)),
+                   float(spec.get("gemm_floor_ns", spec.get("kernel_floor_ns", 1000.0))))
 
     def time_ns(self, k: Kernel) -> float:
         if k.bytes == 0.0 and k.flops == 0.0:
@@ -206,6 +208,7 @@ class GpuRoofline:
         t = k.bytes / bw
         if k.flops:
             t = max(t, k.flops / (self.peak_flops * self.matmul_efficiency))
+            return t * 1e9 + self.gemm_floor_ns
         return t * 1e9 + self.floor_ns
 
 

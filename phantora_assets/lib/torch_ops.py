@@ -346,6 +346,11 @@ class TorchOps:
         return [conv(T(F32, total), "BFloat16"), ew("Mul_", [T(B16, total), T("f64")], out=T(B16, total))]
 
     @_memo
+    def zero3_grad_norm(self, dp: int) -> list[Kernel]:
+        """ZeRO-3 ``get_grad_norm_direct``: every gradient partition ``.double()`` before its norm."""
+        return [conv(T(B16, -(-p.numel // dp)), "Double") for p in self.m.params]
+
+    @_memo
     def adam_flat(self, partition: int, warmup: bool, convert_grads: bool, unscale: bool) -> list[Kernel]:
         """torch.optim.Adam (foreach, weight decay 0) over one flat fp32 partition."""
         p = T(F32, partition)

@@ -576,7 +576,7 @@ class WorkloadModel:
                     tag = f"zero3.reduce_scatter.{p.name}"
                     items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), "Bf16", tag, blocking=False))
                     rs_tags.append(tag)
+        items.append(compute("zero3.grad_norm", "opt", ops.zero3_grad_norm(dp), waits=tuple(rs_tags)))
         items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
-        items.append(compute("optimizer.step", "opt", ops.adam_flat(self.zero3_partition(), warmup, True, True),
-                             waits=tuple(rs_tags)))
+        items.append(compute("optimizer.step", "opt", ops.adam_flat(self.zero3_partition(), warmup, True, True)))
         return items
