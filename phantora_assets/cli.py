@@ -42,16 +42,22 @@ def _run_defs(data_dir: str):
     from phantora_assets import definitions as d
     from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
+    from phantora_assets.assets.simulation import perf_db
+    from phantora_assets.partitions import gpu_partitions
+
     resources = {"data": DataRoot(data_dir=data_dir), "simulator": AnalyticSimulatorResource()}
-    defs = dg.Definitions(assets=d.ALL_ASSETS, jobs=[d.all_runs_job, d.dataset_job], resources=resources)
+    perf_db_job = dg.define_asset_job("perf_dbs", selection=[perf_db], partitions_def=gpu_partitions)
+    defs = dg.Definitions(assets=d.ALL_ASSETS, jobs=[d.all_runs_job, d.dataset_job, perf_db_job], resources=resources)
     return defs, defs.resolve_job_def(d.all_runs_job.name), resources
 
 
 def _build_runs(data_dir: str, run_ids: list[str], use_home: bool) -> list[tuple[str, bool, list[str]]]:
     """Materialize every per-run asset and check of ``run_ids`` (one in-process Dagster run per
     partition, one instance for all). Returns (run_id, success, step errors) per run."""
+    import dagster as dg
+
     _, job, _ = _run_defs(data_dir)
-    instance = _instance() if use_home else __import__("dagster").DagsterInstance.ephemeral()
+    instance = _instance() if use_home else dg.DagsterInstance.ephemeral()
     out = []
     for run_id in run_ids:
         res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False,
@@ -68,10 +74,7 @@ def _build_runs_worker(job: tuple[str, list[str]]) -> list[tuple[str, bool, list
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    import dagster as dg
-
     from phantora_assets import definitions as d
-    from phantora_assets.assets.simulation import perf_db
     from phantora_assets.partitions import RUN_MATRIX
 
     data_dir = Path(args.data_dir)
@@ -84,9 +87,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     defs, _, resources = _run_defs(str(data_dir))
     instance = _instance()
+    perf_db_job = defs.resolve_job_def("perf_dbs")
     for gpu in sorted({s.gpu for s in specs}):
-        dg.materialize([perf_db], partition_key=gpu, resources=resources, instance=instance, raise_on_error=False,
-                       run_config=QUIET_LOGS)
+        perf_db_job.execute_in_process(partition_key=gpu, instance=instance, raise_on_error=False, run_config=QUIET_LOGS)
     # Partitions are independent (own files, own run folder): with --jobs N > 1 they are split
     # round-robin over N worker processes, each with its own ephemeral Dagster instance (a
     # DAGSTER_HOME instance is only used by a sequential build).
