@@ -13,7 +13,8 @@ Timing model (documented, per GPU model, never per run):
   roofline of ``gpus.toml`` (``lib.kernels``). The fraction of compute time that came from the
   DB is reported (``SimulationResult.db_fraction``).
 * **network**: the flows of a collective start when the collective starts; a flow-level
-  simulator of the run's TwoLayerMultiPath topology (``lib.network``) shares links by per-flow
+  simulator of the TwoLayerMultiPath topology of the run's ``netconfig.toml`` (``lib.network``,
+  ``lib.netconfig``) shares links by per-flow
   max-min fairness, recomputed at every flow start and end; loopback flows run at the loopback
   speed. A collective ends with its last flow. Collectives of <= 4 KiB take 0 us (as in
   Phantora traces).
@@ -24,8 +25,12 @@ Timing model (documented, per GPU model, never per run):
   all-to-all, DeepSpeed ZeRO-0); an asynchronous one only by the compute items that name its tag
   (Megatron overlapped grad reduce-scatter and param all-gather, ZeRO-3 prefetched gathers and
   overlapped reduce-scatters: see ``workloads``). Each iteration ends with a synchronisation
-  (``torch.cuda.synchronize()`` / ``loss.cpu()`` in Phantora's test scripts): a rank starts the
-  next iteration when all of its streams are idle.
+  (``torch.cuda.synchronize()`` / ``loss.cpu()`` in Phantora's test scripts, and the next step's
+  first collective lines the ranks up), modelled as a barrier: the next iteration starts when every
+  stream of every rank is idle. Every steady iteration therefore starts from the same state, so
+  the warm-up and the first steady iteration are simulated and the later ones are that steady
+  iteration replicated with their own jitter factor (all event times of the step scaled by it);
+  ``replicate=False`` simulates every iteration (the tests check both agree within 0.5 %).
 * warm-up step: compute x 1.2; every step gets a deterministic +-0.1 % compute jitter seeded by
   run_id (Phantora's steps differ by ~0.1 %).
 
