@@ -1,12 +1,15 @@
 """``phantora-assets``: build the dataset, import run folders, list runs (the Dagster graph in one process).
 
-    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots]
+    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build]
     phantora-assets runs   [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
+    phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
+                           [--gpu h100] [--out sweep.csv]
 
 ``build`` materializes every asset and check of every run (one in-process Dagster run per
-partition: a CLI call per partition would cost ~16 s each), then the dataset, the DuckDB
+partition, split over ``--jobs N`` worker processes: a CLI call per partition would cost ~16 s
+each), then the dataset, the DuckDB
 database and the dataset plots. Runs that do not fit in GPU memory are reported as such; any
 other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
@@ -37,6 +40,55 @@ def _instance():
     return dg.DagsterInstance.ephemeral()
 
 
+QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def _build_defs(data_dir: str, matrix, plots: bool = True):
+    """Definitions bound to ``data_dir`` and ``matrix``, with the build's jobs resolved once
+    (resolving the asset graph for every partition, as ``dagster.materialize`` does, costs ~0.3 s
+    a call). Returns (defs, names of the dataset jobs in order)."""
+    import dagster as dg
+
+    from phantora_assets import definitions as d
+    from phantora_assets.resources import DataRoot
+
+    all_assets, run_assets = d.assets_for(matrix)
+    skip = {a.key for a in d.PLOT_ASSETS} if not plots else set()
+    run_keys = [a.key for a in run_assets if a.key not in skip]
+    dataset_keys = [a.key for a in d.DATASET_ASSETS if a.key not in skip]
+    jobs = [
+        dg.define_asset_job("build_runs", selection=dg.AssetSelection.assets(*run_keys)),
+        dg.define_asset_job("build_perf_dbs", selection=dg.AssetSelection.assets(d.simulation.perf_db.key)),
+    ]
+    dataset_jobs = [f"build_{k.to_python_identifier()}" for k in dataset_keys]
+    jobs += [dg.define_asset_job(n, selection=dg.AssetSelection.assets(k)) for n, k in zip(dataset_jobs, dataset_keys)]
+    resources = {"data": DataRoot(data_dir=data_dir), "simulator": d.simulator_from_env(matrix)}
+    return dg.Definitions(assets=all_assets, jobs=jobs, resources=resources), dataset_jobs
+
+
+def _build_runs(data_dir: str, matrix, run_ids: list[str], plots: bool, use_home: bool):
+    """Materialize every per-run asset and check of ``run_ids`` (one in-process Dagster run per
+    partition, one instance for all). Returns (run_id, success, step errors) per run."""
+    import dagster as dg
+
+    defs, _ = _build_defs(data_dir, matrix, plots)
+    job = defs.resolve_job_def("build_runs")
+    instance = _instance() if use_home else dg.DagsterInstance.ephemeral()
+    out = []
+    for run_id in run_ids:
+        res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False,
+                                     run_config=QUIET_LOGS)
+        errors = [str(e.event_specific_data.error.message).strip().splitlines()[0]
+                  for e in res.all_events if e.is_step_failure and e.event_specific_data and
+                  getattr(e.event_specific_data, "error", None)]
+        out.append((run_id, res.success, errors))
+    return out
+
+
+def _build_runs_worker(args: tuple) -> list:
+    return _build_runs(*args, use_home=False)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from phantora_assets.partitions import matrix_for
 
@@ -46,46 +98,53 @@ def cmd_build(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots)
+    return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
 
 
-def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True) -> int:
+def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True,
+           jobs: int = 1) -> int:
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets.
 
-    ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``).
+    ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``). Partitions are
+    independent (own files, own run folder): with ``jobs > 1`` they are split round-robin over
+    worker processes, each with its own ephemeral Dagster instance (a DAGSTER_HOME instance is
+    only used by a sequential build).
     """
-    import dagster as dg
-
-    from phantora_assets import definitions as d
-    from phantora_assets.resources import DataRoot
-
     paths = DataPaths(data_dir)
-    all_assets, run_assets = d.assets_for(matrix)
-    perf_db = next(a for a in all_assets if a.key == d.simulation.perf_db.key)
-    skip = {a.key for a in d.PLOT_ASSETS} if not plots else set()
-    run_assets = [a for a in run_assets if a.key not in skip]
-    by_key = {a.key: a for a in all_assets}
-    dataset_assets = [by_key[a.key] for a in d.DATASET_ASSETS if a.key not in skip]
-    resources = {"data": DataRoot(data_dir=str(data_dir)), "simulator": d.simulator_from_env(matrix)}
-    instance = _instance()
-    quiet_logs = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     specs = [s for s in matrix if not only or s.run_id in only]
     t0 = time.perf_counter()
     stale = sweep_temp_files(data_dir)  # left by a build that was killed mid-write
-    if stale and not args.quiet:
+    if stale and not quiet:
         print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
+    defs, dataset_jobs = _build_defs(str(data_dir), matrix, plots)
+    instance = _instance()
+    perf_db_job = defs.resolve_job_def("build_perf_dbs")
     for gpu in sorted({s.gpu for s in specs}):
-        dg.materialize([perf_db], partition_key=gpu, resources=resources, instance=instance, raise_on_error=False,
-                       run_config=quiet_logs)
+        perf_db_job.execute_in_process(partition_key=gpu, instance=instance, raise_on_error=False,
+                                       run_config=QUIET_LOGS)
+    jobs = max(1, min(jobs, len(specs)))
+    use_home = bool(os.environ.get("DAGSTER_HOME"))
+    ids = [s.run_id for s in specs]
+    if jobs > 1 and not use_home:
+        import multiprocessing as mp
+
+        chunks = [(str(data_dir), matrix, ids[i::jobs], plots) for i in range(jobs)]
+        with mp.get_context("fork").Pool(jobs) as pool:
+            parts = pool.map(_build_runs_worker, chunks)
+            pool.close()
+            pool.join()  # let the workers exit normally before the pool is torn down
+        results = [r for part in parts for r in part]
+        order = {rid: i for i, rid in enumerate(ids)}
+        results.sort(key=lambda r: order[r[0]])
+    else:
+        results = _build_runs(str(data_dir), matrix, ids, plots, use_home)
     failures = 0
     rows = []
-    for spec in specs:
-        res = dg.materialize(all_assets, selection=run_assets, partition_key=spec.run_id,
-                             resources=resources, instance=instance, raise_on_error=False, run_config=quiet_logs)
+    for (run_id, success, errors), spec in zip(results, specs):
         checks = read_checks(paths.run_folder(spec))
         if checks.get("fits_in_memory", {}).get("status") == "failed":
             status = "out of memory: " + checks["fits_in_memory"]["message"]
-        elif res.success:
+        elif success:
             status = "ok"
             warn = checks.get("matches_workload_model", {})
             if warn.get("status") == "warning":
@@ -94,22 +153,19 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
             failures += 1
             failed = [f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items()
                       if v["status"] == "failed"]
-            errors = [str(e.event_specific_data.error.message).strip().splitlines()[0]
-                      for e in res.all_events if e.is_step_failure and e.event_specific_data and
-                      getattr(e.event_specific_data, "error", None)]
             status = "FAILED: " + "; ".join(errors + failed)[:300]
         rows.append((spec.run_id, status))
         if not quiet:
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-    for asset in dataset_assets:
-        res = dg.materialize(all_assets, selection=[asset], resources=resources, instance=instance,
-                             raise_on_error=False, run_config=quiet_logs)
+    for name in dataset_jobs:
+        res = defs.resolve_job_def(name).execute_in_process(instance=instance, raise_on_error=False,
+                                                            run_config=QUIET_LOGS)
         if not res.success:
             failures += 1
-            print(f"{asset.key.to_user_string()}: FAILED (see its checks)", file=sys.stderr)
+            print(f"{name.removeprefix('build_')}: FAILED (see its checks)", file=sys.stderr)
             break
     elapsed = time.perf_counter() - t0
-    print(f"\nbuilt {len(specs)} runs in {elapsed:.1f} s: "
+    print(f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
           f"{sum(r[1].startswith('ok') for r in rows)} ok, "
           f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
           f"{sum(r[1].startswith('FAILED') for r in rows)} failed")
@@ -248,6 +304,42 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from phantora_assets.runs import gpu_specs, presets
+    from phantora_assets.sweep import grid, run_sweep
+
+    if args.gpu not in gpu_specs():
+        print(f"unknown GPU {args.gpu!r} (known: {', '.join(sorted(gpu_specs()))})", file=sys.stderr)
+        return 2
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in presets()["workloads"]]
+    if unknown:
+        print(f"unknown workload(s) {unknown} (known: {', '.join(sorted(presets()['workloads']))})", file=sys.stderr)
+        return 2
+    try:
+        bandwidths = [float(b) for b in args.bandwidths.split(",") if b.strip()]
+        points = grid([x for x in args.layouts.split(",") if x.strip()], bandwidths, workloads, args.gpu,
+                      uplink_bw_gbps=args.uplink_bw, rack_size=args.rack_size, nspines=args.nspines, ecmp=args.ecmp)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    df = run_sweep(points, jobs=args.jobs)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        df.to_parquet(out, index=False)
+    else:
+        df.to_csv(out, index=False, float_format="%.6g", lineterminator="\n")
+    if not args.quiet:
+        show = df[["workload", "layout", "host_bw_gbps", "status", "step_time_ms", "compute_ms", "exposed_comm_ms",
+                   "inter_node_bytes_per_step"]].copy()
+        show["status"] = show["status"].str.slice(0, 40)
+        print(show.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\n{len(df)} points ({(df['status'] == 'ok').sum()} ok) in {time.perf_counter() - t0:.1f} s -> {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phantora-assets", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -257,7 +349,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--run", action="append", help="only this run_id (repeatable)")
     b.add_argument("--quiet", action="store_true", help="print only the summary")
     b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
+    b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes for the runs (default: min(2, CPUs)); 1 = sequential")
     b.set_defaults(func=cmd_build)
+    w = sub.add_parser("sweep", help="what-if grid (layouts x host bandwidths x workloads) with the analytic "
+                                      "simulator, one table row per point (no Dagster)")
+    w.add_argument("--layouts", default="2x8,4x8,16x8", help="comma-separated <nodes>x<gpus_per_node>")
+    w.add_argument("--bandwidths", default="100,200,400,800", help="host link bandwidths, Gbps")
+    w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5")
+    w.add_argument("--gpu", default="h100", help="a key of gpus.toml")
+    w.add_argument("--uplink-bw", type=float, default=None,
+                   help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)")
+    w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
+    w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
+    w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/network.py)")
+    w.add_argument("--out", default="sweep.csv", help="output table (.csv or .parquet)")
+    w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    w.add_argument("--quiet", action="store_true", help="print only the summary line")
+    w.set_defaults(func=cmd_sweep)
     i = sub.add_parser("import", help="register run folders of a Phantora dataset and build them")
     i.add_argument("folders", nargs="+", metavar="FOLDER",
                    help="a dataset root, its traces/ folder, a GPU folder or a run folder")

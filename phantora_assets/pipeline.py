@@ -48,7 +48,7 @@ from phantora_assets.lib.run_folder import trace_file
 from phantora_assets.lib.run_log import RunLog, read_run_log
 from phantora_assets.lib.tables import BIN_COLUMNS
 from phantora_assets.lib.netconfig import dumps_netconfig, netconfig_for
-from phantora_assets.lib.workloads import Compute, WorkloadModel
+from phantora_assets.lib.workloads import Compute, workload_model
 from phantora_assets.paths import DataPaths
 from phantora_assets.runs import RunSpec
 
@@ -140,11 +140,20 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         outcomes = [outcome, _ANALYTIC_PERFDB]
         _record(paths, spec, "raw_timeline", outcomes)
         return StageResult(None, {**meta, "status": "out_of_memory"}, outcomes)
+    log.append(f"# compute per steady step (rank 0): {result.compute_ns_per_step / 1e6:.3f} ms, "
+               f"{result.db_fraction:.1%} of it from the perf DB ({result.kernels_from_db}/{result.kernels_per_step} "
+               f"intercepted calls found), the rest from the {spec.gpu} roofline")
+    log.append(f"# exposed communication per steady step (rank 0): {result.exposed_comm_ns / 1e6:.3f} ms")
     for i, ns in enumerate(result.iteration_ns):
         log.append(f"iteration {i + 1:3d}/{len(result.iteration_ns)} | simulated time (ms): {ns / 1e6:.3f} "
                    f"| peak memory (GiB): {mem['peak_gib']:.2f}")
     out = paths.table(spec.run_id, "raw_timeline")
     _write_parquet(result.raw, out)
+    sim = {"step_ms": round(result.step_ns / 1e6, 6), "compute_ms_per_step": round(result.compute_ns_per_step / 1e6, 6),
+           "exposed_comm_ms_per_step": round(result.exposed_comm_ns / 1e6, 6),
+           "perf_db_fraction": round(result.db_fraction, 6), "kernels_per_step": result.kernels_per_step,
+           "kernels_from_perf_db": result.kernels_from_db}
+    atomic_write_text(paths.partition_dir(spec.run_id) / "simulation.json", json.dumps(sim, indent=1, sort_keys=True) + "\n")
     atomic_write_text(folder / "run.log", "\n".join(log) + "\n")
     outcome = Outcome("fits_in_memory", True,
                       f"fits: estimated peak {mem['peak_gib']:.2f} GiB <= card {mem['card_gib']:.2f} GiB",
@@ -153,7 +162,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     _record(paths, spec, "raw_timeline", outcomes)
     run_log = _write_run_log_summary(paths, spec)
     meta.update({"status": "simulated", "n_events": len(result.raw), "iterations": len(result.iteration_ns),
-                 **run_log.metadata()})
+                 **sim, **run_log.metadata()})
     return StageResult(out, meta, outcomes)
 
 
@@ -587,8 +596,8 @@ def _contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
 
 # --------------------------------------------------------------------------- summary
 def model_flops_per_step(spec: RunSpec) -> float:
-    """FLOP of one step summed over all ranks (the analytic model's compute items)."""
-    model = WorkloadModel(spec)
+    """FLOP of one step summed over all ranks (the GEMMs of the analytic model's compute items)."""
+    model = workload_model(spec)
     per_rank = sum(i.flops for i in model.step_program() if isinstance(i, Compute) and i.phase != "opt")
     return per_rank * spec.world_size
 
@@ -599,6 +608,8 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     summary = read_trace_summary(paths, spec.run_id)
     step_time_s = summary["step_time_us"] / 1e6
     gpu = spec.gpu_spec
+    sim_file = paths.partition_dir(spec.run_id) / "simulation.json"
+    sim = json.loads(sim_file.read_text()) if sim_file.exists() and spec.source == "analytic" else {}
     analytic = spec.source == "analytic"
     flops = model_flops_per_step(spec) if analytic else None
     from phantora_assets.lib.memory import estimate_memory
@@ -623,8 +634,10 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "world_size": spec.world_size,
         "simulator": spec.source,
         "n_steady_steps": int(summary["n_steady_steps"]),
-        "peak_memory_gib": (estimate_memory(WorkloadModel(spec)).as_dict()["peak_gib"] if analytic
+        "peak_memory_gib": (estimate_memory(workload_model(spec)).as_dict()["peak_gib"] if analytic
                             else (read_run_log_summary(paths, spec.run_id) or {}).get("peak_memory_gib")),
+        "perf_db_fraction": sim.get("perf_db_fraction"),
+        "exposed_comm_s": (sim["exposed_comm_ms_per_step"] / 1e3) if "exposed_comm_ms_per_step" in sim else None,
         "window_s": WINDOW_S,
         "bin_s": BIN_S,
         "seed": binning.seed_from_run_id(spec.run_id),

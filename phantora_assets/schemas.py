@@ -55,6 +55,12 @@ RUNS = DataFrameSchema(
         "simulator": Column(str, Check.isin(["analytic", "docker", "import"]), description="which simulation source produced the trace"),
         "n_steady_steps": Column("int64", Check.ge(1)),
         "peak_memory_gib": Column(float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"),
+        "perf_db_fraction": Column(float, Check.in_range(0, 1), nullable=True,
+                                   description="share of the analytic simulator's compute time timed by the GPU's perf DB "
+                                               "(the rest by the roofline); null for Phantora traces"),
+        "exposed_comm_s": Column(float, Check.ge(0), nullable=True,
+                                 description="analytic simulator: steady step time minus rank 0's compute-stream busy "
+                                             "time, s; null for Phantora traces"),
         "window_s": Column(float, Check.gt(0), description="length of the flows_100ms window, s"),
         "bin_s": Column(float, Check.gt(0), description="bin length, s"),
         "seed": Column("int64", description="seed of the build's randomness (from run_id)"),

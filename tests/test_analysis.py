@@ -144,7 +144,7 @@ def test_dominant_period_recovers_the_step_time(built, runs) -> None:
     """
     wins = pd.read_csv(built / "phantora_v0" / "windows.csv")
     w15 = wins[wins.window_s == 15.0]
-    checked = {"recovered": 0, "aliased": 0}
+    checked = {"recovered": 0, "aliased": 0, "window too short": 0}
     for run_id, row in runs.iterrows():
         p = w15.loc[w15.run_id == run_id, "dominant_period_s"].to_numpy()
         assert len(p) == 12 and np.isfinite(p).all()
@@ -155,10 +155,16 @@ def test_dominant_period_recovers_the_step_time(built, runs) -> None:
             checked["recovered"] += 1
         else:
             folds = np.array([abs(h / step - round(h * bin_s / step) / bin_s) for h in (1, 2, 3, 4)])
+            if folds[0] * 15.0 < 5:
+                # the folded rhythm makes fewer than 5 cycles in a 15 s window (a step within a few ms
+                # of a bin multiple): the window is not long enough to read it
+                checked["window too short"] += 1
+                continue
             hit = np.min(np.abs(1 / p[:, None] - folds[None, :]), axis=1) <= 1 / 15.0
             assert hit.mean() >= 0.75, (run_id, step, p.tolist(), folds.tolist())
             checked["aliased"] += 1
     assert checked["recovered"] >= 1 and checked["aliased"] >= 1, checked
+    assert checked["window too short"] <= 2, checked
 
 
 def test_step_period_view_flags_aliased_runs(con, runs) -> None:

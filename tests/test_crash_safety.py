@@ -58,23 +58,26 @@ def test_kill_9_mid_build_keeps_previous_outputs_and_rerun_completes(tmp_path: P
     before = _files(root)
     parquet = sorted(p for p in before if p.endswith(".parquet"))
 
-    # rebuild over the complete build and kill it (SIGKILL, whole process group) mid-run
-    proc = subprocess.Popen(_build_cmd(root), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    # rebuild over the complete build and kill it (SIGKILL, whole process group: the build's
+    # worker processes too) once two partitions have been rebuilt, mid-run
+    start = time.time()
+    proc = subprocess.Popen(_build_cmd(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=ROOT, start_new_session=True)
-    done = []
     try:
-        for line in proc.stdout:
-            if line.startswith("phantora_"):
-                done.append(line)
-                if len(done) == 2:
-                    time.sleep(0.3)     # well into the third partition
-                    break
+        while proc.poll() is None:
+            rebuilt = [r for r in RUNS[:-1] if (root / "partitions" / r / "run_summary.parquet").exists()
+                       and (root / "partitions" / r / "run_summary.parquet").stat().st_mtime >= start]
+            if len(rebuilt) >= 2:
+                time.sleep(0.3)     # well into the next partitions
+                break
+            time.sleep(0.02)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        alive = proc.poll() is None
+        if alive:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        proc.stdout.close()
+    assert alive, "the build ended before it could be killed"
     assert proc.returncode == -signal.SIGKILL
-    assert len(done) == 2, "the build ended before it could be killed"
 
     # previous outputs intact: CSVs byte-identical, every Parquet file there and readable,
     # nothing partial; a writer killed mid-write can only have left its own hidden temp file

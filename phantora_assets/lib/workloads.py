@@ -4,9 +4,16 @@ A :class:`WorkloadModel` turns a workload preset and a layout into
 
 * the model's parameters (name, element count, module, TP-sharded or expert-local),
 * the communicators (TP, DP, EP groups over global ranks, host-major placement),
-* the per-step program every rank executes in order: :class:`Compute` items and
-  :class:`Collective` / :class:`AllToAll` items, for a steady step and for the warm-up step,
+* the per-step program every rank executes in host issue order: :class:`Compute` items (each
+  the list of torch calls Phantora intercepts, ``lib.torch_ops``) and :class:`Collective` /
+  :class:`AllToAll` items, for a steady step and for the warm-up step, with the framework's
+  stream semantics: a collective is ``blocking`` (the next compute waits for it) or asynchronous
+  (a later compute names its tag in ``waits``),
 * the init program (parameter broadcasts before the first step).
+
+Overlap (see the step builders): Megatron DDP as Phantora's tests/test_megatron.py configures it
+(``overlap_grad_reduce=True``, ``overlap_param_gather=True``), synchronous TP all-reduces and MoE
+all-to-alls; DeepSpeed bf16 ZeRO-0 synchronous; ZeRO-3 with prefetch and overlapped reduce-scatter.
 
 Rules (presets.toml notes, Megatron-core and DeepSpeed defaults):
     Megatron TP: per micro-batch 18 all-reduces of [seq, mbs, hidden] bf16 for 4 layers
@@ -34,25 +41,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
+from phantora_assets.lib.torch_ops import torch_ops
 from phantora_assets.runs import RunSpec, presets
 
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+ZERO3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter tensor. ``numel`` is the full (unsharded) element count."""
+    """One parameter tensor. ``numel`` is the full (unsharded) element count; ``shape`` the
+    tensor's shape on one rank (after tensor-parallel sharding)."""
 
     name: str
     numel: int
     module: str
     tp_sharded: bool = False
     expert: bool = False
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,18 +78,33 @@ class Communicator:
 
 @dataclass(frozen=True)
 class Compute:
-    """Work of one rank: ``flops`` (FLOP) and ``mem_bytes`` (bytes moved), ``phase`` fwd/bwd/opt."""
+    """Work of one rank on the compute stream.
+
+    ``kernels`` are the intercepted torch calls (perf-DB keys, ``lib.kernels``); ``flops`` their
+    GEMM FLOP and ``mem_bytes`` their traffic; ``phase`` fwd/bwd/opt. ``waits``: tags of
+    asynchronous collectives this item waits for before it starts (``work.wait()``)."""
 
     name: str
     flops: float
     mem_bytes: float
     phase: str
     shapes: tuple[tuple[int, ...], ...] = ()
+    kernels: tuple = ()
+    waits: tuple[str, ...] = ()
+
+
+def compute(name: str, phase: str, kernels: list, waits: tuple[str, ...] = ()) -> Compute:
+    """A :class:`Compute` item from its kernel list (flops and bytes summed)."""
+    ks = tuple(kernels)
+    return Compute(name, sum(k.flops for k in ks), sum(k.bytes for k in ks), phase, (), ks, tuple(waits))
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One NCCL collective issued on every communicator of ``kind`` at the same time."""
+    """One NCCL collective issued on every communicator of ``kind`` at the same time.
+
+    ``blocking``: the compute stream waits for it right away (a synchronous collective); when
+    False it runs asynchronously and a later :class:`Compute` names its ``tag`` in ``waits``."""
 
     kind: str
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
@@ -85,6 +112,7 @@ class Collective:
     dtype: str
     tag: str
     root: int = 0
+    blocking: bool = True
 
 
 @dataclass(frozen=True)
@@ -95,9 +123,16 @@ class AllToAll:
     count: int
     dtype: str
     tag: str
+    blocking: bool = True
 
 
 Item = Compute | Collective | AllToAll
+
+
+@lru_cache(maxsize=64)
+def workload_model(spec: RunSpec) -> WorkloadModel:
+    """The (cached) :class:`WorkloadModel` of ``spec``."""
+    return WorkloadModel(spec)
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -133,26 +168,34 @@ class WorkloadModel:
         h, f, L = self.hidden, self.ffn, self.layers
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        out: list[Param] = [Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True)]
+        tpv = self.spec.tp if self.spec.framework == "megatron" else 1
+        out: list[Param] = [Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True,
+                                  shape=(self.vocab // tpv, h))]
         wl = self.spec.workload
         for i in range(L):
             m = f"layers.{i}"
             if self.spec.framework == "megatron":
-                out.append(Param(f"{m}.input_layernorm.weight", h, f"{m}.attn"))
-                out.append(Param(f"{m}.self_attention.linear_qkv.weight", h * (q + 2 * kv), f"{m}.attn", True))
-                if "qk_layernorm" in self.spec.preset.get("options", []):
-                    out.append(Param(f"{m}.self_attention.q_layernorm.weight", self.head_dim, f"{m}.attn"))
-                    out.append(Param(f"{m}.self_attention.k_layernorm.weight", self.head_dim, f"{m}.attn"))
-                out.append(Param(f"{m}.self_attention.linear_proj.weight", q * h, f"{m}.attn", True))
-                out.append(Param(f"{m}.pre_mlp_layernorm.weight", h, f"{m}.mlp"))
+                # registration order of Megatron-core: input_layernorm, linear_proj (created by
+                # Attention.__init__), linear_qkv, pre_mlp_layernorm, mlp
+                t = self.spec.tp
+                out.append(Param(f"{m}.input_layernorm.weight", h, f"{m}.attn", shape=(h,)))
+                out.append(Param(f"{m}.self_attention.linear_proj.weight", q * h, f"{m}.attn", True, shape=(h, q // t)))
+                out.append(Param(f"{m}.self_attention.linear_qkv.weight", h * (q + 2 * kv), f"{m}.attn", True,
+                                 shape=((q + 2 * kv) // t, h)))
+                # no q/k layernorm parameters: Phantora's tests/test_megatron.py builds its
+                # TransformerConfig without qk_layernorm (W3's recorded shard sizes in
+                # perfdb/l40s confirm: its grad buffer has no 128-element norms per layer)
+                out.append(Param(f"{m}.pre_mlp_layernorm.weight", h, f"{m}.mlp", shape=(h,)))
                 if self.experts:
-                    out.append(Param(f"{m}.mlp.router.weight", self.experts * h, f"{m}.mlp"))
+                    out.append(Param(f"{m}.mlp.router.weight", self.experts * h, f"{m}.mlp", shape=(self.experts, h)))
                     for e in range(self.experts):
-                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc1.weight", h * 2 * f, f"{m}.mlp", expert=True))
-                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc2.weight", f * h, f"{m}.mlp", expert=True))
+                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc1.weight", h * 2 * f, f"{m}.mlp", expert=True,
+                                         shape=(2 * f, h)))
+                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc2.weight", f * h, f"{m}.mlp", expert=True,
+                                         shape=(h, f)))
                 else:
-                    out.append(Param(f"{m}.mlp.linear_fc1.weight", h * 2 * f, f"{m}.mlp", True))
-                    out.append(Param(f"{m}.mlp.linear_fc2.weight", f * h, f"{m}.mlp", True))
+                    out.append(Param(f"{m}.mlp.linear_fc1.weight", h * 2 * f, f"{m}.mlp", True, shape=(2 * f // t, h)))
+                    out.append(Param(f"{m}.mlp.linear_fc2.weight", f * h, f"{m}.mlp", True, shape=(h, f // t)))
             elif wl == "W5":  # Hugging Face gpt-oss
                 out += [
                     Param(f"{m}.input_layernorm.weight", h, f"{m}.input_layernorm"),
@@ -175,18 +218,18 @@ class WorkloadModel:
                 ]
             else:  # Hugging Face Llama
                 out += [
-                    Param(f"{m}.input_layernorm.weight", h, f"{m}.input_layernorm"),
-                    Param(f"{m}.self_attn.q_proj.weight", h * q, f"{m}.self_attn"),
-                    Param(f"{m}.self_attn.k_proj.weight", h * kv, f"{m}.self_attn"),
-                    Param(f"{m}.self_attn.v_proj.weight", h * kv, f"{m}.self_attn"),
-                    Param(f"{m}.self_attn.o_proj.weight", q * h, f"{m}.self_attn"),
-                    Param(f"{m}.post_attention_layernorm.weight", h, f"{m}.post_attention_layernorm"),
-                    Param(f"{m}.mlp.gate_proj.weight", h * f, f"{m}.mlp"),
-                    Param(f"{m}.mlp.up_proj.weight", h * f, f"{m}.mlp"),
-                    Param(f"{m}.mlp.down_proj.weight", f * h, f"{m}.mlp"),
+                    Param(f"{m}.input_layernorm.weight", h, f"{m}.input_layernorm", shape=(h,)),
+                    Param(f"{m}.self_attn.q_proj.weight", h * q, f"{m}.self_attn", shape=(q, h)),
+                    Param(f"{m}.self_attn.k_proj.weight", h * kv, f"{m}.self_attn", shape=(kv, h)),
+                    Param(f"{m}.self_attn.v_proj.weight", h * kv, f"{m}.self_attn", shape=(kv, h)),
+                    Param(f"{m}.self_attn.o_proj.weight", q * h, f"{m}.self_attn", shape=(h, q)),
+                    Param(f"{m}.post_attention_layernorm.weight", h, f"{m}.post_attention_layernorm", shape=(h,)),
+                    Param(f"{m}.mlp.gate_proj.weight", h * f, f"{m}.mlp", shape=(f, h)),
+                    Param(f"{m}.mlp.up_proj.weight", h * f, f"{m}.mlp", shape=(f, h)),
+                    Param(f"{m}.mlp.down_proj.weight", f * h, f"{m}.mlp", shape=(h, f)),
                 ]
-        out.append(Param("final_norm.weight", h, "final_norm"))
-        out.append(Param("output_layer.weight", self.vocab * h, "output_layer", True))
+        out.append(Param("final_norm.weight", h, "final_norm", shape=(h,)))
+        out.append(Param("output_layer.weight", self.vocab * h, "output_layer", True, shape=(self.vocab // tpv, h)))
         return out
 
     @property
@@ -222,68 +265,59 @@ class WorkloadModel:
             comms["ep"] = [Communicator("ep0", "ep", tuple(range(world)))]
         return comms
 
-    # ------------------------------------------------------------------ compute
-    def _gemm(self, name: str, m: int, k: int, n: int, phase: str, mult: float = 1.0) -> Compute:
-        flops = 2.0 * m * k * n * mult
-        mem = 2.0 * (m * k + k * n + m * n) * mult
-        return Compute(name, flops, mem, phase, ((m, k), (k, n)))
+    def param_shape(self, p: Param) -> tuple[int, ...]:
+        return p.shape or (self.local_numel(p),)
 
-    def _layer_compute(self, i: int, phase: str) -> list[Compute]:
-        """Forward (``phase='fwd'``) or backward (2x the GEMMs) work of layer i on one rank."""
-        s, h, f, tp = self.seq * self.mbs, self.hidden, self.ffn, self.spec.tp
-        q = self.heads * self.head_dim
-        kv = self.kv_heads * self.head_dim
-        mult = 1.0 if phase == "fwd" else 2.0
-        attn_flops = 4.0 * s * s * q / tp * mult  # QK^T and PV
-        attn = Compute(
-            f"layers.{i}.attention.{phase}",
-            2.0 * s * h * (q + 2 * kv + q) / tp * mult + attn_flops,
-            2.0 * (h * (2 * q + 2 * kv) / tp + s * h * 6 + self.heads / tp * s * s) * mult,
-            phase,
-            ((s, h), (h, (q + 2 * kv) // tp)),
-        )
-        if self.experts:
-            if self.spec.framework == "megatron":
-                tokens = s * self.topk  # balanced: routed tokens per rank equal the local tokens x topk
-                mlp_flops = 2.0 * tokens * h * 3 * f * mult
-                mlp_mem = 2.0 * (self.expert_params_per_rank() // self.layers + tokens * (2 * h + 3 * f)) * mult
-                shapes = ((tokens, h), (h, 2 * f))
-            else:  # HF gpt-oss training path: every expert runs on every token
-                tokens = s * self.experts
-                mlp_flops = 2.0 * tokens * h * 3 * f * mult
-                mlp_mem = 2.0 * (self.experts * 3 * h * f + tokens * (2 * h + 3 * f)) * mult
-                shapes = ((self.experts, s, h), (self.experts, h, 2 * f))
-            router = 2.0 * s * h * self.experts * mult
-            mlp = Compute(f"layers.{i}.moe.{phase}", mlp_flops + router, mlp_mem, phase, shapes)
-        else:
-            mlp = Compute(
-                f"layers.{i}.mlp.{phase}",
-                2.0 * s * h * 3 * f / tp * mult,
-                2.0 * (3 * h * f / tp + s * (2 * h + 3 * f / tp)) * mult,
-                phase,
-                ((s, h), (h, 2 * f // tp)),
-            )
-        return [attn, mlp]
+    # ------------------------------------------------------------------ Megatron buffers
+    def megatron_dense_buckets(self) -> list[tuple[int, list[tuple[Param, int, int]]]]:
+        """The DDP grad buffer of the dense parameters: parameters in reverse order, a bucket
+        closes once it holds >= max(40M, 1M x dp) elements and is padded to lcm(dp, 128).
+        Returns ``(padded_numel, [(param, offset_in_bucket, numel)])`` per bucket."""
+        dp = self.spec.dp
+        size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
+        return self._buckets([p for p in self.params if not p.expert], size, math.lcm(dp, 128))
 
-    def _head_compute(self, phase: str) -> Compute:
-        s, h, v, tp = self.seq * self.mbs, self.hidden, self.vocab, self.spec.tp
-        mult = 1.0 if phase == "fwd" else 2.0
-        return Compute(
-            f"output_layer.{phase}", 2.0 * s * h * v / tp * mult, 2.0 * (h * v / tp + s * v / tp * 3) * mult, phase,
-            ((s, h), (h, v // tp)),
-        )
+    def megatron_expert_buckets(self) -> list[tuple[int, list[tuple[Param, int, int]]]]:
+        """The expert grad buffer of rank 0's local experts (expert-data-parallel size world/ep)."""
+        if not self.experts or self.spec.framework != "megatron":
+            return []
+        local = self.experts // self.spec.ep
+        mine = [p for p in self.params if p.expert and int(p.name.split(".")[4]) < local]
+        edp = max(1, self.spec.world_size // self.spec.ep)
+        return self._buckets(mine, max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * edp), math.lcm(edp, 128))
 
-    def _optimizer_compute(self) -> Compute:
-        """Adam on this rank's optimizer shard: fp32 master, m, v, grad read + master, m, v, bf16 param write."""
-        spec = self.spec
-        dense = sum(n for _, n in self.dense_params_local())
-        if spec.framework == "megatron":
-            shard = dense / spec.dp + self.expert_params_per_rank()
-        elif spec.zero_stage == 3:
-            shard = self.total_params / spec.dp
-        else:
-            shard = self.total_params / spec.dp
-        return Compute("optimizer.step", 12.0 * shard, 30.0 * shard, "opt", ((int(shard),),))
+    def _buckets(self, params: list[Param], size: int, pad: int) -> list[tuple[int, list[tuple[Param, int, int]]]]:
+        out: list[tuple[int, list[tuple[Param, int, int]]]] = []
+        cur: list[tuple[Param, int, int]] = []
+        n = 0
+        for p in reversed(params):
+            k = self.local_numel(p)
+            cur.append((p, n, k))
+            n += k
+            if n >= size:
+                out.append((_ceil_to(n, pad), cur))
+                cur, n = [], 0
+        if cur:
+            out.append((_ceil_to(n, pad), cur))
+        return out
+
+    def megatron_optimizer_groups(self) -> list[tuple[bool, list[int]]]:
+        """Rank 0's fp32 shard pieces per AdamW param group (decay?, sizes in buffer order):
+        dense weights (decay), dense 1-D params (no decay), expert weights (decay)."""
+        dp = self.spec.dp
+        decay: list[int] = []
+        nodecay: list[int] = []
+        for padded, members in self.megatron_dense_buckets():
+            lo, hi = 0, padded // dp  # rank 0's shard of this bucket
+            for p, off, k in members:
+                a, b = max(lo, off), min(hi, off + k)
+                if b > a:
+                    (decay if len(self.param_shape(p)) >= 2 else nodecay).append(b - a)
+        experts = [k for _, members in self.megatron_expert_buckets() for _, _, k in members]
+        return [(True, decay), (False, nodecay), (True, experts)]
+
+    def _megatron_buckets(self) -> list[int]:
+        return [padded for padded, _ in self.megatron_dense_buckets()]
 
     # ------------------------------------------------------------------ programs
     def init_program(self) -> list[Item]:
@@ -296,99 +330,162 @@ class WorkloadModel:
         return [Collective("dp", "broadcast", p.numel, "Bf16", f"init.broadcast.{p.name}") for p in self.params]
 
     def step_program(self, warmup: bool = False) -> list[Item]:
-        """Items of one training step, in issue order, for every rank."""
-        if self.spec.framework == "megatron":
-            return self._megatron_step(warmup)
-        if self.spec.zero_stage == 3:
-            return self._zero3_step(warmup)
-        return self._deepspeed_zero0_step(warmup)
-
-    def _megatron_buckets(self) -> list[int]:
-        dp = self.spec.dp
-        bucket_size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
-        pad = math.lcm(dp, 128)
-        buckets: list[int] = []
-        cur = 0
-        for _, n in reversed(self.dense_params_local()):
-            cur += n
-            if cur >= bucket_size:
-                buckets.append(_ceil_to(cur, pad))
-                cur = 0
-        if cur:
-            buckets.append(_ceil_to(cur, pad))
-        return buckets
+        """Items of one training step, in host issue order, for every rank (built once per
+        model; do not mutate the returned list)."""
+        cache = self.__dict__.setdefault("_programs", {})
+        if warmup not in cache:
+            if self.spec.framework == "megatron":
+                cache[warmup] = self._megatron_step(warmup)
+            elif self.spec.zero_stage == 3:
+                cache[warmup] = self._zero3_step(warmup)
+            else:
+                cache[warmup] = self._deepspeed_zero0_step(warmup)
+        return cache[warmup]
 
     def _megatron_step(self, warmup: bool) -> list[Item]:
+        """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
+        optimizer, ``overlap_grad_reduce=True`` (a bucket's reduce-scatter starts as soon as its
+        gradients are ready and overlaps the rest of the backward; the optimizer waits for all)
+        and ``overlap_param_gather=True`` (the first bucket's all-gather is dispatched at
+        ``zero_grad``, each forward pre-hook waits for its bucket and dispatches the next).
+        TP all-reduces and MoE all-to-alls are synchronous (critical path)."""
+        ops = torch_ops(self)
         s, h = self.seq * self.mbs, self.hidden
         tp_on = "tp" in self.comms and self.spec.tp > 1
         ep_on = "ep" in self.comms
+        dp = self.spec.dp
         items: list[Item] = []
-        act = s * h
+        pending_waits: list[str] = []
+
+        def comp(name: str, phase: str, kernels: list) -> None:
+            waits = tuple(pending_waits)
+            pending_waits.clear()
+            if kernels or waits:
+                items.append(compute(name, phase, kernels, waits))
 
         def tp_ar(tag: str) -> None:
             if tp_on:
-                items.append(Collective("tp", "all_reduce", act, "Bf16", tag))
+                items.append(Collective("tp", "all_reduce", s * h, "Bf16", tag))
 
-        a2a = 0
-        if ep_on:
-            tokens = (s * self.topk // self.experts) * (self.experts // self.spec.ep)
-            a2a = tokens * h
-        items.append(Compute("embedding.fwd", 0.0, 2.0 * s * h * 2, "fwd", ((s, h),)))
+        a2a = (s * self.topk // self.experts) * (self.experts // self.spec.ep) * h if ep_on else 0
+        buckets = self.megatron_dense_buckets() if dp > 1 else []
+        ebuckets = self.megatron_expert_buckets()
+        bucket_of: dict[str, int] = {p.name: b for b, (_, mem) in enumerate(buckets) for p, _, _ in mem}
+        by_module: dict[str, list[Param]] = {}
+        for p in self.params:
+            if not p.expert:
+                by_module.setdefault(p.module, []).append(p)
+
+        # ---- param all-gathers (overlap_param_gather): first needed bucket at zero_grad
+        issued: set[int] = set()
+        waited: set[int] = set()
+
+        def ag(b: int) -> None:
+            if 0 <= b < len(buckets) and b not in issued:
+                issued.add(b)
+                items.append(Collective("dp", "all_gather", buckets[b][0] // dp, "Bf16",
+                                        f"ddp.bucket{b}.all_gather", blocking=False))
+
+        def need(*modules: str) -> None:
+            for b in sorted({bucket_of[p.name] for mod in modules for p in by_module.get(mod, [])
+                             if p.name in bucket_of}, reverse=True):
+                if b in waited:
+                    continue
+                ag(b)
+                pending_waits.append(f"ddp.bucket{b}.all_gather")
+                waited.add(b)
+                ag(b - 1)
+
+        if buckets:
+            ag(len(buckets) - 1)
+        need("embedding")
+        comp("embedding.fwd", "fwd", ops.megatron_embedding("fwd"))
         tp_ar("embedding.fwd.all_reduce")
         for i in range(self.layers):
-            attn, mlp = self._layer_compute(i, "fwd")
-            items.append(attn)
+            need(f"layers.{i}.attn")
+            comp(f"layers.{i}.attention.fwd", "fwd", ops.megatron_attention("fwd"))
             tp_ar(f"layers.{i}.attention.fwd.all_reduce")
+            need(f"layers.{i}.mlp")
             if ep_on:
+                comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
-                items.append(mlp)
+                comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
             else:
-                items.append(mlp)
+                comp(f"layers.{i}.mlp.fwd", "fwd", ops.megatron_mlp("fwd"))
             tp_ar(f"layers.{i}.mlp.fwd.all_reduce")
-        items.append(self._head_compute("fwd"))
+        need("final_norm", "output_layer")
+        comp("output_layer.fwd", "fwd", ops.megatron_head("fwd"))
         if tp_on:
             for k in ("max", "predicted", "sum_exp"):
-                items.append(Collective("tp", "all_reduce", s * self.mbs // self.mbs, "F32", f"cross_entropy.{k}"))
-        items.append(self._head_compute("bwd"))
+                items.append(Collective("tp", "all_reduce", s, "F32", f"cross_entropy.{k}"))
+
+        # ---- backward; a bucket's reduce-scatter starts when all its grads are ready
+        ready: set[str] = set()
+        launched: set[int] = set()
+        elaunched: set[int] = set()
+        rs_tags: list[str] = []
+
+        def grads_ready(*modules: str) -> None:
+            ready.update(modules)
+            for b, (padded, mem) in enumerate(buckets):
+                if b not in launched and all(p.module in ready for p, _, _ in mem):
+                    launched.add(b)
+                    comp(f"ddp.bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
+                    items.append(Collective("dp", "reduce_scatter", padded // dp, "Bf16",
+                                            f"ddp.bucket{b}.reduce_scatter", blocking=False))
+                    rs_tags.append(f"ddp.bucket{b}.reduce_scatter")
+            for b, (padded, mem) in enumerate(ebuckets):
+                if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
+                    elaunched.add(b)
+                    comp(f"ddp.expert_bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
+
+        comp("output_layer.bwd", "bwd", ops.megatron_head("bwd"))
         tp_ar("output_layer.bwd.all_reduce")
+        grads_ready("output_layer", "final_norm")
         for i in reversed(range(self.layers)):
-            attn, mlp = self._layer_compute(i, "bwd")
             if ep_on:
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.bwd"))
-                items.append(mlp)
+                comp(f"layers.{i}.moe.bwd", "bwd", ops._bda("bwd") + ops.megatron_experts("bwd"))
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.bwd"))
+                comp(f"layers.{i}.router.bwd", "bwd", ops.megatron_router("bwd"))
             else:
-                items.append(mlp)
+                comp(f"layers.{i}.mlp.bwd", "bwd", ops.megatron_mlp("bwd"))
             tp_ar(f"layers.{i}.mlp.bwd.all_reduce")
-            items.append(attn)
+            grads_ready(f"layers.{i}.mlp")
+            comp(f"layers.{i}.attention.bwd", "bwd", ops.megatron_attention("bwd"))
             tp_ar(f"layers.{i}.attention.bwd.all_reduce")
-        items.append(Compute("embedding.bwd", 0.0, 2.0 * s * h * 2, "bwd", ((s, h),)))
-        dp = self.spec.dp
-        buckets = self._megatron_buckets() if dp > 1 else []
-        for b, n in enumerate(buckets):
-            items.append(Collective("dp", "reduce_scatter", n // dp, "Bf16", f"ddp.bucket{b}.reduce_scatter"))
+            grads_ready(f"layers.{i}.attn")
+        comp("embedding.bwd", "bwd", ops.megatron_embedding("bwd"))
+        grads_ready("embedding")
+        pending_waits.extend(rs_tags)  # finish_grad_sync
         if dp > 1:
             items.append(Collective("dp", "all_reduce", 1, "F32", "loss.average"))
             items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm.dp"))
         if tp_on:
             items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
-        items.append(self._optimizer_compute())
-        for b, n in enumerate(buckets):
-            items.append(Collective("dp", "all_gather", n // dp, "Bf16", f"ddp.bucket{b}.all_gather"))
+        comp("optimizer.step", "opt", ops.megatron_optimizer(self.megatron_optimizer_groups(), warmup))
         return items
 
     def _deepspeed_zero0_step(self, warmup: bool) -> list[Item]:
-        items: list[Item] = [Compute("embedding.fwd", 0.0, 4.0 * self.seq * self.hidden, "fwd")]
+        """DeepSpeed 1-stage pipeline, bf16 optimizer (ZeRO stage 0): synchronous gradient
+        all-reduce after the backward, synchronous parameter all-gather after the step (no
+        overlap on this path: ``_exec_reduce_grads`` / ``update_lp_params``)."""
+        ops = torch_ops(self)
+        items: list[Item] = [compute("embedding.fwd", "fwd", ops.hf_rotary())]
         for i in range(self.layers):
-            items += self._layer_compute(i, "fwd")
-        items.append(self._head_compute("fwd"))
-        items.append(self._head_compute("bwd"))
+            items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
+            items.append(compute(f"layers.{i}.mlp.fwd", "fwd", ops.hf_llama_mlp("fwd")))
+        items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd")))
+        items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd")))
         for i in reversed(range(self.layers)):
-            items += list(reversed(self._layer_compute(i, "bwd")))
-        items.append(Compute("embedding.bwd", 0.0, 4.0 * self.seq * self.hidden, "bwd"))
+            items.append(compute(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd")))
+            items.append(compute(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd")))
+        items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
         dp = self.spec.dp
         if dp > 1:
+            items.append(compute("bf16_optimizer.grads_for_reduction", "opt",
+                                 ops.bf16_grads_for_reduction(self.total_params)))
             cur, b = 0, 0
             for p in reversed(self.params):
                 cur += p.numel
@@ -398,10 +495,10 @@ class WorkloadModel:
             if cur:
                 items.append(Collective("dp", "all_reduce", cur, "Bf16", f"allreduce.bucket{b}"))
             items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
-        items.append(self._optimizer_compute())
+        padded = _ceil_to(self.total_params, 2 * dp)
+        partition = padded // dp
+        items.append(compute("optimizer.step", "opt", ops.adam_flat(partition, warmup, False, False)))
         if dp > 1:
-            padded = _ceil_to(self.total_params, 2 * dp)
-            partition = padded // dp
             shards = max(1, padded // DEEPSPEED_BUCKET_ELEMENTS)
             base = partition // shards
             for k in range(shards):
@@ -415,50 +512,71 @@ class WorkloadModel:
             mods.setdefault(p.module, []).append(p)
         return list(mods.items())
 
+    def zero3_partition(self) -> int:
+        """Elements of one rank's fp32 partition (every parameter split ceil(numel / dp))."""
+        return sum(-(-p.numel // self.spec.dp) for p in self.params)
+
     def _zero3_step(self, warmup: bool) -> list[Item]:
+        """DeepSpeed ZeRO-3 (overlap_comm defaults to True at stage 3): parameters are gathered
+        before their module runs, and the steady steps prefetch the next parameters of the
+        recorded trace up to ``stage3_prefetch_bucket_size`` (5e7) elements; the module's
+        compute waits for its own gathers only. Gradients are reduce-scattered asynchronously
+        after each module's backward and waited for before the optimizer step. The warm-up step
+        has no trace: no prefetch, everything gathered again in backward."""
+        ops = torch_ops(self)
         dp = self.spec.dp
         mods = self._zero3_modules()
-        compute_fwd: dict[str, list[Compute]] = {}
+        fwd: dict[str, list] = {"embedding": ops.hf_rotary(gpt_oss=True), "output_layer": ops.hf_head("fwd", True)}
+        bwd: dict[str, list] = {"output_layer": ops.hf_head("bwd", True)}
         for i in range(self.layers):
-            attn, mlp = self._layer_compute(i, "fwd")
-            compute_fwd[f"layers.{i}.self_attn"] = [attn]
-            compute_fwd[f"layers.{i}.mlp.experts"] = [mlp]
-        compute_fwd["output_layer"] = [self._head_compute("fwd")]
-        compute_bwd: dict[str, list[Compute]] = {}
-        for i in range(self.layers):
-            attn, mlp = self._layer_compute(i, "bwd")
-            compute_bwd[f"layers.{i}.self_attn"] = [attn]
-            compute_bwd[f"layers.{i}.mlp.experts"] = [mlp]
-        compute_bwd["output_layer"] = [self._head_compute("bwd")]
+            fwd[f"layers.{i}.self_attn"] = ops.hf_attention("fwd", gpt_oss=True)
+            fwd[f"layers.{i}.mlp.experts"] = ops.gptoss_moe("fwd")
+            bwd[f"layers.{i}.self_attn"] = ops.hf_attention("bwd", gpt_oss=True)
+            bwd[f"layers.{i}.mlp.experts"] = ops.gptoss_moe("bwd")
 
-        def big(ps: list[Param]) -> list[Param]:
-            return [p for p in ps if p.numel > ZERO3_PERSISTENCE_THRESHOLD]
-
-        items: list[Item] = []
+        # which parameters each module execution gathers (persistence, reuse distance)
         fetched_total = 0
         fetched_at: dict[str, int] = {}
+        runs: list[tuple[str, str, list[Param]]] = []
+        for phase, order in (("fwd", mods), ("bwd", list(reversed(mods)))):
+            for name, ps in order:
+                gathered = [p for p in ps if p.numel > ZERO3_PERSISTENCE_THRESHOLD]
+                if gathered and phase == "bwd" and not warmup and name in fetched_at:
+                    if fetched_total - fetched_at[name] <= ZERO3_MAX_REUSE_DISTANCE:
+                        gathered = []  # still gathered: next use within the reuse distance
+                if gathered:
+                    fetched_at[name] = fetched_total
+                    fetched_total += sum(p.numel for p in gathered)
+                runs.append((name, phase, gathered))
+        queue = [(j, p) for j, (_, phase, gathered) in enumerate(runs) for p in gathered]
+        tags = {(j, p.name): f"zero3.{runs[j][1]}.gather.{p.name}" for j, p in queue}
 
-        def gather(name: str, ps: list[Param], phase: str) -> None:
-            nonlocal fetched_total
-            gathered = big(ps)
-            if not gathered:
-                return
-            if phase == "bwd" and not warmup and name in fetched_at:
-                if fetched_total - fetched_at[name] <= ZERO3_MAX_REUSE_DISTANCE:
-                    return  # still gathered: next use within the reuse distance
-            fetched_at[name] = fetched_total
-            for p in gathered:
-                items.append(Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", f"zero3.{phase}.gather.{p.name}"))
-                fetched_total += p.numel
-
-        for name, ps in mods:
-            gather(name, ps, "fwd")
-            items += compute_fwd.get(name, [])
-        for name, ps in reversed(mods):
-            gather(name, ps, "bwd")
-            items += compute_bwd.get(name, [])
-            for p in reversed(ps):
-                items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), "Bf16", f"zero3.reduce_scatter.{p.name}"))
+        items: list[Item] = []
+        qi = 0
+        rs_tags: list[str] = []
+        for j, (name, phase, gathered) in enumerate(runs):
+            while qi < len(queue) and queue[qi][0] <= j:  # this module's own (not yet issued)
+                jj, p = queue[qi]
+                items.append(Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)], blocking=False))
+                qi += 1
+            if not warmup:
+                ahead = 0
+                while qi < len(queue) and ahead < ZERO3_PREFETCH_BUCKET_ELEMENTS:
+                    jj, p = queue[qi]
+                    items.append(Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)],
+                                            blocking=False))
+                    ahead += p.numel
+                    qi += 1
+            kernels = (fwd if phase == "fwd" else bwd).get(name, [])
+            waits = tuple(tags[(j, p.name)] for p in gathered)
+            if kernels or waits:
+                items.append(compute(f"{name}.{phase}", phase, kernels, waits))
+            if phase == "bwd":
+                for p in reversed(next(ps for n, ps in mods if n == name)):
+                    tag = f"zero3.reduce_scatter.{p.name}"
+                    items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), "Bf16", tag, blocking=False))
+                    rs_tags.append(tag)
+        items.append(compute("zero3.grad_norm", "opt", ops.zero3_grad_norm(dp), waits=tuple(rs_tags)))
         items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
-        items.append(self._optimizer_compute())
+        items.append(compute("optimizer.step", "opt", ops.adam_flat(self.zero3_partition(), warmup, True, True)))
         return items

@@ -1,0 +1,163 @@
+"""Wall time of the whole default build next to Dagster's own floor, in one run.
+
+Usage::
+
+    python benchmarks/build_speed.py                      # floor, build --jobs 1, build (default jobs)
+    python benchmarks/build_speed.py --baseline main      # also the build of another git ref
+    python benchmarks/build_speed.py --stages             # also a per-stage profile of one build
+
+Each measurement is a fresh subprocess timed end to end (interpreter start, imports, code
+location load, every asset and check of the 30 runs, the dataset), one after the other:
+
+* ``dagster floor``: ``dagster asset materialize`` of a trivial one-asset code location with a
+  temporary DAGSTER_HOME -- what any single Dagster materialization costs here;
+* ``baseline`` (``--baseline REF``): ``phantora-assets build`` of that git ref, exported with
+  ``git archive`` into a temporary folder (same machine, same moment);
+* ``build --jobs 1`` and ``build``: this checkout's ``phantora-assets build``, sequential and with
+  its default worker count.
+
+The machine is shared: the load average is printed before and after every measurement, and
+ratios are given against the floor measured in the same run. Target (issue 5): the default
+build <= 30 s wall on this 2-core machine. ``--stages`` adds an in-process build with every
+pipeline stage timed (simulation, trace write, trace read + checks, bins, windows, summary,
+export, fsync) and the rest attributed to Dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 30.0
+
+TRIVIAL = textwrap.dedent('''
+    import dagster as dg
+
+    @dg.asset
+    def trivial() -> int:
+        return 1
+
+    defs = dg.Definitions(assets=[trivial])
+''')
+
+STAGES = textwrap.dedent('''
+    import collections, os, sys, time
+    from phantora_assets import pipeline
+    from phantora_assets.lib import analytic, chrome_trace
+    T = collections.Counter()
+    def wrap(mod, name, label):
+        f = getattr(mod, name)
+        def g(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                T[label] += time.perf_counter() - t
+        setattr(mod, name, g)
+    wrap(pipeline, "simulate", "  analytic simulation")
+    wrap(chrome_trace, "write_chrome_trace", "  trace write (JSON + gzip)")
+    wrap(chrome_trace, "read_trace", "  trace read")
+    for n in ["simulate_run", "write_trace", "validate_flows", "bin_flows", "window_features", "summarize_run",
+              "export_dataset"]:
+        wrap(pipeline, n, n)
+    _fsync = os.fsync
+    def fsync(fd):
+        t = time.perf_counter(); _fsync(fd); T["  (fsync, inside the stages)"] += time.perf_counter() - t
+    os.fsync = fsync
+    from phantora_assets.cli import main
+    t0 = time.perf_counter()
+    rc = main(["build", "--data-dir", sys.argv[1], "--quiet", "--jobs", "1"])
+    total = time.perf_counter() - t0
+    ours = sum(v for k, v in T.items() if not k.startswith(" "))
+    for k, v in sorted(T.items(), key=lambda kv: -kv[1]):
+        print(f"    {k:34s} {v:6.2f} s")
+    print(f"    {'Dagster + CLI (the rest)':34s} {total - ours:6.2f} s")
+    print(f"    {'total (in process, --jobs 1)':34s} {total:6.2f} s")
+    sys.exit(rc)
+''')
+
+
+def _load() -> str:
+    a, b, c = os.getloadavg()
+    return f"{a:.2f}"
+
+
+def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str, str, str]:
+    before = _load()
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    return wall, out.returncode, before, _load(), (out.stdout + out.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", help="git ref to build too (exported with git archive)")
+    ap.add_argument("--stages", action="store_true", help="also a per-stage profile of one in-process build")
+    ap.add_argument("--skip-sequential", action="store_true", help="skip the --jobs 1 build")
+    args = ap.parse_args(argv)
+    py = sys.executable
+    base_env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PHANTORA_ASSETS_RUN_MATRIX")}
+    base_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    rows: list[tuple[str, float, int, str, str]] = []
+    print(f"{os.cpu_count()} CPUs; load averages are the 1-minute value before -> after each measurement\n")
+    with tempfile.TemporaryDirectory(prefix="build_speed_") as tmp:
+        tmp = Path(tmp)
+        (tmp / "trivial_defs.py").write_text(TRIVIAL)
+        (tmp / "home").mkdir()
+        env = {**base_env, "DAGSTER_HOME": str(tmp / "home")}
+        wall, rc, b, a, log = _timed([py, "-m", "dagster", "asset", "materialize", "-f", str(tmp / "trivial_defs.py"),
+                                      "--select", "trivial"], tmp, env)
+        rows.append(("dagster floor (trivial 1-asset materialize)", wall, rc, b, a))
+        if rc:
+            print(log[-2000:])
+        if args.baseline:
+            src = tmp / "baseline"
+            src.mkdir()
+            arch = subprocess.run(["git", "archive", args.baseline], cwd=ROOT, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
+            env = {**base_env, "PYTHONPATH": str(src)}
+            wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d0"),
+                                          "--quiet"], src, env)
+            rows.append((f"baseline build ({args.baseline})", wall, rc, b, a))
+            if rc:
+                print(log[-2000:])
+        env = {**base_env, "PYTHONPATH": str(ROOT)}
+        if not args.skip_sequential:
+            wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d1"),
+                                          "--quiet", "--jobs", "1"], ROOT, env)
+            rows.append(("build --jobs 1", wall, rc, b, a))
+            if rc:
+                print(log[-2000:])
+        wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d2"), "--quiet"],
+                                     ROOT, env)
+        rows.append(("build (default --jobs)", wall, rc, b, a))
+        if rc:
+            print(log[-2000:])
+        final = wall
+        floor = rows[0][1]
+        print(f"{'measurement':46s} {'wall s':>7s} {'x floor':>8s} {'rc':>3s}  load")
+        for name, w, r, b, a in rows:
+            print(f"{name:46s} {w:7.1f} {w / floor:8.2f} {r:3d}  {b} -> {a}")
+        if args.baseline:
+            print(f"\nspeed-up over the baseline: {rows[1][1] / final:.2f}x")
+        print(f"target: default build <= {TARGET_S:.0f} s wall: {'met' if final <= TARGET_S else 'MISSED'} "
+              f"({final:.1f} s)")
+        if args.stages:
+            (tmp / "stages.py").write_text(STAGES)
+            print("\nper-stage profile of one in-process build (--jobs 1):")
+            out = subprocess.run([py, str(tmp / "stages.py"), str(tmp / "d3")], cwd=ROOT, env=env,
+                                 capture_output=True, text=True)
+            print(out.stdout.rstrip() or out.stderr[-2000:])
+    return 0 if final <= TARGET_S and all(r[2] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Fidelity of the analytic simulator against the published phantora_v0 figures.
+
+Usage::
+
+    python benchmarks/fidelity.py          # the per-row table and the summary; exit 1 off target
+    python benchmarks/fidelity.py --fit    # also: the L40S roofline constants refitted from perfdb/l40s
+
+For every ``ok`` row of ``tests/data/published_runs.csv`` it simulates the run (no Dagster, no
+trace files) and prints the published and simulated step time with the error, the inter-node
+bytes per step with the error, the share of compute time that came from the perf DB and the
+exposed communication; then the median and max |step error| and whether every byte count is
+within max(0.5 %, 0.005 GB). It also checks the memory verdicts: the published out-of-memory
+configurations are flagged and no published ``ok`` one is.
+
+Targets (issue 5): median |step error| <= 15 %, max <= 40 %, bytes within tolerance, OOM exact.
+The constants are per GPU model (``phantora_assets/gpus.toml``, sources documented there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from phantora_assets.lib.analytic import AnalyticSimulator  # noqa: E402
+from phantora_assets.lib.kernels import DTYPE_CODE_BYTES, load_compute_db  # noqa: E402
+from phantora_assets.lib.memory import estimate_memory  # noqa: E402
+from phantora_assets.lib.workloads import workload_model  # noqa: E402
+from phantora_assets.runs import load_run_matrix  # noqa: E402
+
+PUBLISHED = ROOT / "tests" / "data" / "published_runs.csv"
+TARGET_MEDIAN, TARGET_MAX = 0.15, 0.40
+
+
+def fidelity_rows() -> list[dict]:
+    """One dict per published ok row: published/simulated step and bytes, errors, DB share."""
+    specs = {s.run_id: s for s in load_run_matrix()}
+    with PUBLISHED.open(newline="") as fh:
+        published = [r for r in csv.DictReader(fh) if r["status"] == "ok"]
+    out = []
+    for r in published:
+        spec = specs[r["run_id"]]
+        sim = AnalyticSimulator(spec, emit=False)
+        res = sim.run()
+        pub_ms, pub_gb = float(r["step_time_ms"]), float(r["inter_node_gb_per_step"])
+        sim_ms, sim_b = res.step_ns / 1e6, sim.network_bytes_per_step()
+        out.append({
+            "run_id": r["run_id"], "published_ms": pub_ms, "simulated_ms": sim_ms, "error": (sim_ms - pub_ms) / pub_ms,
+            "published_gb": pub_gb, "simulated_gb": sim_b / 1e9,
+            "bytes_ok": abs(sim_b - pub_gb * 1e9) <= max(0.005 * pub_gb * 1e9, 0.005e9),
+            "db_fraction": res.db_fraction, "exposed_ms": res.exposed_comm_ns / 1e6,
+        })
+    return out
+
+
+def oom_check() -> tuple[bool, set[str], set[str]]:
+    with PUBLISHED.open(newline="") as fh:
+        published = list(csv.DictReader(fh))
+    expected = {r["run_id"] for r in published if r["status"] == "out_of_memory"}
+    flagged = {s.run_id for s in load_run_matrix() if not estimate_memory(workload_model(s)).fits}
+    ok_rows = {r["run_id"] for r in published if r["status"] == "ok"}
+    return flagged == expected and not (flagged & ok_rows), flagged, expected
+
+
+def fit_l40s(folder: Path = ROOT / "perfdb" / "l40s") -> dict[str, float]:
+    """The L40S roofline constants of gpus.toml, refitted from its perf DB (medians)."""
+    db = load_compute_db(str(folder))
+
+    def tensors(v):
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], list):
+            return [v]
+        if isinstance(v, dict) and "R" in v:
+            return tensors(v["R"][1]) * v["R"][0]
+        if isinstance(v, list):
+            return [t for x in v for t in tensors(x)]
+        if isinstance(v, dict):
+            return [t for x in v.values() for t in tensors(x)]
+        return []
+
+    gemm, bw, l2, all_ns, gemm_extra = [], [], [], [], []
+    small = []
+    for key, ns in db.items():
+        if ns <= 0:
+            continue
+        obj = json.loads(key)
+        op = next(iter(obj))
+        ts = tensors(obj[op])
+        all_ns.append(ns)
+        if op in ("MM", "MatMul", "BMM", "Linear"):
+            a, b = ts[0][1], ts[1][1]
+            n = b[0] if op == "Linear" else b[-1]
+            flops = 2 * math.prod(a[:-1]) * a[-1] * n
+            if flops >= 5e10:
+                gemm.append(flops / ns * 1e9)
+            if flops < 5e9 and ts[0][0] == "bf16":
+                small.append((flops, ns))
+        elif op in ("Add_", "Mul", "Add", "Softmax", "ConvDType", "Mul_") and ts:
+            size = lambda t: math.prod(t[1] or [1]) * DTYPE_CODE_BYTES[t[0]]  # noqa: E731
+            big = max(size(t) for t in ts)
+            out = math.prod(ts[0][1]) * (2 if obj[op][1] == "BFloat16" else 4) if op == "ConvDType" else big
+            traffic = size(ts[0]) + out
+            if big >= 200e6:
+                bw.append(traffic / ns * 1e9)
+            if op == "Add_" and 16e6 <= big <= 48e6:
+                l2.append(traffic / ns * 1e9)
+    eff = float(np.median(gemm)) / 362e12
+    gemm_extra = [ns - f / (362e12 * eff) * 1e9 for f, ns in small]
+    return {"matmul_efficiency": eff, "memory_efficiency": float(np.median(bw)) / 864e9,
+            "gemm_floor_ns": float(np.median(gemm_extra)), "n_small_gemm": len(gemm_extra),
+            "l2_bw_bytes_per_s": float(np.median(l2)), "kernel_floor_ns": float(np.median(sorted(all_ns)[:30])),
+            "n_gemm": len(gemm), "n_elementwise": len(bw), "n_l2": len(l2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fit", action="store_true", help="also refit the L40S roofline constants from perfdb/l40s")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = fidelity_rows()
+    print(f"{'run_id':30s} {'published':>10s} {'simulated':>10s} {'error':>8s}   {'pub GB':>7s} {'sim GB':>8s} "
+          f"{'bytes':>5s}  {'perf DB':>7s} {'exposed':>8s}")
+    for r in rows:
+        print(f"{r['run_id']:30s} {r['published_ms']:8.1f}ms {r['simulated_ms']:8.1f}ms {r['error']:+8.1%}   "
+              f"{r['published_gb']:7.2f} {r['simulated_gb']:8.3f} {'ok' if r['bytes_ok'] else 'OFF':>5s}  "
+              f"{r['db_fraction']:7.0%} {r['exposed_ms']:6.1f}ms")
+    err = np.abs([r["error"] for r in rows])
+    med, mx = float(np.median(err)), float(err.max())
+    bytes_ok = all(r["bytes_ok"] for r in rows)
+    oom_ok, flagged, expected = oom_check()
+    print(f"\n{len(rows)} published ok rows: median |error| {med:.1%} (target <= {TARGET_MEDIAN:.0%}), "
+          f"max |error| {mx:.1%} (target <= {TARGET_MAX:.0%})")
+    print(f"bytes within max(0.5 %, 0.005 GB): {'all' if bytes_ok else 'NOT all'}; "
+          f"out-of-memory flags: {'exactly the published ' + str(len(expected)) if oom_ok else f'{sorted(flagged)} vs {sorted(expected)}'}")
+    if args.fit:
+        fit = fit_l40s()
+        print("\nL40S roofline constants refitted from perfdb/l40s (gpus.toml [l40s]):")
+        print(f"  matmul_efficiency  {fit['matmul_efficiency']:.3f}  (median of {fit['n_gemm']} BF16 GEMMs >= 50 GFLOP)")
+        print(f"  memory_efficiency  {fit['memory_efficiency']:.3f}  (median of {fit['n_elementwise']} element-wise calls >= 200 MB)")
+        print(f"  l2_bw_bytes_per_s  {fit['l2_bw_bytes_per_s']:.3g}  (median of {fit['n_l2']} in-place adds of 16-48 MB)")
+        print(f"  kernel_floor_ns    {fit['kernel_floor_ns']:.0f}  (median of the 30 shortest recorded calls)")
+        print(f"  gemm_floor_ns      {fit['gemm_floor_ns']:.0f}  (median over {fit['n_small_gemm']} BF16 GEMMs < 5 GFLOP of "
+              "time minus FLOPs at matmul_efficiency)")
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    ok = med <= TARGET_MEDIAN and mx <= TARGET_MAX and bytes_ok and oom_ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
