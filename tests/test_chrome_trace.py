@@ -412,3 +412,19 @@ def test_first_error_in_file_order_with_line(tmp_path: Path, workers: int) -> No
         read_trace(p, chunk_bytes=2048, workers=workers)
     assert ei.value.rule == "negative duration", str(ei.value)
     assert f"line {i + 1}:" in str(ei.value) and p.name in str(ei.value)
+
+
+def _read_in_pool_worker(args):
+    path, workers = args
+    return read_trace(path, chunk_bytes=4096, workers=workers).flows
+
+
+def test_helpers_are_skipped_inside_a_daemonic_pool_worker(tmp_path: Path) -> None:
+    """A parallel build runs partitions in pool workers, which may not have children."""
+    import multiprocessing as mp
+
+    p = _big_trace(tmp_path)
+    ref = read_trace(p, workers=0)
+    with mp.get_context("fork").Pool(1) as pool:
+        got = pool.map(_read_in_pool_worker, [(p, 2)])[0]
+    pd.testing.assert_frame_equal(got, ref.flows, check_exact=True)

@@ -361,17 +361,26 @@ class _Helper:
         # and only runs trace_decode code on the shared memory.
         ctx = mp.get_context("fork")
         self.jobs, self.results, self.procs = [], [], []
-        for i in range(n):
-            job_r, job_w = ctx.Pipe(duplex=False)
-            res_r, res_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=td.helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
-                               daemon=True, name=f"phantora-trace-helper-{i}")
-            proc.start()
-            job_r.close()
-            res_w.close()
-            self.jobs.append(job_w)
-            self.results.append(res_r)
-            self.procs.append(proc)
+        try:
+            for i in range(n):
+                job_r, job_w = ctx.Pipe(duplex=False)
+                res_r, res_w = ctx.Pipe(duplex=False)
+                self.jobs.append(job_w)
+                self.results.append(res_r)
+                proc = ctx.Process(target=td.helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
+                                   daemon=True, name=f"phantora-trace-helper-{i}")
+                proc.start()
+                job_r.close()
+                res_w.close()
+                self.procs.append(proc)
+        except BaseException:
+            for proc in self.procs:
+                proc.kill()
+                proc.join(timeout=5)
+            for conn in self.jobs + self.results:
+                conn.close()
+            self.mm.close()
+            raise
         self.dead = [False] * n
         self.free = list(range(n_slots))
         self.load = [0] * n
@@ -602,7 +611,14 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
     asm = _Assembly(path, chunk_bytes)
     local = td.BatchDecoder()
     asm.tables[0] = (local.names.values, local.hosts.values, local.comms.values)
-    helper = _Helper(path, chunk_bytes, workers) if workers and hasattr(os, "fork") else None
+    helper = None
+    # a daemonic process (e.g. a multiprocessing pool worker of a parallel build) may not start
+    # children: it decodes everything itself
+    if workers and hasattr(os, "fork") and not mp.current_process().daemon:
+        try:
+            helper = _Helper(path, chunk_bytes, workers)
+        except OSError:  # no memory or processes left for helpers: decode here
+            helper = None
     try:
         for k, (offset, buf, end) in enumerate(td.iter_batches(path, chunk_bytes)):
             if helper is not None:
