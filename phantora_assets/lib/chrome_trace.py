@@ -493,7 +493,7 @@ class _Assembly:
         n_events = sum(self.batches[k][1]["n_events"] for k in ks)
         if n_events == 0:
             raise TraceFormatError(self.path, "empty trace", "the JSON array has no events")
-        names, hosts, comms = _Table(), _Table(), _Table()
+        names, hosts, comms = td.CodeTable(), td.CodeTable(), td.CodeTable()
         maps = {}
         for d, (nv, hv, cv) in self.tables.items():
             maps[d] = tuple(np.fromiter(map(t.__getitem__, vals), np.int64, len(vals))
@@ -585,19 +585,6 @@ class _Assembly:
             "name": _strings(names, col["name"]),
         }
         return pd.DataFrame(out, columns=list(FLOW_COLUMNS), copy=False)
-
-
-class _Table(dict):
-    """``value -> dense code`` (codes in order of first appearance, values in ``values``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: list = []
-
-    def __missing__(self, key):
-        code = self[key] = len(self.values)
-        self.values.append(key)
-        return code
 
 
 def _strings(values: list, codes: np.ndarray) -> np.ndarray:

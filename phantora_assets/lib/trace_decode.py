@@ -138,7 +138,7 @@ _g_hostname = attrgetter("hostname")
 _first = itemgetter(0)
 
 
-class _Table(dict):
+class CodeTable(dict):
     """``value -> dense code``; new values are appended to ``values`` (codes in order)."""
 
     def __init__(self) -> None:
@@ -189,8 +189,8 @@ class BatchDecoder:
     """
 
     def __init__(self) -> None:
-        self.names = _Table()
-        self.hosts = _Table()
+        self.names = CodeTable()
+        self.hosts = CodeTable()
         self.comms = _CommTable()
 
     def decode(self, buf: bytearray, end: int, offset: int, line_of: Callable[[int], int]) -> dict:
