@@ -9,13 +9,10 @@ class PhantoraAssetsError(Exception):
     """Base class of every error raised by phantora_assets."""
 
 
-class TraceFormatError(PhantoraAssetsError):
-    """A trace file breaks a format rule (PHANTORA_FORMATS.md section 3).
+class FileRuleError(PhantoraAssetsError):
+    """An error about one file: ``path``, the ``rule`` broken, and the ``detail`` found.
 
-    Args:
-        path: the offending file.
-        rule: short name of the rule broken, e.g. ``"invalid JSON"``.
-        detail: what was found (line number, value).
+    The message is ``"<path>: <rule> (<detail>)"``.
     """
 
     def __init__(self, path: str | Path, rule: str, detail: str = "") -> None:
@@ -26,6 +23,16 @@ class TraceFormatError(PhantoraAssetsError):
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)
+
+
+class TraceFormatError(FileRuleError):
+    """A trace file breaks a format rule (PHANTORA_FORMATS.md section 3).
+
+    Args:
+        path: the offending file.
+        rule: short name of the rule broken, e.g. ``"invalid JSON"``.
+        detail: what was found (line number, value).
+    """
 
 
 class StepDetectionError(TraceFormatError):
@@ -40,7 +47,7 @@ class PerfDBError(PhantoraAssetsError):
     """A performance database file is missing, corrupt, or breaks the perf DB schema."""
 
 
-class OutputWriteError(PhantoraAssetsError, OSError):
+class OutputWriteError(FileRuleError, OSError):
     """An output file could not be written (e.g. the disk is full); the previous file, if any,
     is unchanged and no temporary file is left.
 
@@ -51,12 +58,6 @@ class OutputWriteError(PhantoraAssetsError, OSError):
     """
 
     def __init__(self, path: str | Path, rule: str, detail: str = "", errno_: int | None = None) -> None:
-        self.path = str(path)
-        self.rule = rule
-        self.detail = detail
-        msg = f"{self.path}: {rule}"
-        if detail:
-            msg += f" ({detail})"
-        super().__init__(msg)
+        super().__init__(path, rule, detail)
         if errno_ is not None:
             self.errno = errno_
