@@ -386,8 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point. An invalid run matrix (or another input error of ours) prints its message
+    (naming the file, entry and rule) and exits 2, without a traceback."""
+    from phantora_assets.lib.errors import RunMatrixError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except RunMatrixError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

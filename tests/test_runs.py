@@ -53,3 +53,17 @@ def test_duplicate_run_rejected():
     e = {"workload": "W4", "gpu": "l40s", "nodes": 2, "gpus_per_node": 1}
     with pytest.raises(RunMatrixError, match="duplicate run_id phantora_l40s_W4_2x1"):
         parse_entries([e, e])
+
+
+def test_cli_reports_invalid_matrix_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad_runs.toml"
+    bad.write_text('[[run]]\nworkload = "W1"\ngpu = "a100_40g"\nnodes = 1\ngpus_per_node = 1\n')
+    env = {**__import__("os").environ, "PHANTORA_ASSETS_RUN_MATRIX": str(bad)}
+    out = subprocess.run([sys.executable, "-m", "phantora_assets.cli", "runs", "--data-dir", str(tmp_path / "d")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "bad_runs.toml [[run]] #1" in out.stderr and "tensor_parallel_size=2" in out.stderr
