@@ -334,7 +334,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.quiet:
         show = df[["workload", "layout", "host_bw_gbps", "status", "step_time_ms", "compute_ms", "exposed_comm_ms",
                    "inter_node_bytes_per_step"]].copy()
-        show["status"] = show["status"].str.slice(0, 40)
+        show["status"] = show["status"].str.slice(0, 120)
         print(show.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\n{len(df)} points ({(df['status'] == 'ok').sum()} ok) in {time.perf_counter() - t0:.1f} s -> {out}")
     return 0
