@@ -110,6 +110,15 @@ def read_run_log_summary(paths: DataPaths, run_id: str) -> dict[str, Any] | None
     return json.loads(p.read_text()) if p.is_file() else None
 
 
+def _fits_outcome(mem: dict[str, Any]) -> Outcome:
+    """The ``fits_in_memory`` outcome of a memory estimate (``MemoryEstimate.as_dict()``)."""
+    fits = bool(mem["fits"])
+    words = "fits: estimated peak {p:.2f} GiB <= card {c:.2f} GiB" if fits else \
+        "does not fit: estimated peak {p:.2f} GiB > card {c:.2f} GiB"
+    return Outcome("fits_in_memory", fits, words.format(p=mem["peak_gib"], c=mem["card_gib"]),
+                   {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]})
+
+
 def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> StageResult:
     """Run the analytic simulator; write the raw timeline, ``run.log`` and ``config/``.
 
@@ -134,10 +143,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     if not result.fits:
         log.append(f"OUT OF MEMORY: estimated peak {mem['peak_gib']:.2f} GiB exceeds the card ({mem['card_gib']:.2f} GiB)")
         atomic_write_text(folder / "run.log", "\n".join(log) + "\n")
-        outcome = Outcome("fits_in_memory", False,
-                          f"does not fit: estimated peak {mem['peak_gib']:.2f} GiB > card {mem['card_gib']:.2f} GiB",
-                          {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]})
-        outcomes = [outcome, _ANALYTIC_PERFDB]
+        outcomes = [_fits_outcome(mem), _ANALYTIC_PERFDB]
         _record(paths, spec, "raw_timeline", outcomes)
         return StageResult(None, {**meta, "status": "out_of_memory"}, outcomes)
     log.append(f"# compute per steady step (rank 0): {result.compute_ns_per_step / 1e6:.3f} ms, "
@@ -155,10 +161,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
            "kernels_from_perf_db": result.kernels_from_db}
     atomic_write_text(paths.partition_dir(spec.run_id) / "simulation.json", json.dumps(sim, indent=1, sort_keys=True) + "\n")
     atomic_write_text(folder / "run.log", "\n".join(log) + "\n")
-    outcome = Outcome("fits_in_memory", True,
-                      f"fits: estimated peak {mem['peak_gib']:.2f} GiB <= card {mem['card_gib']:.2f} GiB",
-                      {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]})
-    outcomes = [outcome, _ANALYTIC_PERFDB]
+    outcomes = [_fits_outcome(mem), _ANALYTIC_PERFDB]
     _record(paths, spec, "raw_timeline", outcomes)
     run_log = _write_run_log_summary(paths, spec)
     meta.update({"status": "simulated", "n_events": len(result.raw), "iterations": len(result.iteration_ns),
