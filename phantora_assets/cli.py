@@ -46,7 +46,8 @@ QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 def _build_defs(data_dir: str, matrix, plots: bool = True):
     """Definitions bound to ``data_dir`` and ``matrix``, with the build's jobs resolved once
     (resolving the asset graph for every partition, as ``dagster.materialize`` does, costs ~0.3 s
-    a call). Returns (defs, names of the dataset jobs in order)."""
+    a call): ``build_perf_dbs``, ``build_runs`` (per-run assets) and ``build_dataset`` (the dataset
+    assets in one run; Dagster skips the ones below a failed asset or blocking check)."""
     import dagster as dg
 
     from phantora_assets import definitions as d
@@ -60,33 +61,38 @@ def _build_defs(data_dir: str, matrix, plots: bool = True):
         dg.define_asset_job("build_runs", selection=dg.AssetSelection.assets(*run_keys)),
         dg.define_asset_job("build_perf_dbs", selection=dg.AssetSelection.assets(d.simulation.perf_db.key)),
     ]
-    dataset_jobs = [f"build_{k.to_python_identifier()}" for k in dataset_keys]
-    jobs += [dg.define_asset_job(n, selection=dg.AssetSelection.assets(k)) for n, k in zip(dataset_jobs, dataset_keys)]
+    jobs.append(dg.define_asset_job("build_dataset", selection=dg.AssetSelection.assets(*dataset_keys)))
     resources = {"data": DataRoot(data_dir=data_dir), "simulator": d.simulator_from_env(matrix)}
-    return dg.Definitions(assets=all_assets, jobs=jobs, resources=resources), dataset_jobs
+    return dg.Definitions(assets=all_assets, jobs=jobs, resources=resources)
 
 
-def _build_runs(data_dir: str, matrix, run_ids: list[str], plots: bool, use_home: bool):
-    """Materialize every per-run asset and check of ``run_ids`` (one in-process Dagster run per
-    partition, one instance for all). Returns (run_id, success, step errors) per run."""
+def _run_partition(job, instance, run_id: str) -> tuple[str, bool, list[str]]:
+    """Materialize every asset and check of ``job`` for one run partition: (run_id, success, step errors)."""
+    res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False,
+                                 run_config=QUIET_LOGS)
+    errors = [str(e.event_specific_data.error.message).strip().splitlines()[0]
+              for e in res.all_events if e.is_step_failure and e.event_specific_data and
+              getattr(e.event_specific_data, "error", None)]
+    return run_id, res.success, errors
+
+
+#: What a forked build worker inherits from the parent: the resolved run job (set just before the
+#: pool forks; resolving it again per worker would redo the work) and its own instance (made lazily).
+_WORKER: dict = {}
+
+
+def _worker_run(run_id: str) -> tuple[str, bool, list[str]]:
     import dagster as dg
 
-    defs, _ = _build_defs(data_dir, matrix, plots)
-    job = defs.resolve_job_def("build_runs")
-    instance = _instance() if use_home else dg.DagsterInstance.ephemeral()
-    out = []
-    for run_id in run_ids:
-        res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False,
-                                     run_config=QUIET_LOGS)
-        errors = [str(e.event_specific_data.error.message).strip().splitlines()[0]
-                  for e in res.all_events if e.is_step_failure and e.event_specific_data and
-                  getattr(e.event_specific_data, "error", None)]
-        out.append((run_id, res.success, errors))
-    return out
+    if "instance" not in _WORKER:
+        _WORKER["instance"] = dg.DagsterInstance.ephemeral()
+    return _run_partition(_WORKER["job"], _WORKER["instance"], run_id)
 
 
-def _build_runs_worker(args: tuple) -> list:
-    return _build_runs(*args, use_home=False)
+def _cost_order(specs) -> list[str]:
+    """Run ids, largest world size first, so that a pool handing out one run at a time ends with
+    short runs on every worker (the cost of a run grows with its number of ranks)."""
+    return [s.run_id for s in sorted(specs, key=lambda s: -s.n_nodes * s.gpus_per_node)]
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -116,7 +122,7 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
     stale = sweep_temp_files(data_dir)  # left by a build that was killed mid-write
     if stale and not quiet:
         print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
-    defs, dataset_jobs = _build_defs(str(data_dir), matrix, plots)
+    defs = _build_defs(str(data_dir), matrix, plots)
     instance = _instance()
     perf_db_job = defs.resolve_job_def("build_perf_dbs")
     for gpu in sorted({s.gpu for s in specs}):
@@ -124,20 +130,21 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
                                        run_config=QUIET_LOGS)
     jobs = max(1, min(jobs, len(specs)))
     use_home = bool(os.environ.get("DAGSTER_HOME"))
-    ids = [s.run_id for s in specs]
+    run_job = defs.resolve_job_def("build_runs")
     if jobs > 1 and not use_home:
         import multiprocessing as mp
 
-        chunks = [(str(data_dir), matrix, ids[i::jobs], plots) for i in range(jobs)]
+        import matplotlib.figure  # noqa: F401 - imported once here rather than in every worker
+
+        _WORKER.clear()
+        _WORKER["job"] = run_job
         with mp.get_context("fork").Pool(jobs) as pool:
-            parts = pool.map(_build_runs_worker, chunks)
+            done = {r[0]: r for r in pool.imap_unordered(_worker_run, _cost_order(specs), chunksize=1)}
             pool.close()
             pool.join()  # let the workers exit normally before the pool is torn down
-        results = [r for part in parts for r in part]
-        order = {rid: i for i, rid in enumerate(ids)}
-        results.sort(key=lambda r: order[r[0]])
+        results = [done[s.run_id] for s in specs]
     else:
-        results = _build_runs(str(data_dir), matrix, ids, plots, use_home)
+        results = [_run_partition(run_job, instance, s.run_id) for s in specs]
     failures = 0
     rows = []
     for (run_id, success, errors), spec in zip(results, specs):
@@ -157,13 +164,12 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
         rows.append((spec.run_id, status))
         if not quiet:
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-    for name in dataset_jobs:
-        res = defs.resolve_job_def(name).execute_in_process(instance=instance, raise_on_error=False,
-                                                            run_config=QUIET_LOGS)
-        if not res.success:
-            failures += 1
-            print(f"{name.removeprefix('build_')}: FAILED (see its checks)", file=sys.stderr)
-            break
+    res = defs.resolve_job_def("build_dataset").execute_in_process(instance=instance, raise_on_error=False,
+                                                                   run_config=QUIET_LOGS)
+    if not res.success:
+        failures += 1
+        failed = sorted({e.step_key for e in res.all_events if e.is_step_failure})
+        print(f"dataset: FAILED at {', '.join(failed) or 'a blocking check'} (see its checks)", file=sys.stderr)
     elapsed = time.perf_counter() - t0
     print(f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
           f"{sum(r[1].startswith('ok') for r in rows)} ok, "

