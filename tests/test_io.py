@@ -45,3 +45,12 @@ def test_csv_of_an_empty_table_is_its_header(tmp_path) -> None:
     out = tmp_path / "e.csv"
     atomic_write_csv(df, out)
     assert out.read_bytes() == _pandas_csv(df) == b"a,b\n"
+
+
+def test_atomic_writes_get_the_mode_of_a_plain_open(tmp_path) -> None:
+    """Not mkstemp's 0600: the mode a plain ``open(..., "w")`` gives under the umask."""
+    from phantora_assets.lib.io import atomic_write_text
+
+    atomic_write_text(tmp_path / "a.txt", "x")
+    (tmp_path / "b.txt").write_text("x")
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == (tmp_path / "b.txt").stat().st_mode & 0o777

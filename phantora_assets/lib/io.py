@@ -21,6 +21,16 @@ from phantora_assets.lib.errors import OutputWriteError
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
+def _file_mode() -> int:
+    """Mode of a newly created file under the process umask (``mkstemp`` alone gives 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _file_mode()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
@@ -37,7 +47,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        try:
+            os.fchmod(fd, _FILE_MODE)  # readable as any other output file (e.g. by the Dagster UI's user)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise _write_error(path, exc) from exc
     tmp_path = Path(tmp)
