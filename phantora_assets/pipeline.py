@@ -38,7 +38,7 @@ from phantora_assets import schemas
 from phantora_assets.lib import binning, chrome_trace, steps, trace_checks
 from phantora_assets.lib import window_features as wf
 from phantora_assets.lib.analytic import simulate
-from phantora_assets.lib.checks_log import blocking_failures, read_checks, record_check, reset_checks, run_passed
+from phantora_assets.lib.checks_log import blocking_failures, read_checks, record_checks, reset_checks, run_passed
 from phantora_assets.lib.cross_check import cross_check
 from phantora_assets.lib.docker_config import config_files, layout_for, missing_listing
 from phantora_assets.lib.errors import TraceFormatError
@@ -77,15 +77,13 @@ class StageResult:
     outcomes: list[Outcome] = field(default_factory=list)
 
 
-def _write_parquet(df: pd.DataFrame, path: Path) -> None:
-    with atomic_path(path) as tmp:
+def _write_parquet(df: pd.DataFrame, path: Path, durable: bool = False) -> None:
+    with atomic_path(path, durable) as tmp:
         df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
 
 
 def _record(paths: DataPaths, spec: RunSpec, asset: str, outcomes: list[Outcome]) -> None:
-    folder = paths.run_folder(spec)
-    for o in outcomes:
-        record_check(folder, asset, o.name, o.passed, o.message, warn=o.severity == "warn")
+    record_checks(paths.run_folder(spec), asset, [(o.name, o.passed, o.message, o.severity == "warn") for o in outcomes])
 
 
 # --------------------------------------------------------------------------- simulation
@@ -718,9 +716,9 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         if wins_df is not None:
             tables["windows"] = wins_df
         for name, df in tables.items():
-            atomic_write_csv(df, d / f"{name}.csv")
-            _write_parquet(df, d / f"{name}.parquet")
+            atomic_write_csv(df, d / f"{name}.csv", durable=True)
+            _write_parquet(df, d / f"{name}.parquet", durable=True)
         listing = ["run_id,status,reason"] + [f"{r},included," for r in included] + \
                   [f'{r},excluded,"{why}"' for r, why in excluded.items()]
-        atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n")
+        atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n", durable=True)
     return DatasetResult(d, included, excluded, outcome)

@@ -71,9 +71,16 @@ def reset_checks(folder: Path, asset: str, names: tuple[str, ...] = ()) -> None:
 def record_check(folder: Path, asset: str, name: str, passed: bool, message: str, *, warn: bool = False) -> None:
     """Record one outcome with its plain-words message: ``passed``, else ``failed`` (or
     ``warning`` for an advisory check, ``warn=True``)."""
+    record_checks(folder, asset, [(name, passed, message, warn)])
+
+
+def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str, bool]]) -> None:
+    """Record several outcomes of ``asset`` at once, ``(name, passed, message, warn)`` each (one
+    write of the two files instead of one per outcome)."""
     data = read_checks(folder)
-    status = "passed" if passed else ("warning" if warn else "failed")
-    data[name] = {"status": status, "asset": asset, "message": message}
+    for name, passed, message, warn in outcomes:
+        status = "passed" if passed else ("warning" if warn else "failed")
+        data[name] = {"status": status, "asset": asset, "message": message}
     _write(folder, data)
 
 

@@ -226,7 +226,7 @@ def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
     header = ("# Imported Phantora run folders (written by `phantora-assets import`).\n"
               "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n")
     body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
-    atomic_write_text(path, header + body)
+    atomic_write_text(path, header + body, durable=True)
     return path
 
 
