@@ -55,7 +55,9 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet")
-    compute = anatomy.read_compute_events(paths.chrome_trace(spec))
+    events = pdir / "compute_events.parquet"   # written with flows.parquet by validated_flows
+    compute = (pd.read_parquet(events) if events.exists()
+               else anatomy.read_compute_events(paths.chrome_trace(spec)))
     hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
     intervals = anatomy.host_intervals(flows, compute, hosts)
     table = anatomy.step_anatomy(steps, flows, compute, hosts, intervals)

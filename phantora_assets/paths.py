@@ -5,7 +5,7 @@
         timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
         plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
     <root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
-        raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet
+        raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet  compute_events.parquet
         flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
         run_log.json  cross_check.json  step_anatomy.parquet  step_spans.parquet
     <root>/imports.toml                        imported run folders (phantora-assets import)

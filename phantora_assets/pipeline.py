@@ -454,7 +454,8 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
 
     Writes ``flows.parquet`` (network flows, src_node != dst_node, with ``step``),
     ``steps.parquet``, ``step_flows.parquet`` (the chosen steady step's network flows, the
-    input of the build) and ``trace_summary.json`` -- only when every trace rule holds. A
+    input of the build), ``compute_events.parquet`` (host, ts_us, dur_us of every Computation
+    event: the step anatomy's input) and ``trace_summary.json`` -- only when every trace rule holds. A
     broken trace rule (e.g. no network flow, two group sizes on one communicator) is a failed
     blocking check whose message names the trace file; nothing is written then (files of an
     earlier materialization stay as they were) and nothing downstream runs.
@@ -465,7 +466,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     """
     reset_checks(paths.run_folder(spec), "validated_flows")
     src = trace_path or paths.chrome_trace(spec)
-    parsed = chrome_trace.read_trace(src)
+    parsed = chrome_trace.read_trace(src, compute_events=True)
     flows = parsed.flows
     exists = trace_checks.flows_exist(flows)
     if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
@@ -492,6 +493,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     _write_parquet(net, pdir / "flows.parquet")
     _write_parquet(result.steps, pdir / "steps.parquet")
     _write_parquet(step_flows, pdir / "step_flows.parquet")
+    _write_parquet(parsed.compute_events, pdir / "compute_events.parquet")
     summary = {
         "run_id": spec.run_id,
         "trace": str(src.name),

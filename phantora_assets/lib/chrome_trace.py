@@ -299,12 +299,15 @@ class ParsedTrace:
         compute: one row per host with Computation events, ``tables.COMPUTE_SUMMARY_COLUMNS``,
             sorted by host name.
         n_events: number of events in the array (all categories).
+        compute_events: with ``read_trace(compute_events=True)``, one row per Computation
+            event in file order: ``host`` (str), ``ts_us``, ``dur_us`` (float64, µs); else None.
     """
 
     path: Path
     flows: pd.DataFrame
     compute: pd.DataFrame
     n_events: int
+    compute_events: pd.DataFrame | None = None
 
 
 def comm_id_of(id_bytes: bytes | list[int]) -> str:
@@ -318,7 +321,8 @@ PARALLEL_MIN_BYTES = 48 << 20
 MAX_WORKERS = 4
 
 
-def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None) -> ParsedTrace:
+def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None,
+               compute_events: bool = False) -> ParsedTrace:
     """Parse a Phantora Chrome trace (``.json`` or ``.json.gz``; gzip is detected by magic bytes).
 
     The text is streamed and decoded in batches of whole elements (``trace_decode``); memory
@@ -331,6 +335,8 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
         workers: helper processes (forked; they decode batches the main process copies into
             shared memory while it inflates the file and decodes batches too). ``None``: see
             :func:`default_workers`.
+        compute_events: also return every Computation event as (host, ts, dur) in
+            ``ParsedTrace.compute_events`` (20 bytes per event; the step anatomy's input).
 
     Returns:
         A :class:`ParsedTrace`; ``flows.ts_us``/``dur_us`` in µs, ``bytes`` in bytes,
@@ -360,7 +366,7 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
                 asm.raise_failure()
             except td.NeedWholeDoc:
                 asm = _read_whole(path)
-            return asm.finish()
+            return asm.finish(compute_events)
         except (td.BatchError, td.StreamError) as exc:
             raise TraceFormatError(path, exc.rule, exc.detail) from None
     finally:
@@ -545,7 +551,7 @@ class _Assembly:
 
     # -- final tables ----------------------------------------------------------------------------
 
-    def finish(self) -> ParsedTrace:
+    def finish(self, compute_events: bool = False) -> ParsedTrace:
         self.raise_failure()
         ks = sorted(self.batches)
         n_events = sum(self.batches[k][1]["n_events"] for k in ks)
@@ -558,7 +564,7 @@ class _Assembly:
                             for t, vals in ((names, nv), (hosts, hv), (comms, cv)))
         cols: dict[str, list[np.ndarray]] = {}
         nh = len(hosts.values)
-        comp_hosts, comp_durs = [], []
+        comp_hosts, comp_ts, comp_durs = [], [], []
         comp_first = np.full(nh, np.inf)
         comp_last = np.full(nh, -np.inf)
         for k in ks:
@@ -573,6 +579,7 @@ class _Assembly:
                 cols.setdefault("comm", []).append(cmap[c["comm"]])
             if "comp_host" in c:
                 comp_hosts.append(hmap[c["comp_host"]])
+                comp_ts.append(c["comp_ts"])
                 comp_durs.append(c["comp_dur"])
                 idx = hmap[:len(c["comp_first"])]
                 comp_first[idx] = np.minimum(comp_first[idx], c["comp_first"])
@@ -581,6 +588,13 @@ class _Assembly:
         # one pass in file order: the sums do not depend on the batches (or who decoded them)
         ch = np.concatenate(comp_hosts) if comp_hosts else np.zeros(0, np.int64)
         cd = np.concatenate(comp_durs) if comp_durs else np.zeros(0, np.float64)
+        events = None
+        if compute_events:
+            events = pd.DataFrame({
+                "host": _strings(hosts.values, ch),
+                "ts_us": np.concatenate(comp_ts) if comp_ts else np.zeros(0, np.float64),
+                "dur_us": cd,
+            })
         comp_n = np.bincount(ch, minlength=nh).astype(np.int64)
         comp_busy = np.bincount(ch, weights=cd, minlength=nh)
         has = comp_n > 0
@@ -595,7 +609,8 @@ class _Assembly:
             "last_end_us": comp_last[has],
         }, columns=list(COMPUTE_SUMMARY_COLUMNS), copy=False)
         compute = compute.sort_values("host", kind="stable").reset_index(drop=True)
-        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=n_events)
+        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=n_events,
+                           compute_events=events)
 
     def _node(self, host: str) -> int:
         m = _HOST_RE.fullmatch(host) if isinstance(host, str) else None

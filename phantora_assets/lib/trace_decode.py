@@ -202,8 +202,8 @@ class BatchDecoder:
         Returns a dict of column arrays: ``n_events``; for Communication events ``ts``,
         ``dur``, ``stream``, ``flow_id``, ``bytes``, ``count``, ``root`` and the codes
         ``name``, ``src``, ``dst``, ``comm`` (tables of this decoder), ``call`` and ``dtype``
-        (indices into ``CALLS`` / ``DTYPES``); for Computation events ``comp_host`` (host code)
-        and ``comp_dur`` per event, ``comp_first`` and ``comp_last`` per host code.
+        (indices into ``CALLS`` / ``DTYPES``); for Computation events ``comp_host`` (host code),
+        ``comp_ts`` and ``comp_dur`` per event, ``comp_first`` and ``comp_last`` per host code.
 
         Raises:
             BatchError: a rule is broken (the detail names the line).
@@ -313,7 +313,7 @@ class BatchDecoder:
         np.maximum.at(last, hosts, ts + dur)
         # busy time is summed once over the whole file (in file order), so that it does not
         # depend on how the file was cut into batches
-        return {"comp_host": hosts, "comp_dur": dur, "comp_first": first, "comp_last": last}
+        return {"comp_host": hosts, "comp_ts": ts, "comp_dur": dur, "comp_first": first, "comp_last": last}
 
 
 # ---------------------------------------------------------------------------------------------
