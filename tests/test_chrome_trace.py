@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -387,9 +388,9 @@ def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -
     monkeypatch.setattr(ct, "_Helper", Spy)
     monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(ct.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(ct.os, "getloadavg", lambda: (1.7, 1.0, 1.0))   # busy: no helper
+    monkeypatch.setattr(ct, "idle_cpus", lambda: 0.3)   # busy: no helper
     assert ct.default_workers(p) == 0
-    monkeypatch.setattr(ct.os, "getloadavg", lambda: (0.6, 1.0, 1.0))   # a core idles
+    monkeypatch.setattr(ct, "idle_cpus", lambda: 1.4)   # a core idles
     assert ct.default_workers(p) == 2
     got = read_trace(p, chunk_bytes=4096)
     assert calls and calls[0][2] == 2, "the helper processes were not used"
@@ -428,3 +429,23 @@ def test_helpers_are_skipped_inside_a_daemonic_pool_worker(tmp_path: Path) -> No
     with mp.get_context("fork").Pool(1) as pool:
         got = pool.map(_read_in_pool_worker, [(p, 2)])[0]
     pd.testing.assert_frame_equal(got, ref.flows, check_exact=True)
+
+
+def test_idle_cpus_sees_a_busy_core() -> None:
+    """/proc/stat over a short sample: a core spinning in this process is not idle."""
+    import threading
+    import time as _time
+
+    import phantora_assets.lib.chrome_trace as ct
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat here")
+    quiet = ct.idle_cpus(0.2)
+    stop = _time.perf_counter() + 0.6
+    spin = threading.Thread(target=lambda: [None for _ in iter(lambda: _time.perf_counter() < stop, False)])
+    spin.start()
+    busy = ct.idle_cpus(0.2)
+    spin.join()
+    cpus = os.cpu_count() or 1
+    assert 0.0 <= busy <= cpus and 0.0 <= quiet <= cpus
+    assert busy <= cpus - 0.5, (quiet, busy)

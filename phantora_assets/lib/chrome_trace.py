@@ -33,6 +33,7 @@ import os
 import queue
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -377,22 +378,43 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
 def default_workers(path: str | Path) -> int:
     """Helper processes ``read_trace`` starts by default for a trace of at least
     ``PARALLEL_MIN_BYTES`` (estimated): one per core (at most ``MAX_WORKERS``) when at least one
-    core is idle (cores minus the 1-minute load average >= 1), else none.
+    core is idle (:func:`idle_cpus`), else none.
 
-    Measured on this project's 2-core machine with a 500 MB trace: idle, 2 helpers ~130 MB/s,
-    1 helper ~110 MB/s, none ~76-100 MB/s (the main process also inflates, copies batches out
-    and assembles the tables, so it gains from handing more batches out); with a load average
-    of ~2 from other work, 1 helper 61 MB/s against 100 MB/s in one process (helpers cost about
-    a quarter more CPU in all, which only pays off on idle cores).
+    Measured on this project's 2-core machine with a 500 MB trace: idle, 2 helpers (this process
+    then only inflates, cuts and assembles) ~150-240 MB/s, 1 helper ~130-170 MB/s, none ~90-115
+    MB/s; with both cores busy with other work, helpers cost about a quarter more CPU in all,
+    which only pays off on idle cores.
     """
     cpus = os.cpu_count() or 1
     if cpus < 2 or _estimated_size(Path(path)) < PARALLEL_MIN_BYTES:
         return 0
-    try:
-        idle = cpus - os.getloadavg()[0]
-    except OSError:  # pragma: no cover - no load average on this platform
-        idle = 0.0
-    return min(cpus, MAX_WORKERS) if idle >= 1.0 else 0
+    return min(cpus, MAX_WORKERS) if idle_cpus() >= 1.0 else 0
+
+
+def idle_cpus(sample_s: float = 0.05) -> float:
+    """Cores idle right now: the idle share of ``/proc/stat`` over ``sample_s`` times the core
+    count (the load average is no measure of it: a kernel thread in the run queue keeps it near 1
+    on an idle machine here); elsewhere cores minus the 1-minute load average."""
+    cpus = os.cpu_count() or 1
+
+    def snapshot() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", "rb") as fh:
+                fields = [int(x) for x in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)   # total, idle + iowait
+
+    first = snapshot()
+    if first is None:
+        try:
+            return cpus - os.getloadavg()[0]
+        except OSError:  # pragma: no cover - no load average on this platform
+            return 0.0
+    time.sleep(sample_s)
+    second = snapshot()
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return cpus * idle / total if total > 0 else float(cpus)
 
 
 def _estimated_size(path: Path) -> int:
@@ -482,6 +504,16 @@ class _Helper:
         self.load[i] += 1
         self.in_flight[k] = (i, slot, end, offset)
         return True
+
+    @property
+    def saturates_cpus(self) -> bool:
+        """One helper per core: they can keep every core busy without this process decoding."""
+        return self.n >= (os.cpu_count() or 1)
+
+    def can_take(self, end: int) -> bool:
+        """True when a live helper exists and a batch of ``end`` bytes fits a slot (then a slot
+        frees up once a batch in flight is done)."""
+        return end <= self.slot_size and not all(self.dead) and bool(self.in_flight)
 
     def done(self, k: int) -> None:
         i, slot, _, _ = self.in_flight.pop(k)
@@ -685,8 +717,18 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
                 _drain(helper, asm, local, block=False)
                 if asm.failure is not None:
                     break
-                if helper.submit(k, buf, end, offset):
+                # with a helper per core, the helpers decode and this process only inflates, cuts
+                # and assembles: when they are all busy it waits for one (decoding here as well
+                # would leave them idle meanwhile: ~135 against ~200 MB/s on 2 cores); with fewer
+                # helpers than cores it decodes what they cannot take
+                submitted = helper.submit(k, buf, end, offset)
+                while not submitted and helper.saturates_cpus and helper.can_take(end):
+                    _drain(helper, asm, local, block=True, at_most=1)
+                    submitted = helper.submit(k, buf, end, offset)
+                if submitted:
                     continue
+                if asm.failure is not None:
+                    break
             _decode_here(asm, local, k, buf, end, offset)
             if asm.failure is not None:
                 break
@@ -714,13 +756,16 @@ def _decode_here(asm: _Assembly, dec: td.BatchDecoder, k: int, buf, end: int, of
         asm.fail(k, "whole")
 
 
-def _drain(helper: _Helper, asm: _Assembly, local: td.BatchDecoder, block: bool) -> None:
-    """Take the helpers' results; with ``block``, until none is outstanding."""
-    while helper.in_flight:
+def _drain(helper: _Helper, asm: _Assembly, local: td.BatchDecoder, block: bool, at_most: int = 0) -> None:
+    """Take the helpers' results; with ``block``, until none is outstanding (or ``at_most``
+    messages were taken, when > 0)."""
+    taken = 0
+    while helper.in_flight and not (at_most and taken >= at_most):
         try:
             msg = helper.msgs.get(block=block)
         except queue.Empty:
             return
+        taken += 1
         kind, i = msg[0], msg[1]
         if kind == "dead":  # decode here what that helper still held
             helper.dead[i] = True
