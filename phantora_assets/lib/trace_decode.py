@@ -132,7 +132,7 @@ _decoder = msgspec.json.Decoder(list[_CommEvent | _CompEvent])
 _comm_decoder = msgspec.json.Decoder(_Comm)
 
 _g_ts, _g_dur = attrgetter("ts"), attrgetter("dur")
-_g_communication = attrgetter("Communication")
+_g_comm_fields = attrgetter("name", "ts", "dur", "tid", "args.Communication")
 _g_comp_host = attrgetter("args.Computation")
 _g_hostname = attrgetter("hostname")
 _first = itemgetter(0)
@@ -247,7 +247,7 @@ class BatchDecoder:
         ts = np.empty(n, np.float64)
         dur = np.empty(n, np.float64)
         if m:
-            name, c_ts, c_dur, tid, args = zip(*map(astuple, ce))
+            name, c_ts, c_dur, tid, comm_args = zip(*map(_g_comm_fields, ce))
             ts[is_comm] = c_ts
             dur[is_comm] = c_dur
         if m < n:
@@ -265,15 +265,15 @@ class BatchDecoder:
         out: dict = {"n_events": n}
         if m:
             index = np.flatnonzero(is_comm)
-            out.update(self._comm_columns(name, tid, args, m, lambda i: where(int(index[i]))))
+            out.update(self._comm_columns(name, tid, comm_args, m, lambda i: where(int(index[i]))))
             out["ts"], out["dur"] = ts[is_comm], dur[is_comm]
         if m < n:
             is_comp = ~is_comm
             out.update(self._comp_summary(pe, n - m, ts[is_comp], dur[is_comp]))
         return out
 
-    def _comm_columns(self, name: tuple, tid: tuple, args: tuple, m: int, where: Callable[[int], str]) -> dict:
-        flows, calls = zip(*map(_g_communication, args))
+    def _comm_columns(self, name: tuple, tid: tuple, comm_args: tuple, m: int, where: Callable[[int], str]) -> dict:
+        flows, calls = zip(*comm_args)
         try:
             call, payloads = zip(*map(dict.popitem, calls))
         except KeyError:
@@ -291,12 +291,11 @@ class BatchDecoder:
             except OverflowError:
                 i = next(k for k, v in enumerate(vals) if not -2**63 <= v < 2**63)
                 raise BatchError("overflowing value", f"{where(i)}: {key} {vals[i]} beyond int64") from None
-        keys = list(map(bytes, comm))
         try:
-            cols["comm"] = np.fromiter(map(self.comms.__getitem__, keys), np.int32, m)
+            cols["comm"] = np.fromiter(map(self.comms.__getitem__, map(bytes, comm)), np.int32, m)
         except _BadComm as exc:
-            i = keys.index(exc.args[0])
-            raise BatchError("bad communicator", f"{where(i)}: {keys[i][:80]!r}") from None
+            i = next(k for k, c in enumerate(comm) if bytes(c) == exc.args[0])
+            raise BatchError("bad communicator", f"{where(i)}: {exc.args[0][:80]!r}") from None
         cols["name"] = self.names.codes(name, m)
         cols["src"] = self.hosts.codes(src, m)
         cols["dst"] = self.hosts.codes(dst, m)
