@@ -16,10 +16,10 @@ What it does:
    ids (all six NCCL call kinds, random counts, some loopback and 0-dur flows), the rest
    Computation events with Torch or Cuda meta, in random (not time) order. ``--trace`` takes an
    existing trace instead.
-2. Runs each reader in its own subprocess, one after the other, in ``--repeat`` rounds (default 3:
+2. Runs each reader in its own subprocess, one after the other, in ``--repeat`` rounds (default 3):
    every reader once per round, so that a slow spell of this shared machine falls on all of them;
-   each reader's fastest run counts, as with ``timeit``; its peak RSS is its largest) (peak RSS is ``ru_maxrss`` of
-   that subprocess, plus that of its helper process for ``ours``):
+   each reader's fastest run counts, as with ``timeit``, and its largest peak RSS (``ru_maxrss``
+   of that subprocess, plus that of its helper processes for ``ours``):
 
    * ``ours``     -- ``read_trace(path)`` end to end from the ``.json.gz`` file: inflating,
      decoding, the flows DataFrame and the per-host compute summary (default settings: helper
