@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds (every reader once per round; each reader's fastest run counts)")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.worker:
         run_worker(args.worker[0], Path(args.worker[1]))
         return 0

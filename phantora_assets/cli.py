@@ -124,9 +124,9 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets.
 
     ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``). Partitions are
-    independent (own files, own run folder): with ``jobs > 1`` they are split round-robin over
-    worker processes, each with its own ephemeral Dagster instance (a DAGSTER_HOME instance is
-    only used by a sequential build).
+    independent (own files, own run folder): with ``jobs > 1`` they are handed out one at a time,
+    largest first, to forked worker processes, each with its own ephemeral Dagster instance (a
+    DAGSTER_HOME instance is only used by a sequential build).
     """
     paths = DataPaths(data_dir)
     specs = [s for s in matrix if not only or s.run_id in only]
@@ -153,10 +153,14 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
         # the forked workers share the parent's objects: frozen, their collections skip them
         # (and do not copy their pages), a few % of a build
         gc.freeze()
-        with mp.get_context("fork").Pool(jobs) as pool:
-            done = {r[0]: r for r in pool.imap_unordered(_worker_run, _cost_order(specs), chunksize=1)}
-            pool.close()
-            pool.join()  # let the workers exit normally before the pool is torn down
+        try:
+            with mp.get_context("fork").Pool(jobs) as pool:
+                done = {r[0]: r for r in pool.imap_unordered(_worker_run, _cost_order(specs), chunksize=1)}
+                pool.close()
+                pool.join()  # let the workers exit normally before the pool is torn down
+        finally:
+            gc.unfreeze()
+            _WORKER.clear()
         results = [done[s.run_id] for s in specs]
     else:
         results = [_run_partition(run_job, instance, s.run_id) for s in specs]

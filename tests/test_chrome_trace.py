@@ -449,3 +449,22 @@ def test_idle_cpus_sees_a_busy_core() -> None:
     cpus = os.cpu_count() or 1
     assert 0.0 <= busy <= cpus and 0.0 <= quiet <= cpus
     assert busy <= cpus - 0.5, (quiet, busy)
+
+
+def test_writer_refuses_a_missing_integer(tmp_path) -> None:
+    raw = raw_timeline()
+    raw["stream_id"] = raw["stream_id"].astype("float64")
+    raw.loc[raw.index[2], "stream_id"] = np.nan
+    with pytest.raises(ValueError, match=r"row 2: stream_id is not an integer"):
+        write_chrome_trace(raw, tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_writer_keeps_text_of_odd_string_values(tmp_path) -> None:
+    """None is written as the text "None" (str of the value), as the row-by-row writer did."""
+    raw = raw_timeline()
+    raw["name"] = raw["name"].astype(object)
+    raw.loc[raw.index[0], "name"] = None
+    write_chrome_trace(raw, tmp_path / "t.json")
+    first = (tmp_path / "t.json").read_text().splitlines()[1]
+    assert first.startswith('{"name":"None",')

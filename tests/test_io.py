@@ -54,3 +54,16 @@ def test_atomic_writes_get_the_mode_of_a_plain_open(tmp_path) -> None:
     atomic_write_text(tmp_path / "a.txt", "x")
     (tmp_path / "b.txt").write_text("x")
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == (tmp_path / "b.txt").stat().st_mode & 0o777
+
+
+@pytest.mark.parametrize("df", [
+    pd.DataFrame({"run_id": ["a", "b", "c"], "x": [0.0, -0.0, 0.0]}),                  # signed zeros
+    pd.DataFrame({"run_id": ["a", "b"], "x": pd.array([1, None], "Int64")}),           # nullable ints
+    pd.DataFrame({"x": ["", "y"]}),                                                    # one column
+    pd.DataFrame([[1, 2.5]], columns=["a", "a"]),                                      # duplicate names
+    pd.DataFrame({0.0: [1.5], 1: [2]}),                                                # non-str names
+])
+def test_csv_edge_cases_match_pandas(tmp_path, df) -> None:
+    out = tmp_path / "e.csv"
+    atomic_write_csv(df, out)
+    assert out.read_bytes() == _pandas_csv(df)

@@ -133,9 +133,18 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     kind = raw["kind"].to_numpy(object)
     is_comm = kind == "communication"
     is_comp = kind == "computation"
+    errors: list[tuple[int, str]] = []
+    for c, dtype in RAW_TIMELINE_COLUMNS.items():
+        if dtype == "int64" and raw[c].dtype.kind not in "iu":   # e.g. float with a NaN
+            vals = pd.to_numeric(raw[c], errors="coerce")
+            bad_int = (vals.isna() | (vals != vals.round())).to_numpy()
+            if bad_int.any():
+                i = int(np.argmax(bad_int))
+                errors.append((i, f"row {i}: {c} is not an integer: {raw[c].iat[i]!r}"))
+    if errors:
+        raise ValueError(min(errors)[1])
     start = raw["start_ns"].to_numpy(np.int64)
     end = raw["end_ns"].to_numpy(np.int64)
-    errors: list[tuple[int, str]] = []
     unknown = ~(is_comm | is_comp)
     if unknown.any():
         i = int(np.argmax(unknown))
@@ -161,8 +170,8 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     if n:
         order = np.argsort(np.concatenate(rows), kind="stable")
         text = pa.concat_arrays(lines).take(pa.array(order))
-        text = pc.binary_join_element_wise(text, pa.array([",\n"] * (n - 1) + ["\n"]), "")
-        offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
+        text = _join([text, pa.array([",\n"] * (n - 1) + ["\n"], _TEXT)])
+        offsets = np.frombuffer(text.buffers()[1], np.int64, n + 1, text.offset * 8)
         body = text.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
         data = b"[\n" + body + b"]"
     else:
@@ -179,24 +188,28 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
             "bytes_written": path.stat().st_size}
 
 
+#: Type of the text arrays the writer assembles (64-bit offsets: a trace may pass 2 GiB).
+_TEXT = pa.large_string()
+
+
 def _coded(values: pd.Series, encode) -> pa.Array:
-    """``encode(v)`` (a str) for every value, computed once per distinct value."""
-    codes, uniques = pd.factorize(values, sort=False, use_na_sentinel=False)
-    return pa.array([encode(v) for v in uniques], pa.string()).take(pa.array(codes))
+    """``encode(str(v))`` for every value, computed once per distinct text."""
+    codes, uniques = pd.factorize(values.astype(str), sort=False, use_na_sentinel=False)
+    return pa.array([encode(v) for v in uniques], _TEXT).take(pa.array(codes))
 
 
 def _num(values: np.ndarray) -> pa.Array:
     """Integers as decimal text (as ``%d``)."""
-    return pc.cast(pa.array(values, pa.int64()), pa.string())
+    return pc.cast(pa.array(values, pa.int64()), _TEXT)
 
 
-_FRACTION = pa.array([("." + f"{r:03d}").rstrip("0") if r else "" for r in range(1000)], pa.string())
+_FRACTION = pa.array([("." + f"{r:03d}").rstrip("0") if r else "" for r in range(1000)], _TEXT)
 
 
 def _micros(ns: np.ndarray) -> pa.Array:
     """``ns / 1000`` as JSON numbers: an int when exact, else up to 3 decimals (no trailing zeros)."""
     q, r = np.divmod(ns, 1000)
-    return pc.binary_join_element_wise(_num(q), _FRACTION.take(pa.array(r)), "")
+    return _join([_num(q), _FRACTION.take(pa.array(r))])
 
 
 def _js(v) -> str:
@@ -240,7 +253,7 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         post.append(',"id":' + ids + '}' + ',"stream":' + stream + '}}]}}')
     take = pa.array(codes)
     peer = np.array([peers.get(int(i), 0) for i in comm.index[p2p]], np.int64)
-    peer_text = pa.array([""] * len(comm), pa.string())
+    peer_text = pa.array([""] * len(comm), _TEXT)
     if p2p.any():
         full = np.zeros(len(comm), np.int64)
         full[p2p] = peer
@@ -253,9 +266,9 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         ',"args":{"Communication":[{"id":', _num(comm["event_id"].to_numpy(np.int64)),
         ',"bytes":', _num(comm["bytes"].to_numpy(np.int64)), ',"src":', _coded(src, _js),
         ',"dst":', _coded(comm["dst_host"], _js), _FLOW_TAIL,
-        pa.array(pre, pa.string()).take(take), _num(comm["count"].to_numpy(np.int64)),
-        pa.array(mid, pa.string()).take(take), peer_text, ',"comm":{"rank":',
-        _num(comm["comm_rank"].to_numpy(np.int64)), pa.array(post, pa.string()).take(take),
+        pa.array(pre, _TEXT).take(take), _num(comm["count"].to_numpy(np.int64)),
+        pa.array(mid, _TEXT).take(take), peer_text, ',"comm":{"rank":',
+        _num(comm["comm_rank"].to_numpy(np.int64)), pa.array(post, _TEXT).take(take),
     ]
     return parts, errors
 
@@ -280,8 +293,9 @@ def _comp_line_parts(comp: pd.DataFrame) -> list:
 
 
 def _join(parts: list) -> pa.Array:
-    """Element-wise concatenation of string arrays and (broadcast) str pieces."""
-    return pc.binary_join_element_wise(*parts, "")
+    """Element-wise concatenation of text arrays and (broadcast) str pieces."""
+    return pc.binary_join_element_wise(*(pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts),
+                                       pa.scalar("", _TEXT))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +399,7 @@ def default_workers(path: str | Path) -> int:
     MB/s; with both cores busy with other work, helpers cost about a quarter more CPU in all,
     which only pays off on idle cores.
     """
-    cpus = os.cpu_count() or 1
+    cpus = _usable_cpus()
     if cpus < 2 or _estimated_size(Path(path)) < PARALLEL_MIN_BYTES:
         return 0
     return min(cpus, MAX_WORKERS) if idle_cpus() >= 1.0 else 0
@@ -395,7 +409,7 @@ def idle_cpus(sample_s: float = 0.05) -> float:
     """Cores idle right now: the idle share of ``/proc/stat`` over ``sample_s`` times the core
     count (the load average is no measure of it: a kernel thread in the run queue keeps it near 1
     on an idle machine here); elsewhere cores minus the 1-minute load average."""
-    cpus = os.cpu_count() or 1
+    cpus = _usable_cpus()
 
     def snapshot() -> tuple[int, int] | None:
         try:
@@ -413,8 +427,18 @@ def idle_cpus(sample_s: float = 0.05) -> float:
             return 0.0
     time.sleep(sample_s)
     second = snapshot()
+    if second is None:
+        return 0.0
     total, idle = second[0] - first[0], second[1] - first[1]
     return cpus * idle / total if total > 0 else float(cpus)
+
+
+def _usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _estimated_size(path: Path) -> int:
@@ -508,7 +532,7 @@ class _Helper:
     @property
     def saturates_cpus(self) -> bool:
         """One helper per core: they can keep every core busy without this process decoding."""
-        return self.n >= (os.cpu_count() or 1)
+        return self.n >= _usable_cpus()
 
     def can_take(self, end: int) -> bool:
         """True when a live helper exists and a batch of ``end`` bytes fits a slot (then a slot

@@ -28,13 +28,20 @@ _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 def _file_mode() -> int:
-    """Mode of a newly created file under the process umask (``mkstemp`` alone gives 0600)."""
-    mask = os.umask(0)
+    """Mode of a newly created file under the process umask (``mkstemp`` alone gives 0600).
+
+    The umask is read from ``/proc/self/status`` where there is one (setting it to read it back
+    would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
-
-
-_FILE_MODE = _file_mode()
 
 
 @contextlib.contextmanager
@@ -53,19 +60,25 @@ def atomic_path(path: str | Path, durable: bool = False) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, _FILE_MODE)  # readable as any other output file (e.g. by the Dagster UI's user)
-        finally:
-            os.close(fd)
     except OSError as exc:
         raise _write_error(path, exc) from exc
     tmp_path = Path(tmp)
     try:
+        try:
+            os.fchmod(fd, _file_mode())  # readable as any other output file (e.g. by the Dagster UI's user)
+        finally:
+            os.close(fd)
         yield tmp_path
         if durable:
             with open(tmp_path, "rb") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+        if durable:  # the rename itself, too
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -125,7 +138,8 @@ def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable:
     pyarrow's CSV writer writes the rows; float columns are formatted with ``float_format``
     beforehand, once per distinct value (NaN as an empty field, as pandas does). Tables pyarrow
     cannot write unquoted the way pandas does (a string holding a comma, quote or line break;
-    booleans; dates) are written by pandas itself.
+    booleans; dates; nullable extension dtypes; a single column, where pandas quotes an empty
+    field; duplicate or non-string column names) are written by pandas itself.
 
     Raises:
         OutputWriteError: as :func:`atomic_path`.
@@ -134,19 +148,25 @@ def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    columns = {}
-    for name in df.columns:
+    columns: dict | None = {}
+    simple = (len(df.columns) > 1 and not df.columns.has_duplicates
+              and all(isinstance(c, str) for c in df.columns))
+    for name in df.columns if simple else ():
         col = df[name]
-        kind = col.dtype.kind
+        kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""   # not nullable extension types
         if kind == "f":
-            values, index = np.unique(col.to_numpy(), return_inverse=True)
-            text = np.array(["" if v != v else float_format % v for v in values], dtype=object)
-            columns[str(name)] = pa.array(text[index.reshape(-1)], type=pa.string())
-        elif kind in "iu" or (kind == "O" and all(isinstance(v, str) for v in col)):
-            columns[str(name)] = pa.array(col.to_numpy())
+            values = np.ascontiguousarray(col.to_numpy(np.float64))
+            # distinct bit patterns, so that -0.0 and 0.0 keep their own text
+            bits, index = np.unique(values.view(np.int64), return_inverse=True)
+            text = np.array(["" if v != v else float_format % v for v in bits.view(np.float64)], dtype=object)
+            columns[name] = pa.array(text[index.reshape(-1)], type=pa.string())
+        elif kind in ("i", "u") or (kind == "O" and all(isinstance(v, str) for v in col)):
+            columns[name] = pa.array(col.to_numpy())
         else:
             columns = None
             break
+    if not simple:
+        columns = None
     with atomic_path(path, durable) as tmp:
         if columns is not None:
             try:
