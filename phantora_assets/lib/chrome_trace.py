@@ -172,7 +172,7 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
         text = pa.concat_arrays(lines).take(pa.array(order))
         text = _join([text, pa.array([",\n"] * (n - 1) + ["\n"], _TEXT)])
         offsets = np.frombuffer(text.buffers()[1], np.int64, n + 1, text.offset * 8)
-        body = text.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+        body = text.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
         data = b"[\n" + body + b"]"
     else:
         data = b"[\n\n]"

@@ -144,14 +144,31 @@ def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable:
     Raises:
         OutputWriteError: as :func:`atomic_path`.
     """
-    import numpy as np
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    columns: dict | None = {}
-    simple = (len(df.columns) > 1 and not df.columns.has_duplicates
-              and all(isinstance(c, str) for c in df.columns))
-    for name in df.columns if simple else ():
+    with atomic_path(path, durable) as tmp:
+        columns = _csv_columns(df, float_format)
+        if columns is not None:
+            try:
+                pacsv.write_csv(pa.table(columns), str(tmp),
+                                pacsv.WriteOptions(quoting_style="none", quoting_header="none"))
+                return
+            except pa.ArrowInvalid:  # a value that needs quoting: pandas quotes it
+                pass
+        df.to_csv(tmp, index=False, float_format=float_format, lineterminator="\n")
+
+
+def _csv_columns(df, float_format: str) -> dict | None:
+    """The columns of ``df`` as Arrow arrays that pyarrow writes as pandas would, or None when
+    pandas must write the table (see :func:`atomic_write_csv`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(df.columns) < 2 or df.columns.has_duplicates or not all(isinstance(c, str) for c in df.columns):
+        return None
+    columns = {}
+    for name in df.columns:
         col = df[name]
         kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""   # not nullable extension types
         if kind == "f":
@@ -163,18 +180,5 @@ def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable:
         elif kind in ("i", "u") or (kind == "O" and all(isinstance(v, str) for v in col)):
             columns[name] = pa.array(col.to_numpy())
         else:
-            columns = None
-            break
-    if not simple:
-        columns = None
-    with atomic_path(path, durable) as tmp:
-        if columns is not None:
-            try:
-                table = pa.table(columns) if columns else None
-                if table is not None:
-                    pacsv.write_csv(table, str(tmp), pacsv.WriteOptions(quoting_style="none",
-                                                                          quoting_header="none"))
-                    return
-            except pa.ArrowInvalid:  # a value that needs quoting: pandas quotes it
-                pass
-        df.to_csv(tmp, index=False, float_format=float_format, lineterminator="\n")
+            return None
+    return columns
