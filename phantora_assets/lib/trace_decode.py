@@ -36,6 +36,11 @@ from msgspec.structs import astuple
 
 from phantora_assets.lib.ring import CALL_TO_OP, DTYPE_BYTES
 
+try:  # the compiled fast path (built with the package; without it every batch goes to msgspec)
+    from phantora_assets.lib import _tracescan
+except ImportError:  # pragma: no cover - no C compiler where the package was installed
+    _tracescan = None
+
 try:  # ISA-L inflates 2-3x faster than zlib; optional
     from isal import isal_zlib as _inflate_mod
 except ImportError:  # pragma: no cover - isal is a pinned dependency
@@ -50,6 +55,8 @@ CALLS: tuple[str, ...] = tuple(CALL_TO_OP)
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
 _CALL_CODE = {c: i for i, c in enumerate(CALLS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+_CALLS_B = tuple(c.encode() for c in CALLS)
+_DTYPES_B = tuple(d.encode() for d in DTYPES)
 _WS = b" \t\r\n"
 
 
@@ -188,10 +195,11 @@ class BatchDecoder:
     the values of the codes in the arrays it returns; they only grow.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fast: bool = True) -> None:
         self.names = CodeTable()
         self.hosts = CodeTable()
         self.comms = _CommTable()
+        self.fast = fast and _tracescan is not None
 
     def decode(self, buf: bytearray, end: int, offset: int, line_of: Callable[[int], int]) -> dict:
         """Decode one batch in place: ``buf[:end]`` = ``[`` + elements + ``]``.
@@ -215,6 +223,18 @@ class BatchDecoder:
 
         mv = memoryview(buf)
         view = mv[:end]
+        if self.fast:
+            # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
+            # other batch (and to name a broken rule) msgspec decodes it below
+            try:
+                cols = self._scanned(_tracescan.scan(view, _CALLS_B, _DTYPES_B))
+            finally:
+                view.release()
+                mv.release()
+            if cols is not None:
+                return cols
+            mv = memoryview(buf)
+            view = mv[:end]
         try:
             events = _decoder.decode(view)
         except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
@@ -231,6 +251,52 @@ class BatchDecoder:
         view.release()
         mv.release()
         return cols
+
+    def _scanned(self, res: tuple | None) -> dict | None:
+        """Columns of a batch from ``_tracescan.scan``'s answer (same as :meth:`_columns` gives
+        for it), or None when it declined the batch or a value breaks a rule (msgspec's path
+        then names the rule and the line)."""
+        if res is None:
+            return None
+        (n, ts, dur, tid, fid, nbytes, count, root, name, src, dst, comm, call, dtype,
+         c_ts, c_dur, c_host, names, hosts, comms) = res
+        f8, i8, i4, i1 = np.float64, np.int64, np.int32, np.int8
+        ts, dur = np.frombuffer(ts, f8), np.frombuffer(dur, f8)
+        c_ts, c_dur = np.frombuffer(c_ts, f8), np.frombuffer(c_dur, f8)
+        for t in (ts, dur, c_ts, c_dur):
+            if not ((t >= 0) & (t <= MAX_TIME_US)).all():
+                return None
+        try:
+            comm_code = np.fromiter(map(self.comms.__getitem__, comms), np.int32, len(comms))
+        except _BadComm:
+            return None
+        src, dst, c_host = np.frombuffer(src, i4), np.frombuffer(dst, i4), np.frombuffer(c_host, i4)
+        # host codes in the order msgspec's path gives them: first seen in src, dst, then Computation
+        host_code = np.empty(len(hosts), np.int32)
+        done = np.zeros(len(hosts), bool)
+        for col in (src, dst, c_host):
+            first = np.unique(col, return_index=True)[1]
+            for local in col[np.sort(first)]:
+                if not done[local]:
+                    host_code[local] = self.hosts[hosts[local].decode()]
+                    done[local] = True
+        out: dict = {"n_events": n}
+        m = len(ts)
+        if m:
+            name_code = np.fromiter((self.names[v.decode()] for v in names), np.int32, len(names))
+            out.update({
+                "stream": np.frombuffer(tid, i8), "flow_id": np.frombuffer(fid, i8),
+                "bytes": np.frombuffer(nbytes, i8), "count": np.frombuffer(count, i8),
+                "root": np.frombuffer(root, i8),
+                "comm": comm_code[np.frombuffer(comm, i4)],
+                "name": name_code[np.frombuffer(name, i4)],
+                "src": host_code[src], "dst": host_code[dst],
+                "call": np.frombuffer(call, i1), "dtype": np.frombuffer(dtype, i1),
+                "ts": ts, "dur": dur,
+            })
+        if m < n:
+            out.update(self._comp_summary(host_code[c_host], c_ts, c_dur))
+        return out
 
     def decode_events(self, events: list, where: Callable[[int], str]) -> dict:
         """Columns of events decoded by :func:`decode_document` (whole-document fallback)."""
@@ -269,7 +335,8 @@ class BatchDecoder:
             out["ts"], out["dur"] = ts[is_comm], dur[is_comm]
         if m < n:
             is_comp = ~is_comm
-            out.update(self._comp_summary(pe, n - m, ts[is_comp], dur[is_comp]))
+            hosts = self.hosts.codes(map(_g_hostname, map(_first, map(_g_comp_host, pe))), n - m)
+            out.update(self._comp_summary(hosts, ts[is_comp], dur[is_comp]))
         return out
 
     def _comm_columns(self, name: tuple, tid: tuple, comm_args: tuple, m: int, where: Callable[[int], str]) -> dict:
@@ -303,8 +370,7 @@ class BatchDecoder:
         cols["dtype"] = np.fromiter(map(_DTYPE_CODE.__getitem__, dtype), np.int8, m)
         return cols
 
-    def _comp_summary(self, ev: list, k: int, ts: np.ndarray, dur: np.ndarray) -> dict:
-        hosts = self.hosts.codes(map(_g_hostname, map(_first, map(_g_comp_host, ev))), k)
+    def _comp_summary(self, hosts: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> dict:
         nh = len(self.hosts.values)
         first = np.full(nh, np.inf)
         last = np.full(nh, -np.inf)
