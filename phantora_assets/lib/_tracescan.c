@@ -290,6 +290,7 @@ static int parse_double(const char **pp, const char *e, const Ctx *ctx, double *
         neg = 0;
     }
     if (!(v - v == 0)) return -1; /* inf or nan */
+    if (is_int && v == 0) neg = 0;  /* msgspec reads "-0" as the integer 0, so 0.0 */
     *out = neg ? -v : v;
     *pp = q;
     return 0;
