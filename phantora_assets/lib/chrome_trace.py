@@ -391,18 +391,22 @@ def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | N
 
 def default_workers(path: str | Path) -> int:
     """Helper processes ``read_trace`` starts by default for a trace of at least
-    ``PARALLEL_MIN_BYTES`` (estimated): one per core (at most ``MAX_WORKERS``) when at least one
-    core is idle (:func:`idle_cpus`), else none.
+    ``PARALLEL_MIN_BYTES`` (estimated), when at least one core is idle (:func:`idle_cpus`), else
+    none: one per core but one (this process decodes too) with the compiled scanner, one per
+    core without it (this process then only inflates, cuts and assembles); at most
+    ``MAX_WORKERS``.
 
-    Measured on this project's 2-core machine with a 500 MB trace: idle, 2 helpers (this process
-    then only inflates, cuts and assembles) ~150-240 MB/s, 1 helper ~130-170 MB/s, none ~90-115
-    MB/s; with both cores busy with other work, helpers cost about a quarter more CPU in all,
-    which only pays off on idle cores.
+    Measured on this project's 2-core machine with a 500 MB trace, six alternating runs each:
+    with the scanner, 1 helper 281-333 MB/s, 2 helpers 268-301 MB/s, none ~260-340 MB/s; with
+    msgspec only, 2 helpers ~150-240 MB/s, 1 helper ~130-170 MB/s, none ~90-115 MB/s. With both
+    cores busy with other work, helpers cost about a quarter more CPU in all, which only pays off
+    on idle cores.
     """
     cpus = _usable_cpus()
     if cpus < 2 or _estimated_size(Path(path)) < PARALLEL_MIN_BYTES:
         return 0
-    return min(cpus, MAX_WORKERS) if idle_cpus() >= 1.0 else 0
+    n = cpus - 1 if td._tracescan is not None else cpus
+    return min(n, MAX_WORKERS) if idle_cpus() >= 1.0 else 0
 
 
 def idle_cpus(sample_s: float = 0.05) -> float:

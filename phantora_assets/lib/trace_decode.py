@@ -8,7 +8,11 @@ This module imports neither pandas nor dagster.
   ``,\\n`` (an element boundary in the visualizer layout) at or after ``chunk_bytes`` bytes from
   its start, so the cut positions depend on the text only. Batches are views into one buffer,
   bracketed in place (``[`` ... ``]``) for decoding without a copy.
-* :class:`BatchDecoder` decodes one batch in one ``msgspec`` call into typed Structs (a union
+* :class:`BatchDecoder` first hands a batch to the compiled scanner ``_tracescan.scan`` (C,
+  built with the package; it runs without the GIL and returns the flow columns directly), which
+  takes the batches it can decode exactly as the msgspec schema below would and declines the
+  others (odd shapes, non-ASCII text, escapes in kept strings, integers beyond int64, any broken
+  rule). A declined batch is decoded in one ``msgspec`` call into typed Structs (a union
   tagged by ``cat``; the NCCL call is a one-key dict whose key is a ``Literal`` of the six calls,
   ``dtype`` a ``Literal`` of the ten dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``)
   and pulls the flow columns out with C-level ``map``/``zip`` passes. Strings are coded through
@@ -192,7 +196,9 @@ class BatchDecoder:
     """Decodes batches into column arrays; string and communicator codes are local to it.
 
     ``names.values``, ``hosts.values`` (str) and ``comms.values`` (``(rank, id bytes)``) list
-    the values of the codes in the arrays it returns; they only grow.
+    the values of the codes in the arrays it returns; they only grow. ``fast=False`` (or a
+    package installed without a C compiler) decodes every batch with msgspec; the columns and
+    tables are the same either way (``tests/test_tracescan.py``).
     """
 
     def __init__(self, fast: bool = True) -> None:
