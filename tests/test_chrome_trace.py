@@ -211,6 +211,12 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
         pd.testing.assert_frame_equal(got.flows, ref.flows)
         pd.testing.assert_frame_equal(got.compute, ref.compute)
         assert got.n_events == 10
+    # small batches cut the pretty-printed elements apart (",\n" inside them): the whole
+    # document is decoded in one piece instead
+    for workers in (0, 1):
+        got = read_trace(pretty, chunk_bytes=64, workers=workers)
+        pd.testing.assert_frame_equal(got.flows, ref.flows)
+        pd.testing.assert_frame_equal(got.compute, ref.compute)
 
 
 def test_small_chunks_and_multimember_gzip(tmp_path: Path, trace: Path) -> None:

@@ -156,6 +156,11 @@ def test_declined_batches_go_to_msgspec(case: str) -> None:
     b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,"\\ud800"]}}]',
     b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}},]',
     b'[]',
+    # ends right after a field name (the scanner must not read past the end)
+    b'[{"args":{"Communication":',
+    b'[{"cat":"Computation","args":{"Computation":',
+    b'[{"args":{"Communication":[{"id":1,"bytes":1,"src":"a","dst":"b"},{"NcclSend":{"comm":',
+    b'[{"name":"a","cat":"Computation","ts":0.' + b'0' * 500 + b'1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
 ])
 def test_odd_batches_are_declined(text: bytes) -> None:
     assert _scan(text) is None
@@ -245,6 +250,14 @@ def test_helpers_use_the_fast_path_too(tmp_path: Path) -> None:
     got = read_trace(p, chunk_bytes=4096, workers=2)
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
     assert len(got.flows) == 1400
+
+
+def test_fast_path_columns_are_writable_and_the_key_sets_must_be_tuples() -> None:
+    cols, _ = _decode(bytes(_batch([json.dumps(BASE_COMM), json.dumps(BASE_COMP)])), True)
+    for key in ("ts", "bytes", "comp_ts", "call"):
+        assert cols[key].flags.writeable, key
+    with pytest.raises(TypeError, match="tuple of bytes"):
+        td._tracescan.scan(b"[]", list(td._CALLS_B), td._DTYPES_B)
 
 
 def test_writer_output_scans(tmp_path: Path) -> None:

@@ -262,7 +262,10 @@ static int parse_double(const char **pp, const char *e, const Ctx *ctx, double *
                 break;
             }
             m = m * 10 + (unsigned)(*s - '0');
-            exp10--;
+            if (--exp10 < -400) { /* leading zeros do not count as digits: bound exp10 here */
+                ok = 0;
+                break;
+            }
         }
     }
     if (ok && s < q && (*s == 'e' || *s == 'E')) {
@@ -476,7 +479,7 @@ static int payload_field(void *st, Span k, const char **pp, const char *e) {
         /* A communicator object is repeated on every event of its communicator: when the text up
          * to the first '}' is one already validated, it is that value again (same bytes, same
          * parse), so it is not scanned again. */
-        if (*start == '{') {
+        if (start < e && *start == '{') {
             const char *close = memchr(start, '}', e - start);
             if (close) {
                 Span c = {start, close + 1 - start};
@@ -524,7 +527,7 @@ static int expect(const char **pp, const char *e, char c) {
 
 /* [flow, {call: payload}] */
 static int parse_communication(Ev *ev, const char **pp, const char *e) {
-    if (**pp != '[') return -1;
+    if (*pp >= e || **pp != '[') return -1;
     (*pp)++;
     WS(*pp, e);
     Sub fs = {ev, 0};
@@ -552,7 +555,7 @@ static int host_field(void *st, Span k, const char **pp, const char *e) {
 /* [{hostname}, int, any] */
 static int parse_computation(Ev *ev, const char **pp, const char *e) {
     int64_t ignored;
-    if (**pp != '[') return -1;
+    if (*pp >= e || **pp != '[') return -1;
     (*pp)++;
     WS(*pp, e);
     Sub hs = {ev, 0};
@@ -720,31 +723,33 @@ static int scan_batch(const char *p, const char *e, const Ctx *ctx, const KeySet
 
 static locale_t c_locale;
 
+/* ks points into the bytes of the tuple seq (a tuple cannot change while the scan runs
+ * without the GIL; the caller holds it). */
 static int keyset_from(PyObject *seq, KeySet *ks, const char *what) {
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (!fast) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (!PyTuple_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple of bytes", what);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     if (n > MAX_KEYS) {
-        Py_DECREF(fast);
         PyErr_Format(PyExc_ValueError, "at most %d %s", MAX_KEYS, what);
         return -1;
     }
     ks->n = (int)n;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *b = PyTuple_GET_ITEM(seq, i);
         if (!PyBytes_Check(b)) {
-            Py_DECREF(fast);
-            PyErr_Format(PyExc_TypeError, "%s must be bytes", what);
+            PyErr_Format(PyExc_TypeError, "%s must be a tuple of bytes", what);
             return -1;
         }
         ks->keys[i].p = PyBytes_AS_STRING(b);
         ks->keys[i].n = PyBytes_GET_SIZE(b);
     }
-    Py_DECREF(fast); /* the bytes stay alive: the caller holds the sequence */
     return 0;
 }
 
-static PyObject *vec_bytes(Vec *v) { return PyBytes_FromStringAndSize(v->data ? v->data : "", v->len * v->item); }
+/* a bytearray, so that numpy arrays over it are writable, as msgspec's path gives them */
+static PyObject *vec_bytes(Vec *v) { return PyByteArray_FromStringAndSize(v->data ? v->data : "", v->len * v->item); }
 
 static PyObject *table_list(Table *t) {
     PyObject *list = PyList_New((Py_ssize_t)t->n);
@@ -801,7 +806,7 @@ static PyMethodDef methods[] = {
      "scan(batch, calls, dtypes) -> tuple | None\n\n"
      "Columns of one batch ('[' + elements + ']'), or None when the batch is not for this scanner\n"
      "(decode it with msgspec then). calls / dtypes: the accepted NCCL call names and dtype names\n"
-     "(bytes), whose indices are the call / dtype codes."},
+     "(tuples of bytes), whose indices are the call / dtype codes."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tracescan",

@@ -620,7 +620,7 @@ def line_at(path, offset: int) -> int:
 
 def decode_document(data: bytes) -> list:
     """Typed events of a whole document (raw communicator objects); msgspec errors propagate."""
-    return _dec_raw.decode(data)
+    return _decoder.decode(data)
 
 
 def whole_document(path) -> tuple[bytes, int]:
