@@ -299,6 +299,23 @@ static int parse_double(const char **pp, const char *e, const Ctx *ctx, double *
     return 0;
 }
 
+/* After a member of an array or object: whitespace, then ',' (returns 1, *pp after the comma
+ * and the whitespace after it) or `close` (returns 0, *pp after it); -1 otherwise. */
+static int next_member(const char **pp, const char *e, char close) {
+    const char *p = *pp;
+    WS(p, e);
+    if (p >= e) return -1;
+    if (*p == ',') {
+        p++;
+        WS(p, e);
+        *pp = p;
+        return 1;
+    }
+    if (*p != close) return -1;
+    *pp = p + 1;
+    return 0;
+}
+
 static int skip_value(const char **pp, const char *e, int depth);
 
 static int skip_container(const char **pp, const char *e, int depth, char close) {
@@ -318,16 +335,11 @@ static int skip_container(const char **pp, const char *e, int depth, char close)
             WS(p, e);
         }
         if (skip_value(&p, e, depth + 1) < 0) return -1;
-        WS(p, e);
-        if (p >= e) return -1;
-        if (*p == ',') {
-            p++;
-            WS(p, e);
-            continue;
+        int more = next_member(&p, e, close);
+        if (more <= 0) {
+            *pp = p;
+            return more;
         }
-        if (*p != close) return -1;
-        *pp = p + 1;
-        return 0;
     }
 }
 
@@ -377,16 +389,11 @@ static int walk_object(const char **pp, const char *e, int depth, FieldFn fn, vo
         int r = fn(st, key, &p, e);
         if (r < 0) return -1;
         if (r == 1 && skip_value(&p, e, depth + 1) < 0) return -1;
-        WS(p, e);
-        if (p >= e) return -1;
-        if (*p == ',') {
-            p++;
-            WS(p, e);
-            continue;
+        int more = next_member(&p, e, '}');
+        if (more <= 0) {
+            *pp = p;
+            return more;
         }
-        if (*p != '}') return -1;
-        *pp = p + 1;
-        return 0;
     }
 }
 
@@ -432,6 +439,13 @@ enum { P_COUNT = 1, P_DTYPE = 2, P_COMM = 4, P_ROOT = 8 };
         (mask) |= (bit); \
     } while (0)
 
+/* key k names this field: take it once (bit of mask) and parse its value with `parse` */
+#define FIELD(k, lit, mask, bit, parse) \
+    if (KEY_IS(k, lit)) {               \
+        ONCE(mask, bit);                \
+        return (parse);                 \
+    }
+
 typedef struct {
     Ev *ev;
     unsigned seen;
@@ -440,32 +454,17 @@ typedef struct {
 static int flow_field(void *st, Span k, const char **pp, const char *e) {
     Sub *s = st;
     Ev *ev = s->ev;
-    if (KEY_IS(k, "id")) {
-        ONCE(s->seen, G_ID);
-        return parse_int64(pp, e, &ev->flow_id);
-    }
-    if (KEY_IS(k, "bytes")) {
-        ONCE(s->seen, G_BYTES);
-        return parse_int64(pp, e, &ev->nbytes);
-    }
-    if (KEY_IS(k, "src")) {
-        ONCE(s->seen, G_SRC);
-        return parse_string(pp, e, &ev->src);
-    }
-    if (KEY_IS(k, "dst")) {
-        ONCE(s->seen, G_DST);
-        return parse_string(pp, e, &ev->dst);
-    }
+    FIELD(k, "id", s->seen, G_ID, parse_int64(pp, e, &ev->flow_id))
+    FIELD(k, "bytes", s->seen, G_BYTES, parse_int64(pp, e, &ev->nbytes))
+    FIELD(k, "src", s->seen, G_SRC, parse_string(pp, e, &ev->src))
+    FIELD(k, "dst", s->seen, G_DST, parse_string(pp, e, &ev->dst))
     return 1;
 }
 
 static int payload_field(void *st, Span k, const char **pp, const char *e) {
     Sub *s = st;
     Ev *ev = s->ev;
-    if (KEY_IS(k, "count")) {
-        ONCE(s->seen, P_COUNT);
-        return parse_int64(pp, e, &ev->count);
-    }
+    FIELD(k, "count", s->seen, P_COUNT, parse_int64(pp, e, &ev->count))
     if (KEY_IS(k, "dtype")) {
         Span d;
         ONCE(s->seen, P_DTYPE);
@@ -495,10 +494,7 @@ static int payload_field(void *st, Span k, const char **pp, const char *e) {
         ev->comm.n = *pp - start;
         return 0;
     }
-    if (KEY_IS(k, "root")) {
-        ONCE(s->seen, P_ROOT);
-        return parse_int64(pp, e, &ev->root);
-    }
+    FIELD(k, "root", s->seen, P_ROOT, parse_int64(pp, e, &ev->root))
     return 1;
 }
 
@@ -525,87 +521,71 @@ static int expect(const char **pp, const char *e, char c) {
     return 0;
 }
 
-/* [flow, {call: payload}] */
-static int parse_communication(Ev *ev, const char **pp, const char *e) {
+/* the '[' of a fixed-length array (a msgspec tuple) and the whitespace after it */
+static int open_tuple(const char **pp, const char *e) {
     if (*pp >= e || **pp != '[') return -1;
     (*pp)++;
     WS(*pp, e);
+    return 0;
+}
+
+/* whitespace and the ']' that ends the tuple: no further elements */
+static int close_tuple(const char **pp, const char *e) {
+    WS(*pp, e);
+    if (*pp >= e || **pp != ']') return -1;
+    (*pp)++;
+    return 0;
+}
+
+/* [flow, {call: payload}] */
+static int parse_communication(Ev *ev, const char **pp, const char *e) {
+    if (open_tuple(pp, e) < 0) return -1;
     Sub fs = {ev, 0};
     if (walk_object(pp, e, 4, flow_field, &fs) < 0) return -1;
     if (fs.seen != (G_ID | G_BYTES | G_SRC | G_DST)) return -1;
     if (expect(pp, e, ',') < 0) return -1;
     Sub cs = {ev, 0};
     if (walk_object(pp, e, 4, call_field, &cs) < 0 || !cs.seen) return -1;
-    WS(*pp, e);
-    if (*pp >= e || **pp != ']') return -1;
-    (*pp)++;
+    if (close_tuple(pp, e) < 0) return -1;
     ev->has_comm = 1;
     return 0;
 }
 
 static int host_field(void *st, Span k, const char **pp, const char *e) {
     Sub *s = st;
-    if (KEY_IS(k, "hostname")) {
-        ONCE(s->seen, 1);
-        return parse_string(pp, e, &s->ev->host);
-    }
+    FIELD(k, "hostname", s->seen, 1, parse_string(pp, e, &s->ev->host))
     return 1;
 }
 
 /* [{hostname}, int, any] */
 static int parse_computation(Ev *ev, const char **pp, const char *e) {
     int64_t ignored;
-    if (*pp >= e || **pp != '[') return -1;
-    (*pp)++;
-    WS(*pp, e);
+    if (open_tuple(pp, e) < 0) return -1;
     Sub hs = {ev, 0};
     if (walk_object(pp, e, 4, host_field, &hs) < 0 || !hs.seen) return -1;
     if (expect(pp, e, ',') < 0) return -1;
     if (parse_int64(pp, e, &ignored) < 0) return -1;
     if (expect(pp, e, ',') < 0) return -1;
     if (skip_value(pp, e, 4) < 0) return -1;
-    WS(*pp, e);
-    if (*pp >= e || **pp != ']') return -1;
-    (*pp)++;
+    if (close_tuple(pp, e) < 0) return -1;
     ev->has_comp = 1;
     return 0;
 }
 
 static int args_field(void *st, Span k, const char **pp, const char *e) {
     Sub *s = st;
-    if (KEY_IS(k, "Communication")) {
-        ONCE(s->seen, 1);
-        return parse_communication(s->ev, pp, e);
-    }
-    if (KEY_IS(k, "Computation")) {
-        ONCE(s->seen, 2);
-        return parse_computation(s->ev, pp, e);
-    }
+    FIELD(k, "Communication", s->seen, 1, parse_communication(s->ev, pp, e))
+    FIELD(k, "Computation", s->seen, 2, parse_computation(s->ev, pp, e))
     return 1;
 }
 
 static int event_field(void *st, Span k, const char **pp, const char *e) {
     Ev *ev = st;
-    if (KEY_IS(k, "name")) {
-        ONCE(ev->seen, F_NAME);
-        return parse_string(pp, e, &ev->name);
-    }
-    if (KEY_IS(k, "cat")) {
-        ONCE(ev->seen, F_CAT);
-        return parse_string(pp, e, &ev->cat);
-    }
-    if (KEY_IS(k, "ts")) {
-        ONCE(ev->seen, F_TS);
-        return parse_double(pp, e, ev->ctx, &ev->ts);
-    }
-    if (KEY_IS(k, "dur")) {
-        ONCE(ev->seen, F_DUR);
-        return parse_double(pp, e, ev->ctx, &ev->dur);
-    }
-    if (KEY_IS(k, "tid")) {
-        ONCE(ev->seen, F_TID);
-        return parse_int64(pp, e, &ev->tid);
-    }
+    FIELD(k, "name", ev->seen, F_NAME, parse_string(pp, e, &ev->name))
+    FIELD(k, "cat", ev->seen, F_CAT, parse_string(pp, e, &ev->cat))
+    FIELD(k, "ts", ev->seen, F_TS, parse_double(pp, e, ev->ctx, &ev->ts))
+    FIELD(k, "dur", ev->seen, F_DUR, parse_double(pp, e, ev->ctx, &ev->dur))
+    FIELD(k, "tid", ev->seen, F_TID, parse_int64(pp, e, &ev->tid))
     if (KEY_IS(k, "args")) {
         ONCE(ev->seen, F_ARGS);
         Sub as = {ev, 0};
@@ -705,17 +685,12 @@ static int scan_batch(const char *p, const char *e, const Ctx *ctx, const KeySet
         if (walk_object(&p, e, 1, event_field, &ev) < 0) return -1;
         if (commit(o, &ev) < 0) return -1;
         o->n_events++;
-        WS(p, e);
-        if (p >= e) return -1;
-        if (*p == ',') {
-            p++;
+        int more = next_member(&p, e, ']');
+        if (more < 0) return -1;
+        if (!more) {
             WS(p, e);
-            continue;
+            return p == e ? 0 : -1;
         }
-        if (*p != ']') return -1;
-        p++;
-        WS(p, e);
-        return p == e ? 0 : -1;
     }
 }
 
