@@ -342,6 +342,17 @@ def test_error_wrong_type(tmp_path: Path, trace: Path) -> None:
     _expect(_mutated(trace, tmp_path, "c.json.gz", '"cat":"Computation"', '"cat":"Memory"'), "invalid event")
 
 
+def test_error_oversized_rank_deep_nesting_and_byte_order_mark(tmp_path: Path, trace: Path) -> None:
+    _expect(_mutated(trace, tmp_path, "r.json.gz", '"rank":0', '"rank":9223372036854775808'),
+            "bad communicator", "line")
+    deep = "[" * 5000 + "]" * 5000
+    _expect(_mutated(trace, tmp_path, "d.json.gz", '"Torch":', f'"Torch":{deep},"x":'),
+            "invalid JSON", "nests too deep")
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + gzip.decompress(trace.read_bytes()))
+    _expect(bom, "invalid JSON", "byte order mark")
+
+
 def test_reader_accepts_null_stream_and_missing_optional_fields(tmp_path: Path) -> None:
     ev = {"name": "s", "cat": "Communication", "ph": "X", "ts": 1, "dur": 2, "pid": 0, "tid": 0,
           "args": {"Communication": [{"id": 5, "bytes": 10, "src": "host-3", "dst": "host-12"},

@@ -71,6 +71,10 @@ def _assert_same(text: bytes) -> None:
             assert fc[key].tobytes() == sc[key].tobytes(), key
 
 
+# the tests that call the scanner itself; without it only test_fast_path_is_built fails
+needs_scanner = pytest.mark.skipif(td._tracescan is None, reason="the C scanner was not compiled")
+
+
 def _scan(text: bytes):
     return td._tracescan.scan(bytes(text), td._CALLS_B, td._DTYPES_B)
 
@@ -81,6 +85,7 @@ def test_fast_path_is_built() -> None:
         "installed: install a C compiler and the Python headers, then reinstall")
 
 
+@needs_scanner
 def test_fast_path_takes_every_batch_of_the_writers_traces(tmp_path: Path) -> None:
     p = _big_trace(tmp_path, copies=50)
     n = 0
@@ -105,6 +110,7 @@ def test_read_trace_is_the_same_with_and_without_the_fast_path(tmp_path: Path, m
     assert int(fast.flows["bytes"].sum()) == 80 * int(raw_timeline().query("kind == 'communication'")["bytes"].sum())
 
 
+@needs_scanner
 def test_typical_lines_are_taken() -> None:
     text = _batch([json.dumps(BASE_COMM), json.dumps(BASE_COMP), json.dumps(BASE_COMM, indent=1)])
     res = _scan(text)
@@ -140,6 +146,7 @@ DECLINED = {
 }
 
 
+@needs_scanner
 @pytest.mark.parametrize("case", sorted(DECLINED))
 def test_declined_batches_go_to_msgspec(case: str) -> None:
     text = _variant(DECLINED[case])
@@ -148,6 +155,7 @@ def test_declined_batches_go_to_msgspec(case: str) -> None:
     _assert_same(text)
 
 
+@needs_scanner
 @pytest.mark.parametrize("text", [
     b'[{"cat":"Communication","cat":"Computation"}]',                 # duplicate field
     b'[{"name":"a","cat":"Computation","ts":1e400,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
@@ -167,6 +175,7 @@ def test_odd_batches_are_declined(text: bytes) -> None:
     _assert_same(text)
 
 
+@needs_scanner
 @pytest.mark.parametrize("number", ["0", "-0", "-0.0", "1e3", "1E+3", "12.5e-3", "0.30000000000000004",
                                     "9007199254740993", "123456789012345678901234", "1e-400",
                                     "4.9406564584124654e-324", "2244.8340000000003", "7e22", "8e22"])
@@ -177,6 +186,7 @@ def test_numbers_convert_as_msgspec_does(number: str) -> None:
     _assert_same(text)
 
 
+@needs_scanner
 def test_keys_in_any_order_with_unknown_fields_and_whitespace() -> None:
     comm = {"args": {"Other": [1, {"x": None}], "Communication": [
         {"dst": "host-2", "extra": [True, False, None], "src": "host-3", "bytes": 5, "id": -1},
@@ -252,6 +262,7 @@ def test_helpers_use_the_fast_path_too(tmp_path: Path) -> None:
     assert len(got.flows) == 1400
 
 
+@needs_scanner
 def test_fast_path_columns_are_writable_and_the_key_sets_must_be_tuples() -> None:
     cols, _ = _decode(bytes(_batch([json.dumps(BASE_COMM), json.dumps(BASE_COMP)])), True)
     for key in ("ts", "bytes", "comp_ts", "call"):
@@ -260,6 +271,7 @@ def test_fast_path_columns_are_writable_and_the_key_sets_must_be_tuples() -> Non
         td._tracescan.scan(b"[]", list(td._CALLS_B), td._DTYPES_B)
 
 
+@needs_scanner
 def test_writer_output_scans(tmp_path: Path) -> None:
     p = tmp_path / "t.json"
     write_chrome_trace(raw_timeline(), p)

@@ -824,6 +824,8 @@ def _read_whole(path: Path) -> _Assembly:
         events = td.decode_document(data)
     except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
         raise td.validation_error(exc, lambda i: f"event {i}") from None
+    except RecursionError as exc:  # msgspec's nesting limit (about 1000 levels)
+        raise td.BatchError("invalid JSON", f"an event nests too deep: {exc}") from None
     except msgspec.DecodeError as exc:
         m = re.search(r"byte (\d+)", str(exc))
         ln = line0 + data.count(b"\n", 0, int(m.group(1))) if m else "?"

@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import numpy as np
@@ -100,7 +100,7 @@ class _Flow(msgspec.Struct, gc=False):
 
 
 class _Comm(msgspec.Struct, forbid_unknown_fields=True):
-    rank: int
+    rank: Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)]   # an int64 column
     id: list[int]
 
 
@@ -245,6 +245,9 @@ class BatchDecoder:
             events = _decoder.decode(view)
         except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
             raise validation_error(exc, where) from None
+        except RecursionError as exc:  # msgspec's nesting limit (about 1000 levels)
+            raise BatchError("invalid JSON", f"an event of the batch starting at line {line_of(offset)} "
+                                             f"nests too deep: {exc}") from None
         except msgspec.DecodeError as exc:
             body = bytes(buf[1:end - 1])
             if not looks_like_layout(body):
@@ -528,12 +531,15 @@ class _Producer(threading.Thread):
 
 
 def check_start(head: bytes) -> None:
-    """The document (after leading whitespace) must start with ``[``."""
+    """The document (after leading whitespace; ``head``: its first 3 bytes or more) must
+    start with ``[``."""
     c = head[:1]
     if c == b"[":
         return
     if not c:
         raise StreamError("invalid JSON", "empty document")
+    if head.startswith(b"\xef\xbb\xbf"):
+        raise StreamError("invalid JSON", "line 1: the text starts with a UTF-8 byte order mark, which JSON does not allow")
     if c in b'{"-0123456789tfn':
         raise StreamError("not a JSON array", f"document starts with {c.decode()!r}")
     raise StreamError("invalid JSON", f"line 1: unexpected {c!r}")
@@ -564,7 +570,9 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             stripped = bytes(buf[1:]).lstrip(_WS)
             if not stripped:
                 continue
-            check_start(stripped[:1])
+            if len(stripped) < 3 and b"\xef\xbb\xbf".startswith(stripped):
+                continue    # may be a byte order mark split across chunks: wait for more text
+            check_start(stripped[:3])
             offset = len(buf) - len(stripped)    # after the whitespace and the "["
             buf = bytearray(b"[") + stripped[1:]
             started = True
@@ -588,7 +596,7 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             del buf[:s - 1]
             searched = max(0, searched - (s - 1))
     if not started:
-        check_start(b"")
+        check_start(bytes(buf[1:]).lstrip(_WS))
     tail = bytes(buf[1:]).rstrip(_WS)
     if not tail.endswith(b"]"):
         raise StreamError("invalid JSON", f"line {line_at(path, offset + len(tail))}: "
