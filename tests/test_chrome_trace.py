@@ -219,6 +219,25 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
         pd.testing.assert_frame_equal(got.compute, ref.compute)
 
 
+def test_crlf_layout_is_streamed_in_batches(tmp_path: Path) -> None:
+    from phantora_assets.lib import trace_decode as td
+
+    big = _big_trace(tmp_path, copies=30)
+    ref = read_trace(big)
+    crlf = tmp_path / "crlf.json.gz"
+    crlf.write_bytes(gzip.compress(gzip.decompress(big.read_bytes()).replace(b"\n", b"\r\n")))
+    batches = [(offset, bytes(view[:end])) for offset, view, end in td.iter_batches(crlf, 4096)]
+    assert len(batches) > 20           # cut at ",\r\n", not decoded as one document
+    assert batches[0][1].startswith(b"[\r\n{")
+    assert all(b.startswith(b"[{") and b.endswith(b"}]") for _, b in batches[1:-1])
+    text = gzip.decompress(crlf.read_bytes())
+    assert all(text[o:o + 1] == b"{" for o, _ in batches[1:])    # offsets point at each batch's text
+    for workers in (0, 1):
+        got = read_trace(crlf, chunk_bytes=4096, workers=workers)
+        pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
+        pd.testing.assert_frame_equal(got.compute, ref.compute, check_exact=True)
+
+
 def test_small_chunks_and_multimember_gzip(tmp_path: Path, trace: Path) -> None:
     """Tiny batches exercise the ',\\n' cutting across chunk boundaries."""
     ref = read_trace(trace)

@@ -553,7 +553,8 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
     the next batch. ``offset`` is the text offset of ``view[1]``. A batch ends at the first
     ``,\\n`` at or after ``chunk_bytes`` bytes from its start (its comma is overwritten by
     ``]``, the newline after it by the next batch's ``[``), so the batches depend on the text
-    only.
+    only. When the first line break of the text is ``\\r\\n``, batches end at ``,\\r\\n``
+    instead (the ``\\r`` stays between two batches).
 
     Raises:
         StreamError: bad gzip, not an array, the array never closes, or a trailing comma.
@@ -564,6 +565,7 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
     started = False
     searched = 0                # no batch cut starts in buf[1 + span:searched]
     n_batches = 0
+    sep = b""                   # the element separator, known at the first line break
     for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
         buf += chunk
         if not started:
@@ -576,20 +578,26 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             offset = len(buf) - len(stripped)    # after the whitespace and the "["
             buf = bytearray(b"[") + stripped[1:]
             started = True
+        if not sep:
+            nl = buf.find(b"\n", 1)
+            if nl < 0:
+                continue
+            sep = b",\r\n" if buf[nl - 1] == 0x0D else b",\n"
+        k = len(sep)
         s = 1                   # start of the next batch (buf[s - 1] is "[")
         while True:
             lo = max(s + span, searched)
-            cut = buf.find(b",\n", lo) if lo < len(buf) else -1
+            cut = buf.find(sep, lo) if lo < len(buf) else -1
             if cut < 0:
-                searched = max(lo, len(buf) - 1)
+                searched = max(lo, len(buf) - (k - 1))
                 break
             buf[cut] = 0x5D  # "]"
             view = memoryview(buf)[s - 1:cut + 1]
             yield offset, view, cut + 2 - s
             view.release()
             n_batches += 1
-            offset += cut + 2 - s
-            s = cut + 2
+            offset += cut + k - s
+            s = cut + k
             buf[s - 1] = 0x5B  # "[" over the "\n"
             searched = 0
         if s > 1:
