@@ -254,7 +254,7 @@ def test_damaged_batches_decode_the_same(seed: int, n_edits: int) -> None:
     _assert_same(bytes(text))
 
 
-def test_helpers_use_the_fast_path_too(tmp_path: Path) -> None:
+def test_helper_processes_give_the_same_flows(tmp_path: Path) -> None:
     p = _big_trace(tmp_path, copies=200)
     ref = read_trace(p, workers=0)
     got = read_trace(p, chunk_bytes=4096, workers=2)

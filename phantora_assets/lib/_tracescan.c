@@ -423,6 +423,7 @@ typedef struct {
     int has_comm;
     int64_t flow_id, nbytes, count, root;
     Span src, dst, comm;
+    int32_t comm_code; /* code of comm when it was found in the table while scanning, else -1 */
     int call, dtype;
     /* Computation */
     int has_comp;
@@ -482,7 +483,8 @@ static int payload_field(void *st, Span k, const char **pp, const char *e) {
             const char *close = memchr(start, '}', e - start);
             if (close) {
                 Span c = {start, close + 1 - start};
-                if (table_find(ev->comms, c) >= 0) {
+                ev->comm_code = table_find(ev->comms, c);
+                if (ev->comm_code >= 0) {
                     ev->comm = c;
                     *pp = close + 1;
                     return 0;
@@ -507,6 +509,7 @@ static int call_field(void *st, Span k, const char **pp, const char *e) {
     if (ev->call < 0) return -1;
     Sub ps = {ev, 0};
     ev->root = -1;
+    ev->comm_code = -1;
     if (walk_object(pp, e, 6, payload_field, &ps) < 0) return -1;
     return (ps.seen & (P_COUNT | P_DTYPE | P_COMM)) == (P_COUNT | P_DTYPE | P_COMM) ? 0 : -1;
 }
@@ -634,7 +637,8 @@ static int commit(Out *o, Ev *ev) {
     if (KEY_IS(ev->cat, "Communication")) {
         if (!ev->has_comm || (ev->seen & (F_NAME | F_TID)) != (F_NAME | F_TID)) return -1;
         int32_t cn = table_code(&o->names, ev->name), cs = table_code(&o->hosts, ev->src),
-                cd = table_code(&o->hosts, ev->dst), cc = table_code(&o->comms, ev->comm);
+                cd = table_code(&o->hosts, ev->dst),
+                cc = ev->comm_code >= 0 ? ev->comm_code : table_code(&o->comms, ev->comm);
         if (cn < 0 || cs < 0 || cd < 0 || cc < 0) goto nomem;
         int8_t call = (int8_t)ev->call, dtype = (int8_t)ev->dtype;
         PUSH(o->ts, ev->ts);

@@ -227,20 +227,16 @@ class BatchDecoder:
         def where(i: int) -> str:
             return locator(bytes(buf[1:end - 1]), offset, line_of)(i)
 
-        mv = memoryview(buf)
-        view = mv[:end]
         if self.fast:
             # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
             # other batch (and to name a broken rule) msgspec decodes it below
-            try:
-                cols = self._scanned(_tracescan.scan(view, _CALLS_B, _DTYPES_B))
-            finally:
-                view.release()
-                mv.release()
+            with memoryview(buf) as whole, whole[:end] as batch:
+                res = _tracescan.scan(batch, _CALLS_B, _DTYPES_B)
+            cols = self._scanned(res)
             if cols is not None:
                 return cols
-            mv = memoryview(buf)
-            view = mv[:end]
+        mv = memoryview(buf)
+        view = mv[:end]
         try:
             events = _decoder.decode(view)
         except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
