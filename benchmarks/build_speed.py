@@ -50,7 +50,8 @@ TRIVIAL = textwrap.dedent('''
 STAGES = textwrap.dedent('''
     import collections, os, sys, time
     from phantora_assets import pipeline
-    from phantora_assets.lib import analytic, chrome_trace
+    from phantora_assets.lib.sim import analytic
+    from phantora_assets.lib.phantora import chrome_trace
     T = collections.Counter()
     def wrap(mod, name, label):
         f = getattr(mod, name)

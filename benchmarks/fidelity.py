@@ -31,11 +31,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from phantora_assets.lib.analytic import AnalyticSimulator  # noqa: E402
-from phantora_assets.lib.kernels import DTYPE_CODE_BYTES, load_compute_db  # noqa: E402
-from phantora_assets.lib.memory import estimate_memory  # noqa: E402
-from phantora_assets.lib.workloads import workload_model  # noqa: E402
-from phantora_assets.runs import load_run_matrix  # noqa: E402
+from phantora_assets.lib.sim.analytic import AnalyticSimulator  # noqa: E402
+from phantora_assets.lib.sim.kernels import DTYPE_CODE_BYTES, load_compute_db  # noqa: E402
+from phantora_assets.lib.sim.memory import estimate_memory  # noqa: E402
+from phantora_assets.lib.sim.workloads import workload_model  # noqa: E402
+from phantora_assets.matrix import load_run_matrix  # noqa: E402
 
 PUBLISHED = ROOT / "tests" / "data" / "published_runs.csv"
 TARGET_MEDIAN, TARGET_MAX = 0.15, 0.40

@@ -1,4 +1,4 @@
-"""Ingest benchmark of ``phantora_assets.lib.chrome_trace.read_trace`` (issue 6 targets).
+"""Ingest benchmark of ``phantora_assets.lib.phantora.chrome_trace.read_trace`` (issue 6 targets).
 
 Usage::
 
@@ -194,7 +194,7 @@ def _inflate(path: Path) -> bytes:
 
 
 def _ours(path: Path, workers: int | None) -> dict:
-    from phantora_assets.lib import chrome_trace
+    from phantora_assets.lib.phantora import chrome_trace
 
     helpers = chrome_trace.default_workers(path) if workers is None else workers
     t0 = time.perf_counter()
@@ -286,7 +286,7 @@ def run_worker(mode: str, path: Path) -> None:
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
-    import phantora_assets.lib.chrome_trace  # noqa: F401
+    import phantora_assets.lib.phantora.chrome_trace  # noqa: F401
     if mode == "orjson":
         import orjson  # noqa: F401
     info = WORKERS[mode](path)

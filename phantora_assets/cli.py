@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from phantora_assets.lib.checks_log import blocking_failures, read_checks
-from phantora_assets.lib.io import sweep_temp_files
+from phantora_assets.checks import blocking_failures, read_checks
+from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
 
@@ -50,20 +50,22 @@ def _build_defs(data_dir: str, matrix, plots: bool = True):
     assets in one run; Dagster skips the ones below a failed asset or blocking check)."""
     import dagster as dg
 
-    from phantora_assets import definitions as d
+    from phantora_assets import assets as a
+    from phantora_assets.assets.common import Partitions
+    from phantora_assets.definitions import simulator_from_env
     from phantora_assets.resources import DataRoot
 
-    all_assets, run_assets = d.assets_for(matrix)
-    skip = {a.key for a in d.PLOT_ASSETS} if not plots else set()
-    run_keys = [a.key for a in run_assets if a.key not in skip]
-    dataset_keys = [a.key for a in d.DATASET_ASSETS if a.key not in skip]
+    assets = a.build_assets(Partitions.of(matrix))
+    skip = set(a.PLOT_ASSET_NAMES) if not plots else set()
+    run_keys = [assets[n].key for n in a.RUN_ASSET_NAMES if n not in skip]
+    dataset_keys = [assets[n].key for n in a.DATASET_ASSET_NAMES if n not in skip]
     jobs = [
         dg.define_asset_job("build_runs", selection=dg.AssetSelection.assets(*run_keys)),
-        dg.define_asset_job("build_perf_dbs", selection=dg.AssetSelection.assets(d.simulation.perf_db.key)),
+        dg.define_asset_job("build_perf_dbs", selection=dg.AssetSelection.assets(assets["perf_db"].key)),
+        dg.define_asset_job("build_dataset", selection=dg.AssetSelection.assets(*dataset_keys)),
     ]
-    jobs.append(dg.define_asset_job("build_dataset", selection=dg.AssetSelection.assets(*dataset_keys)))
-    resources = {"data": DataRoot(data_dir=data_dir), "simulator": d.simulator_from_env(matrix)}
-    return dg.Definitions(assets=all_assets, jobs=jobs, resources=resources)
+    resources = {"data": DataRoot(data_dir=data_dir), "simulator": simulator_from_env(matrix)}
+    return dg.Definitions(assets=list(assets.values()), jobs=jobs, resources=resources)
 
 
 def _run_partition(job, instance, run_id: str) -> tuple[str, bool, list[str]]:
@@ -90,7 +92,7 @@ def _warm_imports() -> None:
     import matplotlib.ticker  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    from phantora_assets.lib import trace_decode  # noqa: F401
+    from phantora_assets.lib.phantora import trace_decode  # noqa: F401
 
 
 def _worker_run(run_id: str) -> tuple[str, bool, list[str]]:
@@ -108,7 +110,7 @@ def _cost_order(specs) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from phantora_assets.partitions import matrix_for
+    from phantora_assets.matrix import matrix_for
 
     data_dir = Path(args.data_dir)
     matrix = matrix_for(data_dir)
@@ -201,8 +203,8 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from phantora_assets.lib.run_folder import discover, register
-    from phantora_assets.partitions import matrix_for
+    from phantora_assets.lib.phantora.run_folder import discover, register
+    from phantora_assets.matrix import matrix_for
 
     data_dir = Path(args.data_dir)
     found, skipped = [], []
@@ -231,13 +233,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from phantora_assets.lib.memory import estimate_memory
-    from phantora_assets.lib.run_folder import effective_matrix
-    from phantora_assets.lib.workloads import WorkloadModel
+    from phantora_assets.lib.sim.memory import estimate_memory
+    from phantora_assets.matrix import matrix_for
+    from phantora_assets.lib.sim.workloads import WorkloadModel
 
     paths = DataPaths(Path(args.data_dir))
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
-    for spec in effective_matrix(paths.root):
+    for spec in matrix_for(paths.root):
         mem = estimate_memory(WorkloadModel(spec)).as_dict()
         checks = read_checks(paths.run_folder(spec))
         if not checks:
@@ -330,7 +332,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from phantora_assets.runs import gpu_specs, presets
+    from phantora_assets.matrix import gpu_specs, presets
     from phantora_assets.sweep import grid, run_sweep
 
     if args.gpu not in gpu_specs():

@@ -1,16 +1,28 @@
-"""The code location's only Definitions. Picks resources from the environment (here only)."""
+"""The code location: :func:`build_defs` makes the Definitions; the one place that reads the
+environment (data root, run matrix, simulator choice). ``defs`` below is what ``dagster dev``,
+``dagster asset materialize -m phantora_assets.definitions`` and ``workspace.yaml`` load.
+
+Environment (all optional):
+    PHANTORA_ASSETS_DATA_DIR            data root (default ./data)
+    PHANTORA_ASSETS_RUN_MATRIX          run matrix file (default: the shipped runs.toml)
+    PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders to import (os.pathsep-separated)
+    PHANTORA_ASSETS_SIMULATOR           docker | analytic (default: docker iff a run has source = "docker")
+    PHANTORA_ASSETS_DOCKER_IMAGE, PHANTORA_ASSETS_PHANTORA_TESTS_DIR, PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
 import dagster as dg
 
-from phantora_assets.assets import analysis, export, features, flows, simulation, traces
-from phantora_assets.partitions import RUN_MATRIX, gpu_to_runs_for, run_partitions, run_partitions_for
-from phantora_assets.paths import DATA_DIR_ENV
+from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
+from phantora_assets.assets.common import Partitions
+from phantora_assets.matrix import RunSpec, matrix_for
+from phantora_assets.paths import default_data_dir
 from phantora_assets.resources import DOCKER_MAX_CONCURRENT_ENV, AnalyticSimulatorResource, DataRoot, PhantoraDocker
-from phantora_assets.runs import RunSpec
 
 SIMULATOR_ENV = "PHANTORA_ASSETS_SIMULATOR"
 DOCKER_IMAGE_ENV = "PHANTORA_ASSETS_DOCKER_IMAGE"
@@ -18,24 +30,14 @@ PHANTORA_TESTS_ENV = "PHANTORA_ASSETS_PHANTORA_TESTS_DIR"
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
 
-RUN_ASSETS = [
-    simulation.raw_timeline, traces.chrome_trace, flows.validated_flows, flows.binned_flows,
-    features.window_features, features.run_summary, analysis.step_anatomy, analysis.run_plots,
-]
-#: Per-run assets that only draw (``phantora-assets build --no-plots`` skips them).
-PLOT_ASSETS = [analysis.run_plots, analysis.dataset_plots]
-#: Unpartitioned assets materialized after every run, in order.
-DATASET_ASSETS = [export.phantora_v0, analysis.dataset_duckdb, analysis.dataset_plots]
-ALL_ASSETS = [simulation.perf_db, *RUN_ASSETS, *DATASET_ASSETS]
 
-
-def simulator_from_env(specs: list[RunSpec] | None = None):
+def simulator_from_env(specs: Sequence[RunSpec]) -> AnalyticSimulatorResource | PhantoraDocker:
     """``PhantoraDocker`` when ``$PHANTORA_ASSETS_SIMULATOR=docker`` or a run of ``specs`` has
     ``source = "docker"`` (image from ``$PHANTORA_ASSETS_DOCKER_IMAGE``, training scripts from
     ``$PHANTORA_ASSETS_PHANTORA_TESTS_DIR``, slots from ``$PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT``);
     else the analytic simulator."""
     choice = os.environ.get(SIMULATOR_ENV, "")
-    if choice == "docker" or (choice != "analytic" and any(s.source == "docker" for s in specs or RUN_MATRIX)):
+    if choice == "docker" or (choice != "analytic" and any(s.source == "docker" for s in specs)):
         return PhantoraDocker(
             image=os.environ.get(DOCKER_IMAGE_ENV, "phantora:latest"),
             phantora_tests_dir=os.environ.get(PHANTORA_TESTS_ENV) or None,
@@ -44,70 +46,78 @@ def simulator_from_env(specs: list[RunSpec] | None = None):
     return AnalyticSimulatorResource()
 
 
-def resources_from_env() -> dict:
-    """Resources for this process: data root from PHANTORA_ASSETS_DATA_DIR (default ./data)."""
-    return {
-        "data": DataRoot(data_dir=os.environ.get(DATA_DIR_ENV, "data")),
-        "simulator": simulator_from_env(),
-    }
+def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.UnresolvedAssetJobDefinition]:
+    run_assets = [assets[n] for n in RUN_ASSET_NAMES]
+    return [
+        dg.define_asset_job(
+            "all_runs", selection=dg.AssetSelection.assets(*run_assets), partitions_def=parts.runs,
+            description="Every per-run asset and check for the selected run partitions (use for backfills).",
+        ),
+        dg.define_asset_job(
+            "docker_runs", selection=dg.AssetSelection.assets(*run_assets), partitions_def=parts.runs, tags=DOCKER_TAG,
+            description="Like all_runs, for partitions simulated with Phantora in Docker: runs carry the tag "
+            "phantora/simulator=docker, which dagster.yaml limits (tag_concurrency_limits).",
+        ),
+        dg.define_asset_job(
+            "dataset", selection=dg.AssetSelection.assets(*[assets[n] for n in DATASET_ASSET_NAMES]),
+            description="Assemble data/phantora_v0 from every run that passed its checks, rebuild "
+            "data/phantora.duckdb from the same runs, and draw the dataset plots.",
+        ),
+    ]
 
 
-def assets_for(specs: list[RunSpec]) -> tuple[list[dg.AssetsDefinition], list[dg.AssetsDefinition]]:
-    """``(ALL_ASSETS, RUN_ASSETS)`` partitioned by the run_ids of ``specs``.
+def _schedules(parts: Partitions) -> list[dg.ScheduleDefinition]:
+    keys = parts.runs.get_partition_keys()
 
-    The module-level assets are partitioned by the matrix seen when the code location loaded;
-    a process that builds another data root (whose imports differ) rebinds the run partitions
-    and the perf_db -> run mapping here instead of reloading modules.
+    @dg.schedule(cron_schedule="0 2 * * 0", job_name="all_runs", default_status=dg.DefaultScheduleStatus.STOPPED,
+                 description="Weekly backfill: one run request per run partition (every run of the matrix).")
+    def weekly_runs_backfill(context: dg.ScheduleEvaluationContext):
+        for key in keys:
+            yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}-{key}", partition_key=key)
+
+    @dg.schedule(cron_schedule="0 6 * * 0", job_name="dataset", default_status=dg.DefaultScheduleStatus.STOPPED,
+                 description="Weekly dataset assembly, after the runs backfill.")
+    def weekly_dataset(context: dg.ScheduleEvaluationContext):
+        return dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}")
+
+    return [weekly_runs_backfill, weekly_dataset]
+
+
+def build_defs(data_dir: str | Path | None = None, specs: Sequence[RunSpec] | None = None, *,
+               simulator: dg.ConfigurableResource | None = None) -> dg.Definitions:
+    """The Definitions of one data root.
+
+    Args:
+        data_dir: the data root (default ``$PHANTORA_ASSETS_DATA_DIR`` or ``./data``).
+        specs: the run matrix (default :func:`~phantora_assets.matrix.matrix_for` of ``data_dir``:
+            the matrix with its imports); its run_ids are the run partitions.
+        simulator: the ``simulator`` resource (default :func:`simulator_from_env`).
+
+    Jobs: ``all_runs`` and ``docker_runs`` (per-run assets, partitioned), ``dataset``; schedules
+    ``weekly_runs_backfill`` and ``weekly_dataset`` (stopped by default).
+
+    Raises:
+        RunMatrixError: the run matrix or an import is invalid (names the entry and the rule).
     """
-    if [s.run_id for s in specs] == run_partitions.get_partition_keys():
-        return ALL_ASSETS, RUN_ASSETS
-    parts = run_partitions_for(specs)
-    mapping = gpu_to_runs_for(specs)
-    run_keys = {a.key for a in RUN_ASSETS}
-
-    def rebind(spec: dg.AssetSpec) -> dg.AssetSpec:
-        if spec.key not in run_keys:
-            return spec
-        deps = [dg.AssetDep(d.asset_key, partition_mapping=mapping) if d.asset_key == simulation.perf_db.key else d
-                for d in spec.deps]
-        return spec.replace_attributes(partitions_def=parts, deps=deps)
-
-    mapped = dg.map_asset_specs(rebind, ALL_ASSETS)
-    return mapped, [a for a in mapped if a.key in run_keys]
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    specs = list(specs) if specs is not None else matrix_for(root)
+    parts = Partitions.of(specs)
+    assets = build_assets(parts)
+    return dg.Definitions(
+        assets=list(assets.values()),
+        jobs=_jobs(assets, parts),
+        schedules=_schedules(parts),
+        resources={"data": DataRoot(data_dir=str(root)), "simulator": simulator or simulator_from_env(specs)},
+    )
 
 
-all_runs_job = dg.define_asset_job(
-    "all_runs", selection=dg.AssetSelection.assets(*RUN_ASSETS), partitions_def=run_partitions,
-    description="Every per-run asset and check for the selected run partitions (use for backfills).",
-)
-docker_runs_job = dg.define_asset_job(
-    "docker_runs", selection=dg.AssetSelection.assets(*RUN_ASSETS), partitions_def=run_partitions, tags=DOCKER_TAG,
-    description="Like all_runs, for partitions simulated with Phantora in Docker: runs carry the tag "
-    "phantora/simulator=docker, which dagster.yaml limits (tag_concurrency_limits).",
-)
-dataset_job = dg.define_asset_job(
-    "dataset", selection=dg.AssetSelection.assets(*DATASET_ASSETS),
-    description="Assemble data/phantora_v0 from every run that passed its checks, rebuild "
-    "data/phantora.duckdb from the same runs, and draw the dataset plots.",
-)
+defs = build_defs()
 
-
-@dg.schedule(cron_schedule="0 2 * * 0", job=all_runs_job, default_status=dg.DefaultScheduleStatus.STOPPED,
-             description="Weekly backfill: one run request per run partition (every run of the matrix).")
-def weekly_runs_backfill(context: dg.ScheduleEvaluationContext):
-    for key in all_runs_job.partitions_def.get_partition_keys():
-        yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}-{key}", partition_key=key)
-
-
-@dg.schedule(cron_schedule="0 6 * * 0", job=dataset_job, default_status=dg.DefaultScheduleStatus.STOPPED,
-             description="Weekly dataset assembly, after the runs backfill.")
-def weekly_dataset(context: dg.ScheduleEvaluationContext):
-    return dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}")
-
-
-defs = dg.Definitions(
-    assets=ALL_ASSETS,
-    jobs=[all_runs_job, docker_runs_job, dataset_job],
-    schedules=[weekly_runs_backfill, weekly_dataset],
-    resources=resources_from_env(),
-)
+#: The assets of ``defs`` by name (``ASSETS["validated_flows"]``), and the lists the CLI and tests
+#: select from: every asset, the per-run assets (``all_runs``) and the dataset assets.
+ASSETS: dict[str, dg.AssetsDefinition] = {
+    a.key.to_user_string(): a for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)
+}
+ALL_ASSETS: list[dg.AssetsDefinition] = list(ASSETS.values())
+RUN_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in RUN_ASSET_NAMES]
+DATASET_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in DATASET_ASSET_NAMES]

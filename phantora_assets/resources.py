@@ -17,9 +17,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from phantora_assets import pipeline
 from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
-from phantora_assets.runs import RunSpec
+from phantora_assets.matrix import RunSpec
+from phantora_assets.sources import get_source
+from phantora_assets.sources.base import DockerBackend, SourceContext
+from phantora_assets.stages.common import StageResult
 
 DOCKER_MAX_CONCURRENT_ENV = "PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT"
 
@@ -35,36 +37,33 @@ class DataRoot(dg.ConfigurableResource):
 
 
 class SimulatorResource(dg.ConfigurableResource):
-    """Common interface; dispatches on ``spec.source`` (analytic / docker / import)."""
+    """Common interface: what the sources (``sources/``) need from the environment. Each run is
+    simulated by the source its spec names (``sources.REGISTRY[spec.source]``)."""
 
-    def simulate(self, spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> pipeline.StageResult:
-        """raw_timeline of ``spec``: run.log, config/ and the raw timeline under ``paths``."""
-        if spec.source == "import":
-            return pipeline.import_run_folder(spec, paths)
-        if spec.source == "analytic":
-            return pipeline.simulate_run(spec, paths, perfdb_status)
-        return self._simulate_docker(spec, paths)
+    def docker_backend(self) -> DockerBackend | None:
+        """The Docker backend of the ``docker`` source; None: this resource has no Docker."""
+        return None
 
-    def write_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
+    def context(self, perfdb_status: str = "unknown") -> SourceContext:
+        """The SourceContext the sources get (the raw_timeline stage fills in the perf DB status)."""
+        return SourceContext(perfdb_status=perfdb_status, docker=self.docker_backend(),
+                             log=dg.get_dagster_logger().info)
+
+    def simulate(self, spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> StageResult:
+        """raw_timeline of ``spec``: run.log, config/ and the raw timeline under ``paths``.
+
+        Raises:
+            ValueError: ``spec.source`` is ``docker`` and this resource has no Docker backend.
+        """
+        return get_source(spec.source).raw_timeline(spec, paths, self.context(perfdb_status))
+
+    def write_trace(self, spec: RunSpec, paths: DataPaths) -> StageResult:
         """chrome_trace of ``spec``: timeline.json.gz (Phantora visualizer schema) in its run folder."""
-        if spec.source == "import":
-            return pipeline.import_trace(spec, paths)
-        if spec.source == "analytic":
-            return pipeline.write_trace(spec, paths)
-        return self._docker_trace(spec, paths)
-
-    def _simulate_docker(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
-        raise ValueError(
-            f"{spec.run_id}: source {spec.source!r} needs the Phantora Docker simulator; bind PhantoraDocker "
-            "under the 'simulator' resource key (PHANTORA_ASSETS_SIMULATOR=docker)"
-        )
-
-    def _docker_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
-        return self._simulate_docker(spec, paths)
+        return get_source(spec.source).chrome_trace(spec, paths, self.context())
 
 
 class AnalyticSimulatorResource(SimulatorResource):
-    """The embedded analytic simulator (``phantora_assets.lib.analytic``); no Docker, no GPU."""
+    """The embedded analytic simulator (``phantora_assets.lib.sim.analytic``); no Docker, no GPU."""
 
 
 class PhantoraDocker(SimulatorResource):
@@ -98,7 +97,7 @@ class PhantoraDocker(SimulatorResource):
     docker_base_url: str | None = None
 
     def settings(self):
-        from phantora_assets.lib.docker_config import DockerSettings
+        from phantora_assets.lib.phantora.docker_config import DockerSettings
 
         return DockerSettings(image=self.image, socket_dir=self.socket_dir, phantora_tests_dir=self.phantora_tests_dir,
                               log_level=self.log_level, startup_wait_s=self.startup_wait_s, timeout_s=self.timeout_s)
@@ -109,7 +108,7 @@ class PhantoraDocker(SimulatorResource):
         return docker.DockerClient(base_url=self.docker_base_url) if self.docker_base_url else docker.from_env()
 
     def _runner(self):
-        from phantora_assets.lib.phantora_docker import PhantoraDockerRunner
+        from phantora_assets.lib.phantora.docker_runner import PhantoraDockerRunner
 
         return PhantoraDockerRunner(self._client(), self.settings(), dg.get_dagster_logger().info)
 
@@ -128,13 +127,9 @@ class PhantoraDocker(SimulatorResource):
             f"{spec.run_id}: no perf DB for {spec.gpu} at {folder}; record one (tohtana/Phantora "
             "tests/perfdb/record_all.sh on that GPU) or set profile_without_perfdb on a machine with that GPU")
 
-    def _simulate_docker(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
-        from phantora_assets.lib.phantora_docker import SimulationSlots
+    def docker_backend(self) -> DockerBackend:
+        from phantora_assets.lib.phantora.docker_runner import SimulationSlots
 
-        source = self.perfdb_source(spec)
-        slots = SimulationSlots(paths.root / "work" / ".slots", self.max_concurrent)
-        return pipeline.simulate_docker(spec, paths, self._runner(), slots, self.settings(), perfdb_source=source,
-                                        log=dg.get_dagster_logger().info)
-
-    def _docker_trace(self, spec: RunSpec, paths: DataPaths) -> pipeline.StageResult:
-        return pipeline.docker_trace(spec, paths, self._runner())
+        return DockerBackend(runner=self._runner, settings=self.settings(),
+                             slots=lambda root: SimulationSlots(root / "work" / ".slots", self.max_concurrent),
+                             perfdb_source=self.perfdb_source)

@@ -1,8 +1,8 @@
 """What-if sweeps with the analytic simulator: a grid of layouts x host bandwidths x workloads.
 
-Each grid point is a :class:`~phantora_assets.runs.RunSpec` (any layout, any GPU of ``gpus.toml``,
+Each grid point is a :class:`~phantora_assets.matrix.RunSpec` (any layout, any GPU of ``gpus.toml``,
 topology overrides of ``presets.toml [cluster]``) simulated directly by
-:class:`~phantora_assets.lib.analytic.AnalyticSimulator` -- no Dagster, no trace files -- and
+:class:`~phantora_assets.lib.sim.analytic.AnalyticSimulator` -- no Dagster, no trace files -- and
 summarised in one row:
 
 =========================  ================================================================
@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.runs import RunSpec, presets, validate
+from phantora_assets.matrix import RunSpec, presets, validate
 
 SWEEP_COLUMNS = [
     "workload", "gpu", "layout", "n_nodes", "gpus_per_node", "world_size", "parallelism", "host_bw_gbps",
@@ -98,7 +98,7 @@ def grid(layouts: Iterable[str], bandwidths: Iterable[float], workloads: Iterabl
 
 def simulate_point(point: SweepPoint) -> dict[str, Any]:
     """One row of the sweep table (see module docstring)."""
-    from phantora_assets.lib.analytic import AnalyticSimulator
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     spec = point.spec()
     cluster = spec.cluster

@@ -17,14 +17,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets import analysis
+from phantora_assets.stages import analysis
+from phantora_assets.stages import dataset as dataset_stage
 from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main
-from phantora_assets.lib import plots
-from phantora_assets.lib.database import VIEWS, views_markdown
-from phantora_assets.lib.window_features import alias_period_s, feature_markdown
+from phantora_assets.lib.store import plots
+from phantora_assets.lib.store.database import VIEWS, views_markdown
+from phantora_assets.lib.traffic.window_features import alias_period_s, feature_markdown
 from phantora_assets.paths import DataPaths
-from phantora_assets.partitions import RUN_MATRIX, RUNS_BY_ID
+from phantora_assets.matrix import load_run_matrix
+
+RUN_MATRIX = load_run_matrix()
+RUNS_BY_ID = {s.run_id: s for s in RUN_MATRIX}
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 from conftest import DATA
@@ -235,15 +239,15 @@ def test_rebuild_is_atomic_and_leaves_no_temporary_files(built, tmp_path) -> Non
     shutil.copytree(built, root, ignore=shutil.ignore_patterns("*.png", "timeline.json.gz", "raw_timeline.parquet"))
     paths = DataPaths(root)
     before = paths.duckdb_path.read_bytes()
-    victim = next(iter(analysis.run_status_rows(RUN_MATRIX, paths)[0].values())) / "windows.parquet"
+    victim = next(iter(dataset_stage.run_status_rows(RUN_MATRIX, paths)[0].values())) / "windows.parquet"
     victim.write_bytes(b"not parquet")
     with pytest.raises(duckdb.Error):
-        analysis.dataset_duckdb_stage(RUN_MATRIX, paths)
+        dataset_stage.dataset_duckdb_stage(RUN_MATRIX, paths)
     assert paths.duckdb_path.read_bytes() == before
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
     shutil.copy(built / "partitions" / victim.parent.name / "windows.parquet", victim)
     with duckdb.connect(str(paths.duckdb_path), read_only=True) as reader:
-        res = analysis.dataset_duckdb_stage(RUN_MATRIX, paths)
+        res = dataset_stage.dataset_duckdb_stage(RUN_MATRIX, paths)
         assert reader.execute("SELECT count(*) FROM runs").fetchone()[0] == len(res.build.included)
     assert res.outcome.passed, res.outcome.message
     assert sorted(os.listdir(root)) == sorted(os.listdir(built))
@@ -296,7 +300,7 @@ def test_every_plot_renders_for_one_run(built, tmp_path) -> None:
 def test_plots_metadata_renders_in_the_ui(built) -> None:
     """A real materialization of run_plots: Markdown metadata with each PNG embedded, plus its path."""
     result = dg.materialize(
-        d.ALL_ASSETS, selection=[d.analysis.run_plots], partition_key=RUN,
+        d.ALL_ASSETS, selection=[d.ASSETS["run_plots"]], partition_key=RUN,
         resources={"data": DataRoot(data_dir=str(built)), "simulator": AnalyticSimulatorResource()},
         instance=dg.DagsterInstance.ephemeral(), run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}},
     )

@@ -1,4 +1,4 @@
-"""Tests of phantora_assets.lib.anatomy: intervals, the step anatomy by hand, the compute-event reader."""
+"""Tests of phantora_assets.lib.traffic.anatomy: intervals, the step anatomy by hand, the compute-event reader."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib import anatomy
+from phantora_assets.lib.traffic import anatomy
 from phantora_assets.lib.errors import TraceFormatError
-from phantora_assets.lib.tables import STEP_COLUMNS
+from phantora_assets.contracts import STEP_COLUMNS
 
 
 def test_merge_intervals() -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 import dagster as dg
 
 from phantora_assets import definitions as d
-from phantora_assets.lib.checks_log import ADVISORY_CHECKS, RUN_CHECKS, read_checks
+from phantora_assets.checks import ADVISORY_CHECKS, RUN_CHECKS, read_checks
 from phantora_assets.paths import DataPaths
-from phantora_assets.partitions import RUNS_BY_ID
+from phantora_assets.matrix import load_run_matrix
+
+RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +69,7 @@ def test_dagster_cli_materializes_one_partition(tmp_path):
 
 
 def test_weekly_backfill_requests_every_run_partition():
-    from phantora_assets.definitions import weekly_runs_backfill
+    weekly_runs_backfill = d.defs.resolve_schedule_def("weekly_runs_backfill")
 
     ctx = dg.build_schedule_context(scheduled_execution_time=__import__("datetime").datetime(2026, 11, 29, 2))
     requests = list(weekly_runs_backfill(ctx))

@@ -29,14 +29,15 @@ import pandas as pd
 import pytest
 
 from phantora_assets import definitions as d
-from phantora_assets.assets.flows import binned_flows, validated_flows
-from phantora_assets.assets.simulation import perf_db, raw_timeline
-from phantora_assets.assets.traces import chrome_trace
-from phantora_assets.lib.checks_log import read_checks
+from phantora_assets.checks import read_checks
 from phantora_assets.paths import PERFDB_DIR_ENV, DataPaths
-from phantora_assets.partitions import RUNS_BY_ID
+from phantora_assets.matrix import load_run_matrix
+
+perf_db, raw_timeline, chrome_trace, validated_flows, binned_flows = (
+    d.ASSETS[n] for n in ("perf_db", "raw_timeline", "chrome_trace", "validated_flows", "binned_flows"))
+RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
-from phantora_assets.runs import RUN_MATRIX_ENV
+from phantora_assets.matrix import RUN_MATRIX_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -366,8 +367,7 @@ def _load_definitions(tmp_path: Path, matrix: str) -> subprocess.CompletedProces
     path.write_text(matrix)
     env = {**os.environ, RUN_MATRIX_ENV: str(path), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data")}
     code = ("from phantora_assets.definitions import defs\n"
-            "from phantora_assets.partitions import run_partitions\n"
-            "print(sorted(run_partitions.get_partition_keys()))\n")
+            "print(sorted(defs.resolve_job_def('all_runs').partitions_def.get_partition_keys()))\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
 
 

@@ -1,4 +1,4 @@
-"""Tests of phantora_assets.lib.binning (DATASET.md sections 4 and 5)."""
+"""Tests of phantora_assets.lib.traffic.binning (DATASET.md sections 4 and 5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.lib.binning import (
+from phantora_assets.lib.traffic.binning import (
     BinnedFlows,
     build_bins,
     conservation_ok,
@@ -18,7 +18,7 @@ from phantora_assets.lib.binning import (
     seed_from_run_id,
     split_flow_bytes,
 )
-from phantora_assets.lib.tables import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
 
 MS = 1_000_000  # ns
 

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from phantora_assets.cli import main
-from phantora_assets.lib.checks_log import read_checks
+from phantora_assets.checks import read_checks
 from phantora_assets.paths import DataPaths
-from phantora_assets.runs import load_run_matrix
+from phantora_assets.matrix import load_run_matrix
 
 from conftest import published_rows
 
@@ -52,7 +52,7 @@ def test_binned_bytes_conserved_exactly(built, runs):
     """Sum of flows_100ms.bytes per run == placed flow bytes + control bytes, in integers."""
     import json
 
-    from phantora_assets.lib.binning import build_bins
+    from phantora_assets.lib.traffic.binning import build_bins
 
     paths = DataPaths(built)
     bins = pd.read_parquet(built / "phantora_v0" / "flows_100ms.parquet")

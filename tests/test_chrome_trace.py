@@ -1,4 +1,4 @@
-"""Tests of phantora_assets.lib.chrome_trace: writer -> reader round trip and format errors."""
+"""Tests of phantora_assets.lib.phantora.chrome_trace: writer -> reader round trip and format errors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.chrome_trace import comm_id_of, read_trace, write_chrome_trace
+from phantora_assets.lib.phantora.chrome_trace import comm_id_of, read_trace, write_chrome_trace
 from phantora_assets.lib.errors import TraceFormatError
-from phantora_assets.lib.tables import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
+from phantora_assets.contracts import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
 
 COMM_A = bytes(range(128))
 COMM_B = bytes([7] * 128)
@@ -220,7 +220,7 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
 
 
 def test_crlf_layout_is_streamed_in_batches(tmp_path: Path) -> None:
-    from phantora_assets.lib import trace_decode as td
+    from phantora_assets.lib.phantora import trace_decode as td
 
     big = _big_trace(tmp_path, copies=30)
     ref = read_trace(big)
@@ -409,7 +409,7 @@ def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int, worker
 
 
 def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -> None:
-    import phantora_assets.lib.chrome_trace as ct
+    import phantora_assets.lib.phantora.chrome_trace as ct
 
     p = _big_trace(tmp_path)
     ref = read_trace(p, workers=0)
@@ -474,7 +474,7 @@ def test_idle_cpus_sees_a_busy_core() -> None:
     import threading
     import time as _time
 
-    import phantora_assets.lib.chrome_trace as ct
+    import phantora_assets.lib.phantora.chrome_trace as ct
 
     if not Path("/proc/stat").exists():
         pytest.skip("no /proc/stat here")

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from phantora_assets import definitions as d
-from phantora_assets.lib.io import TEMP_NAME, atomic_path, sweep_temp_files
+from phantora_assets.lib.store.io import TEMP_NAME, atomic_path, sweep_temp_files
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_rematerializing_gives_byte_identical_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_trace_reader_is_deterministic_across_workers_and_batches(tmp_path: Path, workers: int) -> None:
     """The parsed tables do not depend on the helper process or the batch size."""
-    from phantora_assets.lib.chrome_trace import read_trace
+    from phantora_assets.lib.phantora.chrome_trace import read_trace
 
     root = tmp_path / "data"
     _materialize(root, dg.DagsterInstance.ephemeral())

@@ -8,10 +8,12 @@ from functools import cache
 import pandas as pd
 import pytest
 
-from phantora_assets.lib import chrome_trace, steps
-from phantora_assets.lib.cross_check import KINDS, cross_check, kind_of, predict
-from phantora_assets.lib.workloads import AllToAll, Collective
-from phantora_assets.runs import spec_from_run_id
+from phantora_assets.lib.phantora import chrome_trace
+
+from phantora_assets.lib.traffic import steps
+from phantora_assets.lib.traffic.cross_check import KINDS, cross_check, kind_of, predict
+from phantora_assets.lib.sim.workloads import AllToAll, Collective
+from phantora_assets.matrix import spec_from_run_id
 
 from run_folders import analytic
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phantora_assets.definitions import simulator_from_env
-from phantora_assets.lib.docker_config import (
+from phantora_assets.lib.phantora.docker_config import (
     DockerSettings,
     command_lines,
     config_files,
@@ -24,7 +24,7 @@ from phantora_assets.lib.docker_config import (
 )
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker
-from phantora_assets.runs import RunSpec, presets, spec_from_run_id
+from phantora_assets.matrix import RunSpec, presets, spec_from_run_id
 
 SETTINGS = DockerSettings(phantora_tests_dir="/opt/phantora/tests")
 

@@ -24,13 +24,13 @@ import pytest
 
 from phantora_assets import definitions as d
 from phantora_assets.cli import main
-from phantora_assets.lib.checks_log import RUN_CHECKS, read_checks
-from phantora_assets.lib.chrome_trace import read_trace
-from phantora_assets.lib.netconfig import dumps_netconfig, netconfig_for
-from phantora_assets.lib.run_folder import discover, effective_matrix, read_registry, register
+from phantora_assets.checks import RUN_CHECKS, read_checks
+from phantora_assets.lib.phantora.chrome_trace import read_trace
+from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
+from phantora_assets.lib.phantora.run_folder import discover, effective_matrix, read_registry, register
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
-from phantora_assets.runs import RunSpec, load_run_matrix
+from phantora_assets.matrix import RunSpec, load_run_matrix
 
 from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 

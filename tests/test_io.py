@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.io import atomic_write_csv
+from phantora_assets.lib.store.io import atomic_write_csv
 
 
 def _pandas_csv(df: pd.DataFrame, fmt: str = "%.10g") -> bytes:
@@ -49,7 +49,7 @@ def test_csv_of_an_empty_table_is_its_header(tmp_path) -> None:
 
 def test_atomic_writes_get_the_mode_of_a_plain_open(tmp_path) -> None:
     """Not mkstemp's 0600: the mode a plain ``open(..., "w")`` gives under the umask."""
-    from phantora_assets.lib.io import atomic_write_text
+    from phantora_assets.lib.store.io import atomic_write_text
 
     atomic_write_text(tmp_path / "a.txt", "x")
     (tmp_path / "b.txt").write_text("x")

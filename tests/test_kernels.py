@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from phantora_assets.lib.kernels import (
+from phantora_assets.lib.sim.kernels import (
     GpuRoofline, KernelTimer, T, conv, ew, foreach, linear, load_compute_db, make_key, matmul, zeros_like,
 )
-from phantora_assets.lib.workloads import Compute, workload_model
+from phantora_assets.lib.sim.workloads import Compute, workload_model
 from phantora_assets.paths import default_perfdb_dir
-from phantora_assets.runs import gpu_specs, load_run_matrix
+from phantora_assets.matrix import gpu_specs, load_run_matrix
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 DB = default_perfdb_dir() / "l40s"

@@ -22,12 +22,12 @@ import docker.errors
 import pytest
 import yaml
 
-from phantora_assets import pipeline
-from phantora_assets.lib.checks_log import read_checks
-from phantora_assets.lib.docker_config import DockerSettings, layout_for, training_argv
-from phantora_assets.lib.phantora_docker import PhantoraDockerError, PhantoraDockerRunner, SimulationSlots
+from phantora_assets.sources import phantora_docker as pipeline
+from phantora_assets.checks import read_checks
+from phantora_assets.lib.phantora.docker_config import DockerSettings, layout_for, training_argv
+from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError, PhantoraDockerRunner, SimulationSlots
 from phantora_assets.paths import DataPaths, default_perfdb_dir
-from phantora_assets.runs import RunSpec, spec_from_run_id
+from phantora_assets.matrix import RunSpec, spec_from_run_id
 
 from run_folders import megatron_log
 
@@ -260,7 +260,7 @@ def test_visualizer_conversion_and_unpatched_image(tmp_path):
     paths, layout = _layout(tmp_path)
     spec = spec_from_run_id("phantora_l40s_W1_2x1")
     _, raw, _ = analytic(spec)
-    from phantora_assets.lib.chrome_trace import write_chrome_trace
+    from phantora_assets.lib.phantora.chrome_trace import write_chrome_trace
 
     write_chrome_trace(raw, tmp_path / "t.json")
     client = FakeClient()
@@ -309,7 +309,7 @@ def test_end_to_end_phantora_in_docker(tmp_path, monkeypatch):
     import dagster as dg
 
     from phantora_assets import definitions as d
-    from phantora_assets.lib.run_folder import effective_matrix
+    from phantora_assets.lib.phantora.run_folder import effective_matrix
     from phantora_assets.resources import DataRoot, PhantoraDocker
 
     matrix_file = tmp_path / "runs.toml"

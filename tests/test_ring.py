@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.lib.ring import (CALL_TO_OP, DTYPE_BYTES, OP_TO_CALL, RING_OPS,
+from phantora_assets.lib.traffic.ring import (CALL_TO_OP, DTYPE_BYTES, OP_TO_CALL, RING_OPS,
                                       group_sizes_for, hop_bytes, network_bytes_of,
                                       ring_flows)
 

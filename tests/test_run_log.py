@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phantora_assets.lib.run_log import parse_run_log
+from phantora_assets.lib.phantora.run_log import parse_run_log
 
 from run_folders import deepspeed_log, megatron_log
 

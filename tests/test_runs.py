@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.runs import load_run_matrix, parse_entries
+from phantora_assets.matrix import load_run_matrix, parse_entries
 
 from conftest import published_rows
 

@@ -13,9 +13,9 @@ try:  # the synthetic run builder lives beside these tests
 except ImportError:  # pragma: no cover - tests/ on sys.path without a package
     from test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, T, FlowBuilder, build_run
 
-from phantora_assets.lib.ring import hop_bytes
-from phantora_assets.lib.steps import detect_steps
-from phantora_assets.lib.trace_checks import (CheckOutcome, flows_exist, render_checks_txt,
+from phantora_assets.lib.traffic.ring import hop_bytes
+from phantora_assets.lib.traffic.steps import detect_steps
+from phantora_assets.lib.traffic.trace_checks import (CheckOutcome, flows_exist, render_checks_txt,
                                               ring_bytes_match, run_trace_checks,
                                               steady_steps_stable, steps_match)
 

@@ -1,4 +1,4 @@
-"""The compiled fast path of the trace reader (``phantora_assets.lib._tracescan``).
+"""The compiled fast path of the trace reader (``phantora_assets.lib.phantora._tracescan``).
 
 Its contract: for a batch it either returns what the msgspec path returns for that batch, or
 declines it (None) and the msgspec path decodes it. These tests compare the two paths on the
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.lib import trace_decode as td
-from phantora_assets.lib.chrome_trace import read_trace, write_chrome_trace
+from phantora_assets.lib.phantora import trace_decode as td
+from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace
 
 from test_chrome_trace import _big_trace, raw_timeline
 
@@ -81,7 +81,7 @@ def _scan(text: bytes):
 
 def test_fast_path_is_built() -> None:
     assert td._tracescan is not None, (
-        "the C fast path (phantora_assets/lib/_tracescan.c) was not compiled when the package was "
+        "the C fast path (phantora_assets/lib/phantora/_tracescan.c) was not compiled when the package was "
         "installed: install a C compiler and the Python headers, then reinstall")
 
 

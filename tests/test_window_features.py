@@ -1,4 +1,4 @@
-"""Tests of phantora_assets.lib.window_features."""
+"""Tests of phantora_assets.lib.traffic.window_features."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.binning import build_bins
-from phantora_assets.lib.tables import BIN_COLUMNS, STEP_FLOW_COLUMNS
-from phantora_assets.lib.window_features import (
+from phantora_assets.lib.traffic.binning import build_bins
+from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.traffic.window_features import (
     FEATURES,
     WINDOW_FEATURE_COLUMNS,
     alias_period_s,
@@ -277,7 +277,7 @@ def test_window_with_a_missing_bin() -> None:
 def test_windows_schema_enforces_the_registry() -> None:
     import pandera.errors as pa_errors
 
-    from phantora_assets.schemas import windows_schema
+    from phantora_assets.contracts import windows_schema
 
     rng = np.random.default_rng(5)
     series = {(0, 1): rng.integers(0, 1000, 300).tolist(), (1, 0): rng.integers(0, 1000, 300).tolist()}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from phantora_assets.lib.memory import estimate_memory
-from phantora_assets.lib.ring import DTYPE_BYTES
-from phantora_assets.lib.workloads import AllToAll, Collective, WorkloadModel
-from phantora_assets.runs import load_run_matrix
+from phantora_assets.lib.sim.memory import estimate_memory
+from phantora_assets.lib.traffic.ring import DTYPE_BYTES
+from phantora_assets.lib.sim.workloads import AllToAll, Collective, WorkloadModel
+from phantora_assets.matrix import load_run_matrix
 
 from conftest import published_rows
 
@@ -15,7 +15,7 @@ SPECS = {s.run_id: s for s in load_run_matrix()}
 
 
 def model_network_bytes(spec) -> int:
-    from phantora_assets.lib.analytic import AnalyticSimulator
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     sim = AnalyticSimulator(spec)
     G = spec.gpus_per_node

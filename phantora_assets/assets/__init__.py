@@ -1,0 +1,29 @@
+"""Dagster assets, thin wrappers around ``stages/`` (one module per asset group, paired by name).
+
+Each module has ``build(partitions) -> [AssetsDefinition]``; :func:`build_assets` makes the whole
+graph for one run matrix (``definitions.build_defs`` calls it). Importing these modules does no I/O.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from phantora_assets.assets import analysis, dataset, flows, simulation, traces
+from phantora_assets.assets.common import Partitions
+
+#: Per-run assets, in graph order.
+RUN_ASSET_NAMES = ("raw_timeline", "chrome_trace", "validated_flows", "binned_flows", "window_features",
+                   "run_summary", "step_anatomy", "run_plots")
+#: Assets that only draw (``phantora-assets build --no-plots`` skips them).
+PLOT_ASSET_NAMES = ("run_plots", "dataset_plots")
+#: Unpartitioned assets materialized after every run, in order.
+DATASET_ASSET_NAMES = ("phantora_v0", "dataset_duckdb", "dataset_plots")
+
+
+def build_assets(p: Partitions) -> dict[str, dg.AssetsDefinition]:
+    """Every asset of the graph for the partitions ``p``, by name."""
+    out: dict[str, dg.AssetsDefinition] = {}
+    for module in (simulation, traces, flows, dataset, analysis):
+        for a in module.build(p):
+            out[a.key.to_user_string()] = a
+    return out

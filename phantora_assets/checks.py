@@ -1,0 +1,182 @@
+"""The one registry of checks, and the per-run record of their outcomes.
+
+:data:`CHECKS` lists every asset check of the graph once: its name, its asset, whether it is
+blocking (a failure stops everything downstream of the asset), whether it gates the dataset (a
+run enters ``phantora_v0`` only if every gating check passed) and what it means. The Dagster
+check specs (``assets/``), ``checks.txt``, the README's checks table and the tests' lists all come
+from it (``tests/test_checks.py`` compares the README table with it).
+
+The record of a run is ``checks.json`` (machine) and ``checks.txt`` (plain words) in its run
+folder. Each asset resets its own checks to "not evaluated" when it starts and records each
+outcome when it finishes, so a run is in the dataset only if every gating check has passed in the
+latest materialization of its asset. Advisory checks (WARN severity in Dagster) are recorded too,
+as ``passed`` or ``warning``; they never keep a run out of the dataset. Both files are written
+atomically. No Dagster import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from phantora_assets.lib.store.io import atomic_write_text
+
+
+@dataclass(frozen=True)
+class CheckDef:
+    """One asset check.
+
+    Attributes:
+        name: the check's name (Dagster check name, key in ``checks.json``).
+        asset: the asset it belongs to.
+        blocking: blocking in Dagster: on a failure nothing downstream of the asset runs.
+        gates_dataset: the run is kept out of ``phantora_v0`` unless this check passed
+            (per-run blocking checks only).
+        description: what the check means, in plain words (shown in the UI and the README).
+        severity: ``error`` (ERROR in Dagster) or ``warn`` (advisory: WARN, never blocks,
+            recorded as ``warning``).
+    """
+
+    name: str
+    asset: str
+    blocking: bool
+    gates_dataset: bool
+    description: str
+    severity: str = "error"
+
+    @property
+    def kind(self) -> str:
+        """One word for tables: gating, blocking, error (non-blocking) or advisory."""
+        if self.gates_dataset:
+            return "gating"
+        if self.blocking:
+            return "blocking"
+        return "advisory" if self.severity == "warn" else "error"
+
+
+CHECKS: tuple[CheckDef, ...] = (
+    CheckDef("fits_in_memory", "raw_timeline", True, True,
+             "The run fits the simulated card: the analytic peak memory estimate, or Phantora's run.log "
+             "(no CUDA out-of-memory error, reported peak <= card)."),
+    CheckDef("perfdb_complete", "raw_timeline", True, True,
+             "A perf-DB replay met no kernel shape missing from the database (Phantora's <db>.missing/ is "
+             "empty); otherwise the run's timings are invalid."),
+    CheckDef("flows_exist", "validated_flows", True, True,
+             "The trace has at least one network flow (src host != dst host)."),
+    CheckDef("steps_match", "validated_flows", True, True,
+             "Every steady step issues the same collectives on every communicator."),
+    CheckDef("ring_bytes_match", "validated_flows", True, True,
+             "Every flow's bytes follow Phantora's ring rule for its op, with one group size per communicator."),
+    CheckDef("steady_steps_stable", "validated_flows", True, True,
+             "Steady steps carry identical network bytes and nearly identical durations."),
+    CheckDef("matches_workload_model", "validated_flows", False, False, severity="warn", description=
+             "Advisory (WARN, non-blocking): network bytes per steady step of the trace versus the workload "
+             "model of the same workload and layout, by collective kind (DP, TP, MoE all-to-all, ZeRO-3 "
+             "gathers); warns above 1 % and lists the breakdown (e.g. a published MoE trace missing its "
+             "all-to-all flows)."),
+    CheckDef("bins_conserve_bytes", "binned_flows", True, True,
+             "Sum of binned bytes = placed flow bytes + control bytes, exactly."),
+    CheckDef("windows_contract", "window_features", True, True,
+             "The rows satisfy the windows.csv pandera model."),
+    CheckDef("runs_contract", "run_summary", True, True,
+             "The row satisfies the runs.csv (v1) pandera model."),
+    CheckDef("anatomy_adds_up", "step_anatomy", False, False,
+             "Every (step, host) row: compute + exposed communication + idle = step time, and every host "
+             "has a row for every step."),
+    CheckDef("dataset_contract", "phantora_v0", True, False,
+             "runs, flows_100ms and windows satisfy the v1 pandera contract."),
+    CheckDef("duckdb_matches_dataset", "dataset_duckdb", False, False,
+             "The database holds exactly the runs and rows of phantora_v0."),
+)
+
+BY_NAME: dict[str, CheckDef] = {c.name: c for c in CHECKS}
+
+#: Every check a run must pass to enter the dataset, in pipeline order, with its asset.
+RUN_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.gates_dataset}
+
+#: Advisory checks (non-blocking, WARN severity), with their asset.
+ADVISORY_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.severity == "warn"}
+
+#: The trace rules of validated_flows (docs/DATASET.md section 3), in order.
+TRACE_CHECKS: tuple[str, ...] = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable")
+
+
+def checks_of(asset: str) -> list[CheckDef]:
+    """The checks of ``asset``, in registry order."""
+    return [c for c in CHECKS if c.asset == asset]
+
+
+def markdown_table() -> str:
+    """The README's checks table (one row per check), generated from :data:`CHECKS`."""
+    words = {"gating": "blocking; gates the dataset", "blocking": "blocking", "error": "ERROR, non-blocking",
+             "advisory": "advisory (WARN)"}
+    rows = ["| check | asset | kind | what it means |", "|---|---|---|---|"]
+    for c in CHECKS:
+        rows.append(f"| `{c.name}` | `{c.asset}` | {words[c.kind]} | {c.description} |")
+    return "\n".join(rows) + "\n"
+
+
+NOT_EVALUATED = "not evaluated"
+
+_ORDER = list(RUN_CHECKS) + list(ADVISORY_CHECKS)
+
+
+def read_checks(folder: Path) -> dict[str, dict]:
+    """``check name -> {status, message}`` from ``folder/checks.json`` ({} if absent)."""
+    p = folder / "checks.json"
+    if not p.exists():
+        return {}
+    return json.loads(p.read_text())
+
+
+def _write(folder: Path, data: dict[str, dict]) -> None:
+    ordered = {k: data[k] for k in sorted(data, key=lambda k: (_ORDER.index(k) if k in _ORDER else 99, k))}
+    atomic_write_text(folder / "checks.json", json.dumps(ordered, indent=1, sort_keys=False) + "\n")
+    lines = ["Checks of this run (latest materialization of each asset)", ""]
+    for name, rec in ordered.items():
+        lines.append(f"[{rec['status'].upper()}] {name} ({rec.get('asset', '')}): {rec.get('message', '')}")
+    atomic_write_text(folder / "checks.txt", "\n".join(lines) + "\n")
+
+
+def reset_checks(folder: Path, asset: str, names: tuple[str, ...] = ()) -> None:
+    """Mark every check of ``asset`` that the run folder records as not evaluated (called when the
+    asset starts): the gating and advisory checks of :data:`CHECKS`, and ``names`` (other checks
+    of ``asset`` that a stage records in the run folder, e.g. ``anatomy_adds_up``).
+    """
+    data = read_checks(folder)
+    for name, owner in {**RUN_CHECKS, **ADVISORY_CHECKS}.items():
+        if owner == asset:
+            data[name] = {"status": NOT_EVALUATED, "asset": asset, "message": "asset started; not yet evaluated"}
+    for name in names:
+        data[name] = {"status": NOT_EVALUATED, "asset": asset, "message": "asset started; not yet evaluated"}
+    _write(folder, data)
+
+
+def record_check(folder: Path, asset: str, name: str, passed: bool, message: str, *, warn: bool = False) -> None:
+    """Record one outcome with its plain-words message: ``passed``, else ``failed`` (or
+    ``warning`` for an advisory check, ``warn=True``)."""
+    record_checks(folder, asset, [(name, passed, message, warn)])
+
+
+def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str, bool]]) -> None:
+    """Record several outcomes of ``asset`` at once, ``(name, passed, message, warn)`` each (one
+    write of the two files instead of one per outcome)."""
+    data = read_checks(folder)
+    for name, passed, message, warn in outcomes:
+        status = "passed" if passed else ("warning" if warn else "failed")
+        data[name] = {"status": status, "asset": asset, "message": message}
+    _write(folder, data)
+
+
+def blocking_failures(folder: Path) -> dict[str, dict]:
+    """Checks of RUN_CHECKS not recorded as passed (missing ones as ``not evaluated``)."""
+    data = read_checks(folder)
+    return {n: data.get(n, {"status": NOT_EVALUATED, "message": "never evaluated"})
+            for n in RUN_CHECKS if data.get(n, {}).get("status") != "passed"}
+
+
+def run_passed(folder: Path) -> bool:
+    """True iff every check of RUN_CHECKS is recorded as passed."""
+    data = read_checks(folder)
+    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)

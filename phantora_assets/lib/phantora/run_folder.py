@@ -1,0 +1,273 @@
+"""Run folders of a Phantora dataset: find them, register them as imported runs.
+
+No Dagster import. A run folder is laid out like the published dataset
+(PHANTORA_FORMATS.md section 1)::
+
+    traces/<gpu>/<workload>_<nodes>x<gpus_per_node>/
+        timeline.json.gz   (or timeline.json)   the Chrome trace (required unless run.log
+                                                reports out of memory)
+        timeline.bin       optional raw timeline
+        run.log            optional training stdout
+        config/            optional compose.yaml, netconfig.toml, hostfile, command.txt
+
+Imported runs are kept in a registry, ``<data root>/imports.toml`` (``[[run]]`` entries of the
+run-matrix format with ``source = "import"`` and ``path`` = the folder), written by
+``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
+(``os.pathsep``-separated) are scanned as well, without being written anywhere: that is how
+the Dagster UI gets imported runs without running the CLI.
+
+:func:`effective_matrix` merges both into the run matrix. Replacement rule: an imported run
+whose run_id equals a matrix entry replaces that entry's source (analytic or docker) and keeps
+its ``published`` status; the topology comes from the folder's ``config/netconfig.toml`` when
+it has one, else from the matrix entry. Among imports, the environment's directories override
+the registry, and a later registration of the same run_id replaces an earlier one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.matrix import RunSpec, gpu_specs, load_run_matrix, parse_entries, presets, validate
+
+IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
+REGISTRY_NAME = "imports.toml"
+TRACE_NAMES = ("timeline.json.gz", "timeline.json")
+_LAYOUT = re.compile(r"^(W\d+)_(\d+)x(\d+)$")
+
+#: netconfig.toml key (under [simulator] or [topology.args]) -> presets [cluster] key.
+_NETCONFIG_KEYS = {
+    "loopback_speed": "loopback_gbps",
+    "fairness": "fairness",
+    "nspines": "nspines",
+    "rack_size": "rack_size",
+    "host_bw": "host_bw_gbps",
+    "rack_uplink_port_bw": "rack_uplink_port_bw_gbps",
+    "load_balancer_type": "load_balancer",
+}
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run folder found on disk.
+
+    Attributes:
+        path: the folder (absolute).
+        spec: its RunSpec (``source = "import"``, ``path`` set).
+        trace: the Chrome trace file in it, or None (a run without trace, e.g. out of memory).
+    """
+
+    path: Path
+    spec: RunSpec
+    trace: Path | None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A directory that looked like a run folder but cannot be imported, and why."""
+
+    path: Path
+    reason: str
+
+
+def trace_file(folder: Path) -> Path | None:
+    """The folder's ``timeline.json.gz`` (preferred) or ``timeline.json``, or None."""
+    for name in TRACE_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def topology_from_netconfig(path: Path) -> dict[str, Any]:
+    """Cluster overrides (presets ``[cluster]`` keys) read from a ``netconfig.toml``.
+
+    Only values that differ from the presets are returned; an unreadable file gives ``{}``.
+    """
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    found: dict[str, Any] = {}
+    topo = cfg.get("topology", {})
+    if "type" in topo:
+        found["topology"] = topo["type"]
+    for section in (cfg.get("simulator", {}), topo.get("args", {})):
+        for key, value in section.items():
+            if key in _NETCONFIG_KEYS:
+                found[_NETCONFIG_KEYS[key]] = value
+    cluster = presets()["cluster"]
+    return {k: v for k, v in sorted(found.items()) if cluster.get(k) != v}
+
+
+def _netconfig_hosts(path: Path) -> int | None:
+    try:
+        return len(tomllib.loads(path.read_text()).get("host_mapping", [])) or None
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+
+
+def inspect_folder(folder: Path) -> RunFolder | Skipped:
+    """Turn one ``<gpu>/<workload>_<N>x<G>`` directory into a RunFolder, or say why not."""
+    folder = folder.resolve()
+    m = _LAYOUT.match(folder.name)
+    if not m:
+        return Skipped(folder, f"name is not <workload>_<nodes>x<gpus_per_node> ({folder.name!r})")
+    workload, nodes, gpn = m.group(1), int(m.group(2)), int(m.group(3))
+    gpu = folder.parent.name
+    trace = trace_file(folder)
+    if trace is None and not (folder / "run.log").is_file():
+        return Skipped(folder, "no timeline.json.gz, timeline.json or run.log")
+    netconfig = folder / "config" / "netconfig.toml"
+    topology: dict[str, Any] = {}
+    if netconfig.is_file():
+        hosts = _netconfig_hosts(netconfig)
+        if hosts is not None and hosts != nodes:
+            return Skipped(folder, f"config/netconfig.toml maps {hosts} hosts but the folder name says {nodes} nodes")
+        topology = topology_from_netconfig(netconfig)
+    spec = RunSpec(workload=workload, gpu=gpu, n_nodes=nodes, gpus_per_node=gpn, source="import",
+                   topology=tuple(sorted(topology.items())), path=str(folder))
+    try:
+        validate(spec, f"run folder {folder}")
+    except RunMatrixError as exc:
+        return Skipped(folder, str(exc).split(": ", 1)[-1])
+    return RunFolder(folder, spec, trace)
+
+
+def discover(root: str | Path) -> tuple[list[RunFolder], list[Skipped]]:
+    """Every run folder under ``root``, sorted by run_id.
+
+    ``root`` may be a dataset root (holding ``traces/``), the ``traces/`` folder, one GPU's
+    folder, or a run folder itself. Candidates are directories named
+    ``<workload>_<N>x<G>`` whose parent is named after a GPU of ``gpus.toml``; a candidate
+    that cannot be imported is returned in the second list with the reason.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: not a directory")
+    gpus = set(gpu_specs())
+    candidates: list[Path] = []
+    if _LAYOUT.match(root.resolve().name):
+        candidates = [root]
+    else:
+        for dirpath, dirnames, _files in os.walk(root):
+            dirnames.sort()
+            here = Path(dirpath)
+            for d in list(dirnames):
+                if _LAYOUT.match(d) and (here.name in gpus or (here / d / "timeline.json.gz").exists()
+                                         or (here / d / "timeline.json").exists()):
+                    candidates.append(here / d)
+                    dirnames.remove(d)  # a run folder holds no run folders
+    found: list[RunFolder] = []
+    skipped: list[Skipped] = []
+    seen: dict[str, Path] = {}
+    for c in candidates:
+        r = inspect_folder(c)
+        if isinstance(r, Skipped):
+            skipped.append(r)
+        elif r.spec.run_id in seen:
+            skipped.append(Skipped(r.path, f"run_id {r.spec.run_id} also found at {seen[r.spec.run_id]}"))
+        else:
+            seen[r.spec.run_id] = r.path
+            found.append(r)
+    return sorted(found, key=lambda r: r.spec.run_id), skipped
+
+
+# --------------------------------------------------------------------------- registry
+def registry_path(data_root: str | Path) -> Path:
+    return Path(data_root) / REGISTRY_NAME
+
+
+def _entry(spec: RunSpec) -> dict[str, Any]:
+    e: dict[str, Any] = {"workload": spec.workload, "gpu": spec.gpu, "nodes": spec.n_nodes,
+                         "gpus_per_node": spec.gpus_per_node, "source": "import", "path": spec.path}
+    if spec.topology:
+        e["topology"] = dict(spec.topology)
+    return e
+
+
+def read_registry(data_root: str | Path) -> list[RunSpec]:
+    """Imported runs registered under ``data_root`` (``[]`` when there is no registry).
+
+    Raises:
+        RunMatrixError: the registry cannot be parsed or holds an invalid entry (named).
+    """
+    path = registry_path(data_root)
+    if not path.is_file():
+        return []
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise RunMatrixError(f"{path}: cannot read the imports registry ({exc})") from exc
+    specs = parse_entries(list(data.get("run", [])), str(path))
+    for s in specs:
+        if s.source != "import":
+            raise RunMatrixError(f"{path}: entry {s.run_id} has source {s.source!r}; the registry holds imports only")
+    return specs
+
+
+def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
+    """Add or replace ``specs`` (by run_id) in the registry; written atomically. Returns its path."""
+    current = {s.run_id: s for s in read_registry(data_root)}
+    for s in specs:
+        current[s.run_id] = s
+    path = registry_path(data_root)
+    header = ("# Imported Phantora run folders (written by `phantora-assets import`).\n"
+              "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n")
+    body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
+    atomic_write_text(path, header + body, durable=True)
+    return path
+
+
+def env_import_dirs() -> list[Path]:
+    """Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``."""
+    value = os.environ.get(IMPORT_DIR_ENV, "")
+    return [Path(p) for p in value.split(os.pathsep) if p.strip()]
+
+
+def imported_specs(data_root: str | Path) -> list[RunSpec]:
+    """Registry entries, then the environment's directories (later wins per run_id)."""
+    out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
+    for d in env_import_dirs():
+        if not d.is_dir():
+            raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+        folders, _ = discover(d)
+        for f in folders:
+            out[f.spec.run_id] = f.spec
+    return list(out.values())
+
+
+def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec]:
+    """The run matrix with ``imports`` applied (see the module docstring's replacement rule).
+
+    Matrix order is kept; imports of new run_ids follow, sorted by run_id.
+    """
+    by_id = {s.run_id: s for s in imports}
+    merged: list[RunSpec] = []
+    for s in matrix:
+        imp = by_id.pop(s.run_id, None)
+        if imp is None:
+            merged.append(s)
+        else:
+            merged.append(dataclasses.replace(s, source="import", path=imp.path,
+                                              topology=imp.topology or s.topology))
+    merged += [by_id[k] for k in sorted(by_id)]
+    return merged
+
+
+def effective_matrix(data_root: str | Path, matrix: list[RunSpec] | None = None) -> list[RunSpec]:
+    """The run matrix (default: :func:`~phantora_assets.matrix.load_run_matrix`) merged with the
+    imports of ``data_root`` and ``$PHANTORA_ASSETS_IMPORT_DIR``."""
+    base = load_run_matrix() if matrix is None else matrix
+    return merge_imports(base, imported_specs(data_root))

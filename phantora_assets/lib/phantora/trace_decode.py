@@ -1,0 +1,686 @@
+"""Streaming, batched decoding of Phantora Chrome traces (the engine of ``chrome_trace.read_trace``).
+
+This module imports neither pandas nor dagster.
+
+* :func:`iter_batches` streams a ``timeline.json(.gz)`` (gzip detected by magic bytes, inflated
+  on a background thread with ISA-L when ``isal`` is installed, else zlib; multi-member ok) and
+  cuts the text of the JSON array into batches of whole elements: a batch ends at the first
+  ``,\\n`` (an element boundary in the visualizer layout) at or after ``chunk_bytes`` bytes from
+  its start, so the cut positions depend on the text only. Batches are views into one buffer,
+  bracketed in place (``[`` ... ``]``) for decoding without a copy.
+* :class:`BatchDecoder` first hands a batch to the compiled scanner ``_tracescan.scan`` (C,
+  built with the package; it runs without the GIL and returns the flow columns directly), which
+  takes the batches it can decode exactly as the msgspec schema below would and declines the
+  others (odd shapes, non-ASCII text, escapes in kept strings, integers beyond int64, any broken
+  rule). A declined batch is decoded in one ``msgspec`` call into typed Structs (a union
+  tagged by ``cat``; the NCCL call is a one-key dict whose key is a ``Literal`` of the six calls,
+  ``dtype`` a ``Literal`` of the ten dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``)
+  and pulls the flow columns out with C-level ``map``/``zip`` passes. Strings are coded through
+  per-decoder tables; each distinct communicator object text is decoded and validated once.
+  Computation events are only summed per host.
+* :func:`helper_main` is the body of the helper process of ``read_trace``: it decodes batches
+  the main process copies into shared memory, while the main process inflates and decodes others.
+
+Errors are raised as :class:`BatchError` / :class:`StreamError` (rule, detail); ``read_trace``
+adds the file name. Line numbers are computed only when an error is reported (by re-reading).
+"""
+
+import queue
+import re
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter
+from typing import Annotated, Literal
+
+import msgspec
+import numpy as np
+from msgspec.structs import astuple
+
+from phantora_assets.lib.traffic.ring import CALL_TO_OP, DTYPE_BYTES
+
+try:  # the compiled fast path (built with the package; without it every batch goes to msgspec)
+    from phantora_assets.lib.phantora import _tracescan
+except ImportError:  # pragma: no cover - no C compiler where the package was installed
+    _tracescan = None
+
+try:  # ISA-L inflates 2-3x faster than zlib; optional
+    from isal import isal_zlib as _inflate_mod
+except ImportError:  # pragma: no cover - isal is a pinned dependency
+    _inflate_mod = zlib
+
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = tuple({zlib.error, _inflate_mod.error})
+
+#: Largest ts/dur (µs) accepted; beyond it float64 can no longer hold integers exactly.
+MAX_TIME_US = float(2**53)
+
+CALLS: tuple[str, ...] = tuple(CALL_TO_OP)
+DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+_CALL_CODE = {c: i for i, c in enumerate(CALLS)}
+_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+_CALLS_B = tuple(c.encode() for c in CALLS)
+_DTYPES_B = tuple(d.encode() for d in DTYPES)
+_WS = b" \t\r\n"
+
+
+class BatchError(Exception):
+    """A batch breaks a format rule: ``rule`` (short name) and ``detail`` (where, what)."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(rule, detail)
+        self.rule, self.detail = rule, detail
+
+
+class NeedWholeDoc(Exception):
+    """The text is not cut into elements at ``,\\n``: decode it as one document."""
+
+
+class StreamError(Exception):
+    """A file-level problem found while streaming (gzip, array start/end): rule and detail."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(rule, detail)
+        self.rule, self.detail = rule, detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed schema (PHANTORA_FORMATS.md section 3); unknown fields are ignored
+# ---------------------------------------------------------------------------------------------
+
+_DType = Literal[DTYPES]  # type: ignore[valid-type]
+_CallName = Literal[CALLS]  # type: ignore[valid-type]
+
+
+class _Flow(msgspec.Struct, gc=False):
+    id: int
+    bytes: int
+    src: str
+    dst: str
+
+
+class _Comm(msgspec.Struct, forbid_unknown_fields=True):
+    rank: Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)]   # an int64 column
+    id: list[int]
+
+
+class _CompHost(msgspec.Struct, gc=False):
+    hostname: str
+
+
+class _CompArgs(msgspec.Struct, gc=False):
+    Computation: tuple[_CompHost, int, msgspec.Raw]   # meta is skipped (kept raw, never decoded)
+
+
+class _CompEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Computation"):
+    ts: float
+    dur: float
+    args: _CompArgs
+
+
+class _Payload(msgspec.Struct, gc=False):
+    count: int
+    dtype: _DType
+    comm: msgspec.Raw            # {"rank": r, "id": [128 ints]}: decoded once per distinct text
+    root: int = -1
+    # op / peer / stream are not needed (stream = event tid); "stream": null is accepted.
+
+
+class _CommArgs(msgspec.Struct, gc=False):
+    Communication: tuple[_Flow, dict[_CallName, _Payload]]
+
+
+# "ph" is not checked (Phantora writes only complete "X" events).
+class _CommEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Communication"):
+    name: str
+    ts: float
+    dur: float
+    tid: int
+    args: _CommArgs
+
+
+_decoder = msgspec.json.Decoder(list[_CommEvent | _CompEvent])
+_comm_decoder = msgspec.json.Decoder(_Comm)
+
+_g_ts, _g_dur = attrgetter("ts"), attrgetter("dur")
+_g_comm_fields = attrgetter("name", "ts", "dur", "tid", "args.Communication")
+_g_comp_host = attrgetter("args.Computation")
+_g_hostname = attrgetter("hostname")
+_first = itemgetter(0)
+
+
+class CodeTable(dict):
+    """``value -> dense code``; new values are appended to ``values`` (codes in order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list = []
+
+    def __missing__(self, key):
+        code = self[key] = len(self.values)
+        self.values.append(key)
+        return code
+
+    def codes(self, items, n: int) -> np.ndarray:
+        return np.fromiter(map(self.__getitem__, items), np.int32, n)
+
+
+class _BadComm(Exception):
+    pass
+
+
+class _CommTable(dict):
+    """Communicator object text -> dense code; ``values`` holds ``(rank, id bytes)`` per code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[tuple[int, bytes]] = []
+
+    def __missing__(self, key: bytes) -> int:
+        try:
+            cm = _comm_decoder.decode(key)
+            ident = bytes(cm.id)
+        except (msgspec.DecodeError, ValueError):
+            raise _BadComm(key) from None
+        code = self[key] = len(self.values)
+        self.values.append((cm.rank, ident))
+        return code
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch decoder
+# ---------------------------------------------------------------------------------------------
+
+
+class BatchDecoder:
+    """Decodes batches into column arrays; string and communicator codes are local to it.
+
+    ``names.values``, ``hosts.values`` (str) and ``comms.values`` (``(rank, id bytes)``) list
+    the values of the codes in the arrays it returns; they only grow. ``fast=False`` (or a
+    package installed without a C compiler) decodes every batch with msgspec; the columns and
+    tables are the same either way (``tests/test_tracescan.py``).
+    """
+
+    def __init__(self, fast: bool = True) -> None:
+        self.names = CodeTable()
+        self.hosts = CodeTable()
+        self.comms = _CommTable()
+        self.fast = fast and _tracescan is not None
+
+    def decode(self, buf: bytearray, end: int, offset: int, line_of: Callable[[int], int]) -> dict:
+        """Decode one batch in place: ``buf[:end]`` = ``[`` + elements + ``]``.
+
+        ``offset`` is the text offset of ``buf[1]`` and ``line_of(offset)`` its line (only
+        called to report an error). ``buf`` may be resized again once this returns.
+
+        Returns a dict of column arrays: ``n_events``; for Communication events ``ts``,
+        ``dur``, ``stream``, ``flow_id``, ``bytes``, ``count``, ``root`` and the codes
+        ``name``, ``src``, ``dst``, ``comm`` (tables of this decoder), ``call`` and ``dtype``
+        (indices into ``CALLS`` / ``DTYPES``); for Computation events ``comp_host`` (host code),
+        ``comp_ts`` and ``comp_dur`` per event, ``comp_first`` and ``comp_last`` per host code.
+
+        Raises:
+            BatchError: a rule is broken (the detail names the line).
+            NeedWholeDoc: the batch is not whole elements (another layout).
+        """
+
+        def where(i: int) -> str:
+            return locator(bytes(buf[1:end - 1]), offset, line_of)(i)
+
+        if self.fast:
+            # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
+            # other batch (and to name a broken rule) msgspec decodes it below
+            with memoryview(buf) as whole, whole[:end] as batch:
+                res = _tracescan.scan(batch, _CALLS_B, _DTYPES_B)
+            cols = self._scanned(res)
+            if cols is not None:
+                return cols
+        mv = memoryview(buf)
+        view = mv[:end]
+        try:
+            events = _decoder.decode(view)
+        except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
+            raise validation_error(exc, where) from None
+        except RecursionError as exc:  # msgspec's nesting limit (about 1000 levels)
+            raise BatchError("invalid JSON", f"an event of the batch starting at line {line_of(offset)} "
+                                             f"nests too deep: {exc}") from None
+        except msgspec.DecodeError as exc:
+            body = bytes(buf[1:end - 1])
+            if not looks_like_layout(body):
+                raise NeedWholeDoc() from None
+            m = re.search(r"byte (\d+)", str(exc))
+            ln = line_of(offset) + body.count(b"\n", 0, max(0, int(m.group(1)) - 1)) if m else "?"
+            raise BatchError("invalid JSON", f"line {ln}: {exc}") from None
+        cols = self._columns(events, where)  # on error buf is abandoned: no release needed
+        del events  # drops every msgspec.Raw into buf, so that buf can be resized
+        view.release()
+        mv.release()
+        return cols
+
+    def _scanned(self, res: tuple | None) -> dict | None:
+        """Columns of a batch from ``_tracescan.scan``'s answer (same as :meth:`_columns` gives
+        for it), or None when it declined the batch or a value breaks a rule (msgspec's path
+        then names the rule and the line)."""
+        if res is None:
+            return None
+        (n, ts, dur, tid, fid, nbytes, count, root, name, src, dst, comm, call, dtype,
+         c_ts, c_dur, c_host, names, hosts, comms) = res
+        f8, i8, i4, i1 = np.float64, np.int64, np.int32, np.int8
+        ts, dur = np.frombuffer(ts, f8), np.frombuffer(dur, f8)
+        c_ts, c_dur = np.frombuffer(c_ts, f8), np.frombuffer(c_dur, f8)
+        for t in (ts, dur, c_ts, c_dur):
+            if not ((t >= 0) & (t <= MAX_TIME_US)).all():
+                return None
+        try:
+            comm_code = np.fromiter(map(self.comms.__getitem__, comms), np.int32, len(comms))
+        except _BadComm:
+            return None
+        src, dst, c_host = np.frombuffer(src, i4), np.frombuffer(dst, i4), np.frombuffer(c_host, i4)
+        # host codes in the order msgspec's path gives them: first seen in src, dst, then Computation
+        host_code = np.empty(len(hosts), np.int32)
+        done = np.zeros(len(hosts), bool)
+        for col in (src, dst, c_host):
+            first = np.unique(col, return_index=True)[1]
+            for local in col[np.sort(first)]:
+                if not done[local]:
+                    host_code[local] = self.hosts[hosts[local].decode()]
+                    done[local] = True
+        out: dict = {"n_events": n}
+        m = len(ts)
+        if m:
+            name_code = np.fromiter((self.names[v.decode()] for v in names), np.int32, len(names))
+            out.update({
+                "stream": np.frombuffer(tid, i8), "flow_id": np.frombuffer(fid, i8),
+                "bytes": np.frombuffer(nbytes, i8), "count": np.frombuffer(count, i8),
+                "root": np.frombuffer(root, i8),
+                "comm": comm_code[np.frombuffer(comm, i4)],
+                "name": name_code[np.frombuffer(name, i4)],
+                "src": host_code[src], "dst": host_code[dst],
+                "call": np.frombuffer(call, i1), "dtype": np.frombuffer(dtype, i1),
+                "ts": ts, "dur": dur,
+            })
+        if m < n:
+            out.update(self._comp_summary(host_code[c_host], c_ts, c_dur))
+        return out
+
+    def decode_events(self, events: list, where: Callable[[int], str]) -> dict:
+        """Columns of events decoded by :func:`decode_document` (whole-document fallback)."""
+        return self._columns(events, where)
+
+    def _columns(self, events: list, where: Callable[[int], str]) -> dict:
+        n = len(events)
+        if n == 0:
+            raise BatchError("invalid JSON", f"{where(0)}: empty element")
+        is_comm = np.fromiter(map(isinstance, events, repeat(_CommEvent, n)), bool, n)
+        m = int(is_comm.sum())
+        ce = list(compress(events, is_comm)) if m else []
+        pe = list(compress(events, ~is_comm)) if m < n else []
+        ts = np.empty(n, np.float64)
+        dur = np.empty(n, np.float64)
+        if m:
+            name, c_ts, c_dur, tid, comm_args = zip(*map(_g_comm_fields, ce))
+            ts[is_comm] = c_ts
+            dur[is_comm] = c_dur
+        if m < n:
+            ts[~is_comm] = np.fromiter(map(_g_ts, pe), np.float64, n - m)
+            dur[~is_comm] = np.fromiter(map(_g_dur, pe), np.float64, n - m)
+        with np.errstate(invalid="ignore"):
+            bad = ~((ts >= 0) & (dur >= 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise BatchError("negative duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
+        bad = ~((ts <= MAX_TIME_US) & (dur <= MAX_TIME_US))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise BatchError("overflowing duration", f"{where(i)}: ts={ts[i]!r} dur={dur[i]!r}")
+        out: dict = {"n_events": n}
+        if m:
+            index = np.flatnonzero(is_comm)
+            out.update(self._comm_columns(name, tid, comm_args, m, lambda i: where(int(index[i]))))
+            out["ts"], out["dur"] = ts[is_comm], dur[is_comm]
+        if m < n:
+            is_comp = ~is_comm
+            hosts = self.hosts.codes(map(_g_hostname, map(_first, map(_g_comp_host, pe))), n - m)
+            out.update(self._comp_summary(hosts, ts[is_comp], dur[is_comp]))
+        return out
+
+    def _comm_columns(self, name: tuple, tid: tuple, comm_args: tuple, m: int, where: Callable[[int], str]) -> dict:
+        flows, calls = zip(*comm_args)
+        try:
+            call, payloads = zip(*map(dict.popitem, calls))
+        except KeyError:
+            i = next(k for k, c in enumerate(calls) if not c)
+            raise BatchError("unknown NCCL op", f"{where(i)}: the NCCL call object names no call") from None
+        if any(calls):  # a second key was left behind
+            i = next(k for k, c in enumerate(calls) if c)
+            raise BatchError("invalid event", f"{where(i)}: the NCCL call object names more than one call")
+        fid, nbytes, src, dst = zip(*map(astuple, flows))
+        count, dtype, comm, root = zip(*map(astuple, payloads))
+        cols: dict = {}
+        for key, vals in (("stream", tid), ("flow_id", fid), ("bytes", nbytes), ("count", count), ("root", root)):
+            try:
+                cols[key] = np.array(vals, dtype=np.int64)
+            except OverflowError:
+                i = next(k for k, v in enumerate(vals) if not -2**63 <= v < 2**63)
+                raise BatchError("overflowing value", f"{where(i)}: {key} {vals[i]} beyond int64") from None
+        try:
+            cols["comm"] = np.fromiter(map(self.comms.__getitem__, map(bytes, comm)), np.int32, m)
+        except _BadComm as exc:
+            i = next(k for k, c in enumerate(comm) if bytes(c) == exc.args[0])
+            raise BatchError("bad communicator", f"{where(i)}: {exc.args[0][:80]!r}") from None
+        cols["name"] = self.names.codes(name, m)
+        cols["src"] = self.hosts.codes(src, m)
+        cols["dst"] = self.hosts.codes(dst, m)
+        cols["call"] = np.fromiter(map(_CALL_CODE.__getitem__, call), np.int8, m)
+        cols["dtype"] = np.fromiter(map(_DTYPE_CODE.__getitem__, dtype), np.int8, m)
+        return cols
+
+    def _comp_summary(self, hosts: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> dict:
+        nh = len(self.hosts.values)
+        first = np.full(nh, np.inf)
+        last = np.full(nh, -np.inf)
+        np.minimum.at(first, hosts, ts)
+        np.maximum.at(last, hosts, ts + dur)
+        # busy time is summed once over the whole file (in file order), so that it does not
+        # depend on how the file was cut into batches
+        return {"comp_host": hosts, "comp_ts": ts, "comp_dur": dur, "comp_first": first, "comp_last": last}
+
+
+# ---------------------------------------------------------------------------------------------
+# Error helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def validation_error(exc: Exception, where: Callable[[int], str]) -> BatchError:
+    """Maps a msgspec ValidationError to the rule it breaks, located at its event."""
+    msg = str(exc)
+    m = re.search(r"\$\[(\d+)\]", msg)
+    loc = where(int(m.group(1))) if m else "?"
+    rule = "invalid event"
+    if "Invalid enum value" in msg and re.search(r"`key` in `[^`]*Communication\[1\]`", msg):
+        rule = "unknown NCCL op"
+    elif "Invalid enum value" in msg and msg.endswith(".dtype`"):
+        rule = "unknown dtype"
+    elif "out of range" in msg:
+        rule = "overflowing duration" if re.search(r"\.(ts|dur)`", msg) else "overflowing value"
+    return BatchError(rule, f"{loc}: {msg}")
+
+
+def looks_like_layout(body: bytes) -> bool:
+    """Every non-blank line is one ``{...}`` element (optionally followed by a comma)."""
+    for ln in body.split(b"\n"):
+        s = ln.strip(_WS)
+        if s and not (s.startswith(b"{") and s.rstrip(b",").rstrip(_WS).endswith(b"}")):
+            return False
+    return True
+
+
+def locator(body: bytes, offset: int, line_of: Callable[[int], int]) -> Callable[[int], str]:
+    """Maps an event index of a batch (text ``body`` at ``offset``) to ``"line L"`` (error path)."""
+
+    def where(i: int) -> str:
+        line0 = line_of(offset)
+        starts = [k for k, ln in enumerate(body.split(b"\n")) if ln.strip(_WS)]
+        if i < len(starts) and looks_like_layout(body):
+            return f"line {line0 + starts[i]}"
+        return f"event {i} of the batch starting at line {line0}"
+
+    return where
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte stream
+# ---------------------------------------------------------------------------------------------
+
+_DONE = object()
+
+
+def raw_chunks(path, out_bytes: int) -> Iterator[bytes]:
+    """Decompressed chunks of the file (gzip by magic, multi-member ok), each <= ~out_bytes.
+
+    Raises:
+        StreamError: ``corrupt gzip`` or ``truncated gzip``.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read(1 << 20)
+        if data[:2] != b"\x1f\x8b":
+            while data:
+                yield data
+                data = fh.read(out_bytes)
+            return
+        d = None
+        while True:
+            while data:
+                if d is None:
+                    if not data.lstrip(b"\0"):  # zero padding after the last member
+                        break
+                    d = _inflate_mod.decompressobj(wbits=31)
+                try:
+                    out = d.decompress(data, out_bytes)
+                except _INFLATE_ERRORS as exc:
+                    raise StreamError("corrupt gzip", str(exc)) from None
+                if out:
+                    yield out
+                if d.eof:
+                    data, d = d.unused_data, None
+                else:
+                    data = d.unconsumed_tail
+            while d is not None and not d.eof:  # drain output still pending inside the inflater
+                try:
+                    out = d.decompress(b"", out_bytes)
+                except _INFLATE_ERRORS as exc:
+                    raise StreamError("corrupt gzip", str(exc)) from None
+                if not out:
+                    break
+                yield out
+            if d is not None and d.eof:
+                data, d = d.unused_data, None
+                if data:
+                    continue
+            data = fh.read(1 << 20)
+            if not data:
+                if d is not None:
+                    raise StreamError("truncated gzip", "compressed stream ends before its end marker")
+                return
+
+
+class _Producer(threading.Thread):
+    """Inflates the file on a background thread into a bounded queue (inflating releases the GIL)."""
+
+    def __init__(self, path, out_bytes: int) -> None:
+        super().__init__(daemon=True)
+        self.path, self.out_bytes = path, out_bytes
+        self.q: queue.Queue = queue.Queue(maxsize=4)
+        self.stop = threading.Event()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        try:
+            for chunk in raw_chunks(self.path, self.out_bytes):
+                if not self._put(chunk):
+                    return
+            self._put(_DONE)
+        except BaseException as exc:  # handed to the consumer
+            self._put(exc)
+
+    def chunks(self) -> Iterator[bytes]:
+        self.start()
+        try:
+            while True:
+                item = self.q.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop.set()
+            self.join()
+
+
+def check_start(head: bytes) -> None:
+    """The document (after leading whitespace; ``head``: its first 3 bytes or more) must
+    start with ``[``."""
+    c = head[:1]
+    if c == b"[":
+        return
+    if not c:
+        raise StreamError("invalid JSON", "empty document")
+    if head.startswith(b"\xef\xbb\xbf"):
+        raise StreamError("invalid JSON", "line 1: the text starts with a UTF-8 byte order mark, which JSON does not allow")
+    if c in b'{"-0123456789tfn':
+        raise StreamError("not a JSON array", f"document starts with {c.decode()!r}")
+    raise StreamError("invalid JSON", f"line 1: unexpected {c!r}")
+
+
+def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]]:
+    """``(offset, view, end)`` for each batch of elements of the array in ``path``, in file order.
+
+    ``view`` (``end`` bytes) is ``[`` + whole elements joined by ``,\\n`` + ``]``, a view into
+    the reader's buffer: decode it in place, and drop every reference into it before asking for
+    the next batch. ``offset`` is the text offset of ``view[1]``. A batch ends at the first
+    ``,\\n`` at or after ``chunk_bytes`` bytes from its start (its comma is overwritten by
+    ``]``, the newline after it by the next batch's ``[``), so the batches depend on the text
+    only. When the first line break of the text is ``\\r\\n``, batches end at ``,\\r\\n``
+    instead (the ``\\r`` stays between two batches).
+
+    Raises:
+        StreamError: bad gzip, not an array, the array never closes, or a trailing comma.
+    """
+    span = max(1, int(chunk_bytes)) - 1
+    buf = bytearray(b"[")       # buf[0] is "[", buf[1] the text at `offset`
+    offset = 0
+    started = False
+    searched = 0                # no batch cut starts in buf[1 + span:searched]
+    n_batches = 0
+    sep = b""                   # the element separator, known at the first line break
+    for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
+        buf += chunk
+        if not started:
+            stripped = bytes(buf[1:]).lstrip(_WS)
+            if not stripped:
+                continue
+            if len(stripped) < 3 and b"\xef\xbb\xbf".startswith(stripped):
+                continue    # may be a byte order mark split across chunks: wait for more text
+            check_start(stripped[:3])
+            offset = len(buf) - len(stripped)    # after the whitespace and the "["
+            buf = bytearray(b"[") + stripped[1:]
+            started = True
+        if not sep:
+            nl = buf.find(b"\n", 1)
+            if nl < 0:
+                continue
+            sep = b",\r\n" if buf[nl - 1] == 0x0D else b",\n"
+        k = len(sep)
+        s = 1                   # start of the next batch (buf[s - 1] is "[")
+        while True:
+            lo = max(s + span, searched)
+            cut = buf.find(sep, lo) if lo < len(buf) else -1
+            if cut < 0:
+                searched = max(lo, len(buf) - (k - 1))
+                break
+            buf[cut] = 0x5D  # "]"
+            view = memoryview(buf)[s - 1:cut + 1]
+            yield offset, view, cut + 2 - s
+            view.release()
+            n_batches += 1
+            offset += cut + k - s
+            s = cut + k
+            buf[s - 1] = 0x5B  # "[" over the "\n"
+            searched = 0
+        if s > 1:
+            del buf[:s - 1]
+            searched = max(0, searched - (s - 1))
+    if not started:
+        check_start(bytes(buf[1:]).lstrip(_WS))
+    tail = bytes(buf[1:]).rstrip(_WS)
+    if not tail.endswith(b"]"):
+        raise StreamError("invalid JSON", f"line {line_at(path, offset + len(tail))}: "
+                                          "document ends before the closing ']'")
+    body = tail[:-1]
+    if body.strip(_WS):
+        if body.rstrip(_WS).endswith(b","):
+            raise StreamError("invalid JSON", f"line {line_at(path, offset + len(body.rstrip(_WS)))}: "
+                                              "trailing comma before ']'")
+        final = bytearray(b"[") + body + b"]"
+        yield offset, memoryview(final), len(final)
+    elif n_batches:
+        raise StreamError("invalid JSON", f"line {line_at(path, offset)}: trailing comma before ']'")
+
+
+def line_at(path, offset: int) -> int:
+    """Line number (1-based) of the text offset ``offset`` of the document (re-reads the file)."""
+    lines, seen = 1, 0
+    try:
+        for chunk in raw_chunks(path, 16 << 20):
+            if seen + len(chunk) >= offset:
+                return lines + chunk.count(b"\n", 0, offset - seen)
+            lines += chunk.count(b"\n")
+            seen += len(chunk)
+    except StreamError:
+        pass
+    return lines
+
+
+def decode_document(data: bytes) -> list:
+    """Typed events of a whole document (raw communicator objects); msgspec errors propagate."""
+    return _decoder.decode(data)
+
+
+def whole_document(path) -> tuple[bytes, int]:
+    """The whole decompressed document without leading whitespace, and the line it starts on."""
+    data = b"".join(raw_chunks(path, 64 << 20))
+    stripped = data.lstrip(_WS)
+    check_start(stripped)
+    return stripped, 1 + data.count(b"\n", 0, len(data) - len(stripped))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helper process
+# ---------------------------------------------------------------------------------------------
+
+
+def helper_main(mm, slot_size: int, jobs, results, path: str) -> None:
+    """Body of the helper process of ``read_trace`` (forked, so ``mm`` is the parent's memory).
+
+    Receives ``(k, slot, end, offset)``: batch ``k`` is ``mm[slot * slot_size:][:end]``
+    (``[`` + elements + ``]``, text offset ``offset``); decodes it and sends
+    ``("batch", k, slot, cols, tables)`` where ``tables`` holds this decoder's table entries
+    added since its previous message, or ``("error", k, slot, rule, detail)`` /
+    ``("whole", k, slot)``. Stops on ``None`` or when the pipe closes.
+    """
+    dec = BatchDecoder()
+    sent = [0, 0, 0]
+    view = memoryview(mm)
+
+    def line_of(offset: int) -> int:
+        return line_at(path, offset)
+
+    try:
+        while True:
+            job = jobs.recv()
+            if job is None:
+                break
+            k, slot, end, offset = job
+            start = slot * slot_size
+            try:
+                cols = dec.decode(view[start:start + end], end, offset, line_of)
+            except BatchError as exc:
+                results.send(("error", k, slot, exc.rule, exc.detail))
+                continue
+            except NeedWholeDoc:
+                results.send(("whole", k, slot))
+                continue
+            tables = (dec.names.values[sent[0]:], dec.hosts.values[sent[1]:], dec.comms.values[sent[2]:])
+            sent = [len(dec.names.values), len(dec.hosts.values), len(dec.comms.values)]
+            results.send(("batch", k, slot, cols, tables))
+    except (EOFError, OSError):
+        pass

@@ -1,0 +1,1 @@
+"""The embedded analytic simulator: workloads, torch ops, kernels, memory, network."""

@@ -1,0 +1,1 @@
+"""Storage: atomic files, the DuckDB database, plots."""

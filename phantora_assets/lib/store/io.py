@@ -1,0 +1,225 @@
+"""Atomic file writes: write to a temporary name in the target folder, then rename.
+
+A process killed mid-write (``kill -9``) can leave a ``.<name>.<8 chars>.tmp`` file beside the
+target, never a partial target; :func:`sweep_temp_files` removes such leftovers (the build
+command does so when it starts).
+
+Durability: ``durable=True`` also fsyncs the file before the rename, so that the new content
+survives an OS crash or a power loss too (a rename alone only protects against a killed
+process). The published dataset and the imports registry are written durably; per-run
+intermediate files are not (they are rebuilt from the run matrix, and an fsync per file cost
+about 2 s of a 30-run build here, waiting on the disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from phantora_assets.lib.errors import OutputWriteError
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _file_mode() -> int:
+    """Mode of a newly created file under the process umask (``mkstemp`` alone gives 0600).
+
+    The umask is read from ``/proc/self/status`` where there is one (setting it to read it back
+    would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, durable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
+
+    On any exception the temporary file is removed and ``path`` keeps its previous
+    content (or stays absent), so no half-written output is ever visible (a process killed
+    mid-write leaves at most a ``.<name>.*.tmp`` file, never a partial ``path``).
+
+    Raises:
+        OutputWriteError: an ``OSError`` while writing, syncing or renaming (rule ``disk full``
+            for ENOSPC / EDQUOT, else ``write failed``), naming ``path``.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    tmp_path = Path(tmp)
+    try:
+        try:
+            os.fchmod(fd, _file_mode())  # readable as any other output file (e.g. by the Dagster UI's user)
+        finally:
+            os.close(fd)
+        yield tmp_path
+        if durable:
+            with open(tmp_path, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+        if durable:  # the rename itself, too
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        if isinstance(exc, OSError) and not isinstance(exc, OutputWriteError):
+            raise _write_error(path, exc) from exc
+        raise
+
+
+def _write_error(path: Path, exc: OSError) -> OutputWriteError:
+    rule = "disk full" if exc.errno in _DISK_FULL else "write failed"
+    return OutputWriteError(path, rule, exc.strerror or str(exc), exc.errno)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", durable: bool = False, **kwargs) -> Iterator[IO]:
+    """Open a temporary file for writing; it replaces ``path`` only if the block succeeds."""
+    with atomic_path(path, durable) as tmp, open(tmp, mode, **kwargs) as fh:
+        yield fh
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_open(path, "wb", durable) as fh:
+        fh.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str, durable: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"), durable)
+
+
+#: Names of the temporary files made by :func:`atomic_path` (``tempfile.mkstemp``).
+TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def sweep_temp_files(root: str | Path) -> list[Path]:
+    """Remove temporary files left under ``root`` by writers that were killed; returns them.
+
+    Only call it when no other process writes under ``root``.
+    """
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for p in root.rglob(".*.tmp"):
+        if p.is_file() and TEMP_NAME.match(p.name):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable: bool = False) -> None:
+    """Write ``df`` as CSV, atomically, byte for byte what ``df.to_csv(path, index=False,
+    float_format=float_format, lineterminator="\\n")`` writes, ~5x faster on large tables.
+
+    pyarrow's CSV writer writes the rows; float columns are formatted with ``float_format``
+    beforehand, once per distinct value (NaN as an empty field, as pandas does). Tables pyarrow
+    cannot write unquoted the way pandas does (a string holding a comma, quote or line break;
+    booleans; dates; nullable extension dtypes; a single column, where pandas quotes an empty
+    field; duplicate or non-string column names) are written by pandas itself.
+
+    Raises:
+        OutputWriteError: as :func:`atomic_path`.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    with atomic_path(path, durable) as tmp:
+        columns = _csv_columns(df, float_format)
+        if columns is not None:
+            try:
+                pacsv.write_csv(pa.table(columns), str(tmp),
+                                pacsv.WriteOptions(quoting_style="none", quoting_header="none"))
+                return
+            except pa.ArrowInvalid:  # a value that needs quoting: pandas quotes it
+                pass
+        df.to_csv(tmp, index=False, float_format=float_format, lineterminator="\n")
+
+
+def _csv_columns(df, float_format: str) -> dict | None:
+    """The columns of ``df`` as Arrow arrays that pyarrow writes as pandas would, or None when
+    pandas must write the table (see :func:`atomic_write_csv`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(df.columns) < 2 or df.columns.has_duplicates or not all(isinstance(c, str) for c in df.columns):
+        return None
+    columns = {}
+    for name in df.columns:
+        col = df[name]
+        kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""   # not nullable extension types
+        if kind == "f":
+            values = np.ascontiguousarray(col.to_numpy(np.float64))
+            # distinct bit patterns, so that -0.0 and 0.0 keep their own text
+            bits, index = np.unique(values.view(np.int64), return_inverse=True)
+            text = np.array(["" if v != v else float_format % v for v in bits.view(np.float64)], dtype=object)
+            columns[name] = pa.array(text[index.reshape(-1)], type=pa.string())
+        elif kind in ("i", "u") or (kind == "O" and all(isinstance(v, str) for v in col)):
+            columns[name] = pa.array(col.to_numpy())
+        else:
+            return None
+    return columns
+
+
+def same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (same file system), else copy; atomic either way."""
+    if dst.exists() and same_path(src, dst):
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        copy_file(src, dst)
+
+
+def replace_dir(src: Path | None, dst: Path) -> None:
+    """Make ``dst`` a copy of directory ``src`` (or remove it when ``src`` is None)."""
+    if src is not None and same_path(src, dst):
+        return
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if src is not None:
+        shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    if src is not None:
+        os.replace(tmp, dst)

@@ -1,0 +1,1 @@
+"""Traffic rules: steps, ring rules, trace checks, binning, windows, anatomy, workload cross-check."""

@@ -1,0 +1,435 @@
+"""Step detection: cut a run's flows into training steps without step markers.
+
+DATASET.md section "How a trace becomes the dataset", step 2. Each communicator rank
+(``comm_id``, ``comm_rank``) issues a repeating sequence of NCCL calls; its period is one
+training step. Periods are cut aligned to the END of each sequence (the last step ends
+with the last call), so a warm-up that differs from the steady steps only affects the
+beginning.
+
+Definitions used here (all documented choices):
+
+* **Call**: one row of the flows table, except that the ``n - 1`` flows a broadcast root
+  issues at the same ``ts_us`` for one call are merged (the fan-out of a communicator's
+  broadcasts is the gcd of its same-``ts`` broadcast group sizes). Calls of one sequence
+  are ordered by ``(ts_us, flow_id)``.
+* **Call token**: ``(op, count, dtype, root, peer)`` where ``peer`` is the node offset of
+  the other end for send/recv (``dst_node - src_node`` for send, ``src_node - dst_node``
+  for recv; flows carry no peer rank) and 0 otherwise.
+* **Period** of a sequence: among the periods ``p`` whose periodic tail covers at least
+  ``min_repeats`` (3) full periods, the one whose periodic tail is the LONGEST; ties go to
+  the smallest ``p``. (Taking simply the smallest ``p`` with 3 repetitions would pick
+  ``p = 1`` for any step that ends with three identical calls, e.g. three 1-element loss
+  all-reduces; the longest tail is the step's primitive period, by Fine and Wilf.)
+* **Sub-periods**: a communicator whose step holds its pattern k times (two identical
+  gradient buckets) has a primitive period of 1/k step. When exactly one multiple of its
+  period brings its number of full periods within ``[C, C + slack]`` (``C`` the smallest
+  count over all sequences, ``slack = warmup_steps + 1``) it uses that multiple. When
+  several do (e.g. the 16 identical all-to-all sends of a MoE step), the boundary inside
+  it is ambiguous: its calls are assigned to steps **by time**, using the step starts of
+  the other ("anchor") sequences, and the last step, cut short by the end of the trace,
+  is not steady. When none does, :class:`StepDetectionError` ("steps disagree").
+* **Steps**: with ``N`` the largest count, a sequence with ``N_i`` full periods numbers
+  them ``N - N_i ... N - 1``; calls before its first full period belong to no step.
+  Steps ``0 .. (N - C) + warmup_steps - 1`` are warm-up; the rest are steady (for the
+  typical 20-iteration run: 20 steps, step 0 warm-up, steps 1..19 steady, i.e. 19 steady
+  steps). The last step is steady but untimed: its end is the end of its last flow, not
+  the next step's start, so ``step_time_us`` is the median over the steady steps except
+  the last (18 for a 20-iteration run), unless fewer than 2 would remain.
+* A communicator rank that never repeats is tolerated only if every one of its flows
+  starts before the first steady step (e.g. a parameter broadcast on a group used only
+  at start-up); its flows get step -1. Otherwise :class:`StepDetectionError` with rule
+  ``"steps never repeat"``.
+* Every sequence's first call of steady step ``k`` must come before step ``k + 1`` starts,
+  else the communicators disagree on the steps (:class:`StepDetectionError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.contracts import STEP_COLUMNS, STEP_FLOW_COLUMNS
+
+#: Minimum number of full periods the periodic tail of a sequence must cover.
+MIN_REPEATS = 3
+
+_REQUIRED = (
+    "flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "op", "dtype",
+    "count", "comm_id", "comm_rank", "root",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class StepResult:
+    """Outcome of :func:`detect_steps`.
+
+    Attributes:
+        flows: the input flows (same rows, order and index) plus an int64 column ``step``:
+            the steady step of the flow, -1 for warm-up steps, the warm-up prefix and flows
+            of communicators that never repeat.
+        steps: one row per step (warm-up steps included), columns ``STEP_COLUMNS``.
+        step_time_us: median ``duration_us`` of the timed steps.
+        periods: ``comm_id -> period length in calls`` (largest over the communicator's
+            ranks; a broadcast root also counts its broadcasts). Communicators that never
+            repeat (warm-up only) are absent.
+        steady_steps: steady step indices, ascending (the last step included).
+        timed_steps: the steady steps whose durations give ``step_time_us``.
+        network_bytes_per_step: network bytes of the (lower) median steady step.
+        source: file path or run label, used in error messages.
+    """
+
+    flows: pd.DataFrame
+    steps: pd.DataFrame
+    step_time_us: float
+    periods: dict[str, int]
+    steady_steps: list[int]
+    timed_steps: list[int]
+    network_bytes_per_step: int
+    source: str = "<flows>"
+    _period_step: np.ndarray = field(default=None, repr=False)  # step of every flow, warm-up included
+
+    def step_flows(self, step: int, network_only: bool = True) -> pd.DataFrame:
+        """Flows of one step (any row of ``steps``), columns ``STEP_FLOW_COLUMNS``.
+
+        ``offset_us`` is the flow's start minus the step's ``start_us`` (>= 0). With
+        ``network_only`` (default) loopback flows (``src_node == dst_node``) are left out.
+        Rows are sorted by (offset_us, src_node, dst_node).
+
+        Raises:
+            KeyError: ``step`` is not a step of this run.
+        """
+        match = self.steps.index[self.steps["step"].to_numpy() == step]
+        if len(match) == 0:
+            raise KeyError(f"{self.source}: no step {step} (steps 0..{len(self.steps) - 1})")
+        start = float(self.steps.loc[match[0], "start_us"])
+        mask = self._period_step == step
+        f = self.flows.loc[mask]
+        if network_only:
+            f = f.loc[f["src_node"].to_numpy() != f["dst_node"].to_numpy()]
+        out = pd.DataFrame({
+            "offset_us": f["ts_us"].to_numpy(dtype="float64") - start,
+            "dur_us": f["dur_us"].to_numpy(dtype="float64"),
+            "src_node": f["src_node"].to_numpy(dtype="int64"),
+            "dst_node": f["dst_node"].to_numpy(dtype="int64"),
+            "bytes": f["bytes"].to_numpy(dtype="int64"),
+        })
+        out = out.sort_values(["offset_us", "src_node", "dst_node"], kind="mergesort")
+        return out.reset_index(drop=True).astype(STEP_FLOW_COLUMNS)
+
+
+def _z_function(seq: list[int]) -> list[int]:
+    """Z-array: z[i] = length of the longest common prefix of seq and seq[i:]."""
+    n = len(seq)
+    z = [0] * n
+    if n:
+        z[0] = n
+    left = right = 0
+    for i in range(1, n):
+        zi = 0
+        if i < right:
+            zi = min(right - i, z[i - left])
+        while i + zi < n and seq[zi] == seq[i + zi]:
+            zi += 1
+        z[i] = zi
+        if i + zi > right:
+            left, right = i, i + zi
+    return z
+
+
+class _Periodicity:
+    """Periodic-tail lengths of one token sequence: m(q) = longest q-periodic suffix."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.n = len(tokens)
+        # A suffix of s with period q is a prefix of reversed(s) with period q, whose
+        # length is q + z[q] (z of the reversed sequence).
+        self.z = np.asarray(_z_function(tokens[::-1].tolist()), dtype=np.int64)
+
+    def tail(self, q: int) -> int:
+        if q >= self.n:
+            return self.n
+        return q + int(self.z[q])
+
+    def full_periods(self, q: int) -> int:
+        return self.tail(q) // q
+
+    def best_period(self, min_repeats: int) -> int | None:
+        if self.n < min_repeats:
+            return None
+        ps = np.arange(1, self.n // min_repeats + 1, dtype=np.int64)
+        if len(ps) == 0:
+            return None
+        m = ps + self.z[ps]
+        ok = m >= min_repeats * ps
+        if not ok.any():
+            return None
+        m_ok = np.where(ok, m, -1)
+        return int(ps[int(np.argmax(m_ok))])  # argmax: first (smallest p) of the longest
+
+
+def _fail(source: str, rule: str, detail: str) -> StepDetectionError:
+    return StepDetectionError(source, rule, detail)
+
+
+def detect_steps(
+    flows: pd.DataFrame,
+    *,
+    warmup_steps: int = 1,
+    source: str | Path | None = None,
+    min_repeats: int = MIN_REPEATS,
+) -> StepResult:
+    """Cut a run's flows (``FLOW_COLUMNS``, any row order) into steps.
+
+    Args:
+        flows: one row per Communication event, loopback included.
+        warmup_steps: full leading periods dropped as warm-up, on top of the part before
+            the first full period.
+        source: file path or run label named in errors.
+        min_repeats: full periods the periodic tail must cover (3).
+
+    Returns:
+        StepResult (see the module docstring for the definitions).
+
+    Raises:
+        StepDetectionError: no flows, a communicator rank whose calls never repeat
+            (rule ``"steps never repeat"``), communicators that disagree on the number or
+            the timing of steps (rule ``"steps disagree"``), or no steady step left
+            (rule ``"no steady step"``).
+    """
+    src = "<flows>" if source is None else str(source)
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    missing = [c for c in _REQUIRED if c not in flows.columns]
+    if missing:
+        raise _fail(src, "flows table lacks columns", ", ".join(missing))
+    n_rows = len(flows)
+    if n_rows == 0:
+        raise _fail(src, "steps never repeat", "no communication flows")
+
+    # ---- sort into sequences -------------------------------------------------------
+    comm = flows["comm_id"].astype(str).to_numpy()
+    rank = flows["comm_rank"].to_numpy(dtype=np.int64)
+    ts = flows["ts_us"].to_numpy(dtype=np.float64)
+    dur = flows["dur_us"].to_numpy(dtype=np.float64)
+    fid = flows["flow_id"].to_numpy(dtype=np.int64)
+    op = flows["op"].astype(str).to_numpy()
+    sn = flows["src_node"].to_numpy(dtype=np.int64)
+    dn = flows["dst_node"].to_numpy(dtype=np.int64)
+    nbytes = flows["bytes"].to_numpy(dtype=np.int64)
+
+    comm_codes, comm_names = pd.factorize(comm, sort=True)
+    order = np.lexsort((fid, ts, rank, comm_codes))
+    c_s, r_s, ts_s, op_s = comm_codes[order], rank[order], ts[order], op[order]
+
+    peer = np.where(op_s == "send", dn[order] - sn[order],
+                    np.where(op_s == "recv", sn[order] - dn[order], 0))
+    tok_frame = pd.DataFrame({
+        "op": op_s,
+        "count": flows["count"].to_numpy(dtype=np.int64)[order],
+        "dtype": flows["dtype"].astype(str).to_numpy()[order],
+        "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
+        "peer": peer,
+    })
+    token = tok_frame.groupby(list(tok_frame.columns), sort=False).ngroup().to_numpy(np.int64)
+
+    new_seq = np.ones(n_rows, dtype=bool)
+    new_seq[1:] = (c_s[1:] != c_s[:-1]) | (r_s[1:] != r_s[:-1])
+    seq_id = np.cumsum(new_seq) - 1
+    seq_start = np.flatnonzero(new_seq)
+    n_seq = len(seq_start)
+    seq_comm = comm_names[c_s[seq_start]]
+    seq_rank = r_s[seq_start]
+
+    # ---- calls: merge a broadcast root's same-ts flows of one call -----------------
+    new_call = np.ones(n_rows, dtype=bool)
+    is_b = op_s == "broadcast"
+    if is_b.any():
+        bidx = np.flatnonzero(is_b)
+        bf = pd.DataFrame({"seq": seq_id[bidx], "ts": ts_s[bidx], "tok": token[bidx],
+                           "comm": c_s[bidx]})
+        grp = bf.groupby(["seq", "ts", "tok"], sort=False)
+        pos = grp.cumcount().to_numpy()
+        sizes = grp["comm"].agg(["first", "size"])
+        fan = {int(c): int(np.gcd.reduce(s.to_numpy())) for c, s in sizes.groupby("first")["size"]}
+        fanout = np.array([fan[int(c)] for c in bf["comm"].to_numpy()], dtype=np.int64)
+        new_call[bidx] = pos % fanout == 0
+    new_call[seq_start] = True
+    call_no = np.cumsum(new_call) - 1                  # global call number of each row
+    call_rows = np.flatnonzero(new_call)
+    call_tok = token[call_rows]
+    call_seq = seq_id[call_rows]
+    seq_call_start = np.searchsorted(call_seq, np.arange(n_seq))
+    seq_len = np.diff(np.append(seq_call_start, len(call_rows)))
+
+    # ---- period of each sequence ---------------------------------------------------
+    cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
+    per: list[_Periodicity] = []
+    best: list[int | None] = []
+    for i in range(n_seq):
+        toks = call_tok[seq_call_start[i]: seq_call_start[i] + seq_len[i]]
+        key = toks.tobytes()
+        if key not in cache:
+            pz = _Periodicity(toks)
+            cache[key] = (pz, pz.best_period(min_repeats))
+        pz, p = cache[key]
+        per.append(pz)
+        best.append(p)
+
+    repeating = [i for i in range(n_seq) if best[i] is not None]
+    if not repeating:
+        i = int(np.argmax(seq_len))
+        raise _fail(src, "steps never repeat",
+                    f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, "
+                    f"no period repeats {min_repeats} times; no communicator repeats")
+
+    counts = {i: per[i].full_periods(best[i]) for i in repeating}
+    c_ref = min(counts.values())
+    slack = warmup_steps + 1
+    # Sequences whose primitive period repeats more often than a step (e.g. the identical
+    # all-to-all sends of MoE layers) cannot place step boundaries themselves: their calls
+    # are assigned to steps by time, using the boundaries of the other ("anchor") sequences.
+    # A sequence that repeats its pattern k times per step is an anchor with period k * p
+    # when exactly one multiple brings its count into [c_ref, c_ref + slack]; when several
+    # do, the step boundary inside it is ambiguous and it is assigned by time.
+    period = {}
+    by_time = []
+    for i in repeating:
+        p = best[i]
+        if counts[i] <= c_ref + slack:
+            period[i] = p
+            continue
+        fits = [q for q in range(p, seq_len[i] + 1, p) if c_ref <= per[i].full_periods(q) <= c_ref + slack]
+        if len(fits) == 1:
+            period[i] = fits[0]
+            counts[i] = per[i].full_periods(fits[0])
+        elif fits:
+            by_time.append(i)
+        else:
+            lo = min(repeating, key=lambda j: counts[j])
+            raise _fail(src, "steps disagree",
+                        f"communicator {seq_comm[i]} rank {seq_rank[i]} repeats {counts[i]} times "
+                        f"(period {p} calls), no multiple of which matches the {counts[lo]} steps of "
+                        f"communicator {seq_comm[lo]} rank {seq_rank[lo]} (period {best[lo]} calls)")
+    anchors = [i for i in repeating if i in period]
+    n_min, n_max = min(counts[i] for i in anchors), max(counts[i] for i in anchors)
+    if n_max - n_min > slack:
+        lo = min(anchors, key=lambda i: counts[i])
+        hi = max(anchors, key=lambda i: counts[i])
+        raise _fail(src, "steps disagree",
+                    f"communicator {seq_comm[hi]} rank {seq_rank[hi]} has {counts[hi]} steps "
+                    f"(period {period[hi]} calls) but communicator {seq_comm[lo]} rank "
+                    f"{seq_rank[lo]} has {counts[lo]} (period {period[lo]} calls)")
+    n_steps = n_max
+    first_steady = (n_max - n_min) + warmup_steps
+    # with time-assigned sequences the last step is cut short by the end of the trace
+    n_complete = n_steps - 1 if by_time else n_steps
+    if first_steady >= n_complete:
+        raise _fail(src, "no steady step",
+                    f"{n_steps} steps, of which {first_steady} are warm-up")
+
+    # ---- step of every call, then of every row -------------------------------------
+    q_arr = np.ones(n_seq, dtype=np.int64)
+    nper = np.zeros(n_seq, dtype=np.int64)
+    for i in anchors:
+        q_arr[i], nper[i] = period[i], counts[i]
+    local = call_no - seq_call_start[seq_id]  # call index within its sequence
+    first_full = seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
+    rel = local - first_full
+    step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0),
+                           (n_steps - nper[seq_id]) + rel // q_arr[seq_id], -1)
+    if by_time:
+        anchor_rows = step_sorted >= 0
+        a_starts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows]).min()
+        a_starts = a_starts.reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
+        timed_rows = np.isin(seq_id, np.asarray(by_time))
+        k = np.searchsorted(a_starts, ts_s[timed_rows], side="right") - 1
+        step_sorted[timed_rows] = k
+        for i in by_time:
+            rows = seq_id == i
+            per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
+            period[i] = int(np.median(per_step[first_steady:n_complete]))
+    period_step = np.empty(n_rows, dtype=np.int64)
+    period_step[order] = step_sorted
+
+    # ---- step table ----------------------------------------------------------------
+    in_step = period_step >= 0
+    st = pd.DataFrame({"step": period_step[in_step], "ts": ts[in_step],
+                       "end": ts[in_step] + dur[in_step],
+                       "net": np.where(sn[in_step] != dn[in_step], nbytes[in_step], 0)})
+    g = st.groupby("step").agg(start=("ts", "min"), end=("end", "max"),
+                               net=("net", "sum"), n=("ts", "size"))
+    g = g.reindex(np.arange(n_steps))
+    starts = g["start"].to_numpy(dtype=np.float64)
+    ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
+    steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
+    steps = pd.DataFrame({
+        "step": np.arange(n_steps, dtype=np.int64),
+        "start_us": starts,
+        "end_us": ends,
+        "duration_us": ends - starts,
+        "steady": steady,
+        "network_bytes": g["net"].fillna(0).to_numpy(dtype=np.int64),
+        "n_flows": g["n"].fillna(0).to_numpy(dtype=np.int64),
+    }).astype(STEP_COLUMNS)
+
+    # ---- consistency of the cut in time (steady steps) -----------------------------
+    ss = pd.DataFrame({"seq": seq_id, "step": step_sorted, "ts": ts_s})
+    ss = ss[(ss["step"] >= first_steady) & (ss["step"] < n_steps - 1) & np.isin(ss["seq"], np.asarray(anchors))]
+    first_ts = ss.groupby(["seq", "step"])["ts"].min()
+    if len(first_ts):
+        nxt = starts[first_ts.index.get_level_values("step").to_numpy() + 1]
+        bad = first_ts.to_numpy() >= nxt
+        if bad.any():
+            (s_i, k) = first_ts.index[int(np.argmax(bad))]
+            nxt_rows = np.flatnonzero(step_sorted == k + 1)
+            o = int(seq_id[nxt_rows[np.argmin(ts_s[nxt_rows])]])
+            raise _fail(src, "steps disagree",
+                        f"communicator {seq_comm[s_i]} rank {seq_rank[s_i]} starts its step {k} "
+                        f"at {first_ts.iloc[int(np.argmax(bad))]:.3f} us, after step {k + 1} "
+                        f"began at {starts[k + 1]:.3f} us on communicator {seq_comm[o]} rank "
+                        f"{seq_rank[o]} (periods {period[s_i]} and {period[o]} calls)")
+
+    # ---- sequences that never repeat: only allowed inside the warm-up --------------
+    steady_start = starts[first_steady]
+    for i in range(n_seq):
+        if best[i] is not None:
+            continue
+        rows = slice(seq_start[i], seq_start[i + 1] if i + 1 < n_seq else n_rows)
+        last = float(ts_s[rows].max())
+        if last >= steady_start:
+            raise _fail(src, "steps never repeat",
+                        f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, no "
+                        f"period repeats {min_repeats} times, and it has calls at {last:.3f} us, "
+                        f"after the first steady step began ({steady_start:.3f} us)")
+
+    # ---- summary -------------------------------------------------------------------
+    steady_steps = [int(k) for k in range(first_steady, n_complete)]
+    if by_time:  # the last step is not steady, so every steady step ends at the next one's start
+        timed = steady_steps
+    else:
+        timed = steady_steps[:-1] if len(steady_steps) - 1 >= 2 else steady_steps
+    step_time = float(np.median(steps["duration_us"].to_numpy()[timed]))
+    net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
+    net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
+    periods: dict[str, int] = {}
+    for i in repeating:
+        periods[str(seq_comm[i])] = max(periods.get(str(seq_comm[i]), 0), int(period[i]))
+
+    out = flows.copy()
+    out["step"] = np.where((period_step >= first_steady) & (period_step < n_complete), period_step, -1).astype(np.int64)
+    return StepResult(
+        flows=out,
+        steps=steps,
+        step_time_us=step_time,
+        periods=dict(sorted(periods.items())),
+        steady_steps=steady_steps,
+        timed_steps=timed,
+        network_bytes_per_step=net_per_step,
+        source=src,
+        _period_step=period_step,
+    )

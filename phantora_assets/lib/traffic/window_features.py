@@ -1,0 +1,469 @@
+"""Detector features per non-overlapping 1 s and 15 s window of a run's 100 ms bins.
+
+Grain: one row per ``(run_id, window_s, window_start_s)``. Windows are aligned to
+``t = 0`` and do not overlap; window ``k`` of size ``w`` holds the bins with
+``k*w <= t < (k+1)*w``. Only whole windows inside ``[0, window_s)`` are emitted (180
+one-second and 12 fifteen-second windows for the 180 s build). Features aggregate over
+all ordered node pairs of the run: the questions they serve ("is this training, which
+parallelism, is a step stalled") are about the whole cluster; per-pair traffic of a
+window is one ``GROUP BY`` of ``flows_100ms`` away (and the pair distribution enters
+here through ``n_active_pairs``, ``pair_entropy_bits`` and ``top_pair_share``).
+
+Notation for one window: ``X[i, p]`` bytes of pair ``p`` in bin ``i`` (``n_bins`` bins
+of ``b`` seconds, the run's pairs), ``c[p]`` the control-only bytes pair ``p`` gets per
+bin, ``x[i] = sum_p X[i, p]`` the bin series, ``T[p] = sum_i X[i, p]`` the pair totals.
+Each feature is defined once, in :data:`FEATURES` (formula, unit, edge cases, valid
+range); :func:`feature_markdown` renders the registry for the README and the pandera
+model of ``windows.csv`` is built from it.
+
+Dominant period and aliasing
+----------------------------
+``dominant_period_s`` folds the bin series at candidate periods ``P`` from two bins to half
+the window (phase-dispersion minimisation: the series compared with itself at any real lag,
+which an autocorrelation over whole-bin lags cannot do) and keeps the period whose mean
+folded profile leaves the least variance, preferring ``P/2`` or ``P/3`` when they fold
+nearly as well (a fold at a multiple of the period always fits); ``periodicity`` is the
+share of variance that profile explains (adjusted R^2).
+
+Bins integrate over ``b``, so a step of period ``P`` is seen only through the phases
+``i*b/P mod 1``: a step of ``P`` and one of ``P' = 1/|1/P - k/b|`` (any integer ``k``)
+give the same phases, and no function of the bins can tell them apart (70.3 ms and
+237 ms steps look alike in 100 ms bins). The search keeps ``P >= 2b`` (the Nyquist
+limit), where the reading is unique:
+
+* a step of at least two bins (200 ms) is recovered: in the dataset, the median over a
+  run's 15 s windows is within a few ms of the step time and most single windows are too;
+  a window where the step's own rhythm is weak (ZeRO-3's eight per-layer bursts per step)
+  can read a harmonic's alias instead;
+* a shorter step shows as its alias :func:`alias_period_s` ``1/|1/P - k/b|`` or the alias
+  of a low harmonic (``h/P``): it is *not* the step time. ``runs.step_time_s < 2 * runs.bin_s`` flags those runs; the ``step_period`` view
+  of the DuckDB database lists them with the reading they should show;
+* a window must hold two cycles of the reading: a 1 s window searches 0.2-0.5 s only, and
+  a step whose alias is longer than half the window (a step within a few ms of a whole
+  fraction of a bin, e.g. 100.9 ms) shows no stable period.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.lib.traffic.binning import control_matrix
+
+#: Fewer bins than this (or a gap in the window): no spectral peak / period (NaN).
+MIN_BINS_FOR_PERIOD = 4
+#: Cycles of a candidate period that must fit in the window.
+MIN_CYCLES = 2
+#: Most phase bins of the folded profile (fewer for short windows: n_bins // 5, >= 2).
+MAX_PHASE_BINS = 10
+#: A fold at P/m (m = 2, 3) is preferred when its dispersion is within this share of (1 - best).
+SUBHARMONIC_MARGIN = 0.2
+#: Dispersions this close to the minimum are ties, resolved to the shortest period.
+_TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One window feature: its column, unit, dtype, formula, edge cases and valid range.
+
+    ``nullable`` is True for the features that are NaN in some edge case; ``ge`` / ``le``
+    bound every non-null value (None: unbounded) and become pandera checks.
+    """
+
+    name: str
+    unit: str
+    dtype: str
+    formula: str
+    edge_cases: str
+    nullable: bool = False
+    ge: float | None = 0.0
+    le: float | None = None
+
+
+#: The feature registry, in output column order.
+FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec("total_bytes", "bytes", "int64",
+                "sum_i sum_p X[i,p] (flows and control traffic)",
+                "0 for an empty window"),
+    FeatureSpec("n_active_pairs", "pairs", "int64",
+                "number of pairs p with X[i,p] > c[p] in at least one bin i",
+                "0 when every pair carries only control traffic, or for an empty window"),
+    FeatureSpec("bytes_per_active_pair", "bytes", "float64",
+                "sum of T[p] over the active pairs, divided by n_active_pairs",
+                "0 when n_active_pairs = 0"),
+    FeatureSpec("bin_mean_bytes", "bytes", "float64",
+                "mean_i x[i]",
+                "0 for an empty window"),
+    FeatureSpec("bin_std_bytes", "bytes", "float64",
+                "population standard deviation (ddof=0) of x[i]",
+                "0 for an empty window or a single bin"),
+    FeatureSpec("bin_max_bytes", "bytes", "float64",
+                "max_i x[i]",
+                "0 for an empty window"),
+    FeatureSpec("bin_p95_bytes", "bytes", "float64",
+                "95th percentile of x[i], linear interpolation between order statistics (numpy default)",
+                "0 for an empty window"),
+    FeatureSpec("cv", "1", "float64",
+                "coefficient of variation: bin_std_bytes / bin_mean_bytes",
+                "0 when bin_mean_bytes = 0"),
+    FeatureSpec("peak_to_mean", "1", "float64",
+                "bin_max_bytes / bin_mean_bytes",
+                "0 when bin_mean_bytes = 0"),
+    FeatureSpec("idle_bin_fraction", "1", "float64",
+                "fraction of bins i with X[i,p] <= c[p] for every pair p (control traffic only)",
+                "NaN for an empty window", nullable=True, le=1.0),
+    FeatureSpec("pair_entropy_bits", "bits", "float64",
+                "Shannon entropy -sum_p s[p] log2 s[p] of the pair shares s[p] = T[p] / total_bytes (terms with s[p] = 0 are 0)",
+                "0 when total_bytes = 0 or the run has a single pair"),
+    FeatureSpec("top_pair_share", "1", "float64",
+                "max_p T[p] / total_bytes",
+                "0 when total_bytes = 0; 1 for a single pair", le=1.0),
+    FeatureSpec("spectral_peak_hz", "Hz", "float64",
+                "frequency of the largest value of the periodogram |FFT(x - mean x)|^2 over "
+                "[1/(n_bins*b), 1/(2b)], zero-padded to a power of two >= 64*n_bins points; the "
+                "strongest rhythm of the series, folded into [0, 1/(2b)] (a burst every 41 ms shows "
+                "at its alias, not at 24 Hz)",
+                "NaN when n_bins < 4, the window has a missing bin, or x is constant", nullable=True),
+    FeatureSpec("dominant_period_s", "s", "float64",
+                "the period P in [2b, n_bins*b/2] whose fold of x into M = min(10, max(2, n_bins // 5)) "
+                "phase bins has the least dispersion theta = [SS_within / (n_bins - M_occupied)] / "
+                "[SS_total / (n_bins - 1)] (candidates 1/P every 1/(2*M*n_bins*b) Hz; P/2 or P/3 is kept "
+                "when its theta is within 0.2*(1 - theta) of the best). The step time when the step is "
+                ">= 2 bins, else its alias 1/|1/step - k/b| (module docstring: aliasing)",
+                "NaN when n_bins < 4, the window has a missing bin, or x is constant", nullable=True),
+    FeatureSpec("periodicity", "1", "float64",
+                "1 - theta at dominant_period_s, clipped to [0, 1]: the share of the variance of x that "
+                "its mean folded profile explains (adjusted R^2; 1 = perfectly periodic)",
+                "NaN whenever dominant_period_s is NaN", nullable=True, le=1.0),
+)
+
+#: Key columns (name -> dtype) of the window feature table, before the features.
+KEY_COLUMNS: dict[str, str] = {
+    "run_id": "str",
+    "window_s": "float64",
+    "window_start_s": "float64",
+    "n_bins": "int64",          # bins present in the window
+}
+
+#: All columns (name -> dtype) of the window feature table, in order.
+WINDOW_FEATURE_COLUMNS: dict[str, str] = {**KEY_COLUMNS, **{f.name: f.dtype for f in FEATURES}}
+
+
+def feature_markdown() -> str:
+    """The feature registry as a Markdown table (name, unit, formula, edge cases, range)."""
+    lines = [
+        "| feature | unit | formula | edge cases | range |",
+        "|---|---|---|---|---|",
+    ]
+    for f in FEATURES:
+        rng = f"[{_fmt(f.ge, '-inf')}, {_fmt(f.le, 'inf')}]"
+        cells = [f"`{f.name}`", f.unit, f.formula, f.edge_cases, rng]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: float | None, none: str) -> str:
+    return none if v is None else f"{v:g}"
+
+
+# --------------------------------------------------------------------------- period helpers
+def fold_frequency_hz(f_hz: float, bin_s: float) -> float:
+    """Where a rhythm of ``f_hz`` shows in ``bin_s`` bins: ``|f - k/bin_s|`` in ``[0, 1/(2 bin_s)]``."""
+    fs = 1.0 / bin_s
+    return float(abs(f_hz - fs * np.round(f_hz / fs)))
+
+
+def alias_period_s(step_time_s: float, bin_s: float) -> float:
+    """The period ``dominant_period_s`` reads for a step of ``step_time_s``.
+
+    ``step_time_s`` itself when the step is at least two bins, else ``1/fold(1/step)``
+    (inf when the step is a whole fraction of a bin: the bins then see no rhythm).
+    """
+    if step_time_s >= 2 * bin_s:
+        return float(step_time_s)
+    f = fold_frequency_hz(1.0 / step_time_s, bin_s)
+    return float(1.0 / f) if f > 0 else float("inf")
+
+
+def spectral_peak_hz(series: Sequence[float] | np.ndarray, bin_s: float) -> float:
+    """Peak frequency of the mean-removed periodogram of one bin series (NaN if undefined)."""
+    out = _spectral_peaks(np.asarray(series, dtype=np.float64)[None, :], bin_s)
+    return float(out[0])
+
+
+def dominant_period(series: Sequence[float] | np.ndarray, bin_s: float) -> tuple[float, float]:
+    """``(dominant_period_s, periodicity)`` of one gap-free bin series (NaNs if undefined)."""
+    p, r = _dominant_periods(np.asarray(series, dtype=np.float64)[None, :], bin_s)
+    return float(p[0]), float(r[0])
+
+
+def _n_fft(n_bins: int) -> int:
+    return 1 << int(np.ceil(np.log2(max(64 * n_bins, 256))))
+
+
+def _spectral_peaks(x: np.ndarray, bin_s: float) -> np.ndarray:
+    """Spectral peak (Hz) of each row of ``x`` (rows: windows, columns: bins)."""
+    k, n = x.shape
+    out = np.full(k, np.nan)
+    if n < MIN_BINS_FOR_PERIOD or k == 0:
+        return out
+    xc = x - x.mean(axis=1, keepdims=True)
+    ok = np.any(xc != 0, axis=1)
+    if not ok.any():
+        return out
+    n_fft = _n_fft(n)
+    power = np.abs(np.fft.rfft(xc[ok], n_fft, axis=1)) ** 2
+    freqs = np.fft.rfftfreq(n_fft, bin_s)
+    power[:, freqs < 1.0 / (n * bin_s)] = -1.0
+    out[ok] = freqs[np.argmax(power, axis=1)]
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _fold_plan(n_bins: int, bin_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Candidate frequencies, the one-hot phase matrix ``(C*M, n_bins)``, counts ``(C, M)``, ``M``."""
+    m = max(2, min(MAX_PHASE_BINS, n_bins // 5))
+    f_lo = MIN_CYCLES / (n_bins * bin_s)
+    f_hi = 1.0 / (2.0 * bin_s)
+    df = 1.0 / (2.0 * m * n_bins * bin_s)
+    if f_lo > f_hi:
+        return np.zeros(0), np.zeros((0, n_bins)), np.zeros((0, m)), m
+    n_c = int(np.floor((f_hi - f_lo) / df + 1e-9)) + 1
+    freqs = f_lo + df * np.arange(n_c)
+    # phase of each bin's start; the 1/(2M) offset puts a whole-bin period's samples mid-phase-bin
+    cycles = np.outer(freqs * bin_s, np.arange(n_bins)) + 0.5 / m
+    phase = np.minimum((np.mod(cycles, 1.0) * m).astype(np.int64), m - 1)
+    onehot = np.zeros((n_c, m, n_bins))
+    onehot[np.arange(n_c)[:, None], phase, np.arange(n_bins)[None, :]] = 1.0
+    counts = onehot.sum(axis=2)
+    return freqs, onehot.reshape(n_c * m, n_bins), counts, m
+
+
+def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Phase-dispersion minimisation for each row of ``x``: (period_s, periodicity)."""
+    k, n = x.shape
+    period = np.full(k, np.nan)
+    strength = np.full(k, np.nan)
+    if n < MIN_BINS_FOR_PERIOD or k == 0:
+        return period, strength
+    freqs, onehot, counts, _m = _fold_plan(n, float(bin_s))
+    xc = x - x.mean(axis=1, keepdims=True)
+    total = (xc ** 2).sum(axis=1)
+    ok = total > 0
+    if len(freqs) == 0 or not ok.any():
+        return period, strength
+    scale = np.sqrt(total[ok] / n)
+    z = (xc[ok] / scale[:, None]).T                       # (n, k_ok), unit variance
+    sums = (onehot @ z).reshape(len(freqs), -1, z.shape[1])  # (C, M, k_ok)
+    occupied = counts > 0
+    between = (sums ** 2 / np.where(occupied, counts, 1.0)[:, :, None]).sum(axis=1)  # (C, k_ok)
+    dof = n - occupied.sum(axis=1)                         # (C,)
+    within = np.maximum(n - between, 0.0)                  # sum z^2 == n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        theta = np.where(dof[:, None] > 0, (within / dof[:, None]) / (n / (n - 1)), np.inf)
+    # Ties happen only for noise-free series whose period is a whole number of bins: they fold
+    # perfectly on a small plateau of frequencies around 1/P, at 2P, 3P, ... and at periods whose
+    # phases merely permute P's. Keep the simplest profile (fewest occupied phase bins), then the
+    # middle of those candidates.
+    tied = theta <= theta.min(axis=0, keepdims=True) + _TIE
+    n_occ = np.where(tied, occupied.sum(axis=1)[:, None], n + 1)
+    simplest = tied & (n_occ == n_occ.min(axis=0, keepdims=True))
+    csum = np.cumsum(simplest, axis=0)
+    best = np.argmax(csum >= (csum[-1] + 1) // 2, axis=0)
+    cols = np.arange(z.shape[1])
+    best_theta = theta[best, cols]
+    # A fold at a multiple of the period (2P, 3P) fits at least as well as at P up to noise: prefer
+    # P/m when its dispersion is within SUBHARMONIC_MARGIN of the way from the best to 1.
+    df = freqs[1] - freqs[0] if len(freqs) > 1 else 0.0
+    for mult in (3, 2):
+        if df == 0.0:
+            break
+        idx = np.rint((mult * freqs[best] - freqs[0]) / df).astype(np.int64)
+        near = np.clip(idx[:, None] + np.arange(-mult, mult + 1)[None, :], 0, len(freqs) - 1)
+        local = theta[near, cols[:, None]]
+        j = near[cols, np.argmin(local, axis=1)]
+        take = (idx < len(freqs)) & (theta[j, cols] <= best_theta + SUBHARMONIC_MARGIN * (1 - best_theta))
+        best = np.where(take, j, best)
+        best_theta = np.where(take, theta[j, cols], best_theta)
+    period[ok] = 1.0 / freqs[best]
+    strength[ok] = np.clip(1.0 - best_theta, 0.0, 1.0)
+    return period, strength
+
+
+# --------------------------------------------------------------------------- the table
+def _control_vector(
+    pairs: Sequence[tuple[int, int]],
+    control: int | Mapping[tuple[int, int], int] | None,
+    bin_s: float,
+    control_bytes_per_s: float,
+) -> np.ndarray:
+    if control is None:
+        n_nodes = 1 + max((max(s, d) for s, d in pairs), default=0)
+        m = control_matrix(n_nodes, control_bytes_per_s, bin_s)
+        return np.asarray([m[s, d] for s, d in pairs], dtype=np.int64)
+    if isinstance(control, Mapping):
+        missing = [p for p in pairs if p not in control]
+        if missing:
+            raise ValueError(f"control_bytes_per_pair_bin lacks pairs {missing[:5]}")
+        return np.asarray([int(control[p]) for p in pairs], dtype=np.int64)
+    return np.full(len(pairs), int(control), dtype=np.int64)
+
+
+def _windows_of(X: np.ndarray, present: np.ndarray, control: np.ndarray, nb: int, bin_s: float) -> dict[str, np.ndarray]:
+    """Every feature of the ``len(X) // nb`` windows of ``nb`` bins, vectorised over windows."""
+    k = X.shape[0] // nb
+    n_pairs = X.shape[1]
+    Xw = X[: k * nb].reshape(k, nb, n_pairs)
+    pres = present[: k * nb].reshape(k, nb)
+    n_present = pres.sum(axis=1)
+    x = Xw.sum(axis=2)                                    # (k, nb); absent bins hold 0
+    T = Xw.sum(axis=1)                                    # (k, n_pairs)
+    total = x.sum(axis=1)
+    above = (Xw > control[None, None, :]) & pres[:, :, None]
+    active = above.any(axis=1)
+    n_active = active.sum(axis=1)
+    active_bytes = np.where(active, T, 0).sum(axis=1).astype(np.float64)
+    safe_n = np.maximum(n_present, 1)
+    empty = n_present == 0
+    complete = n_present == nb
+    mean, std, peak, p95 = (np.zeros(k) for _ in range(4))
+    if complete.any():                                    # the normal case, vectorised
+        xs = x[complete].astype(np.float64)
+        mean[complete], std[complete] = xs.mean(axis=1), xs.std(axis=1)
+        peak[complete], p95[complete] = xs.max(axis=1), np.percentile(xs, 95, axis=1)
+    for i in np.flatnonzero(~complete & ~empty):          # windows with missing bins
+        xi = x[i][pres[i]].astype(np.float64)
+        mean[i], std[i], peak[i], p95[i] = xi.mean(), xi.std(), xi.max(), np.percentile(xi, 95)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(total[:, None] > 0, T / np.maximum(total, 1)[:, None], 0.0)
+        plogp = np.where(share > 0, share * np.log2(np.where(share > 0, share, 1.0)), 0.0)
+    entropy = np.maximum(-plogp.sum(axis=1), 0.0) if n_pairs > 1 else np.zeros(k)
+    idle = np.where(empty, np.nan, (pres & ~above.any(axis=2)).sum(axis=1) / safe_n)
+    spectral = np.full(k, np.nan)
+    period = np.full(k, np.nan)
+    strength = np.full(k, np.nan)
+    if complete.any():
+        xs = x[complete].astype(np.float64)
+        spectral[complete] = _spectral_peaks(xs, bin_s)
+        period[complete], strength[complete] = _dominant_periods(xs, bin_s)
+    return {
+        "n_bins": n_present.astype(np.int64),
+        "total_bytes": total.astype(np.int64),
+        "n_active_pairs": n_active.astype(np.int64),
+        "bytes_per_active_pair": np.where(n_active > 0, active_bytes / np.maximum(n_active, 1), 0.0),
+        "bin_mean_bytes": mean,
+        "bin_std_bytes": std,
+        "bin_max_bytes": peak,
+        "bin_p95_bytes": p95,
+        "cv": np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), 0.0),
+        "peak_to_mean": np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 0.0),
+        "idle_bin_fraction": idle,
+        "pair_entropy_bits": entropy,
+        "top_pair_share": np.where(total > 0, T.max(axis=1, initial=0) / np.maximum(total, 1), 0.0),
+        "spectral_peak_hz": spectral,
+        "dominant_period_s": period,
+        "periodicity": strength,
+    }
+
+
+def compute_window_features(
+    bins: pd.DataFrame,
+    *,
+    run_id: str | None = None,
+    window_sizes_s: Sequence[float] = (1.0, 15.0),
+    bin_s: float = 0.1,
+    window_s: float = 180.0,
+    control_bytes_per_pair_bin: int | Mapping[tuple[int, int], int] | None = None,
+    control_bytes_per_s: float = 5000,
+) -> pd.DataFrame:
+    """Detector features per window; one row per (run_id, window_s, window_start_s).
+
+    Args:
+        bins: ``BIN_COLUMNS`` rows (``run_id, t, src_node, dst_node, bytes``), normally
+            dense (every bin x every pair). Missing bins are left out of a window
+            (``n_bins`` counts the bins present; the period features need a gap-free window).
+        run_id: if given, only rows of this run are used and the result is labelled
+            with it (all windows are emitted, even with no rows); if None, every
+            run_id in ``bins`` is processed, sorted.
+        window_sizes_s: window lengths, seconds; each a multiple of ``bin_s``.
+        bin_s: bin length, seconds.
+        window_s: length of the binned run, seconds; windows cover ``[0, window_s)``.
+        control_bytes_per_pair_bin: control-only bytes per bin of a pair: a scalar for
+            every pair, a mapping ``(src, dst) -> bytes``, or None to derive it from
+            the build rule (:func:`phantora_assets.lib.traffic.binning.control_matrix` with
+            ``control_bytes_per_s`` and the node count seen in the run's bins).
+        control_bytes_per_s: control traffic per node, used only when
+            ``control_bytes_per_pair_bin`` is None.
+
+    Returns:
+        DataFrame with :data:`WINDOW_FEATURE_COLUMNS`, sorted by run_id, window_s,
+        window_start_s.
+
+    Raises:
+        ValueError: missing columns, a window size or ``window_s`` that is not a
+            multiple of ``bin_s``, ``t`` off the bin grid or outside ``[0, window_s)``,
+            or a control mapping lacking a pair.
+    """
+    missing = [c for c in ("run_id", "t", "src_node", "dst_node", "bytes") if c not in bins.columns]
+    if missing:
+        raise ValueError(f"bins lacks columns {missing} (BIN_COLUMNS)")
+    n_total = _bins_in(window_s, bin_s, "window_s")
+    per_window = [(float(w), _bins_in(w, bin_s, "window size")) for w in window_sizes_s]
+
+    if run_id is not None:
+        groups = [(run_id, bins[bins["run_id"] == run_id])]
+    else:
+        groups = [(str(r), g) for r, g in bins.groupby("run_id", sort=True)]
+
+    frames: list[pd.DataFrame] = []
+    for rid, run_bins in groups:
+        X, present, pairs = _dense_matrix(run_bins, bin_s, n_total)
+        control = _control_vector(pairs, control_bytes_per_pair_bin, bin_s, control_bytes_per_s)
+        for w, nb in sorted(per_window):
+            k = n_total // nb
+            if k == 0:
+                continue
+            cols = _windows_of(X, present, control, nb, bin_s)
+            starts = np.round(np.arange(k) * nb * bin_s, 6)
+            frames.append(pd.DataFrame({"run_id": rid, "window_s": w, "window_start_s": starts, **cols}))
+    if frames:
+        out = pd.concat(frames, ignore_index=True)[list(WINDOW_FEATURE_COLUMNS)]
+    else:
+        out = pd.DataFrame(columns=list(WINDOW_FEATURE_COLUMNS))
+    return out.astype({c: (object if d == "str" else d) for c, d in WINDOW_FEATURE_COLUMNS.items()})
+
+
+def _bins_in(length_s: float, bin_s: float, what: str) -> int:
+    ratio = float(length_s) / float(bin_s)
+    n = int(round(ratio))
+    if n < 1 or abs(ratio - n) > 1e-9 * max(1.0, ratio):
+        raise ValueError(f"{what}={length_s!r} is not a positive multiple of bin_s={bin_s!r}")
+    return n
+
+
+def _dense_matrix(
+    run_bins: pd.DataFrame, bin_s: float, n_total: int
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """(n_total, n_pairs) bytes matrix, the present-bin mask and the sorted pair list."""
+    t = run_bins["t"].to_numpy(np.float64)
+    ratio = t / bin_s
+    idx = np.rint(ratio).astype(np.int64)
+    if len(t) and (np.abs(ratio - idx) > 1e-6).any():
+        raise ValueError("bins has t values off the bin grid")
+    if len(t) and ((idx < 0) | (idx >= n_total)).any():
+        raise ValueError(f"bins has t outside [0, {n_total * bin_s:g}) s")
+    src = run_bins["src_node"].to_numpy(np.int64)
+    dst = run_bins["dst_node"].to_numpy(np.int64)
+    codes = src * (1 + int(dst.max(initial=0))) + dst if len(src) else src
+    uniq, pidx = np.unique(codes, return_inverse=True)
+    width = 1 + int(dst.max(initial=0))
+    pair_keys = [(int(u // width), int(u % width)) for u in uniq]
+    X = np.zeros((n_total, len(pair_keys)), dtype=np.int64)
+    np.add.at(X, (idx, pidx.reshape(-1)), run_bins["bytes"].to_numpy(np.int64))
+    present = np.zeros(n_total, dtype=bool)
+    present[idx] = True
+    return X, present, pair_keys

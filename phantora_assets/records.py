@@ -1,0 +1,173 @@
+"""Typed sidecar records: the small JSON files written beside the tables (msgspec Structs).
+
+No Dagster import, no pandera. One Struct per file; :func:`write_record` writes it atomically as
+indented JSON with sorted keys (stable, diff-friendly), :func:`read_record` decodes and validates
+it (a missing or malformed file raises :class:`RecordError` naming the file).
+
+    <root>/perfdb/<gpu>/perf_db.json              PerfDbRecord      perf_db
+    partitions/<run_id>/run_log.json              RunLogRecord      raw_timeline (every source)
+    partitions/<run_id>/simulation.json           SimulationRecord  raw_timeline (analytic only)
+    <run folder>/import.json                      ImportRecord      raw_timeline (import only)
+    partitions/<run_id>/trace_summary.json        TraceSummary      validated_flows
+    partitions/<run_id>/cross_check.json          CrossCheckRecord  validated_flows
+    <run folder>/checks.json                      ``phantora_assets.checks`` (a mapping of CheckRecord)
+
+Units are in the field names (``_ms``, ``_us``, ``_s``, ``_gib``, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from phantora_assets.lib.errors import FileRuleError
+from phantora_assets.lib.store.io import atomic_write_text
+
+
+class RecordError(FileRuleError):
+    """A sidecar record is missing or does not decode as its Struct (names the file)."""
+
+
+class PerfDbRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``perf_db.json``: the validated perf DB of one GPU (``status`` present or absent)."""
+
+    gpu: str
+    status: str
+    message: str | None = None
+    gpu_name: str | None = None
+    compute_entries: int | None = None
+    memcpy_entries: int | None = None
+    ops: int | None = None
+
+
+class RunLogRecord(msgspec.Struct, kw_only=True):
+    """``run_log.json``: what the run folder's ``run.log`` says (``lib/phantora/run_log.py``), or
+    for an analytic run what the simulator reported (it is not parsed back from the log it wrote).
+    """
+
+    run_id: str
+    present: bool
+    format: str = "unknown"
+    iteration_s: list[float] = []
+    per_rank_s: dict[str, list[float]] = {}
+    peak_memory_mib: dict[str, float] = {}
+    peak_memory_gib: float | None = None
+    steady_iteration_s: float | None = None
+    out_of_memory: bool = False
+    oom_line: str = ""
+    model_params: int | None = None
+    precise: bool = False
+
+
+class SimulationRecord(msgspec.Struct, kw_only=True):
+    """``simulation.json``: what the analytic simulator computed for a run that fits.
+
+    Attributes:
+        step_ms: steady step time, ms. compute_ms_per_step / exposed_comm_ms_per_step: rank 0's
+            compute-stream busy time and the rest of the step, ms.
+        perf_db_fraction: share of compute time timed by the perf DB (0..1).
+        kernels_per_step / kernels_from_perf_db: intercepted calls per step, and how many the
+            perf DB had.
+        iteration_ns: simulated time of each iteration (the first is warm-up), ns.
+        peak_memory_gib / card_gib: the memory estimate (GiB, rounded to 0.01) and the card.
+        flops_per_step: model FLOP of one step summed over all ranks (GEMMs of the compute items).
+    """
+
+    step_ms: float
+    compute_ms_per_step: float
+    exposed_comm_ms_per_step: float
+    perf_db_fraction: float
+    kernels_per_step: int
+    kernels_from_perf_db: int
+    iteration_ns: list[int] = []
+    peak_memory_gib: float | None = None
+    card_gib: float | None = None
+    flops_per_step: float | None = None
+
+
+class ImportRecord(msgspec.Struct, kw_only=True):
+    """``import.json``: where an imported run came from and what was copied (name -> bytes or files)."""
+
+    run_id: str
+    source: str
+    trace: str | None
+    copied: dict[str, int] = {}
+
+
+class TraceSummary(msgspec.Struct, kw_only=True):
+    """``trace_summary.json``: the step detection of a validated trace.
+
+    Attributes:
+        step_time_us: median steady step, us. network_bytes_per_step: bytes of one steady step
+            with src_node != dst_node. chosen_step: the steady step the 180 s build repeats.
+        periods: comm_id -> period in calls. compute_busy_us: host -> sum of Computation dur, us.
+    """
+
+    run_id: str
+    trace: str
+    step_time_us: float
+    network_bytes_per_step: int
+    n_steady_steps: int
+    chosen_step: int
+    n_flows: int
+    n_network_flows: int
+    periods: dict[str, int] = {}
+    compute_busy_us: dict[str, float] = {}
+
+
+class CrossCheckRecord(msgspec.Struct, kw_only=True):
+    """``cross_check.json``: network bytes per steady step, trace vs workload model, by kind."""
+
+    run_id: str
+    passed: bool
+    message: str
+    tolerance: float
+    rows: list[dict[str, Any]]
+    n_steady_steps: int
+    unmatched_flows_per_step: int | float | None = None
+
+
+class CheckRecord(msgspec.Struct, kw_only=True):
+    """One entry of ``checks.json``: ``passed``, ``failed``, ``warning`` or ``not evaluated``."""
+
+    status: str
+    asset: str = ""
+    message: str = ""
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def dumps_record(rec: msgspec.Struct) -> str:
+    """The record as indented JSON with sorted keys and a final newline."""
+    return json.dumps(msgspec.to_builtins(rec), indent=1, sort_keys=True) + "\n"
+
+
+def write_record(path: Path, rec: msgspec.Struct, durable: bool = False) -> None:
+    """Write ``rec`` to ``path`` atomically (``lib/store/io.py``)."""
+    atomic_write_text(path, dumps_record(rec), durable=durable)
+
+
+def read_record(path: Path, kind: type[R]) -> R:
+    """Decode ``path`` as a ``kind`` record.
+
+    Raises:
+        RecordError: the file is missing, is not JSON, or does not match ``kind`` (names the
+            file and the field).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(path, f"unreadable {kind.__name__} record", str(exc.strerror or exc)) from exc
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise RecordError(path, f"invalid {kind.__name__} record", str(exc)) from exc
+
+
+def read_record_or_none(path: Path, kind: type[R]) -> R | None:
+    """Like :func:`read_record`, None when the file does not exist."""
+    return read_record(path, kind) if path.is_file() else None

@@ -1,0 +1,36 @@
+"""Simulation sources behind one interface (:class:`~phantora_assets.sources.base.Source`).
+
+A new source is one module here (with ``NAME``, ``DESCRIPTION``, ``raw_timeline`` and
+``chrome_trace``) and one line in :data:`REGISTRY`. The run matrix accepts exactly the names of
+the registry (``source = "..."``). Modules are imported when first used, so that reading the run
+matrix imports no simulator.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from phantora_assets.sources.base import Source
+
+#: ``source`` name -> module implementing it.
+REGISTRY: dict[str, str] = {
+    "analytic": "phantora_assets.sources.analytic",         # the embedded analytic simulator (default)
+    "docker": "phantora_assets.sources.phantora_docker",    # Phantora in Docker
+    "import": "phantora_assets.sources.phantora_import",    # run folders of a Phantora dataset
+}
+
+#: The accepted ``source`` names, in registry order.
+SOURCE_NAMES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get_source(name: str) -> Source:
+    """The source module registered as ``name``.
+
+    Raises:
+        KeyError: ``name`` is not in :data:`REGISTRY` (the run matrix refuses such entries first).
+    """
+    if name not in REGISTRY:
+        raise KeyError(f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
+    return cast("Source", importlib.import_module(REGISTRY[name]))

@@ -1,0 +1,74 @@
+"""The interface every simulation source implements (no Dagster import).
+
+A source turns one :class:`~phantora_assets.matrix.RunSpec` into the two per-run files the rest
+of the graph shares: the raw timeline (``raw_timeline`` asset: whatever the source simulates or
+copies, plus ``run.log``, ``config/`` and ``partitions/<run_id>/run_log.json``) and the Chrome
+trace ``timeline.json.gz`` in the Phantora visualizer schema (``chrome_trace`` asset). Everything
+downstream reads only the Chrome trace and the sidecar records, so every source gives the same
+schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from phantora_assets.matrix import RunSpec
+    from phantora_assets.paths import DataPaths
+    from phantora_assets.stages.common import StageResult
+
+
+@dataclass(frozen=True)
+class DockerBackend:
+    """What the ``docker`` source needs from the ``PhantoraDocker`` resource.
+
+    Attributes:
+        runner: a factory of the ``lib.phantora.docker_runner.PhantoraDockerRunner`` (called
+            only when a Docker run needs it: it connects to the engine).
+        settings: its ``lib.phantora.docker_config.DockerSettings``.
+        slots: a factory ``(data root) -> SimulationSlots`` (machine-wide concurrency slots).
+        perfdb_source: ``spec -> perf DB folder to replay, or None to profile`` (may raise
+            FileNotFoundError when the GPU has no database).
+    """
+
+    runner: Callable[[], Any]
+    settings: Any
+    slots: Callable[[Path], Any]
+    perfdb_source: Callable[[RunSpec], Path | None]
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a source may use besides the spec and the data root.
+
+    Attributes:
+        perfdb_status: ``present``, ``absent`` or ``not materialized`` (the GPU's perf_db asset).
+        docker: the Docker backend when the ``simulator`` resource is ``PhantoraDocker``, else None.
+        log: where progress lines go (Dagster's logger in an asset).
+    """
+
+    perfdb_status: str = "unknown"
+    docker: DockerBackend | None = None
+    log: Callable[[str], None] = field(default=lambda _m: None)
+
+
+class Source(Protocol):
+    """A simulation source: a module with these names (``sources/<name>.py``).
+
+    ``NAME`` is the value of ``source = "..."`` in the run matrix and of the ``simulator`` column of
+    ``runs.csv``; ``DESCRIPTION`` is one line for ``phantora-assets runs`` and the docs.
+    """
+
+    NAME: str
+    DESCRIPTION: str
+
+    def raw_timeline(self, spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
+        """Simulate (or copy) the run; record ``fits_in_memory`` and ``perfdb_complete``."""
+        ...
+
+    def chrome_trace(self, spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
+        """Write the run folder's ``timeline.json.gz``, parsed before it becomes visible."""
+        ...

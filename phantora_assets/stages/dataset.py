@@ -1,0 +1,269 @@
+"""Stages of group ``dataset`` (no Dagster import).
+
+    window_features -> partitions/<run_id>/windows.parquet
+    summarize_run   -> partitions/<run_id>/run_summary.parquet (the run's runs.csv row)
+    export_dataset  -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
+    dataset_duckdb  -> phantora.duckdb (rebuilt from the partitions of the runs that passed)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from phantora_assets import contracts
+from phantora_assets.checks import RUN_CHECKS, blocking_failures, read_checks, reset_checks, run_passed
+from phantora_assets.contracts import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
+from phantora_assets.lib.store import database
+from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text
+from phantora_assets.lib.traffic import anatomy, binning
+from phantora_assets.lib.traffic import window_features as wf
+from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
+from phantora_assets.matrix import RunSpec
+from phantora_assets.paths import DataPaths
+from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none
+from phantora_assets.stages.common import (BIN_S, WINDOW_S, Outcome, StageResult, contract_outcome, record,
+                                           write_parquet)
+from phantora_assets.stages.flows import read_trace_summary
+
+def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
+    """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
+    reset_checks(paths.run_folder(spec), "window_features")
+    bins = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
+    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=BIN_S, window_s=WINDOW_S)
+    outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
+    out = paths.table(spec.run_id, "windows")
+    if outcome.passed:  # a failed blocking check writes no data file
+        write_parquet(feats, out)
+    record(paths, spec, "window_features", [outcome])
+    return StageResult(out if outcome.passed else None, {"rows": len(feats)}, [outcome])
+
+
+def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) -> StageResult:
+    """The run's ``runs.csv`` row, validated by the runs.csv contract.
+
+    Reads ``trace_summary.json`` (validated_flows) and, from raw_timeline, ``simulation.json``
+    (analytic runs: FLOPs, memory, compute) or ``run_log.json`` (Phantora runs: peak memory).
+
+    Raises:
+        RecordError: a sidecar record this run needs is missing or malformed (names the file).
+    """
+    reset_checks(paths.run_folder(spec), "run_summary")
+    summary = read_trace_summary(paths, spec.run_id)
+    step_time_s = summary.step_time_us / 1e6
+    gpu = spec.gpu_spec
+    pdir = paths.partition_dir(spec.run_id)
+    analytic = spec.source == "analytic"
+    sim = read_record(pdir / "simulation.json", SimulationRecord) if analytic else None
+    flops = sim.flops_per_step if sim is not None else None
+    if sim is not None:
+        peak_memory_gib = sim.peak_memory_gib
+    else:
+        run_log = read_record_or_none(pdir / "run_log.json", RunLogRecord)
+        peak_memory_gib = run_log.peak_memory_gib if run_log is not None else None
+    row = {
+        "run_id": spec.run_id,
+        "source": source or ("phantora_analytic" if analytic else "phantora_v0"),
+        "layout": spec.layout,
+        "n_nodes": spec.n_nodes,
+        "step_time_s": step_time_s,
+        "inter_node_bytes_per_step": int(summary.network_bytes_per_step),
+        "nic_bw": spec.cluster["host_bw_gbps"] * 1e9 / 8,
+        "flops_per_step": flops,
+        "mfu": (flops / (step_time_s * spec.world_size * gpu["peak_bf16_flops"])) if flops is not None else None,
+        "peak_flops": gpu["peak_bf16_flops"] if analytic else None,
+        "alpha": gpu["matmul_efficiency"] if analytic else None,
+        "workload": spec.workload,
+        "framework": {"megatron": "Megatron", "deepspeed": "DeepSpeed"}.get(spec.framework, spec.framework),
+        "model": spec.preset["model"],
+        "parallelism": spec.parallelism,
+        "gpu": spec.gpu,
+        "gpus_per_node": spec.gpus_per_node,
+        "world_size": spec.world_size,
+        "simulator": spec.source,
+        "n_steady_steps": int(summary.n_steady_steps),
+        "peak_memory_gib": peak_memory_gib,
+        "perf_db_fraction": sim.perf_db_fraction if sim is not None else None,
+        "exposed_comm_s": sim.exposed_comm_ms_per_step / 1e3 if sim is not None else None,
+        "window_s": WINDOW_S,
+        "bin_s": BIN_S,
+        "seed": binning.seed_from_run_id(spec.run_id),
+    }
+    df = runs_frame([row])
+    outcome = contract_outcome("runs_contract", contracts.RUNS, df)
+    out = paths.table(spec.run_id, "run_summary")
+    if outcome.passed:  # a failed blocking check writes no data file
+        write_parquet(df, out)
+    record(paths, spec, "run_summary", [outcome])
+    meta = {"step_time_ms": round(step_time_s * 1000, 3), "inter_node_gb_per_step": round(row["inter_node_bytes_per_step"] / 1e9, 4)}
+    return StageResult(out if outcome.passed else None, meta, [outcome])
+
+
+def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """runs.csv rows as a DataFrame with the contract's column order and dtypes."""
+    cols = list(contracts.RUNS.columns)
+    df = pd.DataFrame(rows, columns=cols)
+    for c, col in contracts.RUNS.columns.items():
+        if str(col.dtype) == "int64":
+            df[c] = df[c].astype("int64")
+        elif str(col.dtype) == "float64":
+            df[c] = df[c].astype("float64")
+    return df
+
+
+@dataclass
+class DatasetResult:
+    dir: Path
+    included: list[str]
+    excluded: dict[str, str]
+    outcome: Outcome
+
+
+def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
+    """Assemble ``phantora_v0/`` from every run whose checks all passed.
+
+    Writes runs.csv, flows_100ms.csv, windows.csv and a Parquet copy of each, atomically;
+    validates the three tables with the v1 pandera contract first (nothing is written if a
+    table breaks it). Rows are sorted, so a rebuild is byte-identical.
+    """
+    included, excluded = [], {}
+    runs, bins, wins = [], [], []
+    for spec in sorted(specs, key=lambda s: s.run_id):
+        folder = paths.run_folder(spec)
+        if not run_passed(folder):
+            if not read_checks(folder):
+                excluded[spec.run_id] = "not built"
+                continue
+            excluded[spec.run_id] = ", ".join(f"{k}: {v.get('status', 'missing')}"
+                                              for k, v in blocking_failures(folder).items())
+            continue
+        included.append(spec.run_id)
+        runs.append(pd.read_parquet(paths.table(spec.run_id, "run_summary")))
+        b = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
+        bins.append(b)
+        wins.append(pd.read_parquet(paths.table(spec.run_id, "windows")))
+    runs_df = runs_frame([]) if not runs else pd.concat(runs, ignore_index=True)
+    bins_df = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame(
+        {c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
+    wins_df = pd.concat(wins, ignore_index=True) if wins else None
+    outcomes = [
+        contract_outcome("runs", contracts.RUNS, runs_df),
+        contract_outcome("flows_100ms", contracts.FLOWS_100MS, bins_df),
+    ]
+    if wins_df is not None:
+        outcomes.append(contract_outcome("windows", contracts.windows_schema(), wins_df))
+    ok = all(o.passed for o in outcomes)
+    msg = "; ".join(o.message for o in outcomes)
+    outcome = Outcome("dataset_contract", ok, msg, {"runs": len(included), "excluded": len(excluded)})
+    d = paths.dataset_dir
+    if ok:
+        tables = {"runs": runs_df, "flows_100ms": bins_df}
+        if wins_df is not None:
+            tables["windows"] = wins_df
+        for name, df in tables.items():
+            atomic_write_csv(df, d / f"{name}.csv", durable=True)
+            write_parquet(df, d / f"{name}.parquet", durable=True)
+        listing = ["run_id,status,reason"] + [f"{r},included," for r in included] + \
+                  [f'{r},excluded,"{why}"' for r, why in excluded.items()]
+        atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n", durable=True)
+    return DatasetResult(d, included, excluded, outcome)
+
+
+
+def _dtypes(schema) -> dict[str, str]:
+    return {c: str(col.dtype) for c, col in schema.columns.items()}
+
+
+def database_tables() -> list[database.Table]:
+    """The base tables of ``phantora.duckdb`` and the per-run file each is read from."""
+    runs_docs = {c: col.description for c, col in contracts.RUNS.columns.items() if col.description}
+    win_docs = {f.name: f"{f.formula} [{f.unit}]; {f.edge_cases}" for f in FEATURES}
+    flow_docs = {
+        "ts_us": "flow start, simulated us since the trace start", "dur_us": "flow duration, us",
+        "src_node": "source host-k is node k-1", "dst_node": "destination node (!= src_node: network flows only)",
+        "bytes": "flow bytes", "op": "all_reduce | all_gather | reduce_scatter | broadcast | send | recv",
+        "comm_id": "communicator: 16 hex chars of blake2b of the NCCL id", "step": "step index (-1: before the first step)",
+    }
+    return [
+        database.Table("runs", _dtypes(contracts.RUNS), "run_summary.parquet",
+                       "One row per run that passed every check (the runs.csv contract).", runs_docs),
+        database.Table("flows_100ms", dict(BIN_COLUMNS), "flows_100ms.parquet",
+                       "Bytes sent src_node -> dst_node in the 100 ms bin starting at t (0 <= t < 180 s), "
+                       "control traffic included.", {"t": "bin start, s", "bytes": "bytes in the bin"}),
+        database.Table("windows", dict(WINDOW_FEATURE_COLUMNS), "windows.parquet",
+                       "Detector features per 1 s and 15 s window of each run (README: window features).", win_docs),
+        database.Table("flows", {**FLOW_COLUMNS, "step": "int64"}, "flows.parquet",
+                       "The validated per-flow table: one row per network flow (src_node != dst_node) of the "
+                       "run's trace, with op, communicator and step.", flow_docs, add_run_id=True),
+        database.Table("steps", dict(STEP_COLUMNS), "steps.parquet",
+                       "One row per step detected in the run's trace (steady = false: warm-up).", {},
+                       add_run_id=True),
+        database.Table("step_anatomy", dict(anatomy.ANATOMY_COLUMNS), "step_anatomy.parquet",
+                       "Per (step, host): compute, network, overlapped, exposed communication and idle time "
+                       "(compute_us + exposed_comm_us + idle_us = step_time_us).", anatomy.ANATOMY_DOCS,
+                       add_run_id=True, optional=True),
+    ]
+
+
+def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[str, Path], list[tuple[str, str, str]]]:
+    """Partition folders of the runs that passed every check, and a status row for every run."""
+    included: dict[str, Path] = {}
+    rows: list[tuple[str, str, str]] = []
+    for spec in sorted(specs, key=lambda s: s.run_id):
+        folder = paths.run_folder(spec)
+        checks = read_checks(folder)
+        pdir = paths.partition_dir(spec.run_id)
+        if run_passed(folder):
+            included[spec.run_id] = pdir
+            rows.append((spec.run_id, "included", ""))
+        elif not checks:
+            rows.append((spec.run_id, "not built", "no checks recorded"))
+        else:
+            bad = [f"{k}: {checks.get(k, {}).get('status', 'missing')}" for k in RUN_CHECKS
+                   if checks.get(k, {}).get("status") != "passed"]
+            rows.append((spec.run_id, "excluded", "; ".join(bad)))
+    return included, rows
+
+
+@dataclass
+class DatabaseStageResult:
+    """The database build, its duration and the ``duckdb_matches_dataset`` outcome."""
+
+    build: database.BuildResult
+    seconds: float
+    outcome: Outcome
+
+
+def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> DatabaseStageResult:
+    """Rebuild ``phantora.duckdb`` from the partitions of the runs that passed every check.
+
+    The outcome compares the database with ``phantora_v0/`` (same runs, same rows in runs,
+    flows_100ms and windows): both are assembled from the same partition files.
+    """
+    import duckdb
+
+    t0 = time.perf_counter()
+    included, rows = run_status_rows(specs, paths)
+    result = database.build_database(paths.duckdb_path, database_tables(), included, rows)
+    seconds = time.perf_counter() - t0
+    problems = []
+    with duckdb.connect(str(result.path), read_only=True) as con:
+        for table in ("runs", "flows_100ms", "windows"):
+            f = paths.dataset_dir / f"{table}.parquet"
+            if not f.exists():
+                problems.append(f"{table}: phantora_v0/{table}.parquet is missing (materialize phantora_v0)")
+                continue
+            want = pd.read_parquet(f, columns=["run_id"])["run_id"]
+            got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table}").fetchone()
+            if tuple(got) != (len(want), want.nunique()):
+                problems.append(f"{table}: database {got[0]} rows of {got[1]} runs, phantora_v0 "
+                                f"{len(want)} rows of {want.nunique()} runs")
+    msg = ("runs, flows_100ms and windows hold the rows of phantora_v0 "
+           f"({len(result.included)} runs)" if not problems else "; ".join(problems))
+    return DatabaseStageResult(result, seconds, Outcome("duckdb_matches_dataset", not problems, msg,
+                                                        {"runs": len(result.included)}))

@@ -1,0 +1,157 @@
+"""Stages of group ``flows``: validated network flows with steps, and the 100 ms binned build
+(no Dagster import).
+
+    validate_flows -> partitions/<run_id>/{flows,steps,step_flows,compute_events}.parquet,
+                      trace_summary.json, cross_check.json
+    bin_flows      -> partitions/<run_id>/flows_100ms.parquet
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from phantora_assets.checks import TRACE_CHECKS, reset_checks
+from phantora_assets.lib.phantora import chrome_trace
+from phantora_assets.lib.traffic import binning, steps, trace_checks
+from phantora_assets.lib.traffic.cross_check import cross_check
+from phantora_assets.matrix import RunSpec
+from phantora_assets.paths import DataPaths
+from phantora_assets.records import CrossCheckRecord, TraceSummary, read_record, write_record
+from phantora_assets.stages.common import (BIN_S, CONTROL_BYTES_PER_S, WINDOW_S, Outcome, StageResult, jsonable,
+                                           record, write_parquet)
+
+def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome:
+    """A trace rule's outcome; a failed one's message starts with the trace file."""
+    meta = {f"observed_{k}": v for k, v in o.observed.items()}
+    meta.update({f"expected_{k}": v for k, v in o.expected.items()})
+    message = o.message if o.passed or trace is None else f"{trace}: {o.message}"
+    return Outcome(o.name, bool(o.passed), message, jsonable(meta))
+
+
+def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = None) -> StageResult:
+    """Parse the Chrome JSON, detect steps, run the four trace rules.
+
+    Writes ``flows.parquet`` (network flows, src_node != dst_node, with ``step``),
+    ``steps.parquet``, ``step_flows.parquet`` (the chosen steady step's network flows, the
+    input of the build), ``compute_events.parquet`` (host, ts_us, dur_us of every Computation
+    event: the step anatomy's input) and ``trace_summary.json`` -- only when every trace rule holds. A
+    broken trace rule (e.g. no network flow, two group sizes on one communicator) is a failed
+    blocking check whose message names the trace file; nothing is written then (files of an
+    earlier materialization stay as they were) and nothing downstream runs.
+
+    Raises:
+        TraceFormatError / StepDetectionError: the trace breaks a format rule (names the file
+            and the rule); nothing is written.
+    """
+    reset_checks(paths.run_folder(spec), "validated_flows")
+    src = trace_path or paths.chrome_trace(spec)
+    parsed = chrome_trace.read_trace(src, compute_events=True)
+    flows = parsed.flows
+    exists = trace_checks.flows_exist(flows)
+    if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
+        outcomes = [_outcome(exists, src)] + [
+            Outcome(name, False, f"{src}: not evaluated: the trace has no network flow")
+            for name in TRACE_CHECKS if name != exists.name]
+        outcomes.append(_not_cross_checked("the trace has no network flow"))
+        record(paths, spec, "validated_flows", outcomes)
+        return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
+    result = steps.detect_steps(flows, source=str(src))
+    outcomes = [_outcome(o, src) for o in trace_checks.run_trace_checks(flows, result)]
+    if not all(o.passed for o in outcomes):
+        outcomes.append(_not_cross_checked("a trace rule failed"))
+        record(paths, spec, "validated_flows", outcomes)
+        return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
+    outcomes.append(_cross_check_outcome(spec, paths, result))
+
+    net = result.flows[result.flows["src_node"] != result.flows["dst_node"]].reset_index(drop=True)
+    steady = result.steps[result.steps["steady"]]
+    timed = steady[steady["step"].isin(getattr(result, "timed_steps", steady["step"]))]
+    chosen = int(timed.iloc[(timed["duration_us"] - result.step_time_us).abs().argsort(kind="stable").iloc[0]]["step"])
+    step_flows = result.step_flows(chosen, network_only=True)
+    pdir = paths.partition_dir(spec.run_id)
+    write_parquet(net, pdir / "flows.parquet")
+    write_parquet(result.steps, pdir / "steps.parquet")
+    write_parquet(step_flows, pdir / "step_flows.parquet")
+    write_parquet(parsed.compute_events, pdir / "compute_events.parquet")
+    summary = TraceSummary(
+        run_id=spec.run_id,
+        trace=str(src.name),
+        step_time_us=float(result.step_time_us),
+        network_bytes_per_step=int(result.network_bytes_per_step),
+        n_steady_steps=len(result.steady_steps),
+        chosen_step=chosen,
+        n_flows=int(len(flows)),
+        n_network_flows=int(len(net)),
+        periods={k: int(v) for k, v in result.periods.items()},
+        compute_busy_us={r.host: float(r.busy_us) for r in parsed.compute.itertuples()},
+    )
+    write_record(pdir / "trace_summary.json", summary)
+    record(paths, spec, "validated_flows", outcomes)
+    meta = {
+        "step_time_ms": round(result.step_time_us / 1000, 3),
+        "network_bytes_per_step": int(result.network_bytes_per_step),
+        "n_steady_steps": len(result.steady_steps),
+        "n_network_flows": int(len(net)),
+        "n_communicators": int(flows["comm_id"].nunique()),
+    }
+    return StageResult(pdir / "flows.parquet", meta, outcomes)
+
+
+def _not_cross_checked(why: str) -> Outcome:
+    return Outcome("matches_workload_model", False, f"not evaluated: {why}", severity="warn")
+
+
+def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResult) -> Outcome:
+    """Advisory ``matches_workload_model`` (lib/cross_check.py); writes cross_check.json."""
+    name = "matches_workload_model"
+    try:
+        cc = cross_check(spec, result.flows, list(result.steady_steps))
+    except Exception as exc:  # the check is advisory: report, never fail the asset
+        return Outcome(name, False, f"cross-check against the workload model could not run: {exc}",
+                       severity="warn")
+    write_record(paths.partition_dir(spec.run_id) / "cross_check.json", CrossCheckRecord(**cc.as_dict()))
+    meta = jsonable(cc.metadata())
+    meta["breakdown_md"] = cc.markdown()
+    return Outcome(name, cc.passed, cc.message, meta, severity="warn")
+
+
+def read_trace_summary(paths: DataPaths, run_id: str) -> TraceSummary:
+    """The run's ``trace_summary.json`` (written by :func:`validate_flows`).
+
+    Raises:
+        RecordError: the file is missing or malformed (names it).
+    """
+    return read_record(paths.partition_dir(run_id) / "trace_summary.json", TraceSummary)
+
+
+def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
+    """The 180 s / 100 ms build of DATASET.md section 4; checks exact conservation."""
+    reset_checks(paths.run_folder(spec), "binned_flows")
+    summary = read_trace_summary(paths, spec.run_id)
+    step_flows = pd.read_parquet(paths.table(spec.run_id, "step_flows"))
+    built = binning.build_bins(
+        step_flows, step_time_s=summary.step_time_us / 1e6, n_nodes=spec.n_nodes, run_id=spec.run_id,
+        window_s=WINDOW_S, bin_s=BIN_S, control_bytes_per_s=CONTROL_BYTES_PER_S,
+    )
+    bins = built.bins
+    total = int(bins["bytes"].sum())
+    expected = int(built.placed_flow_bytes + built.control_bytes)
+    ok = total == expected
+    outcome = Outcome(
+        "bins_conserve_bytes", ok,
+        (f"sum of flows_100ms bytes {total} equals placed flow bytes {built.placed_flow_bytes} + control bytes "
+         f"{built.control_bytes}" if ok else
+         f"sum of flows_100ms bytes {total} differs from placed {built.placed_flow_bytes} + control "
+         f"{built.control_bytes} = {expected} by {total - expected}"),
+        {"binned_bytes": total, "placed_flow_bytes": int(built.placed_flow_bytes),
+         "control_bytes": int(built.control_bytes)},
+    )
+    out = paths.table(spec.run_id, "flows_100ms")
+    if ok:  # a failed blocking check writes no data file
+        write_parquet(bins, out)
+    record(paths, spec, "binned_flows", [outcome])
+    meta = {"rows": len(bins), "bytes": total, "n_repetitions": int(built.n_repetitions),
+            "phase_s": float(built.phase_s), "seed": int(built.seed)}
+    return StageResult(out if ok else None, meta, [outcome])
