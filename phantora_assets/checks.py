@@ -98,7 +98,7 @@ RUN_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.gates_dataset
 #: Advisory checks (non-blocking, WARN severity), with their asset.
 ADVISORY_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.severity == "warn"}
 
-#: The trace rules of validated_flows (docs/DATASET.md section 3), in order.
+#: The trace rules of validated_flows (docs/DATASET.md, "How a trace becomes the dataset", step 3), in order.
 TRACE_CHECKS: tuple[str, ...] = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable")
 
 

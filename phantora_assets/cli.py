@@ -14,7 +14,7 @@ database and the dataset plots. Runs that do not fit in GPU memory are reported 
 other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
 in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
-is ``runs.toml`` merged with its imports (``lib/run_folder.py``).
+is ``runs.toml`` merged with its imports (``matrix.matrix_for``, ``lib/phantora/run_folder.py``).
 ``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
 statement prints DuckDB's message and exits 2.
 """
@@ -203,19 +203,20 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from phantora_assets.lib.phantora.run_folder import discover, register
+    from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover, register
     from phantora_assets.matrix import matrix_for
 
     data_dir = Path(args.data_dir)
-    found, skipped = [], []
+    found: list[RunFolder] = []
+    skipped: list[Skipped] = []
     for folder in args.folders:
         try:
-            f, s = discover(folder)
+            got, missed = discover(folder)
         except FileNotFoundError as exc:
             print(f"import: {exc}", file=sys.stderr)
             return 2
-        found += f
-        skipped += s
+        found += got
+        skipped += missed
     for s in skipped:
         print(f"skipped {s.path}: {s.reason}", file=sys.stderr)
     if not found:
@@ -389,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)")
     w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
     w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
-    w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/network.py)")
+    w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/sim/network.py)")
     w.add_argument("--out", default="sweep.csv", help="output table (.csv or .parquet)")
     w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     w.add_argument("--quiet", action="store_true", help="print only the summary line")

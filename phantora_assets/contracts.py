@@ -1,5 +1,5 @@
 """Table contracts: the columns of every table passed between stages, the pandera schemas of the
-published CSV contract (v1, ``docs/DATASET.md`` section 5) and of the perf DB tables, and the typed
+published CSV contract (v1, ``docs/DATASET.md``, "Files (data/phantora_v0/)") and of the perf DB tables, and the typed
 sidecar records (msgspec Structs) written beside the tables.
 
 No Dagster import. Units: bytes, seconds (``_s``), microseconds (``_us``), nanoseconds (``_ns``),
@@ -187,7 +187,8 @@ def windows_schema() -> DataFrameSchema:
     features to each other (mean x bins = total, mean <= p95 <= max, a period within the
     window's search range, NaN period iff NaN periodicity).
     """
-    from phantora_assets.lib.traffic.window_features import FEATURES, MIN_CYCLES
+    from phantora_assets.lib.traffic.periodicity import MIN_CYCLES
+    from phantora_assets.lib.traffic.window_features import FEATURES
 
     cols: dict[str, Column] = {
         "run_id": Column(str, _RUN_ID),

@@ -67,7 +67,7 @@ class AnalyticSimulatorResource(SimulatorResource):
 
 
 class PhantoraDocker(SimulatorResource):
-    """Phantora in Docker (``lib/docker_config.py`` builds the files, ``lib/phantora_docker.py`` runs them).
+    """Phantora in Docker (``lib/phantora/docker_config.py`` builds the files, ``lib/phantora/docker_runner.py`` runs them).
 
     The image must be built with ``patches/visualizer.patch`` (README). Kernel timings are
     replayed from the run's GPU database under ``perfdb/<gpu>/`` (no GPU needed); a GPU without

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.sim.analytic import SimulationResult, simulate
+from phantora_assets.lib.sim.analytic import simulate
+from phantora_assets.lib.sim.timeline import SimulationResult
 from phantora_assets.lib.phantora.chrome_trace import write_chrome_trace
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.matrix import RunSpec, spec_from_run_id

@@ -23,7 +23,8 @@ from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main
 from phantora_assets.lib.store import plots
 from phantora_assets.lib.store.database import VIEWS, views_markdown
-from phantora_assets.lib.traffic.window_features import alias_period_s, feature_markdown
+from phantora_assets.lib.traffic.periodicity import alias_period_s
+from phantora_assets.lib.traffic.window_features import feature_markdown
 from phantora_assets.paths import DataPaths
 from phantora_assets.matrix import load_run_matrix
 

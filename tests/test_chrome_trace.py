@@ -220,13 +220,13 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
 
 
 def test_crlf_layout_is_streamed_in_batches(tmp_path: Path) -> None:
-    from phantora_assets.lib.phantora import trace_decode as td
+    from phantora_assets.lib.phantora import trace_batches as tb
 
     big = _big_trace(tmp_path, copies=30)
     ref = read_trace(big)
     crlf = tmp_path / "crlf.json.gz"
     crlf.write_bytes(gzip.compress(gzip.decompress(big.read_bytes()).replace(b"\n", b"\r\n")))
-    batches = [(offset, bytes(view[:end])) for offset, view, end in td.iter_batches(crlf, 4096)]
+    batches = [(offset, bytes(view[:end])) for offset, view, end in tb.iter_batches(crlf, 4096)]
     assert len(batches) > 20           # cut at ",\r\n", not decoded as one document
     assert batches[0][1].startswith(b"[\r\n{")
     assert all(b.startswith(b"[{") and b.endswith(b"}]") for _, b in batches[1:-1])
@@ -410,30 +410,32 @@ def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int, worker
 
 def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -> None:
     import phantora_assets.lib.phantora.chrome_trace as ct
+    import phantora_assets.lib.phantora.trace_decode as td
+    import phantora_assets.lib.phantora.trace_helpers as th
 
     p = _big_trace(tmp_path)
     ref = read_trace(p, workers=0)
     calls = []
-    real = ct._Helper
+    real = th.HelperPool
 
     class Spy(real):
         def __init__(self, *a, **k):
             calls.append(a)
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(ct, "_Helper", Spy)
-    monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(ct, "_usable_cpus", lambda: 2)
-    monkeypatch.setattr(ct, "idle_cpus", lambda: 0.3)   # busy: no helper
+    monkeypatch.setattr(th, "HelperPool", Spy)
+    monkeypatch.setattr(th, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(th, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(th, "idle_cpus", lambda: 0.3)   # busy: no helper
     assert ct.default_workers(p) == 0
-    monkeypatch.setattr(ct, "idle_cpus", lambda: 1.4)   # a core idles
+    monkeypatch.setattr(th, "idle_cpus", lambda: 1.4)   # a core idles
     # one per core, but one for this process when the compiled scanner decodes here too
-    expected = 1 if ct.td._tracescan is not None else 2
+    expected = 1 if td._tracescan is not None else 2
     assert ct.default_workers(p) == expected
     got = read_trace(p, chunk_bytes=4096)
     assert calls and calls[0][2] == expected, "the helper processes were not used"
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
-    monkeypatch.setattr(ct, "PARALLEL_MIN_BYTES", 1 << 40)              # small trace: none
+    monkeypatch.setattr(th, "PARALLEL_MIN_BYTES", 1 << 40)              # small trace: none
     assert ct.default_workers(p) == 0
 
 
@@ -474,15 +476,15 @@ def test_idle_cpus_sees_a_busy_core() -> None:
     import threading
     import time as _time
 
-    import phantora_assets.lib.phantora.chrome_trace as ct
+    import phantora_assets.lib.phantora.trace_helpers as th
 
     if not Path("/proc/stat").exists():
         pytest.skip("no /proc/stat here")
-    quiet = ct.idle_cpus(0.2)
+    quiet = th.idle_cpus(0.2)
     stop = _time.perf_counter() + 0.6
     spin = threading.Thread(target=lambda: [None for _ in iter(lambda: _time.perf_counter() < stop, False)])
     spin.start()
-    busy = ct.idle_cpus(0.2)
+    busy = th.idle_cpus(0.2)
     spin.join()
     cpus = os.cpu_count() or 1
     assert 0.0 <= busy <= cpus and 0.0 <= quiet <= cpus

@@ -12,7 +12,7 @@ from phantora_assets.lib.phantora import chrome_trace
 
 from phantora_assets.lib.traffic import steps
 from phantora_assets.lib.traffic.cross_check import KINDS, cross_check, kind_of, predict
-from phantora_assets.lib.sim.workloads import AllToAll, Collective
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective
 from phantora_assets.matrix import spec_from_run_id
 
 from run_folders import analytic

@@ -7,7 +7,8 @@ import pytest
 from phantora_assets.lib.sim.kernels import (
     GpuRoofline, KernelTimer, T, conv, ew, foreach, linear, load_compute_db, make_key, matmul, zeros_like,
 )
-from phantora_assets.lib.sim.workloads import Compute, workload_model
+from phantora_assets.lib.sim.workload_types import Compute
+from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.paths import default_perfdb_dir
 from phantora_assets.matrix import gpu_specs, load_run_matrix
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from phantora_assets.lib.phantora import trace_batches as tb
 from phantora_assets.lib.phantora import trace_decode as td
 from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace
 
@@ -89,7 +90,7 @@ def test_fast_path_is_built() -> None:
 def test_fast_path_takes_every_batch_of_the_writers_traces(tmp_path: Path) -> None:
     p = _big_trace(tmp_path, copies=50)
     n = 0
-    for _, view, end in td.iter_batches(p, 4096):
+    for _, view, end in tb.iter_batches(p, 4096):
         res = _scan(view[:end])
         assert res is not None
         n += res[0]

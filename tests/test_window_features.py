@@ -10,15 +10,12 @@ import pytest
 
 from phantora_assets.lib.traffic.binning import build_bins
 from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.traffic.periodicity import alias_period_s, dominant_period, fold_frequency_hz, spectral_peak_hz
 from phantora_assets.lib.traffic.window_features import (
     FEATURES,
     WINDOW_FEATURE_COLUMNS,
-    alias_period_s,
     compute_window_features,
-    dominant_period,
     feature_markdown,
-    fold_frequency_hz,
-    spectral_peak_hz,
 )
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
-from phantora_assets.lib.sim.workloads import AllToAll, Collective, WorkloadModel
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective
+from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.matrix import load_run_matrix
 
 from conftest import published_rows

@@ -17,7 +17,8 @@ from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_log import RunLog
 from phantora_assets.lib.sim.analytic import simulate
-from phantora_assets.lib.sim.workloads import Compute, workload_model
+from phantora_assets.lib.sim.workload_types import Compute
+from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths

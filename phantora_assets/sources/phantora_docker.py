@@ -46,7 +46,7 @@ def simulate_docker(spec: RunSpec, paths: DataPaths, runner, slots, settings, *,
     for name, text in config_files(spec, settings, layout, replay).items():
         atomic_write_text(layout.config_dir / name, text)
     shutil.rmtree(layout.perfdb_root, ignore_errors=True)
-    if replay:
+    if perfdb_source is not None:
         shutil.copytree(perfdb_source, layout.perfdb_dir)
     with slots.acquire(log):
         outcome = runner.simulate(spec, layout, replay)

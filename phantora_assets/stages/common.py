@@ -22,7 +22,7 @@ from phantora_assets.lib.store.io import atomic_path
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 
-#: The 180 s window of the build (docs/DATASET.md section 4), its 100 ms bins and the control
+#: The 180 s window of the build (docs/DATASET.md, "How a trace becomes the dataset", step 4), its 100 ms bins and the control
 #: traffic each node sends, bytes/s.
 
 WINDOW_S = 180.0

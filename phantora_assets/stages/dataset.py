@@ -259,7 +259,7 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
                 problems.append(f"{table}: phantora_v0/{table}.parquet is missing (materialize phantora_v0)")
                 continue
             want = pd.read_parquet(f, columns=["run_id"])["run_id"]
-            got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table}").fetchone()
+            got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table}").fetchone() or (0, 0)
             if tuple(got) != (len(want), want.nunique()):
                 problems.append(f"{table}: database {got[0]} rows of {got[1]} runs, phantora_v0 "
                                 f"{len(want)} rows of {want.nunique()} runs")

@@ -104,7 +104,7 @@ def _not_cross_checked(why: str) -> Outcome:
 
 
 def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResult) -> Outcome:
-    """Advisory ``matches_workload_model`` (lib/cross_check.py); writes cross_check.json."""
+    """Advisory ``matches_workload_model`` (lib/traffic/cross_check.py); writes cross_check.json."""
     name = "matches_workload_model"
     try:
         cc = cross_check(spec, result.flows, list(result.steady_steps))
@@ -127,7 +127,7 @@ def read_trace_summary(paths: DataPaths, run_id: str) -> TraceSummary:
 
 
 def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
-    """The 180 s / 100 ms build of DATASET.md section 4; checks exact conservation."""
+    """The 180 s / 100 ms build of docs/DATASET.md ("How a trace becomes the dataset", steps 4-5); checks exact conservation."""
     reset_checks(paths.run_folder(spec), "binned_flows")
     summary = read_trace_summary(paths, spec.run_id)
     step_flows = pd.read_parquet(paths.table(spec.run_id, "step_flows"))

@@ -18,7 +18,7 @@ versions add ``loss: L``, older ones print no rank and ``Avg time``)::
     time: 0.45 wall: 12.30
     Time: [0.5123, 0.4511, ...] Avg time: 0.4511
 
-The embedded analytic simulator (``phantora_assets.pipeline.simulate_run``)::
+The embedded analytic simulator (``phantora_assets.sources.analytic.simulate_run``; its run_log.json is written from the numbers, not parsed back)::
 
     iteration   3/20 | simulated time (ms): 450.123 | peak memory (GiB): 28.51
     peak memory estimate: 28.51 GiB of 40.00 GiB

@@ -1,35 +1,28 @@
-"""Streaming, batched decoding of Phantora Chrome traces (the engine of ``chrome_trace.read_trace``).
+"""Typed decoding of trace batches into column arrays (the engine of ``chrome_trace.read_trace``).
 
 This module imports neither pandas nor dagster.
 
-* :func:`iter_batches` streams a ``timeline.json(.gz)`` (gzip detected by magic bytes, inflated
-  on a background thread with ISA-L when ``isal`` is installed, else zlib; multi-member ok) and
-  cuts the text of the JSON array into batches of whole elements: a batch ends at the first
-  ``,\\n`` (an element boundary in the visualizer layout) at or after ``chunk_bytes`` bytes from
-  its start, so the cut positions depend on the text only. Batches are views into one buffer,
-  bracketed in place (``[`` ... ``]``) for decoding without a copy.
-* :class:`BatchDecoder` first hands a batch to the compiled scanner ``_tracescan.scan`` (C,
-  built with the package; it runs without the GIL and returns the flow columns directly), which
-  takes the batches it can decode exactly as the msgspec schema below would and declines the
-  others (odd shapes, non-ASCII text, escapes in kept strings, integers beyond int64, any broken
-  rule). A declined batch is decoded in one ``msgspec`` call into typed Structs (a union
-  tagged by ``cat``; the NCCL call is a one-key dict whose key is a ``Literal`` of the six calls,
-  ``dtype`` a ``Literal`` of the ten dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``)
-  and pulls the flow columns out with C-level ``map``/``zip`` passes. Strings are coded through
-  per-decoder tables; each distinct communicator object text is decoded and validated once.
-  Computation events are only summed per host.
-* :func:`helper_main` is the body of the helper process of ``read_trace``: it decodes batches
-  the main process copies into shared memory, while the main process inflates and decodes others.
+:class:`BatchDecoder` decodes one batch (``[`` + whole elements + ``]``, cut by
+``trace_batches.iter_batches``) in place. It first hands the batch to the compiled scanner
+``_tracescan.scan`` (C, built with the package; it runs without the GIL and returns the flow
+columns directly), which takes the batches it can decode exactly as the msgspec schema below
+would and declines the others (odd shapes, non-ASCII text, escapes in kept strings, integers
+beyond int64, any broken rule). A declined batch is decoded in one ``msgspec`` call into typed
+Structs (the schema of ``docs/PHANTORA_FORMATS.md`` section 3: a union tagged by ``cat``; the
+NCCL call is a one-key dict whose key is a ``Literal`` of the six calls, ``dtype`` a ``Literal``
+of the ten dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``) and pulls the flow columns
+out with C-level ``map``/``zip`` passes. Strings are coded through per-decoder tables
+(:class:`CodeTable`); each distinct communicator object text is decoded and validated once.
+Computation events are only summed per host. Times (``ts``, ``dur``) are float64 µs, at most
+:data:`MAX_TIME_US`; counts and bytes int64. The code tables :data:`CALLS` / :data:`DTYPES`
+(indices of the ``call`` / ``dtype`` columns) are shared with the reader and the C scanner.
 
-Errors are raised as :class:`BatchError` / :class:`StreamError` (rule, detail); ``read_trace``
-adds the file name. Line numbers are computed only when an error is reported (by re-reading).
+Errors are raised as :class:`BatchError` (rule, detail naming the line) or :class:`NeedWholeDoc`
+(the text is in another layout); ``read_trace`` adds the file name.
 """
 
-import queue
 import re
-import threading
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Annotated, Literal
@@ -38,19 +31,13 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
+from phantora_assets.lib.phantora.trace_batches import locator, looks_like_layout
 from phantora_assets.lib.traffic.ring import CALL_TO_OP, DTYPE_BYTES
 
 try:  # the compiled fast path (built with the package; without it every batch goes to msgspec)
     from phantora_assets.lib.phantora import _tracescan
 except ImportError:  # pragma: no cover - no C compiler where the package was installed
     _tracescan = None
-
-try:  # ISA-L inflates 2-3x faster than zlib; optional
-    from isal import isal_zlib as _inflate_mod
-except ImportError:  # pragma: no cover - isal is a pinned dependency
-    _inflate_mod = zlib
-
-_INFLATE_ERRORS: tuple[type[BaseException], ...] = tuple({zlib.error, _inflate_mod.error})
 
 #: Largest ts/dur (µs) accepted; beyond it float64 can no longer hold integers exactly.
 MAX_TIME_US = float(2**53)
@@ -61,7 +48,6 @@ _CALL_CODE = {c: i for i, c in enumerate(CALLS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 _CALLS_B = tuple(c.encode() for c in CALLS)
 _DTYPES_B = tuple(d.encode() for d in DTYPES)
-_WS = b" \t\r\n"
 
 
 class BatchError(Exception):
@@ -76,16 +62,8 @@ class NeedWholeDoc(Exception):
     """The text is not cut into elements at ``,\\n``: decode it as one document."""
 
 
-class StreamError(Exception):
-    """A file-level problem found while streaming (gzip, array start/end): rule and detail."""
-
-    def __init__(self, rule: str, detail: str) -> None:
-        super().__init__(rule, detail)
-        self.rule, self.detail = rule, detail
-
-
 # ---------------------------------------------------------------------------------------------
-# Typed schema (PHANTORA_FORMATS.md section 3); unknown fields are ignored
+# Typed schema (docs/PHANTORA_FORMATS.md section 3); unknown fields are ignored
 # ---------------------------------------------------------------------------------------------
 
 _DType = Literal[DTYPES]  # type: ignore[valid-type]
@@ -406,281 +384,7 @@ def validation_error(exc: Exception, where: Callable[[int], str]) -> BatchError:
     return BatchError(rule, f"{loc}: {msg}")
 
 
-def looks_like_layout(body: bytes) -> bool:
-    """Every non-blank line is one ``{...}`` element (optionally followed by a comma)."""
-    for ln in body.split(b"\n"):
-        s = ln.strip(_WS)
-        if s and not (s.startswith(b"{") and s.rstrip(b",").rstrip(_WS).endswith(b"}")):
-            return False
-    return True
-
-
-def locator(body: bytes, offset: int, line_of: Callable[[int], int]) -> Callable[[int], str]:
-    """Maps an event index of a batch (text ``body`` at ``offset``) to ``"line L"`` (error path)."""
-
-    def where(i: int) -> str:
-        line0 = line_of(offset)
-        starts = [k for k, ln in enumerate(body.split(b"\n")) if ln.strip(_WS)]
-        if i < len(starts) and looks_like_layout(body):
-            return f"line {line0 + starts[i]}"
-        return f"event {i} of the batch starting at line {line0}"
-
-    return where
-
-
-# ---------------------------------------------------------------------------------------------
-# Byte stream
-# ---------------------------------------------------------------------------------------------
-
-_DONE = object()
-
-
-def raw_chunks(path, out_bytes: int) -> Iterator[bytes]:
-    """Decompressed chunks of the file (gzip by magic, multi-member ok), each <= ~out_bytes.
-
-    Raises:
-        StreamError: ``corrupt gzip`` or ``truncated gzip``.
-    """
-    with open(path, "rb") as fh:
-        data = fh.read(1 << 20)
-        if data[:2] != b"\x1f\x8b":
-            while data:
-                yield data
-                data = fh.read(out_bytes)
-            return
-        d = None
-        while True:
-            while data:
-                if d is None:
-                    if not data.lstrip(b"\0"):  # zero padding after the last member
-                        break
-                    d = _inflate_mod.decompressobj(wbits=31)
-                try:
-                    out = d.decompress(data, out_bytes)
-                except _INFLATE_ERRORS as exc:
-                    raise StreamError("corrupt gzip", str(exc)) from None
-                if out:
-                    yield out
-                if d.eof:
-                    data, d = d.unused_data, None
-                else:
-                    data = d.unconsumed_tail
-            while d is not None and not d.eof:  # drain output still pending inside the inflater
-                try:
-                    out = d.decompress(b"", out_bytes)
-                except _INFLATE_ERRORS as exc:
-                    raise StreamError("corrupt gzip", str(exc)) from None
-                if not out:
-                    break
-                yield out
-            if d is not None and d.eof:
-                data, d = d.unused_data, None
-                if data:
-                    continue
-            data = fh.read(1 << 20)
-            if not data:
-                if d is not None:
-                    raise StreamError("truncated gzip", "compressed stream ends before its end marker")
-                return
-
-
-class _Producer(threading.Thread):
-    """Inflates the file on a background thread into a bounded queue (inflating releases the GIL)."""
-
-    def __init__(self, path, out_bytes: int) -> None:
-        super().__init__(daemon=True)
-        self.path, self.out_bytes = path, out_bytes
-        self.q: queue.Queue = queue.Queue(maxsize=4)
-        self.stop = threading.Event()
-
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run(self) -> None:
-        try:
-            for chunk in raw_chunks(self.path, self.out_bytes):
-                if not self._put(chunk):
-                    return
-            self._put(_DONE)
-        except BaseException as exc:  # handed to the consumer
-            self._put(exc)
-
-    def chunks(self) -> Iterator[bytes]:
-        self.start()
-        try:
-            while True:
-                item = self.q.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.stop.set()
-            self.join()
-
-
-def check_start(head: bytes) -> None:
-    """The document (after leading whitespace; ``head``: its first 3 bytes or more) must
-    start with ``[``."""
-    c = head[:1]
-    if c == b"[":
-        return
-    if not c:
-        raise StreamError("invalid JSON", "empty document")
-    if head.startswith(b"\xef\xbb\xbf"):
-        raise StreamError("invalid JSON", "line 1: the text starts with a UTF-8 byte order mark, which JSON does not allow")
-    if c in b'{"-0123456789tfn':
-        raise StreamError("not a JSON array", f"document starts with {c.decode()!r}")
-    raise StreamError("invalid JSON", f"line 1: unexpected {c!r}")
-
-
-def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]]:
-    """``(offset, view, end)`` for each batch of elements of the array in ``path``, in file order.
-
-    ``view`` (``end`` bytes) is ``[`` + whole elements joined by ``,\\n`` + ``]``, a view into
-    the reader's buffer: decode it in place, and drop every reference into it before asking for
-    the next batch. ``offset`` is the text offset of ``view[1]``. A batch ends at the first
-    ``,\\n`` at or after ``chunk_bytes`` bytes from its start (its comma is overwritten by
-    ``]``, the newline after it by the next batch's ``[``), so the batches depend on the text
-    only. When the first line break of the text is ``\\r\\n``, batches end at ``,\\r\\n``
-    instead (the ``\\r`` stays between two batches).
-
-    Raises:
-        StreamError: bad gzip, not an array, the array never closes, or a trailing comma.
-    """
-    span = max(1, int(chunk_bytes)) - 1
-    buf = bytearray(b"[")       # buf[0] is "[", buf[1] the text at `offset`
-    offset = 0
-    started = False
-    searched = 0                # no batch cut starts in buf[1 + span:searched]
-    n_batches = 0
-    sep = b""                   # the element separator, known at the first line break
-    for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
-        buf += chunk
-        if not started:
-            stripped = bytes(buf[1:]).lstrip(_WS)
-            if not stripped:
-                continue
-            if len(stripped) < 3 and b"\xef\xbb\xbf".startswith(stripped):
-                continue    # may be a byte order mark split across chunks: wait for more text
-            check_start(stripped[:3])
-            offset = len(buf) - len(stripped)    # after the whitespace and the "["
-            buf = bytearray(b"[") + stripped[1:]
-            started = True
-        if not sep:
-            nl = buf.find(b"\n", 1)
-            if nl < 0:
-                continue
-            sep = b",\r\n" if buf[nl - 1] == 0x0D else b",\n"
-        k = len(sep)
-        s = 1                   # start of the next batch (buf[s - 1] is "[")
-        while True:
-            lo = max(s + span, searched)
-            cut = buf.find(sep, lo) if lo < len(buf) else -1
-            if cut < 0:
-                searched = max(lo, len(buf) - (k - 1))
-                break
-            buf[cut] = 0x5D  # "]"
-            view = memoryview(buf)[s - 1:cut + 1]
-            yield offset, view, cut + 2 - s
-            view.release()
-            n_batches += 1
-            offset += cut + k - s
-            s = cut + k
-            buf[s - 1] = 0x5B  # "[" over the "\n"
-            searched = 0
-        if s > 1:
-            del buf[:s - 1]
-            searched = max(0, searched - (s - 1))
-    if not started:
-        check_start(bytes(buf[1:]).lstrip(_WS))
-    tail = bytes(buf[1:]).rstrip(_WS)
-    if not tail.endswith(b"]"):
-        raise StreamError("invalid JSON", f"line {line_at(path, offset + len(tail))}: "
-                                          "document ends before the closing ']'")
-    body = tail[:-1]
-    if body.strip(_WS):
-        if body.rstrip(_WS).endswith(b","):
-            raise StreamError("invalid JSON", f"line {line_at(path, offset + len(body.rstrip(_WS)))}: "
-                                              "trailing comma before ']'")
-        final = bytearray(b"[") + body + b"]"
-        yield offset, memoryview(final), len(final)
-    elif n_batches:
-        raise StreamError("invalid JSON", f"line {line_at(path, offset)}: trailing comma before ']'")
-
-
-def line_at(path, offset: int) -> int:
-    """Line number (1-based) of the text offset ``offset`` of the document (re-reads the file)."""
-    lines, seen = 1, 0
-    try:
-        for chunk in raw_chunks(path, 16 << 20):
-            if seen + len(chunk) >= offset:
-                return lines + chunk.count(b"\n", 0, offset - seen)
-            lines += chunk.count(b"\n")
-            seen += len(chunk)
-    except StreamError:
-        pass
-    return lines
-
-
 def decode_document(data: bytes) -> list:
     """Typed events of a whole document (raw communicator objects); msgspec errors propagate."""
     return _decoder.decode(data)
 
-
-def whole_document(path) -> tuple[bytes, int]:
-    """The whole decompressed document without leading whitespace, and the line it starts on."""
-    data = b"".join(raw_chunks(path, 64 << 20))
-    stripped = data.lstrip(_WS)
-    check_start(stripped)
-    return stripped, 1 + data.count(b"\n", 0, len(data) - len(stripped))
-
-
-# ---------------------------------------------------------------------------------------------
-# Helper process
-# ---------------------------------------------------------------------------------------------
-
-
-def helper_main(mm, slot_size: int, jobs, results, path: str) -> None:
-    """Body of the helper process of ``read_trace`` (forked, so ``mm`` is the parent's memory).
-
-    Receives ``(k, slot, end, offset)``: batch ``k`` is ``mm[slot * slot_size:][:end]``
-    (``[`` + elements + ``]``, text offset ``offset``); decodes it and sends
-    ``("batch", k, slot, cols, tables)`` where ``tables`` holds this decoder's table entries
-    added since its previous message, or ``("error", k, slot, rule, detail)`` /
-    ``("whole", k, slot)``. Stops on ``None`` or when the pipe closes.
-    """
-    dec = BatchDecoder()
-    sent = [0, 0, 0]
-    view = memoryview(mm)
-
-    def line_of(offset: int) -> int:
-        return line_at(path, offset)
-
-    try:
-        while True:
-            job = jobs.recv()
-            if job is None:
-                break
-            k, slot, end, offset = job
-            start = slot * slot_size
-            try:
-                cols = dec.decode(view[start:start + end], end, offset, line_of)
-            except BatchError as exc:
-                results.send(("error", k, slot, exc.rule, exc.detail))
-                continue
-            except NeedWholeDoc:
-                results.send(("whole", k, slot))
-                continue
-            tables = (dec.names.values[sent[0]:], dec.hosts.values[sent[1]:], dec.comms.values[sent[2]:])
-            sent = [len(dec.names.values), len(dec.hosts.values), len(dec.comms.values)]
-            results.send(("batch", k, slot, cols, tables))
-    except (EOFError, OSError):
-        pass

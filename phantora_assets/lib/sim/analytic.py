@@ -3,18 +3,18 @@
 From a :class:`~phantora_assets.lib.sim.workloads.WorkloadModel` it runs ``iterations`` training
 steps (the first is warm-up: parameter broadcasts before it, Adam state initialisation, no
 ZeRO-3 trace yet) and emits Phantora's event schema as a raw-timeline DataFrame
-(``tables.RAW_TIMELINE_COLUMNS``): one computation event per rank per compute item, one
+(``contracts.RAW_TIMELINE_COLUMNS``): one computation event per rank per compute item, one
 communication event per ring flow (loopback hops included, as Phantora does).
 
 Timing model (documented, per GPU model, never per run):
 
 * **compute**: every compute item is a list of the torch calls Phantora intercepts
-  (``lib.torch_ops``), each timed by the GPU's perf DB when it holds the call's key, else by the
-  roofline of ``gpus.toml`` (``lib.kernels``). The fraction of compute time that came from the
+  (``lib.sim.torch_ops``), each timed by the GPU's perf DB when it holds the call's key, else by the
+  roofline of ``gpus.toml`` (``lib.sim.kernels``). The fraction of compute time that came from the
   DB is reported (``SimulationResult.db_fraction``).
 * **network**: the flows of a collective start when the collective starts; a flow-level
-  simulator of the TwoLayerMultiPath topology of the run's ``netconfig.toml`` (``lib.network``,
-  ``lib.netconfig``) shares links by per-flow
+  simulator of the TwoLayerMultiPath topology of the run's ``netconfig.toml`` (``lib.sim.network``,
+  ``lib.phantora.netconfig``) shares links by per-flow
   max-min fairness, recomputed at every flow start and end; loopback flows run at the loopback
   speed. A collective ends with its last flow. Collectives of <= 4 KiB take 0 us (as in
   Phantora traces).
@@ -36,93 +36,35 @@ Timing model (documented, per GPU model, never per run):
 
 Exposed communication of a step = step time minus the compute stream's busy time on rank 0.
 
+This module holds the simulator: the DAG of one run's programs and its event loop. The result
+type and the raw-timeline assembly are in :mod:`~phantora_assets.lib.sim.timeline`, the seeds,
+communicator ids and perf-DB key helpers in :mod:`~phantora_assets.lib.sim.keys`.
+
 Raises nothing for non-fitting runs: :func:`simulate` returns ``fits=False`` with the memory
 estimate and an empty timeline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from phantora_assets.lib.sim.kernels import KernelTimer
-from phantora_assets.lib.sim.memory import MemoryEstimate, estimate_memory
 from phantora_assets.lib.phantora.netconfig import netconfig_for
+from phantora_assets.lib.sim.kernels import KernelTimer
+from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
+from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
-from phantora_assets.lib.traffic.ring import DTYPE_BYTES, OP_TO_CALL, ring_flows
-from phantora_assets.contracts import RAW_TIMELINE_COLUMNS
-from phantora_assets.lib.sim.workloads import AllToAll, Collective, Communicator, Compute, WorkloadModel
+from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline, empty_raw
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute
+from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.matrix import RunSpec, presets
 
 TINY_COLLECTIVE_BYTES = 4096
 WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
-COMPUTE_STREAM_ID = 7
-
-
-def seed_of(run_id: str, salt: str = "") -> int:
-    """A 64-bit seed derived from ``run_id`` (sha256), stable across processes and platforms."""
-    return int.from_bytes(hashlib.sha256(f"{salt}{run_id}".encode()).digest()[:8], "little")
-
-
-def comm_id_bytes(run_id: str, comm_name: str) -> bytes:
-    """The 128-byte NCCL communicator id of ``comm_name`` in ``run_id`` (deterministic)."""
-    a = hashlib.blake2b(f"{run_id}/{comm_name}".encode(), digest_size=64, person=b"ncclUniqueId0").digest()
-    b = hashlib.blake2b(f"{run_id}/{comm_name}".encode(), digest_size=64, person=b"ncclUniqueId1").digest()
-    return a + b
-
-
-def default_perfdb_folder(spec: RunSpec) -> Path:
-    from phantora_assets.paths import default_perfdb_dir
-
-    return default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
-
-
-@dataclass
-class SimulationResult:
-    """Output of one analytic simulation.
-
-    Attributes:
-        raw: raw timeline (RAW_TIMELINE_COLUMNS); empty when the run does not fit.
-        memory: per-GPU peak memory estimate.
-        iteration_ns: simulated duration of each iteration (ns), as ``run.log`` would print.
-        compute_ns_per_step: compute-stream busy time of one steady step on rank 0 (ns).
-        db_fraction: share of that compute time whose kernels came from the perf DB.
-        exposed_comm_ns: median over steady steps of (step time - compute busy time), rank 0.
-        kernels_per_step / kernels_from_db: intercepted calls of one steady step on one rank, and
-            how many of them had their key in the perf DB.
-    """
-
-    spec: RunSpec
-    memory: MemoryEstimate
-    raw: pd.DataFrame
-    iteration_ns: list[int] = field(default_factory=list)
-    compute_ns_per_step: int = 0
-    db_fraction: float = 0.0
-    exposed_comm_ns: int = 0
-    kernels_per_step: int = 0
-    kernels_from_db: int = 0
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.fits
-
-    @property
-    def step_ns(self) -> float:
-        """Median duration of the steady iterations (all but the first)."""
-        steady = self.iteration_ns[1:] or self.iteration_ns
-        return float(np.median(steady)) if steady else 0.0
-
-
-def _empty_raw() -> pd.DataFrame:
-    df = pd.DataFrame({c: pd.Series(dtype="int64" if t == "int64" else object) for c, t in RAW_TIMELINE_COLUMNS.items()})
-    return df
 
 
 class AnalyticSimulator:
@@ -186,7 +128,7 @@ class AnalyticSimulator:
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
-            return SimulationResult(spec, memory, _empty_raw())
+            return SimulationResult(spec, memory, empty_raw())
         world = self.world
         comm_list = [c for cs in model.comms.values() for c in cs]
         steady = model.step_program(warmup=False)
@@ -292,10 +234,10 @@ class AnalyticSimulator:
         from_db = sum(db_ns[id(i)] for i in steady_items)
         n_k = sum(len(i.kernels) for i in steady_items)
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
-        raw = _empty_raw()
+        raw = empty_raw()
         if self.emit:
-            raw = self._emit(kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list,
-                             list(sim_start), durations, factors, n_sim)
+            raw = emit_raw_timeline(spec, self._flows_arrays, kind, who, what, iter_of, start, end, flow_first,
+                                    flow_end, comm_list, list(sim_start), durations, factors, n_sim)
         return SimulationResult(
             spec, memory, raw, iteration_ns, int(round(busy[first_steady])),
             (from_db / comp_step) if comp_step else 0.0, int(round(float(np.median(exposed)))), n_k, n_db)
@@ -384,125 +326,6 @@ class AnalyticSimulator:
             pending[n] = len(ids)
         self.net_recomputations = net.recomputations
         return start, end, flow_first, net.end_times()
-
-    # --------------------------------------------------------------- emission
-    def _emit(self, kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list,
-              sim_start, durations, factors, n_sim) -> pd.DataFrame:
-        """Raw timeline rows of the simulated iterations, then of the replicated steady ones
-        (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1)."""
-        spec = self.spec
-        G = self.G
-        pids = [4000 + 17 * r for r in range(self.world)]
-        comm_hex = {c.name: comm_id_bytes(spec.run_id, c.name).hex() for c in comm_list}
-        comm_stream = {c.name: 13 + i for i, c in enumerate(comm_list)}
-        info_cache: dict[int, str] = {}
-        hosts = [f"host-{h + 1}" for h in range(spec.n_nodes)]
-        # one block of rows per simulated iteration: str/int columns + float times
-        blocks = []
-        order = np.lexsort((np.arange(len(kind)), start))
-        iter_arr = np.array(iter_of)
-        for it in range(n_sim):
-            nodes = [int(n) for n in order if iter_arr[n] == it and kind[n] != 2]
-            c_rows: dict[str, list] = {c: [] for c in ("kind", "name", "src_host", "dst_host", "bytes", "call", "count",
-                                                       "dtype", "reduce_op", "root", "comm_id_hex", "comm_rank",
-                                                       "stream_device", "stream_id", "os_pid", "info")}
-            t0: list[float] = []
-            t1: list[float] = []
-            for n in nodes:
-                item = what[n]
-                if kind[n] == 0:
-                    r = who[n]
-                    info = info_cache.get(id(item))
-                    if info is None:
-                        info = info_cache[id(item)] = _torch_info(item)
-                    vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
-                            COMPUTE_STREAM_ID, pids[r], info)
-                    for c, v in zip(c_rows, vals):
-                        c_rows[c].append(v)
-                    t0.append(start[n])
-                    t1.append(end[n])
-                    continue
-                comm = comm_list[who[n]]
-                src, dst, nbytes = self._flows_arrays(item, comm)
-                first = flow_first[n]
-                if isinstance(item, AllToAll):
-                    call, op_name, root = "NcclSend", "", -1
-                else:
-                    call = OP_TO_CALL[item.op]
-                    op_name = "Sum" if item.op in ("all_reduce", "reduce_scatter") else ""
-                    root = item.root if item.op == "broadcast" else -1
-                rank_of = {g: i for i, g in enumerate(comm.ranks)}
-                hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
-                for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
-                    vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count, item.dtype,
-                            op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
-                    for c, v in zip(c_rows, vals):
-                        c_rows[c].append(v)
-                    t0.append(start[n])
-                    t1.append(max(start[n], flow_end[first + j]))
-            blocks.append((c_rows, np.array(t0), np.array(t1)))
-        # columns of each simulated block as arrays, built once (replicated steps reuse them)
-        str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
-        int_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
-        arrays = []
-        for c_rows, t0, t1 in blocks:
-            arr = {c: np.array(c_rows[c], dtype=object) for c in str_cols}
-            arr.update({c: np.array(c_rows[c], dtype=np.int64) for c in int_cols})
-            comp_idx = np.array([j for j, x in enumerate(c_rows["info"]) if x is not None], dtype=np.int64)
-            arrays.append((arr, t0, t1, comp_idx, c_rows))
-        starts = [0.0]
-        for d in durations[:-1]:
-            starts.append(starts[-1] + d)
-        parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
-        meta_tpl = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-                    '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}')
-        for it in range(len(durations)):
-            arr, t0, t1, comp_idx, c_rows = arrays[it if it < n_sim else 1]
-            if it < n_sim:
-                s_ns, e_ns = t0, t1
-            else:
-                scale = factors[it] / factors[1]
-                s_ns = starts[it] + (t0 - sim_start[1]) * scale
-                e_ns = starts[it] + (t1 - sim_start[1]) * scale
-            s_i = np.rint(s_ns).astype(np.int64)
-            e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
-            for c in str_cols + int_cols:
-                parts[c].append(arr[c])
-            parts["start_ns"].append(s_i)
-            parts["end_ns"].append(e_i)
-            meta = np.full(len(s_i), "", dtype=object)
-            d = (e_i - s_i)[comp_idx].tolist()
-            host, pid, dev, info = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
-            meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], info[j])
-                              for dj, j in zip(d, comp_idx.tolist())]
-            parts["meta_json"].append(meta)
-        n_rows = sum(len(x) for x in parts["start_ns"])
-        parts["event_id"] = [np.arange(n_rows, dtype=np.int64)]
-        return pd.DataFrame({c: np.concatenate(parts[c]) for c in RAW_TIMELINE_COLUMNS})
-
-
-def _torch_info(item: Compute) -> str:
-    """``info`` of the computation meta: the tensors of the item's largest GEMM (or first call)."""
-    ks = [k for k in item.kernels if k.flops] or list(item.kernels)
-    if not ks:
-        return '{"MM":[]}'
-    k = max(ks, key=lambda x: x.flops)
-    args = next(iter(json.loads(k.key).values()))
-    tensors = _tensors(args)[:2]
-    return json.dumps({"MM": [{"shape": t[1], "dtype": {"bf16": "BFloat16", "f32": "Float"}.get(t[0], t[0])}
-                              for t in tensors]}, separators=(",", ":"))
-
-
-def _tensors(v) -> list:
-    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], list):
-        return [v]
-    if isinstance(v, dict) and "R" in v:
-        return _tensors(v["R"][1])
-    if isinstance(v, list):
-        return [t for x in v for t in _tensors(x)]
-    if isinstance(v, dict):
-        return [t for x in v.values() for t in _tensors(x)]
-    return []
 
 
 def simulate(spec: RunSpec, iterations: int | None = None) -> SimulationResult:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phantora_assets.lib.sim.workloads import ZERO3_PERSISTENCE_THRESHOLD, WorkloadModel
+from phantora_assets.lib.sim.workload_layout import WorkloadLayout
+from phantora_assets.lib.sim.workload_types import ZERO3_PERSISTENCE_THRESHOLD
 
 GIB = 1 << 30
 ALLOCATOR_OVERHEAD = 1.05
@@ -66,7 +67,7 @@ class MemoryEstimate:
         }
 
 
-def estimate_memory(model: WorkloadModel) -> MemoryEstimate:
+def estimate_memory(model: WorkloadLayout) -> MemoryEstimate:
     """Estimate the peak memory of one rank of ``model``'s run (see module docstring)."""
     spec = model.spec
     s, h, f, t = model.seq * model.mbs, model.hidden, model.ffn, spec.tp

@@ -14,17 +14,18 @@ Only what Phantora times is listed: ops it does not intercept (embedding, fused 
 permute, copy_, zero_, sqrt, lerp, ...) cost zero in Phantora and are absent here. Each
 function returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank.
 
-No Dagster import.
+The lists are built from a run's
+:class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (its dimensions, tp/ep, and the
+per-rank parameter shapes); the step programs of :mod:`~phantora_assets.lib.sim.workloads` call
+:func:`torch_ops` with their model, so the dependency runs workloads -> torch_ops ->
+workload_layout, never back. Tensor shapes are element dims, sizes element counts; nothing here
+raises for a valid layout. No Dagster import.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, foreach, linear, matmul, zeros_like
-
-if TYPE_CHECKING:
-    from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 
 B16, F32 = "bf16", "f32"
 DROPOUT_P = 100000  # p = 0.1 as Phantora serialises it (x 1e6)
@@ -63,7 +64,7 @@ def _memo(fn):
 _SHARED: dict[tuple, TorchOps] = {}
 
 
-def torch_ops(model: WorkloadModel) -> TorchOps:
+def torch_ops(model: WorkloadLayout) -> TorchOps:
     """A :class:`TorchOps` shared by every model with the same dimensions and parallelism (the
     kernel lists depend on nothing else; the optimizer ones take their sizes as arguments)."""
     sp = model.spec
@@ -80,7 +81,7 @@ def torch_ops(model: WorkloadModel) -> TorchOps:
 class TorchOps:
     """Kernel lists of one rank of ``model`` (see module docstring)."""
 
-    def __init__(self, model: WorkloadModel) -> None:
+    def __init__(self, model: WorkloadLayout) -> None:
         self._memo: dict[tuple, tuple[Kernel, ...]] = {}
         self.m = model
         self.s = model.seq * model.mbs

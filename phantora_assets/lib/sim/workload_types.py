@@ -29,7 +29,6 @@ ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
 ZERO3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
 
-
 @dataclass(frozen=True)
 class Param:
     """One parameter tensor. ``numel`` is the full (unsharded) element count; ``shape`` the
@@ -56,7 +55,7 @@ class Communicator:
 class Compute:
     """Work of one rank on the compute stream.
 
-    ``kernels`` are the intercepted torch calls (perf-DB keys, ``lib.kernels``); ``flops`` their
+    ``kernels`` are the intercepted torch calls (perf-DB keys, ``lib.sim.kernels``); ``flops`` their
     GEMM FLOP and ``mem_bytes`` their traffic; ``phase`` fwd/bwd/opt. ``waits``: tags of
     asynchronous collectives this item waits for before it starts (``work.wait()``)."""
 

@@ -264,7 +264,8 @@ def build_database(
                 con.execute(f"CREATE VIEW {_ident(v.name)} AS {v.sql}")
                 _comment(con, "VIEW", v.name, v.description, v.column_docs)
             for name in [t.name for t in tables] + ["run_status"]:
-                rows[name] = int(con.execute(f"SELECT count(*) FROM {_ident(name)}").fetchone()[0])
+                (count,) = con.execute(f"SELECT count(*) FROM {_ident(name)}").fetchone() or (0,)
+                rows[name] = int(count)
             con.execute("CHECKPOINT")
         finally:
             con.close()

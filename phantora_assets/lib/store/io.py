@@ -120,7 +120,7 @@ def sweep_temp_files(root: str | Path) -> list[Path]:
 
     Only call it when no other process writes under ``root``.
     """
-    removed = []
+    removed: list[Path] = []
     root = Path(root)
     if not root.is_dir():
         return removed

@@ -1,4 +1,4 @@
-"""The 180 s / 100 ms ``flows_100ms`` build (DATASET.md sections 4 and 5).
+"""The 180 s / 100 ms ``flows_100ms`` build (docs/DATASET.md, "How a trace becomes the dataset", steps 4 and 5).
 
 One steady step's network flows are repeated back to back over the window, with a
 random length per repetition and a random phase, then summed into bins together with

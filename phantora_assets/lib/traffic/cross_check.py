@@ -42,7 +42,7 @@ import pandas as pd
 
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
-from phantora_assets.lib.sim.workloads import AllToAll, Collective
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective
 from phantora_assets.matrix import RunSpec
 
 KINDS = ("dp", "tp", "all_to_all", "zero_gather")
@@ -127,18 +127,18 @@ def classify(flows: pd.DataFrame, prediction: Prediction) -> tuple[np.ndarray, n
         if len(cand) == 1:
             votes[comm][cand[0]] += 1
     majority = {c: v.most_common(1)[0][0] for c, v in votes.items() if v}
-    kinds = np.empty(n, dtype=object)
+    out = np.empty(n, dtype=object)
     matched = np.ones(n, dtype=bool)
     for i, (comm, cand) in enumerate(zip(comms, candidates)):
         maj = majority.get(comm)
         if len(cand) == 1:
-            kinds[i] = cand[0]
+            out[i] = cand[0]
         elif cand:
-            kinds[i] = maj if maj in cand else cand[0]
+            out[i] = maj if maj in cand else cand[0]
         else:
             matched[i] = False
-            kinds[i] = maj if maj is not None else UNMATCHED
-    return kinds, matched
+            out[i] = maj if maj is not None else UNMATCHED
+    return out, matched
 
 
 @dataclass

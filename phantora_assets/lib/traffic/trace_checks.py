@@ -1,4 +1,4 @@
-"""The trace rules of DATASET.md section 3 (checks 1-4), as plain functions.
+"""The trace rules of docs/DATASET.md ("How a trace becomes the dataset", step 3, checks 1-4), as plain functions.
 
 Each rule returns a :class:`CheckOutcome`; a violated rule never raises, it returns
 ``passed=False`` with a message naming the communicator / step / flow at fault. The

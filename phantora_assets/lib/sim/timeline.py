@@ -1,0 +1,177 @@
+"""The analytic simulator's outputs: :class:`SimulationResult` and the raw-timeline assembly.
+
+:func:`emit_raw_timeline` turns the simulated DAG of :class:`~phantora_assets.lib.sim.analytic.
+AnalyticSimulator` (per node: kind 0 compute / 1 collective / 2 barrier, rank or communicator
+index, program item, iteration, start and end in ns; per flow: end time in ns) into Phantora's
+event schema, a DataFrame with the columns and dtypes of
+:data:`~phantora_assets.contracts.RAW_TIMELINE_COLUMNS`: one computation event per rank per
+compute item (its ``meta_json`` the Torch record, ``info`` from
+:func:`~phantora_assets.lib.sim.keys.torch_info`), one communication event per ring flow
+(loopback hops included). Times are integer ns (rounded, ``end_ns >= start_ns``); the steady
+iterations beyond the simulated ones are iteration 1's rows rescaled by their jitter factor.
+:func:`empty_raw` is the empty frame of a run that does not fit.
+
+Raises nothing for consistent inputs (a node, flow or communicator missing from the arrays is an
+``IndexError`` / ``KeyError``, a bug of the caller). No Dagster import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.contracts import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
+from phantora_assets.lib.sim.memory import MemoryEstimate
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator
+from phantora_assets.lib.traffic.ring import OP_TO_CALL
+from phantora_assets.matrix import RunSpec
+
+COMPUTE_STREAM_ID = 7
+
+#: (src global ranks, dst global ranks, bytes) of a collective's flows on a communicator
+FlowsArrays = Callable[[Collective | AllToAll, Communicator], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass
+class SimulationResult:
+    """Output of one analytic simulation.
+
+    Attributes:
+        raw: raw timeline (RAW_TIMELINE_COLUMNS); empty when the run does not fit.
+        memory: per-GPU peak memory estimate.
+        iteration_ns: simulated duration of each iteration (ns), as ``run.log`` would print.
+        compute_ns_per_step: compute-stream busy time of one steady step on rank 0 (ns).
+        db_fraction: share of that compute time whose kernels came from the perf DB.
+        exposed_comm_ns: median over steady steps of (step time - compute busy time), rank 0.
+        kernels_per_step / kernels_from_db: intercepted calls of one steady step on one rank, and
+            how many of them had their key in the perf DB.
+    """
+
+    spec: RunSpec
+    memory: MemoryEstimate
+    raw: pd.DataFrame
+    iteration_ns: list[int] = field(default_factory=list)
+    compute_ns_per_step: int = 0
+    db_fraction: float = 0.0
+    exposed_comm_ns: int = 0
+    kernels_per_step: int = 0
+    kernels_from_db: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def step_ns(self) -> float:
+        """Median duration of the steady iterations (all but the first)."""
+        steady = self.iteration_ns[1:] or self.iteration_ns
+        return float(np.median(steady)) if steady else 0.0
+
+
+def empty_raw() -> pd.DataFrame:
+    """An empty raw timeline with the columns and dtypes of RAW_TIMELINE_COLUMNS."""
+    df = pd.DataFrame({c: pd.Series(dtype="int64" if t == "int64" else object) for c, t in RAW_TIMELINE_COLUMNS.items()})
+    return df
+
+
+def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what, iter_of, start, end, flow_first,
+                      flow_end, comm_list, sim_start, durations, factors, n_sim) -> pd.DataFrame:
+    """Raw timeline rows of the simulated iterations, then of the replicated steady ones
+    (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1).
+
+    ``kind``/``who``/``what``/``iter_of``/``start``/``end`` are per DAG node, ``flow_first``
+    maps a collective node to its first flow id and ``flow_end`` holds every flow's end (ns);
+    ``sim_start`` (ns), ``durations`` (ns) and ``factors`` are per iteration, ``n_sim`` is the
+    number of simulated iterations; ``flows_arrays`` gives a collective's flows."""
+    G = spec.gpus_per_node
+    pids = [4000 + 17 * r for r in range(spec.world_size)]
+    comm_hex = {c.name: comm_id_bytes(spec.run_id, c.name).hex() for c in comm_list}
+    comm_stream = {c.name: 13 + i for i, c in enumerate(comm_list)}
+    info_cache: dict[int, str] = {}
+    hosts = [f"host-{h + 1}" for h in range(spec.n_nodes)]
+    # one block of rows per simulated iteration: str/int columns + float times
+    blocks = []
+    order = np.lexsort((np.arange(len(kind)), start))
+    iter_arr = np.array(iter_of)
+    for it in range(n_sim):
+        nodes = [int(n) for n in order if iter_arr[n] == it and kind[n] != 2]
+        c_rows: dict[str, list] = {c: [] for c in ("kind", "name", "src_host", "dst_host", "bytes", "call", "count",
+                                                   "dtype", "reduce_op", "root", "comm_id_hex", "comm_rank",
+                                                   "stream_device", "stream_id", "os_pid", "info")}
+        t0: list[float] = []
+        t1: list[float] = []
+        for n in nodes:
+            item = what[n]
+            if kind[n] == 0:
+                r = who[n]
+                info = info_cache.get(id(item))
+                if info is None:
+                    info = info_cache[id(item)] = torch_info(item)
+                vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
+                        COMPUTE_STREAM_ID, pids[r], info)
+                for c, v in zip(c_rows, vals):
+                    c_rows[c].append(v)
+                t0.append(start[n])
+                t1.append(end[n])
+                continue
+            comm = comm_list[who[n]]
+            src, dst, nbytes = flows_arrays(item, comm)
+            first = flow_first[n]
+            if isinstance(item, AllToAll):
+                call, op_name, root = "NcclSend", "", -1
+            else:
+                call = OP_TO_CALL[item.op]
+                op_name = "Sum" if item.op in ("all_reduce", "reduce_scatter") else ""
+                root = item.root if item.op == "broadcast" else -1
+            rank_of = {g: i for i, g in enumerate(comm.ranks)}
+            hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
+            for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
+                vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count, item.dtype,
+                        op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
+                for c, v in zip(c_rows, vals):
+                    c_rows[c].append(v)
+                t0.append(start[n])
+                t1.append(max(start[n], flow_end[first + j]))
+        blocks.append((c_rows, np.array(t0), np.array(t1)))
+    # columns of each simulated block as arrays, built once (replicated steps reuse them)
+    str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
+    int_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
+    arrays = []
+    for c_rows, t0, t1 in blocks:
+        arr = {c: np.array(c_rows[c], dtype=object) for c in str_cols}
+        arr.update({c: np.array(c_rows[c], dtype=np.int64) for c in int_cols})
+        comp_idx = np.array([j for j, x in enumerate(c_rows["info"]) if x is not None], dtype=np.int64)
+        arrays.append((arr, t0, t1, comp_idx, c_rows))
+    starts = [0.0]
+    for d in durations[:-1]:
+        starts.append(starts[-1] + d)
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
+    meta_tpl = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+                '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}')
+    for it in range(len(durations)):
+        arr, t0, t1, comp_idx, c_rows = arrays[it if it < n_sim else 1]
+        if it < n_sim:
+            s_ns, e_ns = t0, t1
+        else:
+            scale = factors[it] / factors[1]
+            s_ns = starts[it] + (t0 - sim_start[1]) * scale
+            e_ns = starts[it] + (t1 - sim_start[1]) * scale
+        s_i = np.rint(s_ns).astype(np.int64)
+        e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
+        for c in str_cols + int_cols:
+            parts[c].append(arr[c])
+        parts["start_ns"].append(s_i)
+        parts["end_ns"].append(e_i)
+        meta = np.full(len(s_i), "", dtype=object)
+        d = (e_i - s_i)[comp_idx].tolist()
+        host, pid, dev, info = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
+        meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], info[j])
+                          for dj, j in zip(d, comp_idx.tolist())]
+        parts["meta_json"].append(meta)
+    n_rows = sum(len(x) for x in parts["start_ns"])
+    parts["event_id"] = [np.arange(n_rows, dtype=np.int64)]
+    return pd.DataFrame({c: np.concatenate(parts[c]) for c in RAW_TIMELINE_COLUMNS})
