@@ -121,3 +121,10 @@ ASSETS: dict[str, dg.AssetsDefinition] = {
 ALL_ASSETS: list[dg.AssetsDefinition] = list(ASSETS.values())
 RUN_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in RUN_ASSET_NAMES]
 DATASET_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in DATASET_ASSET_NAMES]
+
+
+def assets_for(specs: Sequence[RunSpec]) -> tuple[list[dg.AssetsDefinition], list[dg.AssetsDefinition]]:
+    """``(every asset, the per-run assets)`` partitioned by the run_ids of ``specs``, for
+    ``dagster.materialize`` in a process whose data root's imports differ from ``defs``'s."""
+    assets = build_assets(Partitions.of(specs))
+    return list(assets.values()), [assets[n] for n in RUN_ASSET_NAMES]

@@ -132,7 +132,7 @@ def _materialize(root: Path, instance: dg.DagsterInstance) -> None:
     )
     assert res.success
     res = dg.materialize(
-        d.ALL_ASSETS, selection=[d.export.phantora_v0], instance=instance, run_config=QUIET,
+        d.ALL_ASSETS, selection=[d.ASSETS["phantora_v0"]], instance=instance, run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
     )
     assert res.success

@@ -217,7 +217,7 @@ def test_simulator_is_picked_from_the_environment(monkeypatch):
     monkeypatch.setenv("PHANTORA_ASSETS_SIMULATOR", "docker")
     monkeypatch.setenv("PHANTORA_ASSETS_DOCKER_IMAGE", "registry.example/phantora:patched")
     monkeypatch.setenv("PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT", "3")
-    sim = simulator_from_env()
+    sim = simulator_from_env([])
     assert isinstance(sim, PhantoraDocker) and sim.image == "registry.example/phantora:patched"
     assert sim.max_concurrent == 3
     monkeypatch.setenv("PHANTORA_ASSETS_SIMULATOR", "analytic")

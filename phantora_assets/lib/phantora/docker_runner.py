@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phantora_assets.lib.errors import PhantoraAssetsError
 from phantora_assets.lib.phantora.docker_config import (
     DockerSettings,
     RunLayout,
@@ -44,7 +45,6 @@ from phantora_assets.lib.phantora.docker_config import (
     training_hosts,
     visualizer_argv,
 )
-from phantora_assets.lib.errors import PhantoraAssetsError
 from phantora_assets.matrix import RunSpec
 
 

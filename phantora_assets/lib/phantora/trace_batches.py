@@ -21,9 +21,13 @@ array never closes, a trailing comma); ``chrome_trace.read_trace`` adds the file
 
 import queue
 import threading
+import types
 import zlib
 from collections.abc import Callable, Iterator
 
+# either isal_zlib or zlib (same decompressobj/error API); isal's stub types ``error`` as an
+# instance, not the exception class it is, so the module is typed plainly
+_inflate_mod: types.ModuleType
 try:  # ISA-L inflates 2-3x faster than zlib; optional
     from isal import isal_zlib as _inflate_mod
 except ImportError:  # pragma: no cover - isal is a pinned dependency

@@ -22,6 +22,7 @@ Errors are raised as :class:`BatchError` (rule, detail naming the line) or :clas
 """
 
 import re
+import types
 from collections.abc import Callable
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
@@ -34,6 +35,7 @@ from msgspec.structs import astuple
 from phantora_assets.lib.phantora.trace_batches import locator, looks_like_layout
 from phantora_assets.lib.traffic.ring import CALL_TO_OP, DTYPE_BYTES
 
+_tracescan: types.ModuleType | None  # _tracescan.pyi declares scan()
 try:  # the compiled fast path (built with the package; without it every batch goes to msgspec)
     from phantora_assets.lib.phantora import _tracescan
 except ImportError:  # pragma: no cover - no C compiler where the package was installed
@@ -132,7 +134,10 @@ class CodeTable(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: list = []
+        # shadows dict.values on purpose: ``values`` (the list of values in code order) is the
+        # interface the reader, the helpers and tests/test_tracescan.py read; a dict subclass
+        # keeps every lookup in C (``__missing__`` only runs for a new value)
+        self.values: list = []  # type: ignore[assignment]
 
     def __missing__(self, key):
         code = self[key] = len(self.values)
@@ -152,7 +157,7 @@ class _CommTable(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: list[tuple[int, bytes]] = []
+        self.values: list[tuple[int, bytes]] = []  # type: ignore[assignment]  # as CodeTable.values
 
     def __missing__(self, key: bytes) -> int:
         try:
@@ -185,7 +190,7 @@ class BatchDecoder:
         self.comms = _CommTable()
         self.fast = fast and _tracescan is not None
 
-    def decode(self, buf: bytearray, end: int, offset: int, line_of: Callable[[int], int]) -> dict:
+    def decode(self, buf: bytes | bytearray | memoryview, end: int, offset: int, line_of: Callable[[int], int]) -> dict:
         """Decode one batch in place: ``buf[:end]`` = ``[`` + elements + ``]``.
 
         ``offset`` is the text offset of ``buf[1]`` and ``line_of(offset)`` its line (only
@@ -205,7 +210,7 @@ class BatchDecoder:
         def where(i: int) -> str:
             return locator(bytes(buf[1:end - 1]), offset, line_of)(i)
 
-        if self.fast:
+        if self.fast and _tracescan is not None:
             # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
             # other batch (and to name a broken rule) msgspec decodes it below
             with memoryview(buf) as whole, whole[:end] as batch:

@@ -76,8 +76,8 @@ def estimate_memory(model: WorkloadLayout) -> MemoryEstimate:
     card = int(spec.gpu_spec["memory_gb"] * GIB)
     working = 0
     if spec.framework == "megatron":
-        weights = 2 * (dense + experts)
-        grads = 2 * (dense + experts)
+        weights: float = 2 * (dense + experts)  # int here, float (per-dp share) in the ZeRO branches
+        grads: float = 2 * (dense + experts)
         expert_dp = max(1, spec.world_size // spec.ep)
         optim = 12 * (dense / spec.dp + experts / expert_dp)
         f_eff = model.topk * f if model.experts else f

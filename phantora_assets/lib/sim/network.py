@@ -111,11 +111,11 @@ class Topology:
                     co += [np.full(len(cross), 1.0 / s)] * 2
             else:
                 if self.ecmp == "first" or s == 1:
-                    j = np.zeros(len(cross), dtype=np.int64)
+                    spine = np.zeros(len(cross), dtype=np.int64)
                 else:
-                    j = (_mix(seq[cross], src[cross], dst[cross]) % np.uint64(s)).astype(np.int64)
+                    spine = (_mix(seq[cross], src[cross], dst[cross]) % np.uint64(s)).astype(np.int64)
                 fi += [cross, cross]
-                li += [tor_up + j, spine_down + j]
+                li += [tor_up + spine, spine_down + spine]
                 co += [np.ones(len(cross))] * 2
         return np.concatenate(fi), np.concatenate(li).astype(np.int64), np.concatenate(co)
 
@@ -123,7 +123,7 @@ class Topology:
 def _mix(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """splitmix64 of (a, b, c): a deterministic per-flow hash."""
     with np.errstate(over="ignore"):
-        x = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (b.astype(np.uint64) << np.uint64(32)) \
+        x: np.ndarray = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (b.astype(np.uint64) << np.uint64(32)) \
             ^ c.astype(np.uint64)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

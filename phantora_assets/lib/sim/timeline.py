@@ -102,8 +102,8 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
         c_rows: dict[str, list] = {c: [] for c in ("kind", "name", "src_host", "dst_host", "bytes", "call", "count",
                                                    "dtype", "reduce_op", "root", "comm_id_hex", "comm_rank",
                                                    "stream_device", "stream_id", "os_pid", "info")}
-        t0: list[float] = []
-        t1: list[float] = []
+        t0s: list[float] = []
+        t1s: list[float] = []
         for n in nodes:
             item = what[n]
             if kind[n] == 0:
@@ -111,12 +111,12 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
                 info = info_cache.get(id(item))
                 if info is None:
                     info = info_cache[id(item)] = torch_info(item)
-                vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
-                        COMPUTE_STREAM_ID, pids[r], info)
-                for c, v in zip(c_rows, vals):
+                comp_vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
+                             COMPUTE_STREAM_ID, pids[r], info)
+                for c, v in zip(c_rows, comp_vals):
                     c_rows[c].append(v)
-                t0.append(start[n])
-                t1.append(end[n])
+                t0s.append(start[n])
+                t1s.append(end[n])
                 continue
             comm = comm_list[who[n]]
             src, dst, nbytes = flows_arrays(item, comm)
@@ -130,13 +130,13 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
             rank_of = {g: i for i, g in enumerate(comm.ranks)}
             hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
             for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
-                vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count, item.dtype,
-                        op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
-                for c, v in zip(c_rows, vals):
+                flow_vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count,
+                             item.dtype, op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
+                for c, v in zip(c_rows, flow_vals):
                     c_rows[c].append(v)
-                t0.append(start[n])
-                t1.append(max(start[n], flow_end[first + j]))
-        blocks.append((c_rows, np.array(t0), np.array(t1)))
+                t0s.append(start[n])
+                t1s.append(max(start[n], flow_end[first + j]))
+        blocks.append((c_rows, np.array(t0s), np.array(t1s)))
     # columns of each simulated block as arrays, built once (replicated steps reuse them)
     str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
     int_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
@@ -168,8 +168,8 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
         parts["end_ns"].append(e_i)
         meta = np.full(len(s_i), "", dtype=object)
         d = (e_i - s_i)[comp_idx].tolist()
-        host, pid, dev, info = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
-        meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], info[j])
+        host, pid, dev, infos = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
+        meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], infos[j])
                           for dj, j in zip(d, comp_idx.tolist())]
         parts["meta_json"].append(meta)
     n_rows = sum(len(x) for x in parts["start_ns"])
