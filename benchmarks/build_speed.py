@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 30.0
 
-TRIVIAL = textwrap.dedent('''
+TRIVIAL = textwrap.dedent("""
     import dagster as dg
 
     @dg.asset
@@ -45,9 +45,9 @@ TRIVIAL = textwrap.dedent('''
         return 1
 
     defs = dg.Definitions(assets=[trivial])
-''')
+""")
 
-STAGES = textwrap.dedent('''
+STAGES = textwrap.dedent("""
     import collections, os, sys, time
     from phantora_assets import pipeline
     from phantora_assets.lib.sim import analytic
@@ -82,7 +82,7 @@ STAGES = textwrap.dedent('''
     print(f"    {'Dagster + CLI (the rest)':34s} {total - ours:6.2f} s")
     print(f"    {'total (in process, --jobs 1)':34s} {total:6.2f} s")
     sys.exit(rc)
-''')
+""")
 
 
 def _load() -> str:
@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         (tmp / "trivial_defs.py").write_text(TRIVIAL)
         (tmp / "home").mkdir()
         env = {**base_env, "DAGSTER_HOME": str(tmp / "home")}
-        wall, rc, b, a, log = _timed([py, "-m", "dagster", "asset", "materialize", "-f", str(tmp / "trivial_defs.py"),
-                                      "--select", "trivial"], tmp, env)
+        wall, rc, b, a, log = _timed(
+            [py, "-m", "dagster", "asset", "materialize", "-f", str(tmp / "trivial_defs.py"), "--select", "trivial"],
+            tmp,
+            env,
+        )
         rows.append(("dagster floor (trivial 1-asset materialize)", wall, rc, b, a))
         if rc:
             print(log[-2000:])
@@ -125,20 +128,25 @@ def main(argv: list[str] | None = None) -> int:
             arch = subprocess.run(["git", "archive", args.baseline], cwd=ROOT, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
             env = {**base_env, "PYTHONPATH": str(src)}
-            wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d0"),
-                                          "--quiet"], src, env)
+            wall, rc, b, a, log = _timed(
+                [py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d0"), "--quiet"], src, env
+            )
             rows.append((f"baseline build ({args.baseline})", wall, rc, b, a))
             if rc:
                 print(log[-2000:])
         env = {**base_env, "PYTHONPATH": str(ROOT)}
         if not args.skip_sequential:
-            wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d1"),
-                                          "--quiet", "--jobs", "1"], ROOT, env)
+            wall, rc, b, a, log = _timed(
+                [py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d1"), "--quiet", "--jobs", "1"],
+                ROOT,
+                env,
+            )
             rows.append(("build --jobs 1", wall, rc, b, a))
             if rc:
                 print(log[-2000:])
-        wall, rc, b, a, log = _timed([py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d2"), "--quiet"],
-                                     ROOT, env)
+        wall, rc, b, a, log = _timed(
+            [py, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp / "d2"), "--quiet"], ROOT, env
+        )
         rows.append(("build (default --jobs)", wall, rc, b, a))
         if rc:
             print(log[-2000:])
@@ -149,13 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:46s} {w:7.1f} {w / floor:8.2f} {r:3d}  {b} -> {a}")
         if args.baseline:
             print(f"\nspeed-up over the baseline: {rows[1][1] / final:.2f}x")
-        print(f"target: default build <= {TARGET_S:.0f} s wall: {'met' if final <= TARGET_S else 'MISSED'} "
-              f"({final:.1f} s)")
+        print(
+            f"target: default build <= {TARGET_S:.0f} s wall: {'met' if final <= TARGET_S else 'MISSED'} "
+            f"({final:.1f} s)"
+        )
         if args.stages:
             (tmp / "stages.py").write_text(STAGES)
             print("\nper-stage profile of one in-process build (--jobs 1):")
-            out = subprocess.run([py, str(tmp / "stages.py"), str(tmp / "d3")], cwd=ROOT, env=env,
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [py, str(tmp / "stages.py"), str(tmp / "d3")], cwd=ROOT, env=env, capture_output=True, text=True
+            )
             print(out.stdout.rstrip() or out.stderr[-2000:])
     return 0 if final <= TARGET_S and all(r[2] == 0 for r in rows) else 1
 

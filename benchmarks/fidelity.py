@@ -53,12 +53,19 @@ def fidelity_rows() -> list[dict]:
         res = sim.run()
         pub_ms, pub_gb = float(r["step_time_ms"]), float(r["inter_node_gb_per_step"])
         sim_ms, sim_b = res.step_ns / 1e6, sim.network_bytes_per_step()
-        out.append({
-            "run_id": r["run_id"], "published_ms": pub_ms, "simulated_ms": sim_ms, "error": (sim_ms - pub_ms) / pub_ms,
-            "published_gb": pub_gb, "simulated_gb": sim_b / 1e9,
-            "bytes_ok": abs(sim_b - pub_gb * 1e9) <= max(0.005 * pub_gb * 1e9, 0.005e9),
-            "db_fraction": res.db_fraction, "exposed_ms": res.exposed_comm_ns / 1e6,
-        })
+        out.append(
+            {
+                "run_id": r["run_id"],
+                "published_ms": pub_ms,
+                "simulated_ms": sim_ms,
+                "error": (sim_ms - pub_ms) / pub_ms,
+                "published_gb": pub_gb,
+                "simulated_gb": sim_b / 1e9,
+                "bytes_ok": abs(sim_b - pub_gb * 1e9) <= max(0.005 * pub_gb * 1e9, 0.005e9),
+                "db_fraction": res.db_fraction,
+                "exposed_ms": res.exposed_comm_ns / 1e6,
+            }
+        )
     return out
 
 
@@ -104,7 +111,7 @@ def fit_l40s(folder: Path = ROOT / "perfdb" / "l40s") -> dict[str, float]:
             if flops < 5e9 and ts[0][0] == "bf16":
                 small.append((flops, ns))
         elif op in ("Add_", "Mul", "Add", "Softmax", "ConvDType", "Mul_") and ts:
-            size = lambda t: math.prod(t[1] or [1]) * DTYPE_CODE_BYTES[t[0]]  # noqa: E731
+            size = lambda t: math.prod(t[1] or [1]) * DTYPE_CODE_BYTES[t[0]]
             big = max(size(t) for t in ts)
             out = math.prod(ts[0][1]) * (2 if obj[op][1] == "BFloat16" else 4) if op == "ConvDType" else big
             traffic = size(ts[0]) + out
@@ -114,10 +121,17 @@ def fit_l40s(folder: Path = ROOT / "perfdb" / "l40s") -> dict[str, float]:
                 l2.append(traffic / ns * 1e9)
     eff = float(np.median(gemm)) / 362e12
     gemm_extra = [ns - f / (362e12 * eff) * 1e9 for f, ns in small]
-    return {"matmul_efficiency": eff, "memory_efficiency": float(np.median(bw)) / 864e9,
-            "gemm_floor_ns": float(np.median(gemm_extra)), "n_small_gemm": len(gemm_extra),
-            "l2_bw_bytes_per_s": float(np.median(l2)), "kernel_floor_ns": float(np.median(sorted(all_ns)[:30])),
-            "n_gemm": len(gemm), "n_elementwise": len(bw), "n_l2": len(l2)}
+    return {
+        "matmul_efficiency": eff,
+        "memory_efficiency": float(np.median(bw)) / 864e9,
+        "gemm_floor_ns": float(np.median(gemm_extra)),
+        "n_small_gemm": len(gemm_extra),
+        "l2_bw_bytes_per_s": float(np.median(l2)),
+        "kernel_floor_ns": float(np.median(sorted(all_ns)[:30])),
+        "n_gemm": len(gemm),
+        "n_elementwise": len(bw),
+        "n_l2": len(l2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,29 +140,48 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = fidelity_rows()
-    print(f"{'run_id':30s} {'published':>10s} {'simulated':>10s} {'error':>8s}   {'pub GB':>7s} {'sim GB':>8s} "
-          f"{'bytes':>5s}  {'perf DB':>7s} {'exposed':>8s}")
+    print(
+        f"{'run_id':30s} {'published':>10s} {'simulated':>10s} {'error':>8s}   {'pub GB':>7s} {'sim GB':>8s} "
+        f"{'bytes':>5s}  {'perf DB':>7s} {'exposed':>8s}"
+    )
     for r in rows:
-        print(f"{r['run_id']:30s} {r['published_ms']:8.1f}ms {r['simulated_ms']:8.1f}ms {r['error']:+8.1%}   "
-              f"{r['published_gb']:7.2f} {r['simulated_gb']:8.3f} {'ok' if r['bytes_ok'] else 'OFF':>5s}  "
-              f"{r['db_fraction']:7.0%} {r['exposed_ms']:6.1f}ms")
+        print(
+            f"{r['run_id']:30s} {r['published_ms']:8.1f}ms {r['simulated_ms']:8.1f}ms {r['error']:+8.1%}   "
+            f"{r['published_gb']:7.2f} {r['simulated_gb']:8.3f} {'ok' if r['bytes_ok'] else 'OFF':>5s}  "
+            f"{r['db_fraction']:7.0%} {r['exposed_ms']:6.1f}ms"
+        )
     err = np.abs([r["error"] for r in rows])
     med, mx = float(np.median(err)), float(err.max())
     bytes_ok = all(r["bytes_ok"] for r in rows)
     oom_ok, flagged, expected = oom_check()
-    print(f"\n{len(rows)} published ok rows: median |error| {med:.1%} (target <= {TARGET_MEDIAN:.0%}), "
-          f"max |error| {mx:.1%} (target <= {TARGET_MAX:.0%})")
-    print(f"bytes within max(0.5 %, 0.005 GB): {'all' if bytes_ok else 'NOT all'}; "
-          f"out-of-memory flags: {'exactly the published ' + str(len(expected)) if oom_ok else f'{sorted(flagged)} vs {sorted(expected)}'}")
+    print(
+        f"\n{len(rows)} published ok rows: median |error| {med:.1%} (target <= {TARGET_MEDIAN:.0%}), "
+        f"max |error| {mx:.1%} (target <= {TARGET_MAX:.0%})"
+    )
+    print(
+        f"bytes within max(0.5 %, 0.005 GB): {'all' if bytes_ok else 'NOT all'}; "
+        "out-of-memory flags: "
+        + (f"exactly the published {len(expected)}" if oom_ok else f"{sorted(flagged)} vs {sorted(expected)}")
+    )
     if args.fit:
         fit = fit_l40s()
         print("\nL40S roofline constants refitted from perfdb/l40s (gpus.toml [l40s]):")
-        print(f"  matmul_efficiency  {fit['matmul_efficiency']:.3f}  (median of {fit['n_gemm']} BF16 GEMMs >= 50 GFLOP)")
-        print(f"  memory_efficiency  {fit['memory_efficiency']:.3f}  (median of {fit['n_elementwise']} element-wise calls >= 200 MB)")
-        print(f"  l2_bw_bytes_per_s  {fit['l2_bw_bytes_per_s']:.3g}  (median of {fit['n_l2']} in-place adds of 16-48 MB)")
+        print(
+            f"  matmul_efficiency  {fit['matmul_efficiency']:.3f}  (median of {fit['n_gemm']} BF16 GEMMs >= 50 GFLOP)"
+        )
+        print(
+            f"  memory_efficiency  {fit['memory_efficiency']:.3f}  "
+            f"(median of {fit['n_elementwise']} element-wise calls >= 200 MB)"
+        )
+        print(
+            f"  l2_bw_bytes_per_s  {fit['l2_bw_bytes_per_s']:.3g}  (median of {fit['n_l2']} in-place adds of 16-48 MB)"
+        )
         print(f"  kernel_floor_ns    {fit['kernel_floor_ns']:.0f}  (median of the 30 shortest recorded calls)")
-        print(f"  gemm_floor_ns      {fit['gemm_floor_ns']:.0f}  (median over {fit['n_small_gemm']} BF16 GEMMs < 5 GFLOP of "
-              "time minus FLOPs at matmul_efficiency)")
+        print(
+            f"  gemm_floor_ns      {fit['gemm_floor_ns']:.0f}  "
+            f"(median over {fit['n_small_gemm']} BF16 GEMMs < 5 GFLOP of "
+            "time minus FLOPs at matmul_efficiency)"
+        )
     print(f"({time.perf_counter() - t0:.1f} s)")
     ok = med <= TARGET_MEDIAN and mx <= TARGET_MAX and bytes_ok and oom_ok
     return 0 if ok else 1

@@ -65,8 +65,14 @@ def _comm_templates(rng: random.Random) -> list[bytes]:
     comms = [bytes(rng.randrange(256) for _ in range(128)) for _ in range(6)]
     ids = [("[" + ",".join(map(str, c)) + "]") for c in comms]
     out = []
-    calls = [("NcclAllReduce", '"op":"Sum",'), ("NcclAllGather", ""), ("NcclReduceScatter", '"op":"Sum",'),
-             ("NcclBcast", '"root":0,'), ("NcclSend", '"peer":1,'), ("NcclRecv", '"peer":0,')]
+    calls = [
+        ("NcclAllReduce", '"op":"Sum",'),
+        ("NcclAllGather", ""),
+        ("NcclReduceScatter", '"op":"Sum",'),
+        ("NcclBcast", '"root":0,'),
+        ("NcclSend", '"peer":1,'),
+        ("NcclRecv", '"peer":0,'),
+    ]
     weights = [8, 4, 4, 1, 2, 2]
     for (call, extra), w in zip(calls, weights):
         for _ in range(w):
@@ -74,18 +80,26 @@ def _comm_templates(rng: random.Random) -> list[bytes]:
             dst = src if rng.random() < 0.1 else rng.choice(hosts)
             ci = rng.randrange(len(comms))
             dtype = rng.choice(["Bf16", "Bf16", "F32", "F16"])
-            stream = ('null' if call in ("NcclSend", "NcclRecv") and rng.random() < 0.5
-                      else '{"device":%d,"id":7}' % rng.randrange(8))
-            name = {"NcclAllReduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-                    "NcclAllGather": "ncclDevKernel_AllGather_RING_LL",
-                    "NcclReduceScatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL",
-                    "NcclBcast": "ncclDevKernel_Broadcast_RING_LL", "NcclSend": "ncclDevKernel_SendRecv",
-                    "NcclRecv": "ncclDevKernel_SendRecv"}[call]
-            t = ('{"name":"%s","cat":"Communication","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%%d,'
-                 '"args":{"Communication":[{"id":%%d,"bytes":%%d,"src":"%s","dst":"%s","token":null,'
-                 '"tenant_id":null,"vsrc":null,"vdst":null,"udp_src_port":null},{"%s":{"count":%%d,'
-                 '"dtype":"%s",%s"comm":{"rank":%d,"id":%s},"stream":%s}}]}}'
-                 % (name, hosts.index(src), src, dst, call, dtype, extra, rng.randrange(8), ids[ci], stream))
+            stream = (
+                "null"
+                if call in ("NcclSend", "NcclRecv") and rng.random() < 0.5
+                else '{"device":%d,"id":7}' % rng.randrange(8)
+            )
+            name = {
+                "NcclAllReduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                "NcclAllGather": "ncclDevKernel_AllGather_RING_LL",
+                "NcclReduceScatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL",
+                "NcclBcast": "ncclDevKernel_Broadcast_RING_LL",
+                "NcclSend": "ncclDevKernel_SendRecv",
+                "NcclRecv": "ncclDevKernel_SendRecv",
+            }[call]
+            t = (
+                '{"name":"%s","cat":"Communication","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%%d,'
+                '"args":{"Communication":[{"id":%%d,"bytes":%%d,"src":"%s","dst":"%s","token":null,'
+                '"tenant_id":null,"vsrc":null,"vdst":null,"udp_src_port":null},{"%s":{"count":%%d,'
+                '"dtype":"%s",%s"comm":{"rank":%d,"id":%s},"stream":%s}}]}}'
+                % (name, hosts.index(src), src, dst, call, dtype, extra, rng.randrange(8), ids[ci], stream)
+            )
             out.append(t.encode())
     return out
 
@@ -101,12 +115,16 @@ def _comp_templates(rng: random.Random) -> list[bytes]:
             name = "cudaMemcpyAsync"
         else:
             name = ops[k % len(ops)]
-            meta = ('{"Torch":{"time":%%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-                    '"stream":{"device":%d,"id":7},"info":{"MM":[{"shape":[%d,%d],"dtype":"BFloat16"},'
-                    '{"shape":[%d,%d],"dtype":"BFloat16"}]}}}' % (host, pid, k, k % 8, 1024, 4096, 4096, 1024))
-        t = ('{"name":"%s","cat":"Computation","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%d,'
-             '"args":{"Computation":[{"hostname":"%s","pid":%d},%%d,%s]}}'
-             % (name, pid, 7 + ((k % 8) << 32), host, pid, meta))
+            meta = (
+                '{"Torch":{"time":%%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+                '"stream":{"device":%d,"id":7},"info":{"MM":[{"shape":[%d,%d],"dtype":"BFloat16"},'
+                '{"shape":[%d,%d],"dtype":"BFloat16"}]}}}' % (host, pid, k, k % 8, 1024, 4096, 4096, 1024)
+            )
+        t = (
+            '{"name":"%s","cat":"Computation","ph":"X","ts":%%s,"dur":%%s,"pid":%d,"tid":%d,'
+            '"args":{"Computation":[{"hostname":"%s","pid":%d},%%d,%s]}}'
+            % (name, pid, 7 + ((k % 8) << 32), host, pid, meta)
+        )
         out.append(t.encode())
     return out
 
@@ -143,7 +161,7 @@ def generate(path: Path, size_mb: float, seed: int = 0) -> int:
                 else:
                     t = comp_t[int(rnd() * len(comp_t))]
                     dur = int(rnd() * 2e6)
-                    if b"%d,{\"Torch" in t or t.count(b"%d") == 2:
+                    if b'%d,{"Torch' in t or t.count(b"%d") == 2:
                         lines.append(t % (_us(ts), _us(dur), dur, dur))
                     else:
                         lines.append(t % (_us(ts), _us(dur), dur))
@@ -180,8 +198,11 @@ def cached_trace(size_mb: float) -> tuple[Path, int]:
     t0 = time.perf_counter()
     n = generate(path, size_mb)
     meta.write_text(str(n))
-    print(f"generated {path.name}: {n / 1e6:.0f} MB decompressed, {path.stat().st_size / 1e6:.0f} MB gz "
-          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"generated {path.name}: {n / 1e6:.0f} MB decompressed, {path.stat().st_size / 1e6:.0f} MB gz "
+        f"in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     return path, n
 
 
@@ -266,18 +287,54 @@ def worker_stdlib(path: Path) -> dict:
         if e["cat"] != "Communication":
             continue
         flow, call = e["args"]["Communication"]
-        (name, p), = call.items()
-        rows.append((flow["id"], e["ts"], e["dur"], flow["src"], flow["dst"], flow["bytes"], name,
-                     p["dtype"], p["count"], bytes(p["comm"]["id"]), p["comm"]["rank"], p.get("root", -1), e["tid"]))
-    df = pd.DataFrame(rows, columns=["flow_id", "ts_us", "dur_us", "src_host", "dst_host", "bytes", "call",
-                                     "dtype", "count", "comm", "comm_rank", "root", "stream"])
+        ((name, p),) = call.items()
+        rows.append(
+            (
+                flow["id"],
+                e["ts"],
+                e["dur"],
+                flow["src"],
+                flow["dst"],
+                flow["bytes"],
+                name,
+                p["dtype"],
+                p["count"],
+                bytes(p["comm"]["id"]),
+                p["comm"]["rank"],
+                p.get("root", -1),
+                e["tid"],
+            )
+        )
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "flow_id",
+            "ts_us",
+            "dur_us",
+            "src_host",
+            "dst_host",
+            "bytes",
+            "call",
+            "dtype",
+            "count",
+            "comm",
+            "comm_rank",
+            "root",
+            "stream",
+        ],
+    )
     seconds = time.perf_counter() - t0
     return {"rows": len(df), "events": len(events), "seconds": seconds}
 
 
-WORKERS = {"ours": worker_ours, "ours_1proc": worker_ours_1proc, "ours_1helper": worker_ours_1helper,
-           "msgspec": worker_msgspec,
-           "orjson": worker_orjson, "stdlib": worker_stdlib}
+WORKERS = {
+    "ours": worker_ours,
+    "ours_1proc": worker_ours_1proc,
+    "ours_1helper": worker_ours_1helper,
+    "msgspec": worker_msgspec,
+    "orjson": worker_orjson,
+    "stdlib": worker_stdlib,
+}
 
 
 def run_worker(mode: str, path: Path) -> None:
@@ -287,12 +344,15 @@ def run_worker(mode: str, path: Path) -> None:
     import pandas  # noqa: F401
 
     import phantora_assets.lib.phantora.chrome_trace  # noqa: F401
+
     if mode == "orjson":
         import orjson  # noqa: F401
     info = WORKERS[mode](path)
     # this process plus its helper processes (each counted at the largest child's peak)
-    info["peak_rss_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                           + info.get("helpers", 0) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    info["peak_rss_mb"] = (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        + info.get("helpers", 0) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    ) / 1024
     print("RESULT " + json.dumps(info), flush=True)
 
 
@@ -300,8 +360,12 @@ def spawn(mode: str, path: Path) -> dict | None:
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ)
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", mode, str(path)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", mode, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     for ln in proc.stdout.splitlines():
         if ln.startswith("RESULT "):
             return json.loads(ln[7:])
@@ -321,15 +385,24 @@ def load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-mb", type=float, default=500.0,
-                    help="decompressed size of the generated trace (MB, at least 500 for the targets)")
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        default=500.0,
+        help="decompressed size of the generated trace (MB, at least 500 for the targets)",
+    )
     ap.add_argument("--trace", type=Path, help="use this trace instead of a generated one (every reader)")
-    ap.add_argument("--reference-mb", type=float, default=None,
-                    help="run orjson and stdlib on a smaller generated trace of this size (quick look; "
-                         "default: every reader on the same trace)")
+    ap.add_argument(
+        "--reference-mb",
+        type=float,
+        default=None,
+        help="run orjson and stdlib on a smaller generated trace of this size (quick look; "
+        "default: every reader on the same trace)",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=list(WORKERS), help="skip a reader")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="rounds (every reader once per round; each reader's fastest run counts)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds (every reader once per round; each reader's fastest run counts)"
+    )
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeat < 1:
@@ -345,15 +418,23 @@ def main(argv: list[str] | None = None) -> int:
     ref_path, ref_n = main_path, main_n
     if args.reference_mb and not args.trace and args.reference_mb < args.size_mb:
         ref_path, ref_n = cached_trace(args.reference_mb)
-    print(f"trace {main_path} ({main_n / 1e6:.0f} MB decompressed, {main_path.stat().st_size / 1e6:.0f} MB "
-          f"on disk); cpus={os.cpu_count()}; {load()}", flush=True)
+    print(
+        f"trace {main_path} ({main_n / 1e6:.0f} MB decompressed, {main_path.stat().st_size / 1e6:.0f} MB "
+        f"on disk); cpus={os.cpu_count()}; {load()}",
+        flush=True,
+    )
     if ref_path != main_path:
         print(f"orjson and stdlib read {ref_path.name} ({ref_n / 1e6:.0f} MB)", flush=True)
 
     results: dict[str, dict] = {}
-    plan = [("ours", main_path, main_n), ("ours_1proc", main_path, main_n), ("ours_1helper", main_path, main_n),
-            ("msgspec", main_path, main_n),
-            ("orjson", ref_path, ref_n), ("stdlib", ref_path, ref_n)]
+    plan = [
+        ("ours", main_path, main_n),
+        ("ours_1proc", main_path, main_n),
+        ("ours_1helper", main_path, main_n),
+        ("msgspec", main_path, main_n),
+        ("orjson", ref_path, ref_n),
+        ("stdlib", ref_path, ref_n),
+    ]
     if "orjson" not in args.skip:
         try:
             import orjson  # noqa: F401
@@ -370,9 +451,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             r["mb"] = n / 1e6
             r["mb_s"] = r["mb"] / r["seconds"]
-            print(f"  [{rnd}/{args.repeat}] {mode:12s} {r['mb']:7.0f} MB {r['seconds']:8.2f} s {r['mb_s']:8.1f} MB/s "
-                  f"rss {r['peak_rss_mb']:7.0f} MB rows {r['rows']}"
-                  + (f" helpers {r['helpers']}" if "helpers" in r else "") + f"  ({load()})", flush=True)
+            print(
+                f"  [{rnd}/{args.repeat}] {mode:12s} {r['mb']:7.0f} MB {r['seconds']:8.2f} s {r['mb_s']:8.1f} MB/s "
+                f"rss {r['peak_rss_mb']:7.0f} MB rows {r['rows']}"
+                + (f" helpers {r['helpers']}" if "helpers" in r else "")
+                + f"  ({load()})",
+                flush=True,
+            )
             best = results.get(mode)
             if best is None or r["seconds"] < best["seconds"]:
                 r["peak_rss_mb"] = max(r["peak_rss_mb"], best["peak_rss_mb"] if best else 0.0)
@@ -391,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     for mode, r in results.items():
         ratio = ours["mb_s"] / r["mb_s"]
         need = THRESHOLDS.get(mode)
-        print(f"{mode:12s} {r['mb']:7.0f} {r['seconds']:8.2f} {r['mb_s']:9.1f} {r['peak_rss_mb']:12.0f} "
-              f"{ratio:10.2f} {('>= %gx' % need) if need else '':>8s}")
+        print(
+            f"{mode:12s} {r['mb']:7.0f} {r['seconds']:8.2f} {r['mb_s']:9.1f} {r['peak_rss_mb']:12.0f} "
+            f"{ratio:10.2f} {('>= %gx' % need) if need else '':>8s}"
+        )
         if need is not None and ratio < need:
             failures.append(f"ours is {ratio:.2f}x {mode}, needs >= {need}x")
     if ours["mb"] < 500:

@@ -61,14 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, OSError):
         core = "not pinned"
     load = os.getloadavg()
-    print(f"one steady step per point, {core}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-          f"on {os.cpu_count()} CPUs\n")
+    print(
+        f"one steady step per point, {core}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        f"on {os.cpu_count()} CPUs\n"
+    )
     counts = [c for c in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if c <= args.max_gpus]
     ok = True
     for wl in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         print(f"{wl} on {args.gpu}, {args.gpus_per_node} GPUs per node")
-        print(f"{'GPUs':>6s} {'nodes':>5s} {'step ms':>9s} {'sim s':>7s} {'+emit s':>8s} {'DAG nodes':>10s} "
-              f"{'flows':>8s} {'rate recomp.':>12s} {'us/flow':>8s} {'vs flows':>9s}")
+        print(
+            f"{'GPUs':>6s} {'nodes':>5s} {'step ms':>9s} {'sim s':>7s} {'+emit s':>8s} {'DAG nodes':>10s} "
+            f"{'flows':>8s} {'rate recomp.':>12s} {'us/flow':>8s} {'vs flows':>9s}"
+        )
         base = None
         xs, ys = [], []
         for n in counts:
@@ -84,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             ratio = (t_sim / base[0]) / (flows / base[1])
             xs.append(flows)
             ys.append(t_sim)
-            print(f"{n:6d} {nodes:5d} {res.step_ns / 1e6:9.1f} {t_sim:7.3f} {t_emit:8.3f} {sim.n_nodes:10d} "
-                  f"{flows:8d} {sim.net_recomputations:12d} {1e6 * t_sim / flows:8.1f} {ratio:9.2f}")
+            print(
+                f"{n:6d} {nodes:5d} {res.step_ns / 1e6:9.1f} {t_sim:7.3f} {t_emit:8.3f} {sim.n_nodes:10d} "
+                f"{flows:8d} {sim.net_recomputations:12d} {1e6 * t_sim / flows:8.1f} {ratio:9.2f}"
+            )
             if wl == "W4" and n == 1024 and t_emit > TARGET_S:
                 ok = False
         if len(xs) > 2:
@@ -93,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"log-log slope of simulation time vs flows: {slope:.2f} (1.00 = linear)\n")
     w4 = [w for w in args.workloads.split(",") if w.strip() == "W4"]
     if w4 and 1024 in counts:
-        print(f"target: one W4 step on 128 x 8 GPUs <= {TARGET_S:.0f} s (simulation + raw timeline): "
-              f"{'met' if ok else 'MISSED'}")
+        print(
+            f"target: one W4 step on 128 x 8 GPUs <= {TARGET_S:.0f} s (simulation + raw timeline): "
+            f"{'met' if ok else 'MISSED'}"
+        )
     return 0 if ok else 1
 
 

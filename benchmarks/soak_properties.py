@@ -36,15 +36,26 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     t0 = time.perf_counter()
     for seed in seeds:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"--hypothesis-seed={seed}",
-               *(rest or PROPERTY_TESTS)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            f"--hypothesis-seed={seed}",
+            *(rest or PROPERTY_TESTS),
+        ]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         last = (out.stdout.strip().splitlines() or ["?"])[-1]
         print(f"seed {seed:3d}: {'passed' if out.returncode == 0 else 'FAILED'}  {last}", flush=True)
         if out.returncode != 0:
             failed.append(seed)
-    print(f"\n{len(seeds) - len(failed)}/{len(seeds)} seeds passed in {time.perf_counter() - t0:.0f} s"
-          + (f"; failed: {failed}" if failed else ""))
+    print(
+        f"\n{len(seeds) - len(failed)}/{len(seeds)} seeds passed in {time.perf_counter() - t0:.0f} s"
+        + (f"; failed: {failed}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -56,38 +56,84 @@ class CheckDef:
 
 
 CHECKS: tuple[CheckDef, ...] = (
-    CheckDef("fits_in_memory", "raw_timeline", True, True,
-             "The run fits the simulated card: the analytic peak memory estimate, or Phantora's run.log "
-             "(no CUDA out-of-memory error, reported peak <= card)."),
-    CheckDef("perfdb_complete", "raw_timeline", True, True,
-             "A perf-DB replay met no kernel shape missing from the database (Phantora's <db>.missing/ is "
-             "empty); otherwise the run's timings are invalid."),
-    CheckDef("flows_exist", "validated_flows", True, True,
-             "The trace has at least one network flow (src host != dst host)."),
-    CheckDef("steps_match", "validated_flows", True, True,
-             "Every steady step issues the same collectives on every communicator."),
-    CheckDef("ring_bytes_match", "validated_flows", True, True,
-             "Every flow's bytes follow Phantora's ring rule for its op, with one group size per communicator."),
-    CheckDef("steady_steps_stable", "validated_flows", True, True,
-             "Steady steps carry identical network bytes and nearly identical durations."),
-    CheckDef("matches_workload_model", "validated_flows", False, False, severity="warn", description=
-             "Advisory (WARN, non-blocking): network bytes per steady step of the trace versus the workload "
-             "model of the same workload and layout, by collective kind (DP, TP, MoE all-to-all, ZeRO-3 "
-             "gathers); warns above 1 % and lists the breakdown (e.g. a published MoE trace missing its "
-             "all-to-all flows)."),
-    CheckDef("bins_conserve_bytes", "binned_flows", True, True,
-             "Sum of binned bytes = placed flow bytes + control bytes, exactly."),
-    CheckDef("windows_contract", "window_features", True, True,
-             "The rows satisfy the windows.csv pandera model."),
-    CheckDef("runs_contract", "run_summary", True, True,
-             "The row satisfies the runs.csv (v1) pandera model."),
-    CheckDef("anatomy_adds_up", "step_anatomy", False, False,
-             "Every (step, host) row: compute + exposed communication + idle = step time, and every host "
-             "has a row for every step."),
-    CheckDef("dataset_contract", "phantora_v0", True, False,
-             "runs, flows_100ms and windows satisfy the v1 pandera contract."),
-    CheckDef("duckdb_matches_dataset", "dataset_duckdb", False, False,
-             "The database holds exactly the runs and rows of phantora_v0."),
+    CheckDef(
+        "fits_in_memory",
+        "raw_timeline",
+        True,
+        True,
+        "The run fits the simulated card: the analytic peak memory estimate, or Phantora's run.log "
+        "(no CUDA out-of-memory error, reported peak <= card).",
+    ),
+    CheckDef(
+        "perfdb_complete",
+        "raw_timeline",
+        True,
+        True,
+        "A perf-DB replay met no kernel shape missing from the database (Phantora's <db>.missing/ is "
+        "empty); otherwise the run's timings are invalid.",
+    ),
+    CheckDef(
+        "flows_exist", "validated_flows", True, True, "The trace has at least one network flow (src host != dst host)."
+    ),
+    CheckDef(
+        "steps_match",
+        "validated_flows",
+        True,
+        True,
+        "Every steady step issues the same collectives on every communicator.",
+    ),
+    CheckDef(
+        "ring_bytes_match",
+        "validated_flows",
+        True,
+        True,
+        "Every flow's bytes follow Phantora's ring rule for its op, with one group size per communicator.",
+    ),
+    CheckDef(
+        "steady_steps_stable",
+        "validated_flows",
+        True,
+        True,
+        "Steady steps carry identical network bytes and nearly identical durations.",
+    ),
+    CheckDef(
+        "matches_workload_model",
+        "validated_flows",
+        False,
+        False,
+        severity="warn",
+        description="Advisory (WARN, non-blocking): network bytes per steady step of the trace versus the workload "
+        "model of the same workload and layout, by collective kind (DP, TP, MoE all-to-all, ZeRO-3 "
+        "gathers); warns above 1 % and lists the breakdown (e.g. a published MoE trace missing its "
+        "all-to-all flows).",
+    ),
+    CheckDef(
+        "bins_conserve_bytes",
+        "binned_flows",
+        True,
+        True,
+        "Sum of binned bytes = placed flow bytes + control bytes, exactly.",
+    ),
+    CheckDef("windows_contract", "window_features", True, True, "The rows satisfy the windows.csv pandera model."),
+    CheckDef("runs_contract", "run_summary", True, True, "The row satisfies the runs.csv (v1) pandera model."),
+    CheckDef(
+        "anatomy_adds_up",
+        "step_anatomy",
+        False,
+        False,
+        "Every (step, host) row: compute + exposed communication + idle = step time, and every host "
+        "has a row for every step.",
+    ),
+    CheckDef(
+        "dataset_contract", "phantora_v0", True, False, "runs, flows_100ms and windows satisfy the v1 pandera contract."
+    ),
+    CheckDef(
+        "duckdb_matches_dataset",
+        "dataset_duckdb",
+        False,
+        False,
+        "The database holds exactly the runs and rows of phantora_v0.",
+    ),
 )
 
 BY_NAME: dict[str, CheckDef] = {c.name: c for c in CHECKS}
@@ -109,8 +155,12 @@ def checks_of(asset: str) -> list[CheckDef]:
 
 def markdown_table() -> str:
     """The README's checks table (one row per check), generated from :data:`CHECKS`."""
-    words = {"gating": "blocking; gates the dataset", "blocking": "blocking", "error": "ERROR, non-blocking",
-             "advisory": "advisory (WARN)"}
+    words = {
+        "gating": "blocking; gates the dataset",
+        "blocking": "blocking",
+        "error": "ERROR, non-blocking",
+        "advisory": "advisory (WARN)",
+    }
     rows = ["| check | asset | kind | what it means |", "|---|---|---|---|"]
     for c in CHECKS:
         rows.append(f"| `{c.name}` | `{c.asset}` | {words[c.kind]} | {c.description} |")
@@ -172,8 +222,11 @@ def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str,
 def blocking_failures(folder: Path) -> dict[str, dict]:
     """Checks of RUN_CHECKS not recorded as passed (missing ones as ``not evaluated``)."""
     data = read_checks(folder)
-    return {n: data.get(n, {"status": NOT_EVALUATED, "message": "never evaluated"})
-            for n in RUN_CHECKS if data.get(n, {}).get("status") != "passed"}
+    return {
+        n: data.get(n, {"status": NOT_EVALUATED, "message": "never evaluated"})
+        for n in RUN_CHECKS
+        if data.get(n, {}).get("status") != "passed"
+    }
 
 
 def run_passed(folder: Path) -> bool:

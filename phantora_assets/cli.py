@@ -70,11 +70,12 @@ def _build_defs(data_dir: str, matrix, plots: bool = True):
 
 def _run_partition(job, instance, run_id: str) -> tuple[str, bool, list[str]]:
     """Materialize every asset and check of ``job`` for one run partition: (run_id, success, step errors)."""
-    res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False,
-                                 run_config=QUIET_LOGS)
-    errors = [str(e.event_specific_data.error.message).strip().splitlines()[0]
-              for e in res.all_events if e.is_step_failure and e.event_specific_data and
-              getattr(e.event_specific_data, "error", None)]
+    res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False, run_config=QUIET_LOGS)
+    errors = [
+        str(e.event_specific_data.error.message).strip().splitlines()[0]
+        for e in res.all_events
+        if e.is_step_failure and e.event_specific_data and getattr(e.event_specific_data, "error", None)
+    ]
     return run_id, res.success, errors
 
 
@@ -85,10 +86,10 @@ _WORKER: dict = {}
 
 def _warm_imports() -> None:
     """Import, before the workers fork, what every run imports lazily (plots, Parquet, inflate)."""
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    import matplotlib.lines  # noqa: F401
-    import matplotlib.patches  # noqa: F401
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure
+    import matplotlib.lines
+    import matplotlib.patches
     import matplotlib.ticker  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
@@ -121,8 +122,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
 
 
-def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True,
-           jobs: int = 1) -> int:
+def _build(
+    data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
+) -> int:
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets.
 
     ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``). Partitions are
@@ -140,8 +142,9 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
     instance = _instance()
     perf_db_job = defs.resolve_job_def("build_perf_dbs")
     for gpu in sorted({s.gpu for s in specs}):
-        perf_db_job.execute_in_process(partition_key=gpu, instance=instance, raise_on_error=False,
-                                       run_config=QUIET_LOGS)
+        perf_db_job.execute_in_process(
+            partition_key=gpu, instance=instance, raise_on_error=False, run_config=QUIET_LOGS
+        )
     jobs = max(1, min(jobs, len(specs)))
     use_home = bool(os.environ.get("DAGSTER_HOME"))
     run_job = defs.resolve_job_def("build_runs")
@@ -168,7 +171,7 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
         results = [_run_partition(run_job, instance, s.run_id) for s in specs]
     failures = 0
     rows = []
-    for (run_id, success, errors), spec in zip(results, specs):
+    for (_run_id, success, errors), spec in zip(results, specs):
         checks = read_checks(paths.run_folder(spec))
         if checks.get("fits_in_memory", {}).get("status") == "failed":
             status = "out of memory: " + checks["fits_in_memory"]["message"]
@@ -179,25 +182,31 @@ def _build(data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, 
                 status += " (warning: " + warn["message"][:200] + ")"
         else:
             failures += 1
-            failed = [f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items()
-                      if v["status"] == "failed"]
+            failed = [
+                f"{k}: {v['message']}"
+                for k, v in blocking_failures(paths.run_folder(spec)).items()
+                if v["status"] == "failed"
+            ]
             status = "FAILED: " + "; ".join(errors + failed)[:300]
         rows.append((spec.run_id, status))
         if not quiet:
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-    res = defs.resolve_job_def("build_dataset").execute_in_process(instance=instance, raise_on_error=False,
-                                                                   run_config=QUIET_LOGS)
+    res = defs.resolve_job_def("build_dataset").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET_LOGS
+    )
     if not res.success:
         failures += 1
         failed = sorted({e.step_key for e in res.all_events if e.is_step_failure})
         print(f"dataset: FAILED at {', '.join(failed) or 'a blocking check'} (see its checks)", file=sys.stderr)
     elapsed = time.perf_counter() - t0
-    print(f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
-          f"{sum(r[1].startswith('ok') for r in rows)} ok, "
-          f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
-          f"{sum(r[1].startswith('FAILED') for r in rows)} failed")
+    print(
+        f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
+        f"{sum(r[1].startswith('ok') for r in rows)} ok, "
+        f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
+        f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
+    )
     print(f"dataset:     {paths.dataset_dir.resolve()}")
-    print(f"database:    {paths.duckdb_path.resolve()}  (phantora-assets query \"SQL\")")
+    print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
     print(f"run folders: {(paths.root / 'traces').resolve()}")
     return 1 if failures else 0
 
@@ -220,8 +229,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     for s in skipped:
         print(f"skipped {s.path}: {s.reason}", file=sys.stderr)
     if not found:
-        print("import: no run folder (traces/<gpu>/<workload>_<nodes>x<gpus>/ with timeline.json.gz) found",
-              file=sys.stderr)
+        print(
+            "import: no run folder (traces/<gpu>/<workload>_<nodes>x<gpus>/ with timeline.json.gz) found",
+            file=sys.stderr,
+        )
         return 2
     registry = register(data_dir, [f.spec for f in found])
     for f in found:
@@ -235,8 +246,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from phantora_assets.lib.sim.memory import estimate_memory
-    from phantora_assets.matrix import matrix_for
     from phantora_assets.lib.sim.workloads import WorkloadModel
+    from phantora_assets.matrix import matrix_for
 
     paths = DataPaths(Path(args.data_dir))
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
@@ -252,8 +263,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
             if warned:
                 built += " (warning: " + ", ".join(warned) + ")"
         fits = "yes" if mem["fits"] else "NO"
-        print(f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "
-              f"{mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}")
+        print(
+            f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "
+            f"{mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}"
+        )
     return 0
 
 
@@ -267,7 +280,8 @@ def _cell(v) -> str:
 
 def _jsonable(v):
     import math
-    from datetime import date, datetime, time as dtime
+    from datetime import date, datetime
+    from datetime import time as dtime
     from decimal import Decimal
 
     if isinstance(v, float) and not math.isfinite(v):
@@ -301,8 +315,9 @@ def format_rows(columns: list[str], rows: list[tuple], fmt: str) -> str:
         return buf.getvalue()
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows != []
-               for i in range(len(columns))]
+    numeric = [
+        all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows != [] for i in range(len(columns))
+    ]
 
     def line(vals):
         return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
@@ -317,8 +332,10 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     db = DataPaths(Path(args.data_dir)).duckdb_path
     if not db.exists():
-        print(f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
-              file=sys.stderr)
+        print(
+            f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
+            file=sys.stderr,
+        )
         return 2
     try:
         with duckdb.connect(str(db), read_only=True) as con:
@@ -346,8 +363,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     try:
         bandwidths = [float(b) for b in args.bandwidths.split(",") if b.strip()]
-        points = grid([x for x in args.layouts.split(",") if x.strip()], bandwidths, workloads, args.gpu,
-                      uplink_bw_gbps=args.uplink_bw, rack_size=args.rack_size, nspines=args.nspines, ecmp=args.ecmp)
+        points = grid(
+            [x for x in args.layouts.split(",") if x.strip()],
+            bandwidths,
+            workloads,
+            args.gpu,
+            uplink_bw_gbps=args.uplink_bw,
+            rack_size=args.rack_size,
+            nspines=args.nspines,
+            ecmp=args.ecmp,
+        )
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -360,8 +385,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         df.to_csv(out, index=False, float_format="%.6g", lineterminator="\n")
     if not args.quiet:
-        show = df[["workload", "layout", "host_bw_gbps", "status", "step_time_ms", "compute_ms", "exposed_comm_ms",
-                   "inter_node_bytes_per_step"]].copy()
+        show = df[
+            [
+                "workload",
+                "layout",
+                "host_bw_gbps",
+                "status",
+                "step_time_ms",
+                "compute_ms",
+                "exposed_comm_ms",
+                "inter_node_bytes_per_step",
+            ]
+        ].copy()
         show["status"] = show["status"].str.slice(0, 120)
         print(show.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\n{len(df)} points ({(df['status'] == 'ok').sum()} ok) in {time.perf_counter() - t0:.1f} s -> {out}")
@@ -377,17 +412,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--run", action="append", help="only this run_id (repeatable)")
     b.add_argument("--quiet", action="store_true", help="print only the summary")
     b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
-    b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes for the runs (default: min(2, CPUs)); 1 = sequential")
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes for the runs (default: min(2, CPUs)); 1 = sequential",
+    )
     b.set_defaults(func=cmd_build)
-    w = sub.add_parser("sweep", help="what-if grid (layouts x host bandwidths x workloads) with the analytic "
-                                      "simulator, one table row per point (no Dagster)")
+    w = sub.add_parser(
+        "sweep",
+        help="what-if grid (layouts x host bandwidths x workloads) with the analytic "
+        "simulator, one table row per point (no Dagster)",
+    )
     w.add_argument("--layouts", default="2x8,4x8,16x8", help="comma-separated <nodes>x<gpus_per_node>")
     w.add_argument("--bandwidths", default="100,200,400,800", help="host link bandwidths, Gbps")
     w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5")
     w.add_argument("--gpu", default="h100", help="a key of gpus.toml")
-    w.add_argument("--uplink-bw", type=float, default=None,
-                   help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)")
+    w.add_argument(
+        "--uplink-bw",
+        type=float,
+        default=None,
+        help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)",
+    )
     w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
     w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
     w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/sim/network.py)")
@@ -396,8 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--quiet", action="store_true", help="print only the summary line")
     w.set_defaults(func=cmd_sweep)
     i = sub.add_parser("import", help="register run folders of a Phantora dataset and build them")
-    i.add_argument("folders", nargs="+", metavar="FOLDER",
-                   help="a dataset root, its traces/ folder, a GPU folder or a run folder")
+    i.add_argument(
+        "folders", nargs="+", metavar="FOLDER", help="a dataset root, its traces/ folder, a GPU folder or a run folder"
+    )
     i.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
     i.add_argument("--no-build", action="store_true", help="only register the folders in DIR/imports.toml")
     i.add_argument("--quiet", action="store_true", help="print only the summary")

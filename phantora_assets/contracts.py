@@ -19,82 +19,83 @@ from pandera.pandas import Check, Column, DataFrameSchema
 #: Raw timeline of the analytic simulator: one row per event (an Action with its final Span).
 #: Communication rows describe one flow; computation rows one kernel / torch op of one rank.
 RAW_TIMELINE_COLUMNS: dict[str, str] = {
-    "event_id": "int64",        # unique id (Phantora Action id)
-    "kind": "str",              # "communication" | "computation"
-    "name": "str",              # event name (kernel or torch op, or the NCCL call name)
-    "start_ns": "int64",        # simulated ns since the first span of the run
-    "end_ns": "int64",          # >= start_ns
-    "src_host": "str",          # host of the flow's source, or the computing host ("host-1" ...)
-    "dst_host": "str",          # host of the flow's destination ("" for computation)
-    "bytes": "int64",           # flow bytes (0 for computation)
-    "call": "str",              # NcclAllReduce | NcclAllGather | NcclReduceScatter | NcclBcast | NcclSend | NcclRecv ("" for computation)
-    "count": "int64",           # NCCL count argument (0 for computation)
-    "dtype": "str",             # Phantora dtype name, e.g. "Bf16" ("" for computation)
-    "reduce_op": "str",         # "Sum" for all-reduce / reduce-scatter, else ""
-    "root": "int64",            # broadcast root rank, else -1
-    "comm_id_hex": "str",       # 256 hex chars = the 128-byte NCCL communicator id ("" for computation)
-    "comm_rank": "int64",       # caller's rank in the communicator (-1 for computation)
-    "stream_device": "int64",   # CUDA device of the stream (local GPU index)
-    "stream_id": "int64",       # CUDA stream id
-    "os_pid": "int64",          # OS pid of the rank process (computation events)
-    "meta_json": "str",         # computation meta as compact JSON ({"Torch": {...}} or {"Cuda": {...}}), "" for communication
+    "event_id": "int64",  # unique id (Phantora Action id)
+    "kind": "str",  # "communication" | "computation"
+    "name": "str",  # event name (kernel or torch op, or the NCCL call name)
+    "start_ns": "int64",  # simulated ns since the first span of the run
+    "end_ns": "int64",  # >= start_ns
+    "src_host": "str",  # host of the flow's source, or the computing host ("host-1" ...)
+    "dst_host": "str",  # host of the flow's destination ("" for computation)
+    "bytes": "int64",  # flow bytes (0 for computation)
+    # NcclAllReduce | NcclAllGather | NcclReduceScatter | NcclBcast | NcclSend | NcclRecv ("" for computation)
+    "call": "str",
+    "count": "int64",  # NCCL count argument (0 for computation)
+    "dtype": "str",  # Phantora dtype name, e.g. "Bf16" ("" for computation)
+    "reduce_op": "str",  # "Sum" for all-reduce / reduce-scatter, else ""
+    "root": "int64",  # broadcast root rank, else -1
+    "comm_id_hex": "str",  # 256 hex chars = the 128-byte NCCL communicator id ("" for computation)
+    "comm_rank": "int64",  # caller's rank in the communicator (-1 for computation)
+    "stream_device": "int64",  # CUDA device of the stream (local GPU index)
+    "stream_id": "int64",  # CUDA stream id
+    "os_pid": "int64",  # OS pid of the rank process (computation events)
+    "meta_json": "str",  # computation meta as compact JSON ({"Torch": {...}} or {"Cuda": {...}}), "" for communication
 }
 
 #: Network/loopback flows parsed from a Chrome JSON trace: one row per Communication event.
 FLOW_COLUMNS: dict[str, str] = {
-    "flow_id": "int64",         # args.Communication[0].id
-    "ts_us": "float64",         # event ts, simulated microseconds
-    "dur_us": "float64",        # event dur, microseconds (0 for collectives <= 4 KiB)
-    "src_host": "str",          # "host-1" ...
+    "flow_id": "int64",  # args.Communication[0].id
+    "ts_us": "float64",  # event ts, simulated microseconds
+    "dur_us": "float64",  # event dur, microseconds (0 for collectives <= 4 KiB)
+    "src_host": "str",  # "host-1" ...
     "dst_host": "str",
-    "src_node": "int64",        # host-k -> node k-1
+    "src_node": "int64",  # host-k -> node k-1
     "dst_node": "int64",
-    "bytes": "int64",           # flow bytes
-    "call": "str",              # NCCL call name, e.g. "NcclAllReduce"
-    "op": "str",                # all_reduce | all_gather | reduce_scatter | broadcast | send | recv
-    "dtype": "str",             # "Bf16" ...
+    "bytes": "int64",  # flow bytes
+    "call": "str",  # NCCL call name, e.g. "NcclAllReduce"
+    "op": "str",  # all_reduce | all_gather | reduce_scatter | broadcast | send | recv
+    "dtype": "str",  # "Bf16" ...
     "dtype_bytes": "int64",
     "count": "int64",
-    "comm_id": "str",           # 16 hex chars: blake2b(digest_size=8) of the 128 communicator id bytes
-    "comm_rank": "int64",       # caller's rank in the communicator
-    "root": "int64",            # broadcast root, else -1
-    "stream": "int64",          # event tid = (device << 32) | stream id
-    "name": "str",              # event name
+    "comm_id": "str",  # 16 hex chars: blake2b(digest_size=8) of the 128 communicator id bytes
+    "comm_rank": "int64",  # caller's rank in the communicator
+    "root": "int64",  # broadcast root, else -1
+    "stream": "int64",  # event tid = (device << 32) | stream id
+    "name": "str",  # event name
 }
 
 #: Per-host summary of Computation events (they are not kept whole).
 COMPUTE_SUMMARY_COLUMNS: dict[str, str] = {
     "host": "str",
     "n_events": "int64",
-    "busy_us": "float64",       # sum of dur
+    "busy_us": "float64",  # sum of dur
     "first_ts_us": "float64",
     "last_end_us": "float64",
 }
 
 #: Output of step detection: one row per step of the run.
 STEP_COLUMNS: dict[str, str] = {
-    "step": "int64",            # 0-based step index in trace order
-    "start_us": "float64",      # earliest start of the step's first collectives across communicators
-    "end_us": "float64",        # start of the next step (last step: end of its last flow)
+    "step": "int64",  # 0-based step index in trace order
+    "start_us": "float64",  # earliest start of the step's first collectives across communicators
+    "end_us": "float64",  # start of the next step (last step: end of its last flow)
     "duration_us": "float64",
-    "steady": "bool",           # False for warm-up steps (and the partial/unbounded last one if untimed)
-    "network_bytes": "int64",   # bytes of the step's flows with src_node != dst_node
+    "steady": "bool",  # False for warm-up steps (and the partial/unbounded last one if untimed)
+    "network_bytes": "int64",  # bytes of the step's flows with src_node != dst_node
     "n_flows": "int64",
 }
 
 #: One steady step's network flows, the input of the 180 s build.
 STEP_FLOW_COLUMNS: dict[str, str] = {
-    "offset_us": "float64",     # flow start minus the step's start_us, >= 0
-    "dur_us": "float64",        # >= 0
+    "offset_us": "float64",  # flow start minus the step's start_us, >= 0
+    "dur_us": "float64",  # >= 0
     "src_node": "int64",
-    "dst_node": "int64",        # != src_node
+    "dst_node": "int64",  # != src_node
     "bytes": "int64",
 }
 
 #: flows_100ms rows (the v1 contract): bytes sent src_node -> dst_node in the bin starting at t.
 BIN_COLUMNS: dict[str, str] = {
     "run_id": "str",
-    "t": "float64",             # bin start, seconds, multiple of the bin length, 0 <= t < window
+    "t": "float64",  # bin start, seconds, multiple of the bin length, 0 <= t < window
     "src_node": "int64",
     "dst_node": "int64",
     "bytes": "int64",
@@ -131,12 +132,22 @@ RUNS = DataFrameSchema(
         "layout": Column(str, Check.str_matches(r"^\d+x\d+$"), description="<nodes>x<gpus_per_node>"),
         "n_nodes": Column("int64", Check.ge(1), description="hosts"),
         "step_time_s": Column(float, Check.gt(0), description="median steady step, s"),
-        "inter_node_bytes_per_step": Column("int64", Check.ge(0), description="network bytes of one steady step, both directions"),
+        "inter_node_bytes_per_step": Column(
+            "int64", Check.ge(0), description="network bytes of one steady step, both directions"
+        ),
         "nic_bw": Column(float, Check.gt(0), description="simulated host link, bytes/s (800 Gbps = 1e11)"),
-        "flops_per_step": Column(float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"),
-        "mfu": Column(float, Check.in_range(0, 1), nullable=True, description="model FLOP utilisation (roofline timing only)"),
-        "peak_flops": Column(float, Check.gt(0), nullable=True, description="per-GPU BF16 peak, FLOP/s (roofline timing only)"),
-        "alpha": Column(float, Check.in_range(0, 1), nullable=True, description="roofline matmul efficiency (roofline timing only)"),
+        "flops_per_step": Column(
+            float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"
+        ),
+        "mfu": Column(
+            float, Check.in_range(0, 1), nullable=True, description="model FLOP utilisation (roofline timing only)"
+        ),
+        "peak_flops": Column(
+            float, Check.gt(0), nullable=True, description="per-GPU BF16 peak, FLOP/s (roofline timing only)"
+        ),
+        "alpha": Column(
+            float, Check.in_range(0, 1), nullable=True, description="roofline matmul efficiency (roofline timing only)"
+        ),
         "workload": Column(str, Check.str_matches(r"^W\d+$")),
         "framework": Column(str),
         "model": Column(str),
@@ -144,15 +155,25 @@ RUNS = DataFrameSchema(
         "gpu": Column(str),
         "gpus_per_node": Column("int64", Check.ge(1)),
         "world_size": Column("int64", Check.ge(1)),
-        "simulator": Column(str, Check.isin(["analytic", "docker", "import"]), description="which simulation source produced the trace"),
+        "simulator": Column(
+            str, Check.isin(["analytic", "docker", "import"]), description="which simulation source produced the trace"
+        ),
         "n_steady_steps": Column("int64", Check.ge(1)),
         "peak_memory_gib": Column(float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"),
-        "perf_db_fraction": Column(float, Check.in_range(0, 1), nullable=True,
-                                   description="share of the analytic simulator's compute time timed by the GPU's perf DB "
-                                               "(the rest by the roofline); null for Phantora traces"),
-        "exposed_comm_s": Column(float, Check.ge(0), nullable=True,
-                                 description="analytic simulator: steady step time minus rank 0's compute-stream busy "
-                                             "time, s; null for Phantora traces"),
+        "perf_db_fraction": Column(
+            float,
+            Check.in_range(0, 1),
+            nullable=True,
+            description="share of the analytic simulator's compute time timed by the GPU's perf DB "
+            "(the rest by the roofline); null for Phantora traces",
+        ),
+        "exposed_comm_s": Column(
+            float,
+            Check.ge(0),
+            nullable=True,
+            description="analytic simulator: steady step time minus rank 0's compute-stream busy "
+            "time, s; null for Phantora traces",
+        ),
         "window_s": Column(float, Check.gt(0), description="length of the flows_100ms window, s"),
         "bin_s": Column(float, Check.gt(0), description="bin length, s"),
         "seed": Column("int64", description="seed of the build's randomness (from run_id)"),
@@ -202,31 +223,59 @@ def windows_schema() -> DataFrameSchema:
             checks.append(Check.ge(f.ge))
         if f.le is not None:
             checks.append(Check.le(f.le))
-        cols[f.name] = Column(float if f.dtype == "float64" else f.dtype, checks, nullable=f.nullable,
-                              description=f"{f.formula} [{f.unit}]")
+        cols[f.name] = Column(
+            float if f.dtype == "float64" else f.dtype,
+            checks,
+            nullable=f.nullable,
+            description=f"{f.formula} [{f.unit}]",
+        )
 
     def _close(a, b):
         return (a - b).abs() <= 1e-6 * b.abs().clip(lower=1.0)
 
     frame_checks = [
-        Check(lambda df: _close(df["bin_mean_bytes"] * df["n_bins"], df["total_bytes"].astype(float)),
-              error="bin_mean_bytes * n_bins != total_bytes"),
-        Check(lambda df: df["bin_p95_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_p95_bytes > bin_max_bytes"),
-        Check(lambda df: df["bin_mean_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_mean_bytes > bin_max_bytes"),
-        Check(lambda df: df["bytes_per_active_pair"] * df["n_active_pairs"] <= df["total_bytes"] * (1 + 1e-12),
-              error="bytes of the active pairs exceed total_bytes"),
-        Check(lambda df: df["dominant_period_s"].isna() == df["periodicity"].isna(),
-              error="dominant_period_s and periodicity must be NaN together"),
+        Check(
+            lambda df: _close(df["bin_mean_bytes"] * df["n_bins"], df["total_bytes"].astype(float)),
+            error="bin_mean_bytes * n_bins != total_bytes",
+        ),
+        Check(
+            lambda df: df["bin_p95_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_p95_bytes > bin_max_bytes"
+        ),
+        Check(
+            lambda df: df["bin_mean_bytes"] <= df["bin_max_bytes"] * (1 + 1e-12), error="bin_mean_bytes > bin_max_bytes"
+        ),
+        Check(
+            lambda df: df["bytes_per_active_pair"] * df["n_active_pairs"] <= df["total_bytes"] * (1 + 1e-12),
+            error="bytes of the active pairs exceed total_bytes",
+        ),
+        Check(
+            lambda df: df["dominant_period_s"].isna() == df["periodicity"].isna(),
+            error="dominant_period_s and periodicity must be NaN together",
+        ),
         # 2 bins <= period <= window / MIN_CYCLES (bin length = window_s / n_bins for a whole window)
-        Check(lambda df: df["dominant_period_s"].isna()
-              | ((df["dominant_period_s"] >= 2 * df["window_s"] / df["n_bins"] * (1 - 1e-9))
-                 & (df["dominant_period_s"] <= df["window_s"] / MIN_CYCLES * (1 + 1e-9))),
-              error="dominant_period_s outside [2 bins, window / 2]"),
-        Check(lambda df: df["spectral_peak_hz"].isna()
-              | (df["spectral_peak_hz"] <= df["n_bins"] / (2 * df["window_s"]) * (1 + 1e-9)),
-              error="spectral_peak_hz above the Nyquist frequency"),
+        Check(
+            lambda df: (
+                df["dominant_period_s"].isna()
+                | (
+                    (df["dominant_period_s"] >= 2 * df["window_s"] / df["n_bins"] * (1 - 1e-9))
+                    & (df["dominant_period_s"] <= df["window_s"] / MIN_CYCLES * (1 + 1e-9))
+                )
+            ),
+            error="dominant_period_s outside [2 bins, window / 2]",
+        ),
+        Check(
+            lambda df: (
+                df["spectral_peak_hz"].isna()
+                | (df["spectral_peak_hz"] <= df["n_bins"] / (2 * df["window_s"]) * (1 + 1e-9))
+            ),
+            error="spectral_peak_hz above the Nyquist frequency",
+        ),
     ]
-    return DataFrameSchema(cols, checks=frame_checks, strict=True, ordered=True,
-                           unique=["run_id", "window_s", "window_start_s"], name="windows")
-
-
+    return DataFrameSchema(
+        cols,
+        checks=frame_checks,
+        strict=True,
+        ordered=True,
+        unique=["run_id", "window_s", "window_start_s"],
+        name="windows",
+    )

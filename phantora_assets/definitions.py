@@ -50,16 +50,22 @@ def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.
     run_assets = [assets[n] for n in RUN_ASSET_NAMES]
     return [
         dg.define_asset_job(
-            "all_runs", selection=dg.AssetSelection.assets(*run_assets), partitions_def=parts.runs,
+            "all_runs",
+            selection=dg.AssetSelection.assets(*run_assets),
+            partitions_def=parts.runs,
             description="Every per-run asset and check for the selected run partitions (use for backfills).",
         ),
         dg.define_asset_job(
-            "docker_runs", selection=dg.AssetSelection.assets(*run_assets), partitions_def=parts.runs, tags=DOCKER_TAG,
+            "docker_runs",
+            selection=dg.AssetSelection.assets(*run_assets),
+            partitions_def=parts.runs,
+            tags=DOCKER_TAG,
             description="Like all_runs, for partitions simulated with Phantora in Docker: runs carry the tag "
             "phantora/simulator=docker, which dagster.yaml limits (tag_concurrency_limits).",
         ),
         dg.define_asset_job(
-            "dataset", selection=dg.AssetSelection.assets(*[assets[n] for n in DATASET_ASSET_NAMES]),
+            "dataset",
+            selection=dg.AssetSelection.assets(*[assets[n] for n in DATASET_ASSET_NAMES]),
             description="Assemble data/phantora_v0 from every run that passed its checks, rebuild "
             "data/phantora.duckdb from the same runs, and draw the dataset plots.",
         ),
@@ -69,22 +75,34 @@ def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.
 def _schedules(parts: Partitions) -> list[dg.ScheduleDefinition]:
     keys = parts.runs.get_partition_keys()
 
-    @dg.schedule(cron_schedule="0 2 * * 0", job_name="all_runs", default_status=dg.DefaultScheduleStatus.STOPPED,
-                 description="Weekly backfill: one run request per run partition (every run of the matrix).")
+    @dg.schedule(
+        cron_schedule="0 2 * * 0",
+        job_name="all_runs",
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description="Weekly backfill: one run request per run partition (every run of the matrix).",
+    )
     def weekly_runs_backfill(context: dg.ScheduleEvaluationContext):
         for key in keys:
             yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}-{key}", partition_key=key)
 
-    @dg.schedule(cron_schedule="0 6 * * 0", job_name="dataset", default_status=dg.DefaultScheduleStatus.STOPPED,
-                 description="Weekly dataset assembly, after the runs backfill.")
+    @dg.schedule(
+        cron_schedule="0 6 * * 0",
+        job_name="dataset",
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description="Weekly dataset assembly, after the runs backfill.",
+    )
     def weekly_dataset(context: dg.ScheduleEvaluationContext):
         return dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}")
 
     return [weekly_runs_backfill, weekly_dataset]
 
 
-def build_defs(data_dir: str | Path | None = None, specs: Sequence[RunSpec] | None = None, *,
-               simulator: dg.ConfigurableResource | None = None) -> dg.Definitions:
+def build_defs(
+    data_dir: str | Path | None = None,
+    specs: Sequence[RunSpec] | None = None,
+    *,
+    simulator: dg.ConfigurableResource | None = None,
+) -> dg.Definitions:
     """The Definitions of one data root.
 
     Args:

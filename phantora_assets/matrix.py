@@ -246,8 +246,14 @@ def _inputs_key(data_dir: Path) -> tuple:
     matrix_file = run_matrix_path()
     import_dirs = tuple(p for p in os.environ.get(IMPORT_DIR_ENV, "").split(os.pathsep) if p.strip())
     registry = registry_path(data_dir)
-    return (str(data_dir.resolve()), str(matrix_file), matrix_file and _stamp(matrix_file),
-            _stamp(registry), import_dirs, tuple(_stamp(Path(d)) for d in import_dirs))
+    return (
+        str(data_dir.resolve()),
+        str(matrix_file),
+        matrix_file and _stamp(matrix_file),
+        _stamp(registry),
+        import_dirs,
+        tuple(_stamp(Path(d)) for d in import_dirs),
+    )
 
 
 _RESOLVED: dict[str, tuple[tuple, list[RunSpec]]] = {}

@@ -1,19 +1,19 @@
 """Where every file lives under the data root (default ``data/``). No Dagster import.
 
-    <root>/traces/<gpu>/<workload>_<layout>/   run folder, laid out like the published dataset:
-        timeline.json.gz  checks.txt  checks.json  run.log  config/...
-        timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
-        plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
-    <root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
-        raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet  compute_events.parquet
-        flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
-        run_log.json  cross_check.json  step_anatomy.parquet  step_spans.parquet
-    <root>/imports.toml                        imported run folders (phantora-assets import)
-    <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
-    <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
-    <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
-    <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
-    <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
+<root>/traces/<gpu>/<workload>_<layout>/   run folder, laid out like the published dataset:
+    timeline.json.gz  checks.txt  checks.json  run.log  config/...
+    timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
+    plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
+<root>/partitions/<run_id>/                per-run intermediate tables (Parquet)
+    raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet  compute_events.parquet
+    flows_100ms.parquet  windows.parquet  run_summary.parquet  trace_summary.json
+    run_log.json  cross_check.json  step_anatomy.parquet  step_spans.parquet
+<root>/imports.toml                        imported run folders (phantora-assets import)
+<root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
+<root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
+<root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
+<root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
+<root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
 from phantora_assets.matrix import RunSpec
+from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import DockerBackend, SourceContext
 from phantora_assets.stages.common import StageResult
@@ -46,8 +46,9 @@ class SimulatorResource(dg.ConfigurableResource):
 
     def context(self, perfdb_status: str = "unknown") -> SourceContext:
         """The SourceContext the sources get (the raw_timeline stage fills in the perf DB status)."""
-        return SourceContext(perfdb_status=perfdb_status, docker=self.docker_backend(),
-                             log=dg.get_dagster_logger().info)
+        return SourceContext(
+            perfdb_status=perfdb_status, docker=self.docker_backend(), log=dg.get_dagster_logger().info
+        )
 
     def simulate(self, spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> StageResult:
         """raw_timeline of ``spec``: run.log, config/ and the raw timeline under ``paths``.
@@ -67,7 +68,8 @@ class AnalyticSimulatorResource(SimulatorResource):
 
 
 class PhantoraDocker(SimulatorResource):
-    """Phantora in Docker (``lib/phantora/docker_config.py`` builds the files, ``lib/phantora/docker_runner.py`` runs them).
+    """Phantora in Docker (``lib/phantora/docker_config.py`` builds the files,
+    ``lib/phantora/docker_runner.py`` runs them).
 
     The image must be built with ``patches/visualizer.patch`` (README). Kernel timings are
     replayed from the run's GPU database under ``perfdb/<gpu>/`` (no GPU needed); a GPU without
@@ -99,8 +101,14 @@ class PhantoraDocker(SimulatorResource):
     def settings(self):
         from phantora_assets.lib.phantora.docker_config import DockerSettings
 
-        return DockerSettings(image=self.image, socket_dir=self.socket_dir, phantora_tests_dir=self.phantora_tests_dir,
-                              log_level=self.log_level, startup_wait_s=self.startup_wait_s, timeout_s=self.timeout_s)
+        return DockerSettings(
+            image=self.image,
+            socket_dir=self.socket_dir,
+            phantora_tests_dir=self.phantora_tests_dir,
+            log_level=self.log_level,
+            startup_wait_s=self.startup_wait_s,
+            timeout_s=self.timeout_s,
+        )
 
     def _client(self):
         import docker
@@ -125,11 +133,15 @@ class PhantoraDocker(SimulatorResource):
             return None
         raise FileNotFoundError(
             f"{spec.run_id}: no perf DB for {spec.gpu} at {folder}; record one (tohtana/Phantora "
-            "tests/perfdb/record_all.sh on that GPU) or set profile_without_perfdb on a machine with that GPU")
+            "tests/perfdb/record_all.sh on that GPU) or set profile_without_perfdb on a machine with that GPU"
+        )
 
     def docker_backend(self) -> DockerBackend:
         from phantora_assets.lib.phantora.docker_runner import SimulationSlots
 
-        return DockerBackend(runner=self._runner, settings=self.settings(),
-                             slots=lambda root: SimulationSlots(root / "work" / ".slots", self.max_concurrent),
-                             perfdb_source=self.perfdb_source)
+        return DockerBackend(
+            runner=self._runner,
+            settings=self.settings(),
+            slots=lambda root: SimulationSlots(root / "work" / ".slots", self.max_concurrent),
+            perfdb_source=self.perfdb_source,
+        )

@@ -45,9 +45,27 @@ from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import RunSpec, presets, validate
 
 SWEEP_COLUMNS = [
-    "workload", "gpu", "layout", "n_nodes", "gpus_per_node", "world_size", "parallelism", "host_bw_gbps",
-    "uplink_bw_gbps", "rack_size", "nspines", "ecmp", "status", "peak_memory_gib", "step_time_ms", "compute_ms",
-    "exposed_comm_ms", "exposed_comm_fraction", "inter_node_bytes_per_step", "perf_db_fraction", "sim_s",
+    "workload",
+    "gpu",
+    "layout",
+    "n_nodes",
+    "gpus_per_node",
+    "world_size",
+    "parallelism",
+    "host_bw_gbps",
+    "uplink_bw_gbps",
+    "rack_size",
+    "nspines",
+    "ecmp",
+    "status",
+    "peak_memory_gib",
+    "step_time_ms",
+    "compute_ms",
+    "exposed_comm_ms",
+    "exposed_comm_fraction",
+    "inter_node_bytes_per_step",
+    "perf_db_fraction",
+    "sim_s",
 ]
 
 
@@ -64,8 +82,10 @@ class SweepPoint:
     ecmp: str | None = None
 
     def spec(self) -> RunSpec:
-        topo: dict[str, Any] = {"host_bw_gbps": self.host_bw_gbps,
-                                "rack_uplink_port_bw_gbps": self.uplink_bw_gbps or self.host_bw_gbps}
+        topo: dict[str, Any] = {
+            "host_bw_gbps": self.host_bw_gbps,
+            "rack_uplink_port_bw_gbps": self.uplink_bw_gbps or self.host_bw_gbps,
+        }
         if self.rack_size:
             topo["rack_size"] = self.rack_size
         if self.nspines:
@@ -84,8 +104,9 @@ def parse_layout(text: str) -> tuple[int, int]:
         raise ValueError(f"layout {text!r} is not <nodes>x<gpus_per_node>") from exc
 
 
-def grid(layouts: Iterable[str], bandwidths: Iterable[float], workloads: Iterable[str], gpu: str,
-         **topology: Any) -> list[SweepPoint]:
+def grid(
+    layouts: Iterable[str], bandwidths: Iterable[float], workloads: Iterable[str], gpu: str, **topology: Any
+) -> list[SweepPoint]:
     """Every (workload, layout, bandwidth) point, in that nesting order."""
     pts = []
     for wl in workloads:
@@ -103,10 +124,18 @@ def simulate_point(point: SweepPoint) -> dict[str, Any]:
     spec = point.spec()
     cluster = spec.cluster
     row: dict[str, Any] = {
-        "workload": spec.workload, "gpu": spec.gpu, "layout": spec.layout, "n_nodes": spec.n_nodes,
-        "gpus_per_node": spec.gpus_per_node, "world_size": spec.world_size, "parallelism": "",
-        "host_bw_gbps": float(cluster["host_bw_gbps"]), "uplink_bw_gbps": float(cluster["rack_uplink_port_bw_gbps"]),
-        "rack_size": int(cluster["rack_size"]), "nspines": int(cluster["nspines"]), "ecmp": str(cluster["ecmp"]),
+        "workload": spec.workload,
+        "gpu": spec.gpu,
+        "layout": spec.layout,
+        "n_nodes": spec.n_nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "world_size": spec.world_size,
+        "parallelism": "",
+        "host_bw_gbps": float(cluster["host_bw_gbps"]),
+        "uplink_bw_gbps": float(cluster["rack_uplink_port_bw_gbps"]),
+        "rack_size": int(cluster["rack_size"]),
+        "nspines": int(cluster["nspines"]),
+        "ecmp": str(cluster["ecmp"]),
     }
     try:
         validate(spec, f"sweep point {spec.workload} {spec.gpu} {spec.layout}")
@@ -120,16 +149,18 @@ def simulate_point(point: SweepPoint) -> dict[str, Any]:
     if not res.fits:
         return {**row, "status": "out_of_memory", "sim_s": time.perf_counter() - t0}
     step = res.step_ns
-    row.update({
-        "status": "ok",
-        "step_time_ms": step / 1e6,
-        "compute_ms": res.compute_ns_per_step / 1e6,
-        "exposed_comm_ms": res.exposed_comm_ns / 1e6,
-        "exposed_comm_fraction": res.exposed_comm_ns / step if step else 0.0,
-        "inter_node_bytes_per_step": sim.network_bytes_per_step(),
-        "perf_db_fraction": res.db_fraction,
-        "sim_s": time.perf_counter() - t0,
-    })
+    row.update(
+        {
+            "status": "ok",
+            "step_time_ms": step / 1e6,
+            "compute_ms": res.compute_ns_per_step / 1e6,
+            "exposed_comm_ms": res.exposed_comm_ns / 1e6,
+            "exposed_comm_fraction": res.exposed_comm_ns / step if step else 0.0,
+            "inter_node_bytes_per_step": sim.network_bytes_per_step(),
+            "perf_db_fraction": res.db_fraction,
+            "sim_s": time.perf_counter() - t0,
+        }
+    )
     return row
 
 

@@ -18,14 +18,17 @@ DATA = Path(__file__).parent / "data"
 # `HYPOTHESIS_PROFILE=soak python benchmarks/soak_properties.py` (README: Tests).
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
 settings.register_profile("random", derandomize=False, database=None, print_blob=True, deadline=None)
-settings.register_profile("soak", derandomize=False, database=None, print_blob=True, deadline=None,
-                          max_examples=2000)
+settings.register_profile("soak", derandomize=False, database=None, print_blob=True, deadline=None, max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-docker", action="store_true", default=False,
-                     help="run tests that need a Docker engine and the Phantora image")
+    parser.addoption(
+        "--run-docker",
+        action="store_true",
+        default=False,
+        help="run tests that need a Docker engine and the Phantora image",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.sim.analytic import simulate
-from phantora_assets.lib.sim.timeline import SimulationResult
 from phantora_assets.lib.phantora.chrome_trace import write_chrome_trace
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
+from phantora_assets.lib.sim.analytic import simulate
+from phantora_assets.lib.sim.timeline import SimulationResult
 from phantora_assets.matrix import RunSpec, spec_from_run_id
 
 
@@ -52,12 +52,22 @@ def deepspeed_log(iteration_s: list[float], ranks: int, prefix: str = "host-1: "
     for i, t in enumerate(iteration_s):
         lines.append(f"{prefix}rank 0 iter {i} loss: 11.9{i % 10} time: {t:.2f} wall: {4.0 + i:.2f}")
     for r in range(ranks):
-        lines.append(f"{prefix}Rank {r} Time: {iteration_s!r} Avg Time: {sum(iteration_s[1:]) / (len(iteration_s) - 1):.2f}")
+        lines.append(
+            f"{prefix}Rank {r} Time: {iteration_s!r} Avg Time: {sum(iteration_s[1:]) / (len(iteration_s) - 1):.2f}"
+        )
     return "\n".join(lines) + "\n"
 
 
-def write_run_folder(root: Path, spec: RunSpec, raw: pd.DataFrame | None, *, run_log: str | None,
-                     gz: bool = True, timeline_bin: bool = True, netconfig: bool = True) -> Path:
+def write_run_folder(
+    root: Path,
+    spec: RunSpec,
+    raw: pd.DataFrame | None,
+    *,
+    run_log: str | None,
+    gz: bool = True,
+    timeline_bin: bool = True,
+    netconfig: bool = True,
+) -> Path:
     """One run folder under ``root/traces/``; returns it."""
     folder = root / "traces" / spec.gpu / f"{spec.workload}_{spec.layout}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,7 +97,7 @@ def mixed_send_recv(raw: pd.DataFrame, n: int) -> pd.DataFrame:
     assert len(idx) % len(pairs) == 0
     call, name, rank = (raw.columns.get_loc(c) for c in ("call", "name", "comm_rank"))
     for b in range(0, len(idx), len(pairs)):
-        rows = idx[b:b + len(pairs)]
+        rows = idx[b : b + len(pairs)]
         assert raw["start_ns"].iloc[rows].nunique() == 1
         for r, (s, d) in zip(rows, pairs):
             assert raw.iat[r, rank] == s

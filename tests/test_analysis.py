@@ -16,23 +16,22 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import DATA
 
-from phantora_assets.stages import analysis
-from phantora_assets.stages import dataset as dataset_stage
 from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main
 from phantora_assets.lib.store import plots
 from phantora_assets.lib.store.database import VIEWS, views_markdown
 from phantora_assets.lib.traffic.periodicity import alias_period_s
 from phantora_assets.lib.traffic.window_features import feature_markdown
-from phantora_assets.paths import DataPaths
 from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
+from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
+from phantora_assets.stages import analysis
+from phantora_assets.stages import dataset as dataset_stage
 
 RUN_MATRIX = load_run_matrix()
 RUNS_BY_ID = {s.run_id: s for s in RUN_MATRIX}
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
-
-from conftest import DATA
 
 ROOT = DATA.parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -73,8 +72,11 @@ def test_database_tables_equal_the_dataset(built, con) -> None:
         want = pd.read_parquet(built / "phantora_v0" / f"{table}.parquet")
         got = con.execute(f"SELECT * FROM {table}").df()
         keys = [c for c in ("run_id", "window_s", "window_start_s", "t", "src_node", "dst_node") if c in want]
-        pd.testing.assert_frame_equal(got.sort_values(keys).reset_index(drop=True),
-                                      want.sort_values(keys).reset_index(drop=True), check_dtype=False)
+        pd.testing.assert_frame_equal(
+            got.sort_values(keys).reset_index(drop=True),
+            want.sort_values(keys).reset_index(drop=True),
+            check_dtype=False,
+        )
 
 
 def test_flows_table_is_the_validated_flow_table(built, con) -> None:
@@ -83,8 +85,7 @@ def test_flows_table_is_the_validated_flow_table(built, con) -> None:
         assert c in cols
     want = pd.read_parquet(DataPaths(built).partition_dir(RUN) / "flows.parquet")
     got = con.execute("SELECT * EXCLUDE (run_id) FROM flows WHERE run_id = ? ORDER BY ts_us, flow_id", [RUN]).df()
-    pd.testing.assert_frame_equal(got, want.sort_values(["ts_us", "flow_id"]).reset_index(drop=True),
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(got, want.sort_values(["ts_us", "flow_id"]).reset_index(drop=True), check_dtype=False)
     assert con.execute("SELECT count(*) FROM flows WHERE src_node = dst_node").fetchone()[0] == 0
 
 
@@ -115,11 +116,11 @@ def test_collective_types_follow_the_workload(con, runs) -> None:
         kinds.setdefault(run_id, set()).add(coll)
     assert set().union(*kinds.values()) <= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
     for run_id, row in runs.iterrows():
-        if row.workload in ("W2", "W3"):       # MoE: expert all-to-all as grouped send/recv
+        if row.workload in ("W2", "W3"):  # MoE: expert all-to-all as grouped send/recv
             assert "all_to_all" in kinds[run_id], run_id
-        if row.workload == "W5":                # ZeRO-3: parameters gathered, gradients scattered
+        if row.workload == "W5":  # ZeRO-3: parameters gathered, gradients scattered
             assert {"all_gather", "reduce_scatter"} <= kinds[run_id], run_id
-        if row.workload == "W4":                # DeepSpeed ZeRO-0 data parallel
+        if row.workload == "W4":  # DeepSpeed ZeRO-0 data parallel
             assert "all_reduce" in kinds[run_id], run_id
 
 
@@ -214,8 +215,12 @@ def test_query_bad_sql_in_a_subprocess_has_no_traceback(built) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "phantora_assets.cli", "query", "select * from nowhere",
-                          "--data-dir", str(built)], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "phantora_assets.cli", "query", "select * from nowhere", "--data-dir", str(built)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert "Catalog Error" in out.stderr and "nowhere" in out.stderr and "Traceback" not in out.stderr
 
@@ -287,23 +292,28 @@ def test_every_plot_renders_for_one_run(built, tmp_path) -> None:
     out = {
         "pair_heatmap": plots.pair_heatmap(plots.pair_matrix(flows, steps, 2), RUN, tmp_path / "a.png"),
         "timeseries": plots.timeseries(bins, RUN, 0.1, 0.07, path=tmp_path / "b.png"),
-        "step_anatomy": plots.step_anatomy_chart(spans, table[table.step == step], RUN, step, 71000.0,
-                                                 path=tmp_path / "c.png"),
+        "step_anatomy": plots.step_anatomy_chart(
+            spans, table[table.step == step], RUN, step, 71000.0, path=tmp_path / "c.png"
+        ),
     }
     for (name, data), f in zip(out.items(), ("a", "b", "c")):
         assert (tmp_path / f"{f}.png").read_bytes() == data
         assert png_size(data) == plots.SIZES[name]
     matrix = plots.pair_matrix(flows, steps, 2)
-    assert matrix.sum() == pytest.approx(pd.read_csv(built / "phantora_v0" / "runs.csv")
-                                         .set_index("run_id").loc[RUN, "inter_node_bytes_per_step"])
+    assert matrix.sum() == pytest.approx(
+        pd.read_csv(built / "phantora_v0" / "runs.csv").set_index("run_id").loc[RUN, "inter_node_bytes_per_step"]
+    )
 
 
 def test_plots_metadata_renders_in_the_ui(built) -> None:
     """A real materialization of run_plots: Markdown metadata with each PNG embedded, plus its path."""
     result = dg.materialize(
-        d.ALL_ASSETS, selection=[d.ASSETS["run_plots"]], partition_key=RUN,
+        d.ALL_ASSETS,
+        selection=[d.ASSETS["run_plots"]],
+        partition_key=RUN,
         resources={"data": DataRoot(data_dir=str(built)), "simulator": AnalyticSimulatorResource()},
-        instance=dg.DagsterInstance.ephemeral(), run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}},
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}},
     )
     assert result.success
     meta = result.asset_materializations_for_node("run_plots")[0].metadata
@@ -330,5 +340,7 @@ def test_windows_csv_covers_every_run_with_the_feature_set(built, runs) -> None:
     wins = pd.read_csv(built / "phantora_v0" / "windows.csv")
     assert set(wins.run_id) == set(runs.index)
     assert wins.groupby(["run_id", "window_s"]).size().unstack().to_dict("list") == {
-        1.0: [180] * len(runs), 15.0: [12] * len(runs)}
+        1.0: [180] * len(runs),
+        15.0: [12] * len(runs),
+    }
     assert np.isfinite(wins[["total_bytes", "cv", "pair_entropy_bits", "top_pair_share"]]).all().all()

@@ -46,7 +46,7 @@ def test_megatron_grad_reduce_scatter_overlaps_the_backward():
     bwd = comp0[comp0["name"].str.endswith(".bwd")]
     assert len(rs) and _overlap(rs, bwd)
     opt = comp0[comp0["name"] == "optimizer.step"]
-    assert (opt["start_ns"].min() >= rs["end_ns"].max())
+    assert opt["start_ns"].min() >= rs["end_ns"].max()
 
 
 def test_megatron_param_all_gather_overlaps_the_forward():
@@ -101,20 +101,25 @@ def test_flow_durations_come_from_the_network():
     _, res = _run("phantora_a100_40g_W4_2x1")
     net = _net(_steady(res))
     big = net[net["bytes"] > 1e8]
-    assert np.allclose((big["end_ns"] - big["start_ns"]) / (big["bytes"] / 100.0), 1.0, rtol=5e-3)  # replicated steps carry the +-0.1 % jitter
+    assert np.allclose(
+        (big["end_ns"] - big["start_ns"]) / (big["bytes"] / 100.0), 1.0, rtol=5e-3
+    )  # replicated steps carry the +-0.1 % jitter
     _, res = _run("phantora_a100_40g_W1_2x4")
     ag = _net(_steady(res))
     ag = ag[(ag["call"] == "NcclAllGather") & (ag["bytes"] > 1e8)]
     per_start = ag.groupby("start_ns")
     assert (per_start.size() == 4).all()  # both rings, both directions start together
-    assert np.allclose((ag["end_ns"] - ag["start_ns"]) / (ag["bytes"] / 50.0), 1.0, rtol=5e-3)  # replicated steps carry the +-0.1 % jitter
+    assert np.allclose(
+        (ag["end_ns"] - ag["start_ns"]) / (ag["bytes"] / 50.0), 1.0, rtol=5e-3
+    )  # replicated steps carry the +-0.1 % jitter
 
 
 def test_tiny_collectives_take_zero_time():
     _, res = _run("phantora_a100_40g_W1_2x2")
     raw = res.raw
-    tiny = raw[(raw["kind"] == "communication") & (raw["count"] * 4 <= 4096) & (raw["dtype"] == "F32")
-               & (raw["count"] == 1)]
+    tiny = raw[
+        (raw["kind"] == "communication") & (raw["count"] * 4 <= 4096) & (raw["dtype"] == "F32") & (raw["count"] == 1)
+    ]
     assert len(tiny) and (tiny["end_ns"] == tiny["start_ns"]).all()
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.traffic import anatomy
-from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.contracts import STEP_COLUMNS
+from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.traffic import anatomy
 
 
 def test_merge_intervals() -> None:
@@ -38,17 +38,21 @@ def _steps(bounds: list[tuple[float, float]], steady: list[bool]) -> pd.DataFram
 def test_step_anatomy_by_hand() -> None:
     # two 100 us steps, two hosts
     steps = _steps([(0.0, 100.0), (100.0, 200.0)], [False, True])
-    compute = pd.DataFrame({
-        "host": ["host-1", "host-1", "host-2", "host-1"],
-        "ts_us": [0.0, 30.0, 0.0, 110.0],
-        "dur_us": [40.0, 20.0, 50.0, 60.0],   # host-1 step 0: [0,50) (two overlapping kernels)
-    })
-    flows = pd.DataFrame({
-        "ts_us": [40.0, 40.0, 150.0, 60.0],
-        "dur_us": [30.0, 30.0, 40.0, 0.0],
-        "src_node": [0, 1, 0, 0],
-        "dst_node": [1, 0, 1, 0],              # the last one is loopback: not network
-    })
+    compute = pd.DataFrame(
+        {
+            "host": ["host-1", "host-1", "host-2", "host-1"],
+            "ts_us": [0.0, 30.0, 0.0, 110.0],
+            "dur_us": [40.0, 20.0, 50.0, 60.0],  # host-1 step 0: [0,50) (two overlapping kernels)
+        }
+    )
+    flows = pd.DataFrame(
+        {
+            "ts_us": [40.0, 40.0, 150.0, 60.0],
+            "dur_us": [30.0, 30.0, 40.0, 0.0],
+            "src_node": [0, 1, 0, 0],
+            "dst_node": [1, 0, 1, 0],  # the last one is loopback: not network
+        }
+    )
     t = anatomy.step_anatomy(steps, flows, compute)
     assert list(t.columns) == list(anatomy.ANATOMY_COLUMNS)
     r = t.set_index(["step", "host"])
@@ -74,21 +78,32 @@ def test_step_spans_are_relative_and_clipped() -> None:
     flows = pd.DataFrame({"ts_us": [150.0], "dur_us": [100.0], "src_node": [0], "dst_node": [1]})
     sp = anatomy.step_spans(steps.iloc[0], flows, compute, ["host-1", "host-2"])
     got = sorted(zip(sp.host, sp.kind, sp.start_us, sp.end_us))
-    assert got == [("host-1", "communication", 50.0, 100.0), ("host-1", "compute", 0.0, 20.0),
-                   ("host-2", "communication", 50.0, 100.0)]
+    assert got == [
+        ("host-1", "communication", 50.0, 100.0),
+        ("host-1", "compute", 0.0, 20.0),
+        ("host-2", "communication", 50.0, 100.0),
+    ]
 
 
 def _event(cat: str, ts: float, dur: float, host: str) -> dict:
     if cat == "Computation":
         args = {"Computation": [{"hostname": host, "pid": 7}, int(dur * 1000), {"Torch": {"time": 1}}]}
     else:
-        args = {"Communication": [{"id": 0, "bytes": 8, "src": host, "dst": "host-2"},
-                                  {"NcclAllReduce": {"count": 2, "dtype": "Bf16", "comm": {"rank": 0, "id": [1]}}}]}
+        args = {
+            "Communication": [
+                {"id": 0, "bytes": 8, "src": host, "dst": "host-2"},
+                {"NcclAllReduce": {"count": 2, "dtype": "Bf16", "comm": {"rank": 0, "id": [1]}}},
+            ]
+        }
     return {"name": "x", "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
 
 
-EVENTS = [_event("Communication", 0, 5, "host-1"), _event("Computation", 1.5, 2.25, "host-1"),
-          _event("Computation", 3, 1, "host-2"), _event("Communication", 4, 1, "host-2")]
+EVENTS = [
+    _event("Communication", 0, 5, "host-1"),
+    _event("Computation", 1.5, 2.25, "host-1"),
+    _event("Computation", 3, 1, "host-2"),
+    _event("Communication", 4, 1, "host-2"),
+]
 
 
 @pytest.mark.parametrize("layout", ["visualizer", "one_line"])

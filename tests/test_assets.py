@@ -11,11 +11,11 @@ import dagster as dg
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import ADVISORY_CHECKS, RUN_CHECKS, read_checks
-from phantora_assets.paths import DataPaths
 from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
+from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -23,8 +23,13 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 def _materialize(run_id: str, root: Path, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
     return dg.materialize(
-        d.ALL_ASSETS, selection=d.RUN_ASSETS, partition_key=run_id, instance=instance, raise_on_error=False,
-        resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()}, run_config=QUIET,
+        d.ALL_ASSETS,
+        selection=d.RUN_ASSETS,
+        partition_key=run_id,
+        instance=instance,
+        raise_on_error=False,
+        resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
+        run_config=QUIET,
     )
 
 
@@ -49,8 +54,11 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
     # the non-fitting run wrote no trace; downstream assets did not run
     assert not paths.chrome_trace(RUNS_BY_ID[oom]).exists()
-    mats = {m.asset_key.to_user_string() for m in res_oom.get_asset_materialization_events()
-            for m in [m.event_specific_data.materialization]}
+    mats = {
+        m.asset_key.to_user_string()
+        for m in res_oom.get_asset_materialization_events()
+        for m in [m.event_specific_data.materialization]
+    }
     assert mats == {"raw_timeline"}
 
 
@@ -59,9 +67,23 @@ def test_dagster_cli_materializes_one_partition(tmp_path):
     (tmp_path / "home").mkdir()
     run_id = "phantora_a100_40g_W1_2x2"
     out = subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "phantora_assets.definitions",
-         "--select", "raw_timeline", "--partition", run_id],
-        capture_output=True, text=True, cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "asset",
+            "materialize",
+            "-m",
+            "phantora_assets.definitions",
+            "--select",
+            "raw_timeline",
+            "--partition",
+            run_id,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "data" / "partitions" / run_id / "raw_timeline.parquet").stat().st_size > 0

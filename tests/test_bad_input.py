@@ -30,19 +30,19 @@ import pytest
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import read_checks
+from phantora_assets.matrix import RUN_MATRIX_ENV, load_run_matrix
 from phantora_assets.paths import PERFDB_DIR_ENV, DataPaths
-from phantora_assets.matrix import load_run_matrix
+from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 perf_db, raw_timeline, chrome_trace, validated_flows, binned_flows = (
-    d.ASSETS[n] for n in ("perf_db", "raw_timeline", "chrome_trace", "validated_flows", "binned_flows"))
+    d.ASSETS[n] for n in ("perf_db", "raw_timeline", "chrome_trace", "validated_flows", "binned_flows")
+)
 RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
-from phantora_assets.matrix import RUN_MATRIX_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-A = "phantora_l40s_W4_2x1"        # the partition fed bad input
-B = "phantora_a100_40g_W1_2x2"    # another partition, which must still materialize
+A = "phantora_l40s_W4_2x1"  # the partition fed bad input
+B = "phantora_a100_40g_W1_2x2"  # another partition, which must still materialize
 TRACE_CHECKS = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable")
 
 
@@ -51,8 +51,12 @@ TRACE_CHECKS = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_
 
 def _materialize(root: Path, run_id: str, assets: list, instance: dg.DagsterInstance | None = None):
     return dg.materialize(
-        d.ALL_ASSETS, selection=assets, partition_key=run_id, raise_on_error=False,
-        instance=instance or dg.DagsterInstance.ephemeral(), run_config=QUIET,
+        d.ALL_ASSETS,
+        selection=assets,
+        partition_key=run_id,
+        raise_on_error=False,
+        instance=instance or dg.DagsterInstance.ephemeral(),
+        run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
     )
 
@@ -71,16 +75,21 @@ def _error_text(result) -> str:
 
 
 def _materialized(result) -> set[str]:
-    return {e.event_specific_data.materialization.asset_key.to_user_string()
-            for e in result.get_asset_materialization_events()}
+    return {
+        e.event_specific_data.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    }
 
 
 def _files(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder``."""
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _no_temp_files(root: Path) -> None:
@@ -153,7 +162,7 @@ def _empty_array(events: list[dict], good: bytes) -> bytes:
 
 
 def _never_repeat(events: list[dict], good: bytes) -> bytes:
-    for i, e in enumerate(_comm(events)):       # every collective a new element count
+    for i, e in enumerate(_comm(events)):  # every collective a new element count
         (call,) = e["args"]["Communication"][1].values()
         call["count"] += i
     return _gz(_layout(events))
@@ -171,7 +180,7 @@ def _overflowing_duration(events: list[dict], good: bytes) -> bytes:
 
 def _unknown_op(events: list[dict], good: bytes) -> bytes:
     e = _comm(events)[7]
-    (name, call), = e["args"]["Communication"][1].items()
+    ((name, call),) = e["args"]["Communication"][1].items()
     e["args"]["Communication"][1] = {"NcclAllToAll": call}
     return _gz(_layout(events))
 
@@ -201,7 +210,7 @@ def test_bad_trace_fails_its_partition_only(root: Path, case: str) -> None:
     text = _error_text(res)
     assert str(trace) in text and rule in text, text
     assert "validated_flows" not in _materialized(res)
-    assert _files(pdir) == before              # previous outputs byte-identical, nothing new
+    assert _files(pdir) == before  # previous outputs byte-identical, nothing new
     _no_temp_files(root)
     checks = read_checks(DataPaths(root).run_folder(RUNS_BY_ID[A]))
     assert all(checks[c]["status"] == "not evaluated" for c in TRACE_CHECKS)  # out of the dataset
@@ -212,7 +221,7 @@ def test_bad_trace_fails_its_partition_only(root: Path, case: str) -> None:
 
 
 def _no_network_flows(events: list[dict]) -> None:
-    for e in _comm(events):                     # every flow stays inside its host
+    for e in _comm(events):  # every flow stays inside its host
         flow = e["args"]["Communication"][0]
         flow["dst"] = flow["src"]
 
@@ -221,13 +230,15 @@ def _two_group_sizes(events: list[dict]) -> None:
     """One all-reduce of the 2-rank communicator carries the bytes of a 4-rank ring."""
     for e in _comm(events):
         flow, call = e["args"]["Communication"]
-        (name, p), = call.items()
+        ((name, p),) = call.items()
         if name == "NcclAllReduce" and p["count"] == 525336576:
             flow["bytes"] = p["count"] * 2 * 2 * 3 // 4
 
 
-CHECK_CASES = {"no_network_flows": (_no_network_flows, "flows_exist"),
-               "two_group_sizes": (_two_group_sizes, "ring_bytes_match")}
+CHECK_CASES = {
+    "no_network_flows": (_no_network_flows, "flows_exist"),
+    "two_group_sizes": (_two_group_sizes, "ring_bytes_match"),
+}
 
 
 @pytest.mark.parametrize("case", list(CHECK_CASES))
@@ -246,16 +257,16 @@ def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str) -> 
     res = _materialize(root, A, [validated_flows, binned_flows])
 
     assert not res.success
-    text = _error_text(res)      # the only failure is the blocking check, not an exception of ours
+    text = _error_text(res)  # the only failure is the blocking check, not an exception of ours
     assert "DagsterAssetCheckFailedError" in text and check in text, text
     assert "TraceFormatError" not in text and "StepDetectionError" not in text, text
     evals = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
     assert evals[check] is False
-    assert _materialized(res) == {"validated_flows"}        # binned_flows blocked
+    assert _materialized(res) == {"validated_flows"}  # binned_flows blocked
     text = (DataPaths(root).run_folder(RUNS_BY_ID[A]) / "checks.txt").read_text()
     failed = [ln for ln in text.splitlines() if ln.startswith(f"[FAILED] {check} ")]
     assert failed and str(trace) in failed[0], text
-    assert _files(pdir) == before                           # no data file written or changed
+    assert _files(pdir) == before  # no data file written or changed
     _no_temp_files(root)
     _other_partition_materializes(root)
 
@@ -266,8 +277,9 @@ def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str) -> 
 def _mount_tmpfs(target: Path, size: int) -> bool:
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)], capture_output=True, text=True
+    )
     return out.returncode == 0
 
 
@@ -293,7 +305,7 @@ def test_full_disk_while_writing(root: Path, tmp_path: Path, monkeypatch) -> Non
 
             def full_disk(self, path, *args, **kwargs):
                 real(self, path, *args, **kwargs)
-                with open(path, "r+b") as fh:      # a partial file, as a full disk leaves it
+                with open(path, "r+b") as fh:  # a partial file, as a full disk leaves it
                     fh.truncate(max(1, os.path.getsize(path) // 2))
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
@@ -366,19 +378,24 @@ def _load_definitions(tmp_path: Path, matrix: str) -> subprocess.CompletedProces
     path = tmp_path / "matrix.toml"
     path.write_text(matrix)
     env = {**os.environ, RUN_MATRIX_ENV: str(path), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data")}
-    code = ("from phantora_assets.definitions import defs\n"
-            "print(sorted(defs.resolve_job_def('all_runs').partitions_def.get_partition_keys()))\n")
+    code = (
+        "from phantora_assets.definitions import defs\n"
+        "print(sorted(defs.resolve_job_def('all_runs').partitions_def.get_partition_keys()))\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
 
 
 GOOD_ENTRY = '[[run]]\nworkload = "W4"\ngpu = "l40s"\nnodes = 2\ngpus_per_node = 1\n'
 MATRIX_CASES = {
-    "unknown_workload": ('[[run]]\nworkload = "W9"\ngpu = "l40s"\nnodes = 2\ngpus_per_node = 1\n',
-                         "unknown workload 'W9'"),
-    "unknown_gpu": ('[[run]]\nworkload = "W1"\ngpu = "v100"\nnodes = 2\ngpus_per_node = 1\n',
-                    "unknown GPU 'v100'"),
-    "indivisible_layout": ('[[run]]\nworkload = "W1"\ngpu = "h100"\nnodes = 1\ngpus_per_node = 1\n',
-                           "tensor_parallel_size=2 to divide the GPU count"),
+    "unknown_workload": (
+        '[[run]]\nworkload = "W9"\ngpu = "l40s"\nnodes = 2\ngpus_per_node = 1\n',
+        "unknown workload 'W9'",
+    ),
+    "unknown_gpu": ('[[run]]\nworkload = "W1"\ngpu = "v100"\nnodes = 2\ngpus_per_node = 1\n', "unknown GPU 'v100'"),
+    "indivisible_layout": (
+        '[[run]]\nworkload = "W1"\ngpu = "h100"\nnodes = 1\ngpus_per_node = 1\n',
+        "tensor_parallel_size=2 to divide the GPU count",
+    ),
 }
 
 
@@ -389,7 +406,7 @@ def test_bad_run_matrix_entry_stops_loading(tmp_path: Path, case: str) -> None:
     assert out.returncode != 0
     assert "RunMatrixError" in out.stderr and "[[run]] #2" in out.stderr and rule in out.stderr, out.stderr
     assert str(tmp_path / "matrix.toml") in out.stderr
-    assert not (tmp_path / "data").exists()       # nothing simulated or written
+    assert not (tmp_path / "data").exists()  # nothing simulated or written
 
 
 def test_good_run_matrix_still_loads(tmp_path: Path) -> None:

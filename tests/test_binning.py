@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.traffic.binning import (
     BinnedFlows,
     build_bins,
@@ -18,7 +19,6 @@ from phantora_assets.lib.traffic.binning import (
     seed_from_run_id,
     split_flow_bytes,
 )
-from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
 
 MS = 1_000_000  # ns
 
@@ -35,11 +35,17 @@ def ring_step(step_time_s: float, n_nodes: int = 4, n_flows: int = 40, seed: int
     step_us = step_time_s * 1e6
     src = rng.integers(0, n_nodes, n_flows)
     dst = (src + rng.integers(1, n_nodes, n_flows)) % n_nodes
-    return flows(list(zip(
-        rng.uniform(0.6 * step_us, step_us, n_flows),
-        rng.uniform(0, 0.3 * step_us, n_flows),
-        src, dst, rng.integers(0, 3_000_000_000, n_flows),
-    )))
+    return flows(
+        list(
+            zip(
+                rng.uniform(0.6 * step_us, step_us, n_flows),
+                rng.uniform(0, 0.3 * step_us, n_flows),
+                src,
+                dst,
+                rng.integers(0, 3_000_000_000, n_flows),
+            )
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +88,8 @@ def test_rebuild_is_byte_identical_and_run_id_matters(built: BinnedFlows) -> Non
     assert other.phase_s != built.phase_s
     assert not other.bins["bytes"].equals(built.bins["bytes"])
     assert seed_from_run_id("abc") == int.from_bytes(
-        bytes.fromhex("ba7816bf8f01cfea"), "big")  # sha256("abc") starts ba7816bf8f01cfea
+        bytes.fromhex("ba7816bf8f01cfea"), "big"
+    )  # sha256("abc") starts ba7816bf8f01cfea
 
 
 def test_repetitions_phase_and_factors(built: BinnedFlows) -> None:
@@ -107,8 +114,7 @@ def test_control_matrix_split() -> None:
 
 def test_single_flow_split_by_hand() -> None:
     # 1000 B over [50, 200) ms: cumulative floor at 100 ms: floor(1000*50/150) = 333
-    np.testing.assert_array_equal(split_flow_bytes(50 * MS, 150 * MS, 1000, bin_ns=100 * MS, n_bins=3),
-                                  [333, 667, 0])
+    np.testing.assert_array_equal(split_flow_bytes(50 * MS, 150 * MS, 1000, bin_ns=100 * MS, n_bins=3), [333, 667, 0])
     # 7 B over [30, 280) ms: C(70)=floor(1.96)=1, C(170)=floor(4.76)=4, C(250)=7
     np.testing.assert_array_equal(split_flow_bytes(30 * MS, 250 * MS, 7, bin_ns=100 * MS, n_bins=3), [1, 3, 3])
     # crossing the window end (window = 2 bins): in-window share C(170) = 4
@@ -222,15 +228,24 @@ def test_conservation_property(data, n_nodes, step_ms, n_bins, jitter, run_id) -
     for _ in range(n_flows):
         src = data.draw(st.integers(0, n_nodes - 1))
         dst = (src + data.draw(st.integers(1, n_nodes - 1))) % n_nodes
-        rows.append((
-            data.draw(st.floats(0, 2 * step_ms * 1000, allow_nan=False)),
-            data.draw(st.one_of(st.just(0.0), st.floats(0, 3_000_000, allow_nan=False))),
-            src, dst,
-            data.draw(st.integers(0, 10**12)),
-        ))
+        rows.append(
+            (
+                data.draw(st.floats(0, 2 * step_ms * 1000, allow_nan=False)),
+                data.draw(st.one_of(st.just(0.0), st.floats(0, 3_000_000, allow_nan=False))),
+                src,
+                dst,
+                data.draw(st.integers(0, 10**12)),
+            )
+        )
     r = build_bins(
-        flows(rows), step_time_s=step_ms / 1000, n_nodes=n_nodes, run_id=run_id,
-        window_s=window_ms / 1000, bin_s=bin_ms / 1000, jitter=jitter, control_bytes_per_s=1000,
+        flows(rows),
+        step_time_s=step_ms / 1000,
+        n_nodes=n_nodes,
+        run_id=run_id,
+        window_s=window_ms / 1000,
+        bin_s=bin_ms / 1000,
+        jitter=jitter,
+        control_bytes_per_s=1000,
     )
     assert conservation_ok(r)
     assert (r.bins["bytes"] >= 0).all()
@@ -243,7 +258,7 @@ def test_conservation_property(data, n_nodes, step_ms, n_bins, jitter, run_id) -
 @given(
     data=st.data(),
     n_nodes=st.integers(2, 5),
-    bin_us=st.integers(1, 250_000),          # any bin size (whole microseconds)
+    bin_us=st.integers(1, 250_000),  # any bin size (whole microseconds)
     n_bins=st.integers(1, 40),
     step_us=st.integers(1, 2_000_000),
     jitter=st.sampled_from([0.0, 0.02, 0.5]),
@@ -256,15 +271,24 @@ def test_conservation_property_any_bin_size(data, n_nodes, bin_us, n_bins, step_
     for _ in range(data.draw(st.integers(0, 15))):
         src = data.draw(st.integers(0, n_nodes - 1))
         dst = (src + data.draw(st.integers(1, n_nodes - 1))) % n_nodes
-        rows.append((
-            data.draw(st.floats(0, 3 * step_us, allow_nan=False)),
-            data.draw(st.one_of(st.just(0.0), st.floats(0, 5 * step_us + bin_us * n_bins, allow_nan=False))),
-            src, dst,
-            data.draw(st.one_of(st.integers(0, 10), st.integers(0, 2**50))),
-        ))
+        rows.append(
+            (
+                data.draw(st.floats(0, 3 * step_us, allow_nan=False)),
+                data.draw(st.one_of(st.just(0.0), st.floats(0, 5 * step_us + bin_us * n_bins, allow_nan=False))),
+                src,
+                dst,
+                data.draw(st.one_of(st.integers(0, 10), st.integers(0, 2**50))),
+            )
+        )
     r = build_bins(
-        flows(rows), step_time_s=step_us / 1e6, n_nodes=n_nodes, run_id="prop",
-        window_s=bin_us * n_bins / 1e6, bin_s=bin_us / 1e6, jitter=jitter, control_bytes_per_s=control,
+        flows(rows),
+        step_time_s=step_us / 1e6,
+        n_nodes=n_nodes,
+        run_id="prop",
+        window_s=bin_us * n_bins / 1e6,
+        bin_s=bin_us / 1e6,
+        jitter=jitter,
+        control_bytes_per_s=control,
     )
     assert conservation_ok(r)
     assert int(r.bins["bytes"].sum()) == r.placed_flow_bytes + r.control_bytes

@@ -6,13 +6,12 @@ import filecmp
 
 import pandas as pd
 import pytest
-
-from phantora_assets.cli import main
-from phantora_assets.checks import read_checks
-from phantora_assets.paths import DataPaths
-from phantora_assets.matrix import load_run_matrix
-
 from conftest import published_rows
+
+from phantora_assets.checks import read_checks
+from phantora_assets.cli import main
+from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
 
 OK_ROWS = [r for r in published_rows() if r["status"] == "ok"]
 OOM_ROWS = [r for r in published_rows() if r["status"] == "out_of_memory"]
@@ -61,8 +60,12 @@ def test_binned_bytes_conserved_exactly(built, runs):
         if spec.run_id not in runs.index:
             continue
         summary = json.loads((paths.partition_dir(spec.run_id) / "trace_summary.json").read_text())
-        rebuilt = build_bins(pd.read_parquet(paths.table(spec.run_id, "step_flows")),
-                             step_time_s=summary["step_time_us"] / 1e6, n_nodes=spec.n_nodes, run_id=spec.run_id)
+        rebuilt = build_bins(
+            pd.read_parquet(paths.table(spec.run_id, "step_flows")),
+            step_time_s=summary["step_time_us"] / 1e6,
+            n_nodes=spec.n_nodes,
+            run_id=spec.run_id,
+        )
         # 5 kB/s per node for 180 s
         assert rebuilt.control_bytes == spec.n_nodes * 5000 * 180
         assert int(per_run[spec.run_id]) == rebuilt.placed_flow_bytes + rebuilt.control_bytes
@@ -84,8 +87,14 @@ def test_run_folder_layout(built):
     folder = built / "traces" / "a100_40g" / "W1_2x2"
     assert (folder / "timeline.json.gz").stat().st_size > 0
     text = (folder / "checks.txt").read_text()
-    for check in ("fits_in_memory", "flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable",
-                  "bins_conserve_bytes"):
+    for check in (
+        "fits_in_memory",
+        "flows_exist",
+        "steps_match",
+        "ring_bytes_match",
+        "steady_steps_stable",
+        "bins_conserve_bytes",
+    ):
         assert f"[PASSED] {check}" in text
     assert (folder / "config" / "netconfig.toml").exists()
     assert spec.trace_dir == "traces/a100_40g/W1_2x2"

@@ -31,9 +31,17 @@ def test_dagster_specs_match_the_registry():
 
 
 def test_gating_and_advisory_lists():
-    assert list(checks.RUN_CHECKS) == ["fits_in_memory", "perfdb_complete", "flows_exist", "steps_match",
-                                       "ring_bytes_match", "steady_steps_stable", "bins_conserve_bytes",
-                                       "windows_contract", "runs_contract"]
+    assert list(checks.RUN_CHECKS) == [
+        "fits_in_memory",
+        "perfdb_complete",
+        "flows_exist",
+        "steps_match",
+        "ring_bytes_match",
+        "steady_steps_stable",
+        "bins_conserve_bytes",
+        "windows_contract",
+        "runs_contract",
+    ]
     assert checks.ADVISORY_CHECKS == {"matches_workload_model": "validated_flows"}
     assert set(checks.TRACE_CHECKS) == {c.name for c in checks.checks_of("validated_flows") if c.gates_dataset}
     assert all(c.blocking for c in checks.CHECKS if c.gates_dataset)

@@ -11,52 +11,163 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.phantora.chrome_trace import comm_id_of, read_trace, write_chrome_trace
-from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.contracts import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.phantora.chrome_trace import comm_id_of, read_trace, write_chrome_trace
 
 COMM_A = bytes(range(128))
 COMM_B = bytes([7] * 128)
 COMM_C = bytes(range(255, 127, -1))
 
-TORCH_META = {"Torch": {"time": 2500, "id": {"host": {"hostname": "host-1", "pid": 101}, "tid": 3},
-                        "stream": {"device": 0, "id": 7},
-                        "info": {"MM": [{"shape": [8, 16], "dtype": "BFloat16"}]}}}
+TORCH_META = {
+    "Torch": {
+        "time": 2500,
+        "id": {"host": {"hostname": "host-1", "pid": 101}, "tid": 3},
+        "stream": {"device": 0, "id": 7},
+        "info": {"MM": [{"shape": [8, 16], "dtype": "BFloat16"}]},
+    }
+}
 CUDA_META = {"Cuda": {"CudaMemcpyAsync": {"size": 64, "kind": "HostToDevice"}}}
 
 
 def _comm(eid, name, start, end, src, dst, nbytes, call, count, dtype, op, root, comm, rank, dev=0, sid=7):
-    return dict(event_id=eid, kind="communication", name=name, start_ns=start, end_ns=end,
-                src_host=src, dst_host=dst, bytes=nbytes, call=call, count=count, dtype=dtype,
-                reduce_op=op, root=root, comm_id_hex=comm.hex(), comm_rank=rank, stream_device=dev,
-                stream_id=sid, os_pid=0, meta_json="")
+    return dict(
+        event_id=eid,
+        kind="communication",
+        name=name,
+        start_ns=start,
+        end_ns=end,
+        src_host=src,
+        dst_host=dst,
+        bytes=nbytes,
+        call=call,
+        count=count,
+        dtype=dtype,
+        reduce_op=op,
+        root=root,
+        comm_id_hex=comm.hex(),
+        comm_rank=rank,
+        stream_device=dev,
+        stream_id=sid,
+        os_pid=0,
+        meta_json="",
+    )
 
 
 def _comp(eid, name, start, end, host, pid, meta, sid=7):
-    return dict(event_id=eid, kind="computation", name=name, start_ns=start, end_ns=end,
-                src_host=host, dst_host="", bytes=0, call="", count=0, dtype="", reduce_op="",
-                root=-1, comm_id_hex="", comm_rank=-1, stream_device=0, stream_id=sid, os_pid=pid,
-                meta_json=json.dumps(meta, separators=(",", ":")))
+    return dict(
+        event_id=eid,
+        kind="computation",
+        name=name,
+        start_ns=start,
+        end_ns=end,
+        src_host=host,
+        dst_host="",
+        bytes=0,
+        call="",
+        count=0,
+        dtype="",
+        reduce_op="",
+        root=-1,
+        comm_id_hex="",
+        comm_rank=-1,
+        stream_device=0,
+        stream_id=sid,
+        os_pid=pid,
+        meta_json=json.dumps(meta, separators=(",", ":")),
+    )
 
 
 def raw_timeline() -> pd.DataFrame:
     """Hand-built raw timeline, deliberately not in time order."""
     rows = [
-        _comm(11, "ar", 5_000_000, 5_056_000, "host-1", "host-2", 8_388_608, "NcclAllReduce",
-              4_194_304, "Bf16", "Sum", -1, COMM_A, 0),
+        _comm(
+            11,
+            "ar",
+            5_000_000,
+            5_056_000,
+            "host-1",
+            "host-2",
+            8_388_608,
+            "NcclAllReduce",
+            4_194_304,
+            "Bf16",
+            "Sum",
+            -1,
+            COMM_A,
+            0,
+        ),
         _comp(1, "aten::mm", 10_000, 13_000, "host-1", 101, TORCH_META),
-        _comm(12, "ar", 5_000_000, 5_056_500, "host-2", "host-1", 8_388_608, "NcclAllReduce",
-              4_194_304, "Bf16", "Sum", -1, COMM_A, 1, dev=1, sid=9),
-        _comm(13, "ag", 1_000, 1_000, "host-1", "host-1", 4096, "NcclAllGather",
-              1024, "F32", "", -1, COMM_B, 0),
-        _comm(14, "rs", 2_000, 2_000, "host-2", "host-1", 2048, "NcclReduceScatter",
-              256, "F64", "Sum", -1, COMM_B, 1),
-        _comm(15, "bc", 3_000_123, 3_010_000, "host-2", "host-1", 1_000_000, "NcclBcast",
-              1_000_000, "I8", "", 1, COMM_A, 1),
-        _comm(16, "send", 4_000_000, 4_020_000, "host-1", "host-2", 65_536, "NcclSend",
-              32_768, "F16", "", -1, COMM_C, 0, sid=-1),
-        _comm(17, "recv", 4_000_000, 4_020_000, "host-1", "host-2", 65_536, "NcclRecv",
-              32_768, "F16", "", -1, COMM_C, 1, sid=3),
+        _comm(
+            12,
+            "ar",
+            5_000_000,
+            5_056_500,
+            "host-2",
+            "host-1",
+            8_388_608,
+            "NcclAllReduce",
+            4_194_304,
+            "Bf16",
+            "Sum",
+            -1,
+            COMM_A,
+            1,
+            dev=1,
+            sid=9,
+        ),
+        _comm(13, "ag", 1_000, 1_000, "host-1", "host-1", 4096, "NcclAllGather", 1024, "F32", "", -1, COMM_B, 0),
+        _comm(14, "rs", 2_000, 2_000, "host-2", "host-1", 2048, "NcclReduceScatter", 256, "F64", "Sum", -1, COMM_B, 1),
+        _comm(
+            15,
+            "bc",
+            3_000_123,
+            3_010_000,
+            "host-2",
+            "host-1",
+            1_000_000,
+            "NcclBcast",
+            1_000_000,
+            "I8",
+            "",
+            1,
+            COMM_A,
+            1,
+        ),
+        _comm(
+            16,
+            "send",
+            4_000_000,
+            4_020_000,
+            "host-1",
+            "host-2",
+            65_536,
+            "NcclSend",
+            32_768,
+            "F16",
+            "",
+            -1,
+            COMM_C,
+            0,
+            sid=-1,
+        ),
+        _comm(
+            17,
+            "recv",
+            4_000_000,
+            4_020_000,
+            "host-1",
+            "host-2",
+            65_536,
+            "NcclRecv",
+            32_768,
+            "F16",
+            "",
+            -1,
+            COMM_C,
+            1,
+            sid=3,
+        ),
         _comp(2, "aten::add", 0, 2_500, "host-1", 101, TORCH_META),
         _comp(3, "memcpy", 500, 1_500, "host-2", 202, CUDA_META),
     ]
@@ -83,8 +194,7 @@ def _lines(path: Path) -> list[str]:
 def test_writer_layout_and_stats(tmp_path: Path) -> None:
     path = tmp_path / "t.json.gz"
     stats = write_chrome_trace(raw_timeline(), path)
-    assert stats == {"n_events": 10, "n_communication": 7, "n_computation": 3,
-                     "bytes_written": path.stat().st_size}
+    assert stats == {"n_events": 10, "n_communication": 7, "n_computation": 3, "bytes_written": path.stat().st_size}
     text = gzip.decompress(path.read_bytes()).decode()
     assert text.startswith("[\n{") and text.endswith("}\n]")
     lines = text.split("\n")
@@ -92,32 +202,72 @@ def test_writer_layout_and_stats(tmp_path: Path) -> None:
     events = json.loads(text)
     ar = events[0]
     assert ar == {
-        "name": "ar", "cat": "Communication", "ph": "X", "ts": 5000, "dur": 56, "pid": 0,
-        "tid": 7, "args": {"Communication": [
-            {"id": 11, "bytes": 8388608, "src": "host-1", "dst": "host-2", "token": None,
-             "tenant_id": None, "vsrc": None, "vdst": None, "udp_src_port": None},
-            {"NcclAllReduce": {"count": 4194304, "dtype": "Bf16", "op": "Sum",
-                               "comm": {"rank": 0, "id": list(COMM_A)},
-                               "stream": {"device": 0, "id": 7}}}]}}
+        "name": "ar",
+        "cat": "Communication",
+        "ph": "X",
+        "ts": 5000,
+        "dur": 56,
+        "pid": 0,
+        "tid": 7,
+        "args": {
+            "Communication": [
+                {
+                    "id": 11,
+                    "bytes": 8388608,
+                    "src": "host-1",
+                    "dst": "host-2",
+                    "token": None,
+                    "tenant_id": None,
+                    "vsrc": None,
+                    "vdst": None,
+                    "udp_src_port": None,
+                },
+                {
+                    "NcclAllReduce": {
+                        "count": 4194304,
+                        "dtype": "Bf16",
+                        "op": "Sum",
+                        "comm": {"rank": 0, "id": list(COMM_A)},
+                        "stream": {"device": 0, "id": 7},
+                    }
+                },
+            ]
+        },
+    }
     # second AllReduce: fractional µs, device 1 -> tid, host-2 is the second src host
     ar2 = events[2]
     assert ar2["dur"] == 56.5 and ar2["pid"] == 1 and ar2["tid"] == (1 << 32) | 9
     bc = events[5]["args"]["Communication"][1]
-    assert bc == {"NcclBcast": {"count": 1000000, "dtype": "I8", "root": 1,
-                                "comm": {"rank": 1, "id": list(COMM_A)}, "stream": {"device": 0, "id": 7}}}
+    assert bc == {
+        "NcclBcast": {
+            "count": 1000000,
+            "dtype": "I8",
+            "root": 1,
+            "comm": {"rank": 1, "id": list(COMM_A)},
+            "stream": {"device": 0, "id": 7},
+        }
+    }
     assert events[5]["ts"] == 3000.123 and '"ts":3000.123,' in lines[6]
     send = events[6]
     assert send["tid"] == 0
-    assert send["args"]["Communication"][1] == {"NcclSend": {
-        "count": 32768, "dtype": "F16", "peer": 1, "comm": {"rank": 0, "id": list(COMM_C)}, "stream": None}}
+    assert send["args"]["Communication"][1] == {
+        "NcclSend": {"count": 32768, "dtype": "F16", "peer": 1, "comm": {"rank": 0, "id": list(COMM_C)}, "stream": None}
+    }
     recv = events[7]["args"]["Communication"][1]["NcclRecv"]
     assert recv["peer"] == 0 and recv["stream"] == {"device": 0, "id": 3}
     ag = events[3]["args"]["Communication"][1]["NcclAllGather"]
     assert set(ag) == {"count", "dtype", "comm", "stream"}
     comp = events[1]
-    assert comp == {"name": "aten::mm", "cat": "Computation", "ph": "X", "ts": 10, "dur": 3,
-                    "pid": 101, "tid": 7,
-                    "args": {"Computation": [{"hostname": "host-1", "pid": 101}, 3000, TORCH_META]}}
+    assert comp == {
+        "name": "aten::mm",
+        "cat": "Computation",
+        "ph": "X",
+        "ts": 10,
+        "dur": 3,
+        "pid": 101,
+        "tid": 7,
+        "args": {"Computation": [{"hostname": "host-1", "pid": 101}, 3000, TORCH_META]},
+    }
 
 
 def test_writer_deterministic_bytes(tmp_path: Path) -> None:
@@ -128,8 +278,8 @@ def test_writer_deterministic_bytes(tmp_path: Path) -> None:
     first = a.read_bytes()
     write_chrome_trace(raw_timeline(), a)  # rewrite in place
     assert a.read_bytes() == first
-    assert first[4:8] == b"\0\0\0\0"       # gzip mtime 0
-    assert not first[3] & 0x08             # no FNAME in the header
+    assert first[4:8] == b"\0\0\0\0"  # gzip mtime 0
+    assert not first[3] & 0x08  # no FNAME in the header
     assert not list(a.parent.glob(".*tmp"))
 
 
@@ -166,8 +316,7 @@ def test_round_trip_flows(trace: Path) -> None:
     assert f["src_node"].tolist() == [0, 1, 1, 0, 0, 0, 1]
     assert f["dst_node"].tolist() == [0, 0, 0, 1, 1, 1, 0]
     assert f["src_host"].tolist() == ["host-1", "host-2", "host-2", "host-1", "host-1", "host-1", "host-2"]
-    assert f["op"].tolist() == ["all_gather", "reduce_scatter", "broadcast", "send", "recv",
-                                "all_reduce", "all_reduce"]
+    assert f["op"].tolist() == ["all_gather", "reduce_scatter", "broadcast", "send", "recv", "all_reduce", "all_reduce"]
     assert f["call"].tolist()[2] == "NcclBcast"
     assert f["dtype"].tolist() == ["F32", "F64", "I8", "F16", "F16", "Bf16", "Bf16"]
     assert f["dtype_bytes"].tolist() == [4, 8, 1, 2, 2, 2, 2]
@@ -201,7 +350,7 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
     ref = read_trace(trace)
     events = json.loads(gzip.decompress(trace.read_bytes()))
     one = tmp_path / "one.json"
-    one.write_text(json.dumps(events))                 # one line, ", " separators
+    one.write_text(json.dumps(events))  # one line, ", " separators
     pretty = tmp_path / "pretty.json.gz"
     pretty.write_bytes(gzip.compress(json.dumps(events, indent=2).encode()))
     plain = tmp_path / "plain.json"
@@ -227,11 +376,11 @@ def test_crlf_layout_is_streamed_in_batches(tmp_path: Path) -> None:
     crlf = tmp_path / "crlf.json.gz"
     crlf.write_bytes(gzip.compress(gzip.decompress(big.read_bytes()).replace(b"\n", b"\r\n")))
     batches = [(offset, bytes(view[:end])) for offset, view, end in tb.iter_batches(crlf, 4096)]
-    assert len(batches) > 20           # cut at ",\r\n", not decoded as one document
+    assert len(batches) > 20  # cut at ",\r\n", not decoded as one document
     assert batches[0][1].startswith(b"[\r\n{")
     assert all(b.startswith(b"[{") and b.endswith(b"}]") for _, b in batches[1:-1])
     text = gzip.decompress(crlf.read_bytes())
-    assert all(text[o:o + 1] == b"{" for o, _ in batches[1:])    # offsets point at each batch's text
+    assert all(text[o : o + 1] == b"{" for o, _ in batches[1:])  # offsets point at each batch's text
     for workers in (0, 1):
         got = read_trace(crlf, chunk_bytes=4096, workers=workers)
         pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
@@ -332,13 +481,13 @@ def test_error_overflowing_duration(tmp_path: Path, trace: Path) -> None:
     _expect(_mutated(trace, tmp_path, "big.json.gz", '"dur":56,', '"dur":1e300,'), "overflowing duration")
     _expect(_mutated(trace, tmp_path, "inf.json.gz", '"dur":56,', '"dur":1e999,'), "overflowing duration")
     _expect(_mutated(trace, tmp_path, "big2.json.gz", '"ts":5000,', f'"ts":{2**60},'), "overflowing duration")
-    _expect(_mutated(trace, tmp_path, "i64.json.gz", '"bytes":8388608', f'"bytes":{2**64}'),
-            "overflowing value")
+    _expect(_mutated(trace, tmp_path, "i64.json.gz", '"bytes":8388608', f'"bytes":{2**64}'), "overflowing value")
 
 
 def test_error_unknown_op(tmp_path: Path, trace: Path) -> None:
-    _expect(_mutated(trace, tmp_path, "op.json.gz", '"NcclAllGather"', '"NcclAllToAll"'),
-            "unknown NCCL op", "NcclAllToAll")
+    _expect(
+        _mutated(trace, tmp_path, "op.json.gz", '"NcclAllGather"', '"NcclAllToAll"'), "unknown NCCL op", "NcclAllToAll"
+    )
 
 
 def test_error_unknown_dtype(tmp_path: Path, trace: Path) -> None:
@@ -348,8 +497,9 @@ def test_error_unknown_dtype(tmp_path: Path, trace: Path) -> None:
 def test_error_bad_host(tmp_path: Path, trace: Path) -> None:
     _expect(_mutated(trace, tmp_path, "h.json.gz", '"dst":"host-2"', '"dst":"node-2"'), "bad host name", "node-2")
     _expect(_mutated(trace, tmp_path, "h0.json.gz", '"src":"host-1"', '"src":"host-0"'), "bad host name")
-    _expect(_mutated(trace, tmp_path, "hc.json.gz", '"hostname":"host-2"', '"hostname":"gpu7"'),
-            "bad host name", "gpu7")
+    _expect(
+        _mutated(trace, tmp_path, "hc.json.gz", '"hostname":"host-2"', '"hostname":"gpu7"'), "bad host name", "gpu7"
+    )
 
 
 def test_error_negative_bytes(tmp_path: Path, trace: Path) -> None:
@@ -362,21 +512,42 @@ def test_error_wrong_type(tmp_path: Path, trace: Path) -> None:
 
 
 def test_error_oversized_rank_deep_nesting_and_byte_order_mark(tmp_path: Path, trace: Path) -> None:
-    _expect(_mutated(trace, tmp_path, "r.json.gz", '"rank":0', '"rank":9223372036854775808'),
-            "bad communicator", "line")
+    _expect(
+        _mutated(trace, tmp_path, "r.json.gz", '"rank":0', '"rank":9223372036854775808'), "bad communicator", "line"
+    )
     deep = "[" * 5000 + "]" * 5000
-    _expect(_mutated(trace, tmp_path, "d.json.gz", '"Torch":', f'"Torch":{deep},"x":'),
-            "invalid JSON", "nests too deep")
+    _expect(
+        _mutated(trace, tmp_path, "d.json.gz", '"Torch":', f'"Torch":{deep},"x":'), "invalid JSON", "nests too deep"
+    )
     bom = tmp_path / "bom.json"
     bom.write_bytes(b"\xef\xbb\xbf" + gzip.decompress(trace.read_bytes()))
     _expect(bom, "invalid JSON", "byte order mark")
 
 
 def test_reader_accepts_null_stream_and_missing_optional_fields(tmp_path: Path) -> None:
-    ev = {"name": "s", "cat": "Communication", "ph": "X", "ts": 1, "dur": 2, "pid": 0, "tid": 0,
-          "args": {"Communication": [{"id": 5, "bytes": 10, "src": "host-3", "dst": "host-12"},
-                                     {"NcclSend": {"count": 5, "dtype": "U8", "peer": 1,
-                                                   "comm": {"rank": 0, "id": [1, 2, 3]}, "stream": None}}]}}
+    ev = {
+        "name": "s",
+        "cat": "Communication",
+        "ph": "X",
+        "ts": 1,
+        "dur": 2,
+        "pid": 0,
+        "tid": 0,
+        "args": {
+            "Communication": [
+                {"id": 5, "bytes": 10, "src": "host-3", "dst": "host-12"},
+                {
+                    "NcclSend": {
+                        "count": 5,
+                        "dtype": "U8",
+                        "peer": 1,
+                        "comm": {"rank": 0, "id": [1, 2, 3]},
+                        "stream": None,
+                    }
+                },
+            ]
+        },
+    }
     p = _write(tmp_path, "p2p.json", json.dumps([ev]))
     f = read_trace(p).flows
     assert f[["src_node", "dst_node", "bytes", "op", "stream", "root"]].iloc[0].tolist() == [2, 11, 10, "send", 0, -1]
@@ -426,16 +597,16 @@ def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -
     monkeypatch.setattr(th, "HelperPool", Spy)
     monkeypatch.setattr(th, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(th, "_usable_cpus", lambda: 2)
-    monkeypatch.setattr(th, "idle_cpus", lambda: 0.3)   # busy: no helper
+    monkeypatch.setattr(th, "idle_cpus", lambda: 0.3)  # busy: no helper
     assert ct.default_workers(p) == 0
-    monkeypatch.setattr(th, "idle_cpus", lambda: 1.4)   # a core idles
+    monkeypatch.setattr(th, "idle_cpus", lambda: 1.4)  # a core idles
     # one per core, but one for this process when the compiled scanner decodes here too
     expected = 1 if td._tracescan is not None else 2
     assert ct.default_workers(p) == expected
     got = read_trace(p, chunk_bytes=4096)
     assert calls and calls[0][2] == expected, "the helper processes were not used"
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
-    monkeypatch.setattr(th, "PARALLEL_MIN_BYTES", 1 << 40)              # small trace: none
+    monkeypatch.setattr(th, "PARALLEL_MIN_BYTES", 1 << 40)  # small trace: none
     assert ct.default_workers(p) == 0
 
 

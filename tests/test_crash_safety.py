@@ -22,8 +22,13 @@ from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-RUNS = ["phantora_l40s_W4_2x1", "phantora_a100_40g_W1_2x1", "phantora_l40s_W1_2x1",
-        "phantora_a100_40g_W4_2x1", "phantora_l40s_W5_2x1"]   # the last one does not fit
+RUNS = [
+    "phantora_l40s_W4_2x1",
+    "phantora_a100_40g_W1_2x1",
+    "phantora_l40s_W1_2x1",
+    "phantora_a100_40g_W4_2x1",
+    "phantora_l40s_W5_2x1",
+]  # the last one does not fit
 
 
 def _build_cmd(root: Path) -> list[str]:
@@ -36,8 +41,11 @@ def _build_cmd(root: Path) -> list[str]:
 def _files(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (a DuckDB file holds the same
     tables after a rebuild but not the same bytes: it is left out, see ``_database_readable``)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix != ".duckdb"}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.suffix != ".duckdb"
+    }
 
 
 def _database_readable(root: Path) -> None:
@@ -61,14 +69,19 @@ def test_kill_9_mid_build_keeps_previous_outputs_and_rerun_completes(tmp_path: P
     # rebuild over the complete build and kill it (SIGKILL, whole process group: the build's
     # worker processes too) once two partitions have been rebuilt, mid-run
     start = time.time()
-    proc = subprocess.Popen(_build_cmd(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        _build_cmd(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+    )
     try:
         while proc.poll() is None:
-            rebuilt = [r for r in RUNS[:-1] if (root / "partitions" / r / "run_summary.parquet").exists()
-                       and (root / "partitions" / r / "run_summary.parquet").stat().st_mtime >= start]
+            rebuilt = [
+                r
+                for r in RUNS[:-1]
+                if (root / "partitions" / r / "run_summary.parquet").exists()
+                and (root / "partitions" / r / "run_summary.parquet").stat().st_mtime >= start
+            ]
             if len(rebuilt) >= 2:
-                time.sleep(0.3)     # well into the next partitions
+                time.sleep(0.3)  # well into the next partitions
                 break
             time.sleep(0.02)
     finally:
@@ -109,11 +122,10 @@ def test_writer_killed_mid_write_leaves_target_intact(tmp_path: Path) -> None:
     pid = os.fork()
     if pid == 0:  # child: half-write a new version, then die without any cleanup
         try:
-            with atomic_path(target) as tmp:
-                with open(tmp, "wb") as fh:
-                    fh.write(b"PAR1" + b"\0" * 1000)
-                    fh.flush()
-                    os.kill(os.getpid(), signal.SIGKILL)
+            with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+                fh.write(b"PAR1" + b"\0" * 1000)
+                fh.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
         finally:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
@@ -127,12 +139,19 @@ def test_writer_killed_mid_write_leaves_target_intact(tmp_path: Path) -> None:
 
 def _materialize(root: Path, instance: dg.DagsterInstance) -> None:
     res = dg.materialize(
-        d.ALL_ASSETS, selection=d.RUN_ASSETS, partition_key=RUNS[0], instance=instance, run_config=QUIET,
+        d.ALL_ASSETS,
+        selection=d.RUN_ASSETS,
+        partition_key=RUNS[0],
+        instance=instance,
+        run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
     )
     assert res.success
     res = dg.materialize(
-        d.ALL_ASSETS, selection=[d.ASSETS["phantora_v0"]], instance=instance, run_config=QUIET,
+        d.ALL_ASSETS,
+        selection=[d.ASSETS["phantora_v0"]],
+        instance=instance,
+        run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
     )
     assert res.success

@@ -7,15 +7,13 @@ from functools import cache
 
 import pandas as pd
 import pytest
+from run_folders import analytic
 
 from phantora_assets.lib.phantora import chrome_trace
-
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective
 from phantora_assets.lib.traffic import steps
 from phantora_assets.lib.traffic.cross_check import KINDS, cross_check, kind_of, predict
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective
 from phantora_assets.matrix import spec_from_run_id
-
-from run_folders import analytic
 
 
 @cache
@@ -38,13 +36,16 @@ def test_kind_of_model_collectives():
     assert kind_of(Collective("dp", "all_gather", 10, "Bf16", "ddp.bucket0.all_gather")) == "dp"
 
 
-@pytest.mark.parametrize(("run_id", "kinds"), [
-    ("phantora_a100_40g_W1_2x1", {"tp"}),       # TP=2 across the two hosts, no DP
-    ("phantora_a100_40g_W1_2x2", {"dp"}),       # TP pairs stay inside a host
-    ("phantora_a100_40g_W3_2x2", {"dp", "all_to_all"}),
-    ("phantora_a100_40g_W4_2x1", {"dp"}),
-    ("phantora_a100_40g_W5_2x2", {"dp", "zero_gather"}),
-])
+@pytest.mark.parametrize(
+    ("run_id", "kinds"),
+    [
+        ("phantora_a100_40g_W1_2x1", {"tp"}),  # TP=2 across the two hosts, no DP
+        ("phantora_a100_40g_W1_2x2", {"dp"}),  # TP pairs stay inside a host
+        ("phantora_a100_40g_W3_2x2", {"dp", "all_to_all"}),
+        ("phantora_a100_40g_W4_2x1", {"dp"}),
+        ("phantora_a100_40g_W5_2x2", {"dp", "zero_gather"}),
+    ],
+)
 def test_complete_traces_match_the_model_exactly_by_kind(run_id, kinds):
     spec = spec_from_run_id(run_id)
     r = _trace(run_id)
@@ -100,7 +101,7 @@ def test_flows_the_model_does_not_know_are_counted_with_their_communicator():
     r = _trace(spec.run_id)
     f = r.flows.copy()
     extra = f[(f["op"] == "all_reduce") & (f["count"] == 1)].copy()  # grad-norm all-reduces ...
-    extra["count"] = 3                                               # ... of a size the model never issues
+    extra["count"] = 3  # ... of a size the model never issues
     extra["bytes"] = extra["bytes"] * 3
     cc = cross_check(spec, pd.concat([f, extra], ignore_index=True), r.steady_steps)
     assert cc.unmatched_flows_per_step > 0

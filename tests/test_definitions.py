@@ -24,8 +24,12 @@ def test_asset_and_check_keys_match_checked_in_list():
 
 
 #: The only modules that may import Dagster: the asset wrappers, resources, definitions, the CLI.
-DAGSTER_MODULES = ("phantora_assets.assets", "phantora_assets.definitions", "phantora_assets.resources",
-                   "phantora_assets.cli")
+DAGSTER_MODULES = (
+    "phantora_assets.assets",
+    "phantora_assets.definitions",
+    "phantora_assets.resources",
+    "phantora_assets.cli",
+)
 
 
 def test_domain_code_imports_without_dagster():
@@ -49,6 +53,8 @@ def test_domain_code_imports_without_dagster():
 def test_workspace_loads_with_dagster_cli():
     out = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -22,9 +22,9 @@ from phantora_assets.lib.phantora.docker_config import (
     training_argv,
     training_hosts,
 )
+from phantora_assets.matrix import RunSpec, presets, spec_from_run_id
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker
-from phantora_assets.matrix import RunSpec, presets, spec_from_run_id
 
 SETTINGS = DockerSettings(phantora_tests_dir="/opt/phantora/tests")
 
@@ -45,8 +45,10 @@ def test_compose_follows_phantora_conventions(tmp_path):
     sim = services["simulator"]
     assert sim["image"] == "phantora:latest"
     assert sim["pid"] == "host" and sim["ipc"] == "host"
-    assert sim["command"] == ("/phantora/dist/phantora_server --netconfig /netconfig.toml "
-                              "--timeline-file /phantora/out/timeline.bin --perf-db /phantora/perfdb/l40s")
+    assert sim["command"] == (
+        "/phantora/dist/phantora_server --netconfig /netconfig.toml "
+        "--timeline-file /phantora/out/timeline.bin --perf-db /phantora/perfdb/l40s"
+    )
     assert sim["volumes"] == [
         "/run/phantora/phantora_l40s_W1_2x1:/run/phantora",
         "./netconfig.toml:/netconfig.toml:ro",
@@ -59,14 +61,19 @@ def test_compose_follows_phantora_conventions(tmp_path):
         host = services[f"host-{i}"]
         assert host["hostname"] == f"host-{i}"
         assert host["pid"] == "host" and host["ipc"] == "host"
-        assert host["volumes"] == ["/run/phantora/phantora_l40s_W1_2x1:/run/phantora",
-                                   "/opt/phantora/tests:/phantora/tests:ro"]
+        assert host["volumes"] == [
+            "/run/phantora/phantora_l40s_W1_2x1:/run/phantora",
+            "/opt/phantora/tests:/phantora/tests:ro",
+        ]
         assert host["command"] == "sleep infinity"
         assert host["depends_on"] == ["simulator"]
         env = dict(e.split("=", 1) for e in host["environment"])
         assert env == {
-            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "PHANTORA_NGPU": "1", "PHANTORA_VRAM_MIB": str(46 * 1024),
-            "PHANTORA_IGNORE_CPU_TIME": "1", "PHANTORA_SOCKET_PREFIX": "/run/phantora/phantora",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+            "PHANTORA_NGPU": "1",
+            "PHANTORA_VRAM_MIB": str(46 * 1024),
+            "PHANTORA_IGNORE_CPU_TIME": "1",
+            "PHANTORA_SOCKET_PREFIX": "/run/phantora/phantora",
             "PHANTORA_GPU_NAME": "NVIDIA L40S",
         }
     # the relative paths land in the data root's work folder
@@ -80,7 +87,8 @@ def test_profiling_without_perf_db_reserves_the_gpu(tmp_path):
     sim = yaml.safe_load(files["compose.yaml"])["services"]["simulator"]
     assert "--perf-db" not in sim["command"]
     assert sim["deploy"]["resources"]["reservations"]["devices"] == [
-        {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
+        {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
+    ]
     kw = container_kwargs("simulator", sim, Path("/x/config"), "p")
     assert kw["device_requests"] == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": [["gpu"]]}]
     env = dict(e.split("=", 1) for e in yaml.safe_load(files["compose.yaml"])["services"]["host-1"]["environment"])
@@ -94,9 +102,17 @@ def test_netconfig_parses_back(tmp_path):
     assert cfg == {
         "host_mapping": ["host-1", "host-2", "host-3", "host-4"],
         "simulator": {"loopback_speed": 2880, "fairness": "PerFlowMaxMin"},
-        "topology": {"type": "TwoLayerMultiPath", "args": {
-            "nspines": 2, "nracks": 2, "rack_size": 2, "host_bw": 800, "rack_uplink_port_bw": 800,
-            "load_balancer_type": "EcmpEverything"}},
+        "topology": {
+            "type": "TwoLayerMultiPath",
+            "args": {
+                "nspines": 2,
+                "nracks": 2,
+                "rack_size": 2,
+                "host_bw": 800,
+                "rack_uplink_port_bw": 800,
+                "load_balancer_type": "EcmpEverything",
+            },
+        },
     }
 
 
@@ -113,18 +129,47 @@ def test_deepspeed_files_and_command(tmp_path):
     assert "./deepspeed_env:/root/.deepspeed_env:ro" in host["volumes"]
     assert training_hosts(spec) == ["host-1"]
     assert training_argv(spec) == [
-        "/phantora/dist/phantora_run", "deepspeed", "-H", "/hostfile", "/phantora/tests/test_deepspeed.py",
-        "--num_layers", "4", "--sequence_length", "1024", "--iterations", "20",
-        "--hidden_size", "4096", "--ffn_hidden_size", "14336", "--num_attention_heads", "32",
-        "--num_key_value_heads", "8", "--vocab_size", "128256", "--rope_theta", "500000",
+        "/phantora/dist/phantora_run",
+        "deepspeed",
+        "-H",
+        "/hostfile",
+        "/phantora/tests/test_deepspeed.py",
+        "--num_layers",
+        "4",
+        "--sequence_length",
+        "1024",
+        "--iterations",
+        "20",
+        "--hidden_size",
+        "4096",
+        "--ffn_hidden_size",
+        "14336",
+        "--num_attention_heads",
+        "32",
+        "--num_key_value_heads",
+        "8",
+        "--vocab_size",
+        "128256",
+        "--rope_theta",
+        "500000",
     ]
 
 
 def test_megatron_moe_command_runs_on_every_host(tmp_path):
     spec = spec_from_run_id("phantora_a100_40g_W2_2x2")
     argv = training_argv(spec)
-    assert argv[:10] == ["/phantora/dist/phantora_run", "torchrun", "--nproc_per_node", "2", "--nnodes", "2",
-                         "--rdzv_backend", "c10d", "--rdzv_endpoint=host-1:12345", "/phantora/tests/test_megatron.py"]
+    assert argv[:10] == [
+        "/phantora/dist/phantora_run",
+        "torchrun",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "2",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint=host-1:12345",
+        "/phantora/tests/test_megatron.py",
+    ]
     assert argv[argv.index("--expert_model_parallel_size") + 1] == "4"
     assert argv[argv.index("--iterations") + 1] == "20"
     assert training_hosts(spec) == ["host-2", "host-1"]
@@ -133,11 +178,13 @@ def test_megatron_moe_command_runs_on_every_host(tmp_path):
 def test_command_txt_is_exact(tmp_path):
     spec = spec_from_run_id("phantora_l40s_W1_2x1")
     layout, files = _files(tmp_path, spec)
-    train = ("timeout 14400 /phantora/dist/phantora_run torchrun --nproc_per_node 1 --nnodes 2 --rdzv_backend c10d "
-             "--rdzv_endpoint=host-1:12345 /phantora/tests/test_megatron.py --num_layers 4 --sequence_length 1024 "
-             "--iterations 20 --tensor_parallel_size 2 --hidden_size 4096 --ffn_hidden_size 14336 "
-             "--num_attention_heads 32 --num_query_groups 8 --vocab_size 128256 --swiglu --position_embedding_type "
-             "rope --rotary_base 500000 --normalization RMSNorm --disable_bias_linear")
+    train = (
+        "timeout 14400 /phantora/dist/phantora_run torchrun --nproc_per_node 1 --nnodes 2 --rdzv_backend c10d "
+        "--rdzv_endpoint=host-1:12345 /phantora/tests/test_megatron.py --num_layers 4 --sequence_length 1024 "
+        "--iterations 20 --tensor_parallel_size 2 --hidden_size 4096 --ffn_hidden_size 14336 "
+        "--num_attention_heads 32 --num_query_groups 8 --vocab_size 128256 --swiglu --position_embedding_type "
+        "rope --rotary_base 500000 --normalization RMSNorm --disable_bias_linear"
+    )
     out = "../../../../work/phantora_l40s_W1_2x1/out"
     assert command_lines(spec, SETTINGS, layout, True) == [
         f"mkdir -p /run/phantora/phantora_l40s_W1_2x1 {out}",
@@ -199,7 +246,9 @@ def test_perf_db_choice(tmp_path):
     assert docker.perfdb_source(spec_from_run_id("phantora_l40s_W1_2x1")).name == "l40s"
     with pytest.raises(FileNotFoundError, match="no perf DB for a100_40g"):
         docker.perfdb_source(spec_from_run_id("phantora_a100_40g_W1_2x1"))
-    assert PhantoraDocker(profile_without_perfdb=True).perfdb_source(spec_from_run_id("phantora_a100_40g_W1_2x1")) is None
+    assert (
+        PhantoraDocker(profile_without_perfdb=True).perfdb_source(spec_from_run_id("phantora_a100_40g_W1_2x1")) is None
+    )
 
 
 def test_missing_listing(tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 _spec = importlib.util.spec_from_file_location(
-    "fidelity", Path(__file__).resolve().parent.parent / "benchmarks" / "fidelity.py")
+    "fidelity", Path(__file__).resolve().parent.parent / "benchmarks" / "fidelity.py"
+)
 fidelity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fidelity)
 

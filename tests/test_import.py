@@ -21,27 +21,26 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 
 from phantora_assets import definitions as d
-from phantora_assets.cli import main
 from phantora_assets.checks import RUN_CHECKS, read_checks
+from phantora_assets.cli import main
 from phantora_assets.lib.phantora.chrome_trace import read_trace
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_folder import discover, effective_matrix, read_registry, register
+from phantora_assets.matrix import RunSpec, load_run_matrix
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
-from phantora_assets.matrix import RunSpec, load_run_matrix
-
-from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-W1 = "phantora_a100_40g_W1_2x2"        # in the matrix: the import replaces its analytic source
-W3_P2P = "phantora_a100_40g_W3_2x2"    # all-to-all in Phantora's matched send/recv encoding
+W1 = "phantora_a100_40g_W1_2x2"  # in the matrix: the import replaces its analytic source
+W3_P2P = "phantora_a100_40g_W3_2x2"  # all-to-all in Phantora's matched send/recv encoding
 W3_NO_A2A = "phantora_a100_40g_W3_2x4"  # a published-style trace missing its all-to-all flows
 W3_MIXED = "phantora_a100_40g_W3_4x1"  # all-to-all as a group of NcclSend and NcclRecv events
-W4_NEW = "phantora_h100_W4_2x2"        # not in the matrix: a new partition
-W5_OOM = "phantora_l40s_W5_2x1"        # run.log reports out of memory, no trace
+W4_NEW = "phantora_h100_W4_2x2"  # not in the matrix: a new partition
+W5_OOM = "phantora_l40s_W5_2x1"  # run.log reports out of memory, no trace
 IMPORTED = [W1, W3_P2P, W3_NO_A2A, W3_MIXED, W4_NEW, W5_OOM]
 COMPLETE = [W1, W3_P2P, W3_MIXED, W4_NEW]  # traces with every flow
 
@@ -81,12 +80,18 @@ def src(tmp_path_factory) -> Path:
     spec, raw, its = analytic(new)
     folder = write_run_folder(root, spec, raw, run_log=deepspeed_log(its, 4), gz=False, timeline_bin=False)
     (folder / "config" / "netconfig.toml").write_text(dumps_netconfig(netconfig_for(new)))
-    oom = write_run_folder(root, RunSpec("W5", "l40s", 2, 1), None, netconfig=False, timeline_bin=False,
-                           run_log="[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB\n")
+    oom = write_run_folder(
+        root,
+        RunSpec("W5", "l40s", 2, 1),
+        None,
+        netconfig=False,
+        timeline_bin=False,
+        run_log="[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB\n",
+    )
     assert oom.name == "W5_2x1"
-    (root / "traces" / "a100_40g" / "W9_2x2").mkdir(parents=True)       # unknown workload
+    (root / "traces" / "a100_40g" / "W9_2x2").mkdir(parents=True)  # unknown workload
     (root / "traces" / "a100_40g" / "W9_2x2" / "timeline.json.gz").write_bytes(b"")
-    (root / "traces" / "a100_40g" / "W1_2x1").mkdir(parents=True)       # nothing in it
+    (root / "traces" / "a100_40g" / "W1_2x1").mkdir(parents=True)  # nothing in it
     return root
 
 
@@ -120,7 +125,10 @@ def test_registry_and_replacement_rule(imported, src):
     assert len(matrix) == len(shipped) + 1  # only W4_NEW is new
     for rid in (W1, W3_P2P, W3_NO_A2A, W3_MIXED, W5_OOM):
         assert by_id[rid].source == "import" and by_id[rid].published == shipped[rid].published
-        assert Path(by_id[rid].path) == (src / "traces" / by_id[rid].gpu / f"{by_id[rid].workload}_{by_id[rid].layout}").resolve()
+        assert (
+            Path(by_id[rid].path)
+            == (src / "traces" / by_id[rid].gpu / f"{by_id[rid].workload}_{by_id[rid].layout}").resolve()
+        )
     assert [s.run_id for s in matrix][-1] == W4_NEW
     # registering the same run_id again replaces the entry
     other = dataclasses.replace(by_id[W1], path=str(src / "elsewhere"))
@@ -142,9 +150,9 @@ def test_every_imported_run_passes_every_check_and_enters_the_dataset(imported):
     _, raw, its = analytic(W1)
     tiny = raw[(raw["call"] == "NcclAllReduce") & (raw["count"] == 1) & (raw["src_host"] != raw["dst_host"])]
     assert runs.loc[W1, "inter_node_bytes_per_step"] == 7692648480 + tiny["bytes"].sum() // len(its)
-    assert runs.loc[W1, "peak_memory_gib"] == pytest.approx(16000.0 / 1024)   # from run.log
-    assert pd.isna(runs.loc[W4_NEW, "peak_memory_gib"])                       # DeepSpeed prints none
-    assert runs.loc[W4_NEW, "nic_bw"] == 400e9 / 8                             # the folder's netconfig
+    assert runs.loc[W1, "peak_memory_gib"] == pytest.approx(16000.0 / 1024)  # from run.log
+    assert pd.isna(runs.loc[W4_NEW, "peak_memory_gib"])  # DeepSpeed prints none
+    assert runs.loc[W4_NEW, "nic_bw"] == 400e9 / 8  # the folder's netconfig
     status = pd.read_csv(imported / "phantora_v0" / "run_status.csv").set_index("run_id")
     assert status.loc[W5_OOM, "status"] == "excluded" and "fits_in_memory: failed" in status.loc[W5_OOM, "reason"]
 
@@ -159,12 +167,12 @@ def test_run_folder_gets_the_imported_files(imported, src):
     assert json.loads((folder / "import.json").read_text())["source"] == by_id[W1].path
     # the edge cases are really in the imported traces
     w1 = read_trace(paths.chrome_trace(by_id[W1]))
-    assert (w1.flows["src_node"] == w1.flows["dst_node"]).any()            # loopback flows
-    assert (w1.flows["dur_us"] == 0).any()                                 # 0 us tiny collectives
-    assert w1.flows["comm_id"].nunique() == 5                              # 2 TP + 2 DP + the extra one
+    assert (w1.flows["src_node"] == w1.flows["dst_node"]).any()  # loopback flows
+    assert (w1.flows["dur_us"] == 0).any()  # 0 us tiny collectives
+    assert w1.flows["comm_id"].nunique() == 5  # 2 TP + 2 DP + the extra one
     with gzip.open(paths.chrome_trace(by_id[W1]), "rt") as fh:
         ts = [float(line.split('"ts":', 1)[1].split(",", 1)[0]) for line in fh if '"ts":' in line]
-    assert ts != sorted(ts)                                                # unsorted events
+    assert ts != sorted(ts)  # unsorted events
     mixed = read_trace(paths.chrome_trace(by_id[W3_MIXED])).flows
     assert set(mixed["op"]) >= {"send", "recv"}
     log = json.loads((paths.partition_dir(W1) / "run_log.json").read_text())
@@ -195,9 +203,15 @@ def test_missing_all_to_all_is_reported_by_the_cross_check(imported):
 def test_materialization_reports_checks_with_severity_and_run_log_metadata(imported):
     matrix = effective_matrix(imported)
     all_assets, run_assets = d.assets_for(matrix)
-    res = dg.materialize(all_assets, selection=run_assets, partition_key=W3_NO_A2A, raise_on_error=False,
-                         instance=dg.DagsterInstance.ephemeral(), run_config=QUIET,
-                         resources={"data": DataRoot(data_dir=str(imported)), "simulator": AnalyticSimulatorResource()})
+    res = dg.materialize(
+        all_assets,
+        selection=run_assets,
+        partition_key=W3_NO_A2A,
+        raise_on_error=False,
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config=QUIET,
+        resources={"data": DataRoot(data_dir=str(imported)), "simulator": AnalyticSimulatorResource()},
+    )
     assert res.success  # the cross-check is advisory
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
     assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
@@ -219,9 +233,15 @@ def test_broken_trace_fails_its_partition_and_names_the_file(tmp_path):
     good = (folder / "timeline.json.gz").read_bytes()
     (folder / "timeline.json.gz").write_bytes(good[: len(good) // 2])  # truncated gzip
     all_assets, run_assets = d.assets_for(effective_matrix(data))
-    res = dg.materialize(all_assets, selection=run_assets, partition_key=W1, raise_on_error=False, run_config=QUIET,
-                         instance=dg.DagsterInstance.ephemeral(),
-                         resources={"data": DataRoot(data_dir=str(data)), "simulator": AnalyticSimulatorResource()})
+    res = dg.materialize(
+        all_assets,
+        selection=run_assets,
+        partition_key=W1,
+        raise_on_error=False,
+        run_config=QUIET,
+        instance=dg.DagsterInstance.ephemeral(),
+        resources={"data": DataRoot(data_dir=str(data)), "simulator": AnalyticSimulatorResource()},
+    )
     assert not res.success
     failure = next(e for e in res.all_events if e.is_step_failure)
     assert failure.step_key == "chrome_trace"
@@ -232,13 +252,32 @@ def test_broken_trace_fails_its_partition_and_names_the_file(tmp_path):
 
 def test_import_dir_env_var_feeds_the_dagster_cli(src, tmp_path):
     """The UI's way in: $PHANTORA_ASSETS_IMPORT_DIR adds partitions when the code location loads."""
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data"),
-           "PHANTORA_ASSETS_IMPORT_DIR": str(src / "traces" / "h100"), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data"),
+        "PHANTORA_ASSETS_IMPORT_DIR": str(src / "traces" / "h100"),
+        "PYTHONPATH": str(ROOT),
+    }
     (tmp_path / "home").mkdir()
     out = subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "phantora_assets.definitions",
-         "--select", "raw_timeline,chrome_trace,validated_flows", "--partition", W4_NEW],
-        capture_output=True, text=True, cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "asset",
+            "materialize",
+            "-m",
+            "phantora_assets.definitions",
+            "--select",
+            "raw_timeline,chrome_trace,validated_flows",
+            "--partition",
+            W4_NEW,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     checks = json.loads((tmp_path / "data" / "traces" / "h100" / "W4_2x2" / "checks.json").read_text())
@@ -252,7 +291,9 @@ def test_replay_with_missing_perf_db_shapes_blocks_the_run(tmp_path):
     spec, raw, its = analytic(W1)
     folder = write_run_folder(tmp_path / "src", spec, raw, run_log=megatron_log(its, 4, 16000.0))
     (folder / "perfdb_missing").mkdir()
-    (folder / "perfdb_missing" / "compute.csv").write_text('key\n{"BMM":[["bf16",[32,1024,128]],["bf16",[32,128,1024]]]}\n')
+    (folder / "perfdb_missing" / "compute.csv").write_text(
+        'key\n{"BMM":[["bf16",[32,1024,128]],["bf16",[32,128,1024]]]}\n'
+    )
     data = tmp_path / "data"
     assert main(["import", str(folder), "--data-dir", str(data), "--quiet"]) == 1
     checks = read_checks(DataPaths(data).run_folder(spec))

@@ -5,29 +5,45 @@ from __future__ import annotations
 import pytest
 
 from phantora_assets.lib.sim.kernels import (
-    GpuRoofline, KernelTimer, T, conv, ew, foreach, linear, load_compute_db, make_key, matmul, zeros_like,
+    GpuRoofline,
+    KernelTimer,
+    T,
+    conv,
+    ew,
+    foreach,
+    linear,
+    load_compute_db,
+    make_key,
+    matmul,
+    zeros_like,
 )
 from phantora_assets.lib.sim.workload_types import Compute
 from phantora_assets.lib.sim.workloads import workload_model
-from phantora_assets.paths import default_perfdb_dir
 from phantora_assets.matrix import gpu_specs, load_run_matrix
+from phantora_assets.paths import default_perfdb_dir
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 DB = default_perfdb_dir() / "l40s"
 
 
 def test_keys_are_phantoras_compact_json():
-    assert make_key("BMM", [T("bf16", 32, 1024, 128), T("bf16", 32, 128, 1024)]) == \
-        '{"BMM":[["bf16",[32,1024,128]],["bf16",[32,128,1024]]]}'
+    assert (
+        make_key("BMM", [T("bf16", 32, 1024, 128), T("bf16", 32, 128, 1024)])
+        == '{"BMM":[["bf16",[32,1024,128]],["bf16",[32,128,1024]]]}'
+    )
     # a tensor list repeating one period is {"R": [k, period]}; lists of lists are kept
     t = T("f32", 4096)
     assert make_key("Add_", [t, t]) == '{"Add_":{"R":[2,[["f32",[4096]]]]}}'
     a, b = T("f32", 2), T("f32", 3)
     assert make_key("ForeachMulScalar_", [a, b] * 3) == '{"ForeachMulScalar_":{"R":[3,[["f32",[2]],["f32",[3]]]]}}'
-    assert make_key("ForeachAddCMul_", [[t], [t], [t]]) == \
-        '{"ForeachAddCMul_":[[["f32",[4096]]],[["f32",[4096]]],[["f32",[4096]]]]}'
-    assert make_key("Linear", [T("bf16", 1, 8), T("bf16", 4, 8), None]) == \
-        '{"Linear":[["bf16",[1,8]],["bf16",[4,8]],null]}'
+    assert (
+        make_key("ForeachAddCMul_", [[t], [t], [t]])
+        == '{"ForeachAddCMul_":[[["f32",[4096]]],[["f32",[4096]]],[["f32",[4096]]]]}'
+    )
+    assert (
+        make_key("Linear", [T("bf16", 1, 8), T("bf16", 4, 8), None])
+        == '{"Linear":[["bf16",[1,8]],["bf16",[4,8]],null]}'
+    )
     assert conv(T("bf16", 8), "Float").key == '{"ConvDType":[["bf16",[8]],"Float"]}'
     assert zeros_like(t).key == '{"ZerosLike":["f32",[4096]]}'
 

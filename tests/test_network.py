@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from phantora_assets.lib.sim.network import (
-    FlowNetwork, Topology, max_min_rates, max_min_rates_py,
+    FlowNetwork,
+    Topology,
+    max_min_rates,
+    max_min_rates_py,
 )
 
 GB = 1.0  # bytes per ns == GB/s
@@ -17,13 +20,31 @@ def topo(n_hosts=4, rack_size=2, nspines=2, host=100.0, uplink=100.0, loop=360.0
 
 
 def test_from_cluster_converts_gbps():
-    t = Topology.from_cluster({"rack_size": 2, "nspines": 2, "host_bw_gbps": 800, "rack_uplink_port_bw_gbps": 400,
-                               "loopback_gbps": 2880, "ecmp": "split"}, 5)
+    t = Topology.from_cluster(
+        {
+            "rack_size": 2,
+            "nspines": 2,
+            "host_bw_gbps": 800,
+            "rack_uplink_port_bw_gbps": 400,
+            "loopback_gbps": 2880,
+            "ecmp": "split",
+        },
+        5,
+    )
     assert t.host_bw == pytest.approx(100.0) and t.uplink_bw == pytest.approx(50.0) and t.loopback_bw == 360.0
     assert t.n_racks == 3 and t.ecmp == "split"
     with pytest.raises(ValueError, match="unknown ecmp"):
-        Topology.from_cluster({"rack_size": 2, "nspines": 2, "host_bw_gbps": 1, "rack_uplink_port_bw_gbps": 1,
-                               "loopback_gbps": 1, "ecmp": "random"}, 2)
+        Topology.from_cluster(
+            {
+                "rack_size": 2,
+                "nspines": 2,
+                "host_bw_gbps": 1,
+                "rack_uplink_port_bw_gbps": 1,
+                "loopback_gbps": 1,
+                "ecmp": "random",
+            },
+            2,
+        )
 
 
 def test_topology_from_a_runs_netconfig():
@@ -55,8 +76,14 @@ def test_textbook_max_min():
 def test_numpy_and_python_water_filling_agree_on_random_sets():
     rng = np.random.default_rng(5)
     for _ in range(30):
-        t = topo(n_hosts=8, rack_size=2, nspines=3, host=100, uplink=float(rng.choice([25, 50, 100])),
-                 ecmp=str(rng.choice(["hash", "split", "first"])))
+        t = topo(
+            n_hosts=8,
+            rack_size=2,
+            nspines=3,
+            host=100,
+            uplink=float(rng.choice([25, 50, 100])),
+            ecmp=str(rng.choice(["hash", "split", "first"])),
+        )
         n = int(rng.integers(2, 40))
         src = rng.integers(0, 8, n)
         dst = (src + rng.integers(1, 8, n)) % 8
@@ -79,7 +106,7 @@ def test_routes_same_rack_and_cross_rack():
     fi, li, co = t.routes(np.array([0, 0]), np.array([1, 3]), np.array([0, 1]))
     same = sorted(li[fi == 0].tolist())
     cross = sorted(li[fi == 1].tolist())
-    assert same == [0, 4 + 1]                       # host 0 up, host 1 down
+    assert same == [0, 4 + 1]  # host 0 up, host 1 down
     assert len(cross) == 4 and 0 in cross and 4 + 3 in cross
     split = topo(n_hosts=4, rack_size=2, nspines=2, ecmp="split")
     fi, li, co = split.routes(np.array([0]), np.array([3]), np.array([0]))
@@ -115,7 +142,7 @@ def test_incremental_rates_when_a_flow_ends():
 def test_flow_starting_later_slows_the_running_one():
     net = FlowNetwork(topo(n_hosts=2, rack_size=2))
     net.add(np.array([0]), np.array([1]), np.array([300.0]))
-    net.advance(1.0)                     # 100 B sent alone
+    net.advance(1.0)  # 100 B sent alone
     net.add(np.array([0]), np.array([1]), np.array([100.0]))
     while np.isfinite(net.next_time()):
         net.advance(net.next_time())
@@ -149,5 +176,5 @@ def test_oversubscribed_uplink_is_the_bottleneck():
 def test_large_flow_sets_use_the_vectorised_path():
     net = FlowNetwork(topo(n_hosts=64, rack_size=8, nspines=4, ecmp="split"))
     src = np.arange(64)
-    net.add(src, (src + 1) % 64, np.full(64, 1000.0))   # a ring: every host link carries one flow
+    net.add(src, (src + 1) % 64, np.full(64, 1000.0))  # a ring: every host link carries one flow
     assert net.next_time() == pytest.approx(10.0)

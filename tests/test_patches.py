@@ -18,7 +18,7 @@ def test_visualizer_patch_is_a_consistent_unified_diff():
     assert hunks
     for n, start in enumerate(hunks):
         old_len, new_len = (int(g or 1) for g in HUNK.match(lines[start]).group(2, 4))
-        body = lines[start + 1: hunks[n + 1] if n + 1 < len(hunks) else len(lines)]
+        body = lines[start + 1 : hunks[n + 1] if n + 1 < len(hunks) else len(lines)]
         assert sum(1 for b in body if b[:1] in (" ", "-")) == old_len
         assert sum(1 for b in body if b[:1] in (" ", "+")) == new_len
 

@@ -21,15 +21,14 @@ from pathlib import Path
 import docker.errors
 import pytest
 import yaml
+from run_folders import megatron_log
 
-from phantora_assets.sources import phantora_docker as pipeline
 from phantora_assets.checks import read_checks
 from phantora_assets.lib.phantora.docker_config import DockerSettings, layout_for, training_argv
 from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError, PhantoraDockerRunner, SimulationSlots
-from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.matrix import RunSpec, spec_from_run_id
-
-from run_folders import megatron_log
+from phantora_assets.paths import DataPaths, default_perfdb_dir
+from phantora_assets.sources import phantora_docker as pipeline
 
 SPEC = RunSpec("W1", "l40s", 2, 1, source="docker")
 
@@ -80,8 +79,16 @@ class FakeNetwork:
 class FakeClient:
     """Stands in for docker.DockerClient: images, networks, containers and the low-level exec API."""
 
-    def __init__(self, *, images=("phantora:latest",), log: str = "", exit_code: int = 0, fail_at: str = "",
-                 write_timeline: bool = True, missing_shapes: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        images=("phantora:latest",),
+        log: str = "",
+        exit_code: int = 0,
+        fail_at: str = "",
+        write_timeline: bool = True,
+        missing_shapes: bool = False,
+    ) -> None:
         self.calls: list[tuple] = []
         self.known_images = set(images)
         self.log, self.exit_code, self.fail_at = log, exit_code, fail_at
@@ -112,8 +119,13 @@ class FakeClient:
                 client.calls.append(("run", image, tuple(command)))
                 out = next(Path(src) for src, v in kw["volumes"].items() if v["bind"] == "/phantora/out")
                 if client.fail_at == "visualizer":
-                    raise docker.errors.ContainerError(None, 101, command, image,
-                                                       b"thread 'main' panicked: called `Option::unwrap()` on a `None` value")
+                    raise docker.errors.ContainerError(
+                        None,
+                        101,
+                        command,
+                        image,
+                        b"thread 'main' panicked: called `Option::unwrap()` on a `None` value",
+                    )
                 (out / "timeline.json").write_text(client.trace_json)
 
         class Api:
@@ -144,8 +156,9 @@ def _layout(tmp_path: Path, spec: RunSpec = SPEC):
 
 
 def _settings(tmp_path: Path) -> DockerSettings:
-    return DockerSettings(startup_wait_s=0, phantora_tests_dir="/opt/phantora/tests",
-                          socket_dir=str(tmp_path / "run-phantora"))
+    return DockerSettings(
+        startup_wait_s=0, phantora_tests_dir="/opt/phantora/tests", socket_dir=str(tmp_path / "run-phantora")
+    )
 
 
 def _assert_torn_down(client: FakeClient, project: str = "phantora-phantora_l40s_w1_2x1"):
@@ -165,14 +178,22 @@ def test_lifecycle_starts_runs_stops_and_tears_down(tmp_path):
     assert client.calls == [
         ("image", "phantora:latest"),
         ("network", p, "bridge"),
-        ("create", f"{p}-simulator"), ("connect", f"{p}-simulator", ("simulator",)), ("start", f"{p}-simulator"),
-        ("create", f"{p}-host-1"), ("connect", f"{p}-host-1", ("host-1",)), ("start", f"{p}-host-1"),
-        ("create", f"{p}-host-2"), ("connect", f"{p}-host-2", ("host-2",)), ("start", f"{p}-host-2"),
+        ("create", f"{p}-simulator"),
+        ("connect", f"{p}-simulator", ("simulator",)),
+        ("start", f"{p}-simulator"),
+        ("create", f"{p}-host-1"),
+        ("connect", f"{p}-host-1", ("host-1",)),
+        ("start", f"{p}-host-1"),
+        ("create", f"{p}-host-2"),
+        ("connect", f"{p}-host-2", ("host-2",)),
+        ("start", f"{p}-host-2"),
         ("exec_detached", f"{p}-host-2", train),
         ("exec", f"id-{p}-host-1", train),
         ("kill", f"{p}-simulator", "SIGINT"),
         ("wait", f"{p}-simulator"),
-        ("remove", f"{p}-host-2", True), ("remove", f"{p}-host-1", True), ("remove", f"{p}-simulator", True),
+        ("remove", f"{p}-host-2", True),
+        ("remove", f"{p}-host-1", True),
+        ("remove", f"{p}-simulator", True),
         ("network_remove", p),
     ]
     sim_kw = client.created[0].kw
@@ -209,18 +230,33 @@ def test_raw_timeline_stage_collects_outputs_and_checks(tmp_path):
     paths, layout = _layout(tmp_path)
     settings = _settings(tmp_path)
     slots = SimulationSlots(paths.root / "work" / ".slots", 1)
-    result = pipeline.simulate_docker(SPEC, paths, PhantoraDockerRunner(client, settings), slots, settings,
-                                      perfdb_source=default_perfdb_dir() / "l40s")
+    result = pipeline.simulate_docker(
+        SPEC,
+        paths,
+        PhantoraDockerRunner(client, settings),
+        slots,
+        settings,
+        perfdb_source=default_perfdb_dir() / "l40s",
+    )
     folder = paths.run_folder(SPEC)
     assert {o.name: o.passed for o in result.outcomes} == {"fits_in_memory": True, "perfdb_complete": True}
     assert (folder / "timeline.bin").read_bytes() == b"\x00" * 16
     assert (folder / "run.log").read_text() == log
-    assert (layout.perfdb_dir / "compute.csv").read_bytes() == (default_perfdb_dir() / "l40s" / "compute.csv").read_bytes()
+    assert (layout.perfdb_dir / "compute.csv").read_bytes() == (
+        default_perfdb_dir() / "l40s" / "compute.csv"
+    ).read_bytes()
     compose = yaml.safe_load((folder / "config" / "compose.yaml").read_text())
     assert compose["services"]["simulator"]["command"].endswith("--perf-db /phantora/perfdb/l40s")
-    assert (folder / "config" / "command.txt").read_text().count("docker compose") == 5  # up, exec -d, exec -T, kill, down
+    assert (folder / "config" / "command.txt").read_text().count(
+        "docker compose"
+    ) == 5  # up, exec -d, exec -T, kill, down
     assert result.metadata["run_log_peak_memory_gib"] == 20.0 and result.metadata["mode"] == "replay"
-    assert json.loads((paths.partition_dir(SPEC.run_id) / "run_log.json").read_text())["iteration_s"] == [0.9, 0.61, 0.62, 0.61]
+    assert json.loads((paths.partition_dir(SPEC.run_id) / "run_log.json").read_text())["iteration_s"] == [
+        0.9,
+        0.61,
+        0.62,
+        0.61,
+    ]
     _assert_torn_down(client)
 
 
@@ -228,9 +264,14 @@ def test_missing_perf_db_shapes_fail_the_blocking_check(tmp_path):
     client = FakeClient(log=megatron_log([0.9, 0.6], ranks=2, peak_mib=1000.0), missing_shapes=True)
     paths, _ = _layout(tmp_path)
     settings = _settings(tmp_path)
-    result = pipeline.simulate_docker(SPEC, paths, PhantoraDockerRunner(client, settings),
-                                      SimulationSlots(paths.root / "work" / ".slots", 1), settings,
-                                      perfdb_source=default_perfdb_dir() / "l40s")
+    result = pipeline.simulate_docker(
+        SPEC,
+        paths,
+        PhantoraDockerRunner(client, settings),
+        SimulationSlots(paths.root / "work" / ".slots", 1),
+        settings,
+        perfdb_source=default_perfdb_dir() / "l40s",
+    )
     perfdb = next(o for o in result.outcomes if o.name == "perfdb_complete")
     assert not perfdb.passed and "compute.csv (2)" in perfdb.message and "invalid" in perfdb.message
     folder = paths.run_folder(SPEC)
@@ -242,15 +283,25 @@ def test_out_of_memory_and_failed_training(tmp_path):
     paths, _ = _layout(tmp_path)
     settings = _settings(tmp_path)
     slots = SimulationSlots(paths.root / "work" / ".slots", 1)
-    oom = FakeClient(log="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB\n", exit_code=1,
-                     write_timeline=False)
-    result = pipeline.simulate_docker(SPEC, paths, PhantoraDockerRunner(oom, settings), slots, settings,
-                                      perfdb_source=default_perfdb_dir() / "l40s")
+    oom = FakeClient(
+        log="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB\n",
+        exit_code=1,
+        write_timeline=False,
+    )
+    result = pipeline.simulate_docker(
+        SPEC, paths, PhantoraDockerRunner(oom, settings), slots, settings, perfdb_source=default_perfdb_dir() / "l40s"
+    )
     assert {o.name: o.passed for o in result.outcomes}["fits_in_memory"] is False
     broken = FakeClient(log="Traceback (most recent call last):\nImportError: no module named megatron\n", exit_code=1)
     with pytest.raises(PhantoraDockerError, match="exited with status 1(.|\n)*no module named megatron"):
-        pipeline.simulate_docker(SPEC, paths, PhantoraDockerRunner(broken, settings), slots, settings,
-                                 perfdb_source=default_perfdb_dir() / "l40s")
+        pipeline.simulate_docker(
+            SPEC,
+            paths,
+            PhantoraDockerRunner(broken, settings),
+            slots,
+            settings,
+            perfdb_source=default_perfdb_dir() / "l40s",
+        )
     _assert_torn_down(broken)
 
 
@@ -268,8 +319,11 @@ def test_visualizer_conversion_and_unpatched_image(tmp_path):
     layout.out_dir.mkdir(parents=True)
     (layout.out_dir / "timeline.bin").write_bytes(b"\x00")
     result = pipeline.docker_trace(SPEC, paths, PhantoraDockerRunner(client, _settings(tmp_path)))
-    assert ("run", "phantora:latest", ("/phantora/dist/phantora_visualizer", "-t", "/phantora/out/timeline.bin",
-                                        "-o", "/phantora/out/timeline.json")) in client.calls
+    assert (
+        "run",
+        "phantora:latest",
+        ("/phantora/dist/phantora_visualizer", "-t", "/phantora/out/timeline.bin", "-o", "/phantora/out/timeline.json"),
+    ) in client.calls
     assert result.path == paths.chrome_trace(SPEC) and result.metadata["n_network_flows"] > 0
     assert not (layout.out_dir / "timeline.json").exists()  # the big JSON is not kept twice
     client = FakeClient(fail_at="visualizer")
@@ -318,12 +372,19 @@ def test_end_to_end_phantora_in_docker(tmp_path, monkeypatch):
     data = tmp_path / "data"
     matrix = effective_matrix(data)
     all_assets, run_assets = d.assets_for(matrix)
-    sim = PhantoraDocker(image=os.environ.get("PHANTORA_ASSETS_DOCKER_IMAGE", "phantora:latest"),
-                         phantora_tests_dir=os.environ.get("PHANTORA_ASSETS_PHANTORA_TESTS_DIR") or None,
-                         socket_dir=str(tmp_path / "sockets"))
-    res = dg.materialize(all_assets, selection=run_assets, partition_key="phantora_l40s_W1_2x1",
-                         resources={"data": DataRoot(data_dir=str(data)), "simulator": sim},
-                         instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    sim = PhantoraDocker(
+        image=os.environ.get("PHANTORA_ASSETS_DOCKER_IMAGE", "phantora:latest"),
+        phantora_tests_dir=os.environ.get("PHANTORA_ASSETS_PHANTORA_TESTS_DIR") or None,
+        socket_dir=str(tmp_path / "sockets"),
+    )
+    res = dg.materialize(
+        all_assets,
+        selection=run_assets,
+        partition_key="phantora_l40s_W1_2x1",
+        resources={"data": DataRoot(data_dir=str(data)), "simulator": sim},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     checks = read_checks(DataPaths(data).run_folder(matrix[0]))
     assert res.success, checks
     assert checks["perfdb_complete"]["status"] == "passed"

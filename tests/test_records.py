@@ -11,9 +11,18 @@ from phantora_assets.records import RecordError, SimulationRecord, TraceSummary,
 
 
 def test_record_round_trip_is_sorted_indented_json(tmp_path):
-    rec = TraceSummary(run_id="phantora_h100_W1_2x8", trace="timeline.json.gz", step_time_us=1234.5,
-                       network_bytes_per_step=11_500_000_000, n_steady_steps=19, chosen_step=7, n_flows=10,
-                       n_network_flows=8, periods={"00ff": 4}, compute_busy_us={"host-1": 1.5})
+    rec = TraceSummary(
+        run_id="phantora_h100_W1_2x8",
+        trace="timeline.json.gz",
+        step_time_us=1234.5,
+        network_bytes_per_step=11_500_000_000,
+        n_steady_steps=19,
+        chosen_step=7,
+        n_flows=10,
+        n_network_flows=8,
+        periods={"00ff": 4},
+        compute_busy_us={"host-1": 1.5},
+    )
     path = tmp_path / "trace_summary.json"
     write_record(path, rec)
     text = path.read_text()

@@ -6,27 +6,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.lib.traffic.ring import (CALL_TO_OP, DTYPE_BYTES, OP_TO_CALL, RING_OPS,
-                                      group_sizes_for, hop_bytes, network_bytes_of,
-                                      ring_flows)
+from phantora_assets.lib.traffic.ring import (
+    CALL_TO_OP,
+    DTYPE_BYTES,
+    OP_TO_CALL,
+    RING_OPS,
+    group_sizes_for,
+    hop_bytes,
+    network_bytes_of,
+    ring_flows,
+)
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv"]
 
 
-@pytest.mark.parametrize("op,count,db,n,expected", [
-    ("all_reduce", 4_194_304, 2, 2, 8_388_608),        # S = 8 MiB, n=2: S
-    ("all_reduce", 4_194_304, 2, 4, 12_582_912),       # 2S * 3/4
-    ("all_reduce", 1, 4, 4, 6),                        # floor(8 * 3 / 4)
-    ("all_reduce", 1, 4, 3, 5),                        # floor(8 * 2 / 3)
-    ("all_reduce", 7, 1, 3, 9),                        # floor(14 * 2 / 3) = floor(9.33)
-    ("all_reduce", 100, 2, 1, 0),                      # one rank: no traffic
-    ("all_gather", 1000, 2, 4, 6000),                  # (n-1) * S
-    ("reduce_scatter", 1000, 4, 8, 28000),
-    ("all_gather", 1000, 2, 1, 0),
-    ("broadcast", 1000, 2, 8, 2000),
-    ("send", 512, 2, 2, 1024),
-    ("recv", 512, 8, 7, 4096),
-])
+@pytest.mark.parametrize(
+    "op,count,db,n,expected",
+    [
+        ("all_reduce", 4_194_304, 2, 2, 8_388_608),  # S = 8 MiB, n=2: S
+        ("all_reduce", 4_194_304, 2, 4, 12_582_912),  # 2S * 3/4
+        ("all_reduce", 1, 4, 4, 6),  # floor(8 * 3 / 4)
+        ("all_reduce", 1, 4, 3, 5),  # floor(8 * 2 / 3)
+        ("all_reduce", 7, 1, 3, 9),  # floor(14 * 2 / 3) = floor(9.33)
+        ("all_reduce", 100, 2, 1, 0),  # one rank: no traffic
+        ("all_gather", 1000, 2, 4, 6000),  # (n-1) * S
+        ("reduce_scatter", 1000, 4, 8, 28000),
+        ("all_gather", 1000, 2, 1, 0),
+        ("broadcast", 1000, 2, 8, 2000),
+        ("send", 512, 2, 2, 1024),
+        ("recv", 512, 8, 7, 4096),
+    ],
+)
 def test_hop_bytes_table(op, count, db, n, expected):
     assert hop_bytes(op, count, db, n) == expected
 
@@ -39,8 +49,18 @@ def test_hop_bytes_rejects_bad_input():
 
 
 def test_tables():
-    assert DTYPE_BYTES == {"I8": 1, "U8": 1, "I32": 4, "U32": 4, "I64": 8, "U64": 8,
-                           "F16": 2, "F32": 4, "F64": 8, "Bf16": 2}
+    assert DTYPE_BYTES == {
+        "I8": 1,
+        "U8": 1,
+        "I32": 4,
+        "U32": 4,
+        "I64": 8,
+        "U64": 8,
+        "F16": 2,
+        "F32": 4,
+        "F64": 8,
+        "Bf16": 2,
+    }
     assert set(CALL_TO_OP.values()) == set(OPS)
     assert all(OP_TO_CALL[op] == call for call, op in CALL_TO_OP.items())
 
@@ -59,8 +79,8 @@ def test_group_sizes_table():
     assert group_sizes_for("all_reduce", 4_194_304, 2, 12_582_912) == [4]
     assert group_sizes_for("all_gather", 1000, 2, 6000) == [4]
     assert group_sizes_for("all_gather", 1000, 2, 6001) == []
-    assert group_sizes_for("all_reduce", 1000, 2, 1999) == []     # below S
-    assert group_sizes_for("all_reduce", 1000, 2, 4000) == []     # >= 2S
+    assert group_sizes_for("all_reduce", 1000, 2, 1999) == []  # below S
+    assert group_sizes_for("all_reduce", 1000, 2, 4000) == []  # >= 2S
     assert group_sizes_for("broadcast", 1000, 2, 2000) == [0]
     assert group_sizes_for("send", 1000, 2, 1999) == []
     assert group_sizes_for("all_reduce", 0, 2, 0) == [0]
@@ -71,37 +91,55 @@ def test_group_sizes_table():
 
 
 @settings(max_examples=400, deadline=None)
-@given(op=st.sampled_from(RING_OPS), count=st.integers(1, 2**34),
-       dtype=st.sampled_from(sorted(DTYPE_BYTES)), n=st.integers(2, 4096))
+@given(
+    op=st.sampled_from(RING_OPS),
+    count=st.integers(1, 2**34),
+    dtype=st.sampled_from(sorted(DTYPE_BYTES)),
+    n=st.integers(2, 4096),
+)
 def test_group_sizes_inverts_hop_bytes(op, count, dtype, n):
     db = DTYPE_BYTES[dtype]
     b = hop_bytes(op, count, db, n)
     cands = group_sizes_for(op, count, db, b)
     assert n in cands
     assert cands == sorted(set(cands)) and all(2 <= m <= 4096 for m in cands)
-    for m in cands[:50] + cands[-50:]:          # sound: every candidate gives the bytes
+    for m in cands[:50] + cands[-50:]:  # sound: every candidate gives the bytes
         assert hop_bytes(op, count, db, m) == b
 
 
 @settings(max_examples=300, deadline=None)
-@given(op=st.sampled_from(RING_OPS), count=st.integers(1, 40),
-       db=st.sampled_from([1, 2, 4, 8]), b=st.integers(0, 700), max_n=st.integers(2, 300))
+@given(
+    op=st.sampled_from(RING_OPS),
+    count=st.integers(1, 40),
+    db=st.sampled_from([1, 2, 4, 8]),
+    b=st.integers(0, 700),
+    max_n=st.integers(2, 300),
+)
 def test_group_sizes_complete_small(op, count, db, b, max_n):
     expected = [n for n in range(2, max_n + 1) if hop_bytes(op, count, db, n) == b]
     assert group_sizes_for(op, count, db, b, max_n=max_n) == expected
 
 
 @settings(max_examples=100, deadline=None)
-@given(op=st.sampled_from(["broadcast", "send", "recv"]), count=st.integers(0, 2**30),
-       db=st.sampled_from([1, 2, 4, 8]), delta=st.integers(-3, 3))
+@given(
+    op=st.sampled_from(["broadcast", "send", "recv"]),
+    count=st.integers(0, 2**30),
+    db=st.sampled_from([1, 2, 4, 8]),
+    delta=st.integers(-3, 3),
+)
 def test_point_to_point_sizes(op, count, db, delta):
     b = count * db + delta
     assert group_sizes_for(op, count, db, b) == ([0] if delta == 0 else [])
 
 
 @settings(max_examples=100, deadline=None)
-@given(op=st.sampled_from(RING_OPS + ("broadcast",)), count=st.integers(0, 10**6),
-       db=st.sampled_from([1, 2, 4, 8]), n=st.integers(1, 64), data=st.data())
+@given(
+    op=st.sampled_from(RING_OPS + ("broadcast",)),
+    count=st.integers(0, 10**6),
+    db=st.sampled_from([1, 2, 4, 8]),
+    n=st.integers(1, 64),
+    data=st.data(),
+)
 def test_ring_flows_properties(op, count, db, n, data):
     root = data.draw(st.integers(0, max(0, n - 1)))
     flows = ring_flows(op, count, db, n, root=root)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from run_folders import deepspeed_log, megatron_log
 
 from phantora_assets.lib.phantora.run_log import parse_run_log
-
-from run_folders import deepspeed_log, megatron_log
 
 TIMES = [0.5123456, 0.4511111, 0.4522222, 0.4500001]
 
@@ -26,10 +25,14 @@ def test_megatron_full_precision_list_wins_and_peak_is_max_over_ranks():
 
 
 def test_megatron_iteration_lines_only_take_the_slowest_rank():
-    text = "\n".join([
-        "rank 0 iter 0 time: 0.52 wall: 10.00", "rank 1 iter 0 time: 0.53 wall: 10.00",
-        "rank 1 iter 1 time: 0.46 wall: 1.00", "rank 0 iter 1 time: 0.45 wall: 1.00",
-    ])
+    text = "\n".join(
+        [
+            "rank 0 iter 0 time: 0.52 wall: 10.00",
+            "rank 1 iter 0 time: 0.53 wall: 10.00",
+            "rank 1 iter 1 time: 0.46 wall: 1.00",
+            "rank 0 iter 1 time: 0.45 wall: 1.00",
+        ]
+    )
     log = parse_run_log(text)
     assert log.iteration_s == [0.53, 0.46] and not log.precise
     assert log.peak_memory_gib is None
@@ -44,28 +47,36 @@ def test_deepspeed_with_pdsh_prefix_and_loss():
 
 
 def test_deepspeed_older_format_without_rank():
-    text = "time: 0.52 wall: 10.00\ntime: 0.45 wall: 1.00\nTime: [0.5213, 0.4499] Avg time: 0.4499\nWall: [10.0, 1.0] Avg wall: 1.0\n"
+    text = (
+        "time: 0.52 wall: 10.00\ntime: 0.45 wall: 1.00\n"
+        "Time: [0.5213, 0.4499] Avg time: 0.4499\nWall: [10.0, 1.0] Avg wall: 1.0\n"
+    )
     log = parse_run_log(text)
     assert log.format == "deepspeed"
     assert log.iteration_s == [0.5213, 0.4499]
 
 
 def test_analytic_format():
-    text = ("# analytic simulation of x\npeak memory estimate: 16.84 GiB of 40.00 GiB\n"
-            "iteration   1/3 | simulated time (ms): 96.509 | peak memory (GiB): 16.84\n"
-            "iteration   2/3 | simulated time (ms): 61.560 | peak memory (GiB): 16.84\n"
-            "iteration   3/3 | simulated time (ms): 61.625 | peak memory (GiB): 16.84\n")
+    text = (
+        "# analytic simulation of x\npeak memory estimate: 16.84 GiB of 40.00 GiB\n"
+        "iteration   1/3 | simulated time (ms): 96.509 | peak memory (GiB): 16.84\n"
+        "iteration   2/3 | simulated time (ms): 61.560 | peak memory (GiB): 16.84\n"
+        "iteration   3/3 | simulated time (ms): 61.625 | peak memory (GiB): 16.84\n"
+    )
     log = parse_run_log(text)
     assert log.format == "analytic"
     assert log.iteration_s == pytest.approx([0.096509, 0.06156, 0.061625])
     assert log.peak_memory_gib == 16.84
 
 
-@pytest.mark.parametrize("line", [
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-    "[rank1]: torch.cuda.OutOfMemoryError: boom",
-    "OUT OF MEMORY: estimated peak 49.70 GiB exceeds the card (46.00 GiB)",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "[rank1]: torch.cuda.OutOfMemoryError: boom",
+        "OUT OF MEMORY: estimated peak 49.70 GiB exceeds the card (46.00 GiB)",
+    ],
+)
 def test_out_of_memory_is_detected(line):
     log = parse_run_log("rank 0 iter 0 time: 0.52 wall: 10.00\n" + line + "\n")
     assert log.out_of_memory and log.oom_line == line.strip()

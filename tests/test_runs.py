@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import published_rows
 
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import load_run_matrix, parse_entries
-
-from conftest import published_rows
 
 
 def test_matrix_ships_every_published_run():
@@ -62,8 +61,12 @@ def test_cli_reports_invalid_matrix_without_traceback(tmp_path):
     bad = tmp_path / "bad_runs.toml"
     bad.write_text('[[run]]\nworkload = "W1"\ngpu = "a100_40g"\nnodes = 1\ngpus_per_node = 1\n')
     env = {**__import__("os").environ, "PHANTORA_ASSETS_RUN_MATRIX": str(bad)}
-    out = subprocess.run([sys.executable, "-m", "phantora_assets.cli", "runs", "--data-dir", str(tmp_path / "d")],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "phantora_assets.cli", "runs", "--data-dir", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "bad_runs.toml [[run]] #1" in out.stderr and "tensor_parallel_size=2" in out.stderr

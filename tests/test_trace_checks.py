@@ -8,16 +8,21 @@ import pandas as pd
 import pytest
 
 try:  # the synthetic run builder lives beside these tests
-    from tests.test_steps import (COMMS, DP_COUNT, NET_BYTES_PER_STEP, T, FlowBuilder,
-                                  build_run)
+    from tests.test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
 except ImportError:  # pragma: no cover - tests/ on sys.path without a package
-    from test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, T, FlowBuilder, build_run
+    from test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
 
 from phantora_assets.lib.traffic.ring import hop_bytes
 from phantora_assets.lib.traffic.steps import detect_steps
-from phantora_assets.lib.traffic.trace_checks import (CheckOutcome, flows_exist, render_checks_txt,
-                                              ring_bytes_match, run_trace_checks,
-                                              steady_steps_stable, steps_match)
+from phantora_assets.lib.traffic.trace_checks import (
+    CheckOutcome,
+    flows_exist,
+    render_checks_txt,
+    ring_bytes_match,
+    run_trace_checks,
+    steady_steps_stable,
+    steps_match,
+)
 
 DP0 = COMMS["dp0"][0]
 TP0 = COMMS["tp0"][0]
@@ -33,16 +38,15 @@ def clean():
 def test_all_checks_pass_on_clean_run(clean):
     flows, sr = clean
     outcomes = run_trace_checks(flows, sr)
-    assert [o.name for o in outcomes] == ["flows_exist", "steps_match", "ring_bytes_match",
-                                          "steady_steps_stable"]
+    assert [o.name for o in outcomes] == ["flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable"]
     assert all(isinstance(o, CheckOutcome) for o in outcomes)
     assert [o.passed for o in outcomes] == [True] * 4, [o.message for o in outcomes]
     for o in outcomes:
         assert o.description.endswith(".") and o.message
     ring = outcomes[2]
-    assert ring.observed["group_sizes"] == {COMMS[k][0]: n for k, n in
-                                            [("tp0", 2), ("tp1", 2), ("dp0", 2), ("dp1", 2),
-                                             ("world", 4), ("init", 4)]}
+    assert ring.observed["group_sizes"] == {
+        COMMS[k][0]: n for k, n in [("tp0", 2), ("tp1", 2), ("dp0", 2), ("dp1", 2), ("world", 4), ("init", 4)]
+    }
     stable = outcomes[3]
     assert stable.observed["network_bytes_min"] == stable.observed["network_bytes_max"] == NET_BYTES_PER_STEP
     assert stable.observed["max_rel_deviation"] == pytest.approx(5 / T)
@@ -64,6 +68,7 @@ def test_render_checks_txt(clean):
 
 # ---- flows_exist ---------------------------------------------------------------------
 
+
 def test_flows_exist_fails_on_loopback_only():
     fb = FlowBuilder()
     for it in range(5):
@@ -83,6 +88,7 @@ def test_flows_exist_counts(clean):
 
 # ---- steps_match ---------------------------------------------------------------------
 
+
 def test_steps_match_fails_on_missing_collective(clean):
     _, sr = clean
     f = sr.flows
@@ -100,6 +106,7 @@ def test_steps_match_fails_on_missing_collective(clean):
 
 
 # ---- ring_bytes_match ----------------------------------------------------------------
+
 
 def test_ring_bytes_fails_on_two_group_sizes():
     flows = build_run()
@@ -147,6 +154,7 @@ def test_ring_bytes_ambiguous_group_size_fails():
 
 
 # ---- steady_steps_stable --------------------------------------------------------------
+
 
 def test_stable_fails_on_step_with_extra_bytes():
     flows = build_run(extra_bytes_step=7)
@@ -197,6 +205,7 @@ def test_outcomes_are_frozen():
 
 def test_observed_values_are_plain_python(clean):
     import json
+
     flows, sr = clean
     for o in run_trace_checks(flows, sr):
         json.dumps(o.observed)
@@ -217,16 +226,21 @@ _DTYPES = st.sampled_from(["Bf16", "F32", "F16", "I8", "F64"])
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(2, 16), other=st.integers(2, 16),
-       calls=st.lists(st.tuples(_OPS, st.integers(1, 2**28), _DTYPES), min_size=0, max_size=6),
-       big=st.integers(2**20, 2**28), dtype=_DTYPES, seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(2, 16),
+    other=st.integers(2, 16),
+    calls=st.lists(st.tuples(_OPS, st.integers(1, 2**28), _DTYPES), min_size=0, max_size=6),
+    big=st.integers(2**20, 2**28),
+    dtype=_DTYPES,
+    seed=st.integers(0, 2**16),
+)
 def test_property_ring_rule_one_group_size_per_communicator(n, other, calls, big, dtype, seed):
     """Flows following the ring rule for one n pass with group size n (a large all-gather pins
     n down); adding one collective whose bytes follow the rule for another n fails, naming the
     communicator."""
     comm = "00000000000000aa"
     ranks = list(range(n))
-    fb = FlowBuilder({r: r for r in range(64)})          # every rank on its own host
+    fb = FlowBuilder({r: r for r in range(64)})  # every rank on its own host
     fb.ring(comm, ranks, "all_gather", big, dtype, 0.0, 1.0)
     for k, (op, count, dt) in enumerate(calls):
         fb.ring(comm, ranks, op, count, dt, 10.0 * (k + 1), 1.0)

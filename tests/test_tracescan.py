@@ -16,25 +16,53 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_chrome_trace import _big_trace, raw_timeline
 
 from phantora_assets.lib.phantora import trace_batches as tb
 from phantora_assets.lib.phantora import trace_decode as td
 from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace
 
-from test_chrome_trace import _big_trace, raw_timeline
-
 ID = list(range(0, 256, 2))
 
-BASE_COMM = {"name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "cat": "Communication", "ph": "X",
-             "ts": 20695710.616, "dur": 2244.834, "pid": 0, "tid": 7,
-             "args": {"Communication": [
-                 {"id": 1, "bytes": 28410992, "src": "host-1", "dst": "host-7", "token": None},
-                 {"NcclAllReduce": {"count": 14205496, "dtype": "F16", "op": "Sum",
-                                    "comm": {"rank": 1, "id": ID}, "stream": {"device": 7, "id": 7}}}]}}
-BASE_COMP = {"name": "aten::mm", "cat": "Computation", "ph": "X", "ts": 746474.068, "dur": 1641.913,
-             "pid": 1005, "tid": 21474836487,
-             "args": {"Computation": [{"hostname": "host-6", "pid": 1005}, 1641913,
-                                      {"Torch": {"time": 1641913, "info": {"MM": [{"shape": [1024, 4096]}]}}}]}}
+BASE_COMM = {
+    "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    "cat": "Communication",
+    "ph": "X",
+    "ts": 20695710.616,
+    "dur": 2244.834,
+    "pid": 0,
+    "tid": 7,
+    "args": {
+        "Communication": [
+            {"id": 1, "bytes": 28410992, "src": "host-1", "dst": "host-7", "token": None},
+            {
+                "NcclAllReduce": {
+                    "count": 14205496,
+                    "dtype": "F16",
+                    "op": "Sum",
+                    "comm": {"rank": 1, "id": ID},
+                    "stream": {"device": 7, "id": 7},
+                }
+            },
+        ]
+    },
+}
+BASE_COMP = {
+    "name": "aten::mm",
+    "cat": "Computation",
+    "ph": "X",
+    "ts": 746474.068,
+    "dur": 1641.913,
+    "pid": 1005,
+    "tid": 21474836487,
+    "args": {
+        "Computation": [
+            {"hostname": "host-6", "pid": 1005},
+            1641913,
+            {"Torch": {"time": 1641913, "info": {"MM": [{"shape": [1024, 4096]}]}}},
+        ]
+    },
+}
 
 
 def _batch(lines: list[str]) -> bytearray:
@@ -83,7 +111,8 @@ def _scan(text: bytes):
 def test_fast_path_is_built() -> None:
     assert td._tracescan is not None, (
         "the C fast path (phantora_assets/lib/phantora/_tracescan.c) was not compiled when the package was "
-        "installed: install a C compiler and the Python headers, then reinstall")
+        "installed: install a C compiler and the Python headers, then reinstall"
+    )
 
 
 @needs_scanner
@@ -120,7 +149,7 @@ def test_typical_lines_are_taken() -> None:
     assert n == 3 and ts.tolist() == [20695710.616, 20695710.616]
     assert np.frombuffer(res[5], np.int64).tolist() == [28410992, 28410992]
     assert res[18] == [b"host-1", b"host-7", b"host-6"]
-    assert len(res[19]) == 2   # communicators are told apart by their text, as msgspec's path does
+    assert len(res[19]) == 2  # communicators are told apart by their text, as msgspec's path does
     _assert_same(text)
 
 
@@ -151,35 +180,56 @@ DECLINED = {
 @pytest.mark.parametrize("case", sorted(DECLINED))
 def test_declined_batches_go_to_msgspec(case: str) -> None:
     text = _variant(DECLINED[case])
-    if case not in ("negative dur", "bad communicator"):   # those two are refused after the scan
+    if case not in ("negative dur", "bad communicator"):  # those two are refused after the scan
         assert _scan(text) is None
     _assert_same(text)
 
 
 @needs_scanner
-@pytest.mark.parametrize("text", [
-    b'[{"cat":"Communication","cat":"Computation"}]',                 # duplicate field
-    b'[{"name":"a","cat":"Computation","ts":1e400,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
-    b'[{"name":"a","cat":"Computation","ts":01,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
-    b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}]}]',
-    b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,"\\ud800"]}}]',
-    b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}},]',
-    b'[]',
-    # ends right after a field name (the scanner must not read past the end)
-    b'[{"args":{"Communication":',
-    b'[{"cat":"Computation","args":{"Computation":',
-    b'[{"args":{"Communication":[{"id":1,"bytes":1,"src":"a","dst":"b"},{"NcclSend":{"comm":',
-    b'[{"name":"a","cat":"Computation","ts":0.' + b'0' * 500 + b'1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'[{"cat":"Communication","cat":"Computation"}]',  # duplicate field
+        b'[{"name":"a","cat":"Computation","ts":1e400,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
+        b'[{"name":"a","cat":"Computation","ts":01,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
+        b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}]}]',
+        b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,"\\ud800"]}}]',
+        b'[{"name":"a","cat":"Computation","ts":1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}},]',
+        b"[]",
+        # ends right after a field name (the scanner must not read past the end)
+        b'[{"args":{"Communication":',
+        b'[{"cat":"Computation","args":{"Computation":',
+        b'[{"args":{"Communication":[{"id":1,"bytes":1,"src":"a","dst":"b"},{"NcclSend":{"comm":',
+        b'[{"name":"a","cat":"Computation","ts":0.'
+        + b"0" * 500
+        + b'1,"dur":1,"args":{"Computation":[{"hostname":"host-1"},1,0]}}]',
+    ],
+)
 def test_odd_batches_are_declined(text: bytes) -> None:
     assert _scan(text) is None
     _assert_same(text)
 
 
 @needs_scanner
-@pytest.mark.parametrize("number", ["0", "-0", "-0.0", "1e3", "1E+3", "12.5e-3", "0.30000000000000004",
-                                    "9007199254740993", "123456789012345678901234", "1e-400",
-                                    "4.9406564584124654e-324", "2244.8340000000003", "7e22", "8e22"])
+@pytest.mark.parametrize(
+    "number",
+    [
+        "0",
+        "-0",
+        "-0.0",
+        "1e3",
+        "1E+3",
+        "12.5e-3",
+        "0.30000000000000004",
+        "9007199254740993",
+        "123456789012345678901234",
+        "1e-400",
+        "4.9406564584124654e-324",
+        "2244.8340000000003",
+        "7e22",
+        "8e22",
+    ],
+)
 def test_numbers_convert_as_msgspec_does(number: str) -> None:
     line = json.dumps(BASE_COMP).replace('"ts": 746474.068', f'"ts": {number}')
     text = _batch([line, json.dumps(BASE_COMM).replace('"dur": 2244.834', f'"dur": {number}')])
@@ -189,10 +239,20 @@ def test_numbers_convert_as_msgspec_does(number: str) -> None:
 
 @needs_scanner
 def test_keys_in_any_order_with_unknown_fields_and_whitespace() -> None:
-    comm = {"args": {"Other": [1, {"x": None}], "Communication": [
-        {"dst": "host-2", "extra": [True, False, None], "src": "host-3", "bytes": 5, "id": -1},
-        {"NcclBcast": {"root": 3, "comm": {"id": [1, 2], "rank": 0}, "dtype": "U8", "count": 5}}]},
-        "tid": -9223372036854775808, "dur": 0, "ts": 0, "cat": "Communication", "name": "bc"}
+    comm = {
+        "args": {
+            "Other": [1, {"x": None}],
+            "Communication": [
+                {"dst": "host-2", "extra": [True, False, None], "src": "host-3", "bytes": 5, "id": -1},
+                {"NcclBcast": {"root": 3, "comm": {"id": [1, 2], "rank": 0}, "dtype": "U8", "count": 5}},
+            ],
+        },
+        "tid": -9223372036854775808,
+        "dur": 0,
+        "ts": 0,
+        "cat": "Communication",
+        "name": "bc",
+    }
     text = _batch([json.dumps(comm, indent="\t"), json.dumps(BASE_COMP, indent=2)])
     assert _scan(text) is not None
     _assert_same(text)
@@ -202,12 +262,14 @@ def test_keys_in_any_order_with_unknown_fields_and_whitespace() -> None:
 
 
 _hosts = st.sampled_from(["host-1", "host-2", "host-10", "h\u00e9", "host\\n"])
-_ints = st.one_of(st.integers(-5, 5), st.integers(-2**63, 2**63 - 1), st.integers(2**63, 2**64))
+_ints = st.one_of(st.integers(-5, 5), st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**64))
 # JSON number texts: integers, Python floats (shortest repr), fixed-point decimals, exponents
-_numbers = st.one_of(st.integers(-10, 10**18).map(str),
-                     st.floats(allow_nan=False, allow_infinity=False).map(json.dumps),
-                     st.decimals(0, 10**9, places=3).map(str),
-                     st.tuples(st.integers(0, 99999), st.integers(-330, 330)).map(lambda t: f"{t[0]}e{t[1]}"))
+_numbers = st.one_of(
+    st.integers(-10, 10**18).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(json.dumps),
+    st.decimals(0, 10**9, places=3).map(str),
+    st.tuples(st.integers(0, 99999), st.integers(-330, 330)).map(lambda t: f"{t[0]}e{t[1]}"),
+)
 
 
 @st.composite
@@ -215,17 +277,35 @@ def _event(draw) -> str:
     """One event's JSON text; ts and dur are number texts put in place of placeholders."""
     if draw(st.booleans()):
         call = draw(st.sampled_from(list(td.CALLS) + ["NcclFoo"]))
-        payload = {"count": draw(_ints), "dtype": draw(st.sampled_from(list(td.DTYPES) + ["X"])),
-                   "comm": {"rank": draw(st.integers(0, 3)), "id": draw(st.lists(st.integers(0, 255), max_size=4))}}
+        payload = {
+            "count": draw(_ints),
+            "dtype": draw(st.sampled_from(list(td.DTYPES) + ["X"])),
+            "comm": {"rank": draw(st.integers(0, 3)), "id": draw(st.lists(st.integers(0, 255), max_size=4))},
+        }
         if draw(st.booleans()):
             payload["root"] = draw(_ints)
-        ev = {"name": draw(st.sampled_from(["ar", "ag", "k\u00e9"])), "cat": "Communication",
-              "ts": "@TS@", "dur": "@DUR@", "tid": draw(_ints),
-              "args": {"Communication": [{"id": draw(_ints), "bytes": draw(_ints), "src": draw(_hosts),
-                                          "dst": draw(_hosts)}, {call: payload}]}}
+        ev = {
+            "name": draw(st.sampled_from(["ar", "ag", "k\u00e9"])),
+            "cat": "Communication",
+            "ts": "@TS@",
+            "dur": "@DUR@",
+            "tid": draw(_ints),
+            "args": {
+                "Communication": [
+                    {"id": draw(_ints), "bytes": draw(_ints), "src": draw(_hosts), "dst": draw(_hosts)},
+                    {call: payload},
+                ]
+            },
+        }
     else:
-        ev = {"name": "mm", "cat": "Computation", "ts": "@TS@", "dur": "@DUR@", "tid": 1,
-              "args": {"Computation": [{"hostname": draw(_hosts)}, draw(_ints), {"Torch": {"x": [1.5, None]}}]}}
+        ev = {
+            "name": "mm",
+            "cat": "Computation",
+            "ts": "@TS@",
+            "dur": "@DUR@",
+            "tid": 1,
+            "args": {"Computation": [{"hostname": draw(_hosts)}, draw(_ints), {"Torch": {"x": [1.5, None]}}]},
+        }
     text = json.dumps(ev, indent=draw(st.sampled_from([None, 1])))
     return text.replace('"@TS@"', draw(_numbers)).replace('"@DUR@"', draw(_numbers))
 
@@ -240,8 +320,9 @@ def test_random_events_decode_the_same(lines: list[str]) -> None:
 @given(st.integers(0, 2**32 - 1), st.integers(1, 4))
 def test_damaged_batches_decode_the_same(seed: int, n_edits: int) -> None:
     rng = random.Random(seed)
-    text = bytearray(_batch([json.dumps(BASE_COMM, separators=(",", ":")), json.dumps(BASE_COMP),
-                             json.dumps(BASE_COMM, indent=1)]))
+    text = bytearray(
+        _batch([json.dumps(BASE_COMM, separators=(",", ":")), json.dumps(BASE_COMP), json.dumps(BASE_COMM, indent=1)])
+    )
     alphabet = b'{}[]",:0123456789-+.eE \\ntfunl\x00\x80'
     for _ in range(n_edits):
         i = rng.randrange(1, len(text) - 1)

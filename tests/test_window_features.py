@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.lib.traffic.binning import build_bins
 from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.traffic.binning import build_bins
 from phantora_assets.lib.traffic.periodicity import alias_period_s, dominant_period, fold_frequency_hz, spectral_peak_hz
 from phantora_assets.lib.traffic.window_features import (
     FEATURES,
@@ -46,7 +46,9 @@ def tiny() -> pd.DataFrame:
 def test_tiny_window_by_hand(tiny: pd.DataFrame) -> None:
     assert list(tiny.columns) == list(WINDOW_FEATURE_COLUMNS)
     assert tiny[["run_id", "window_s", "window_start_s", "n_bins"]].values.tolist() == [
-        ["r", 0.4, 0.0, 4], ["r", 0.4, 0.4, 4]]
+        ["r", 0.4, 0.0, 4],
+        ["r", 0.4, 0.4, 4],
+    ]
     w = tiny.iloc[0]
     # bin series x = [10, 110, 50, 10]; pair totals T = [120, 60]
     assert w.total_bytes == 180
@@ -87,8 +89,9 @@ def test_tiny_control_only_window(tiny: pd.DataFrame) -> None:
 def test_control_level_per_pair_mapping_and_default() -> None:
     bins = bin_table("r", TINY)
     # a level of 45 for (1, 0) makes that pair idle; (0, 1) stays active
-    m = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8,
-                                control_bytes_per_pair_bin={(0, 1): 5, (1, 0): 45})
+    m = compute_window_features(
+        bins, window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin={(0, 1): 5, (1, 0): 45}
+    )
     assert m.iloc[0].n_active_pairs == 1
     assert m.iloc[0].bytes_per_active_pair == 120.0
     assert m.iloc[0].idle_bin_fraction == 0.75
@@ -96,8 +99,7 @@ def test_control_level_per_pair_mapping_and_default() -> None:
     d = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8)
     assert d.iloc[0].n_active_pairs == 0 and d.iloc[0].idle_bin_fraction == 1.0
     with pytest.raises(ValueError, match="lacks pairs"):
-        compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8,
-                                control_bytes_per_pair_bin={(0, 1): 5})
+        compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin={(0, 1): 5})
 
 
 def test_empty_window() -> None:
@@ -106,8 +108,17 @@ def test_empty_window() -> None:
     out = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.8, control_bytes_per_pair_bin=5)
     w = out.iloc[1]
     assert w.n_bins == 0 and w.total_bytes == 0 and w.n_active_pairs == 0
-    for name in ("bytes_per_active_pair", "bin_mean_bytes", "bin_std_bytes", "bin_max_bytes",
-                 "bin_p95_bytes", "cv", "peak_to_mean", "pair_entropy_bits", "top_pair_share"):
+    for name in (
+        "bytes_per_active_pair",
+        "bin_mean_bytes",
+        "bin_std_bytes",
+        "bin_max_bytes",
+        "bin_p95_bytes",
+        "cv",
+        "peak_to_mean",
+        "pair_entropy_bits",
+        "top_pair_share",
+    ):
         assert w[name] == 0.0, name
     for name in ("idle_bin_fraction", "spectral_peak_hz", "dominant_period_s", "periodicity"):
         assert math.isnan(w[name]), name
@@ -121,8 +132,7 @@ def test_run_without_rows_gets_every_window() -> None:
 
 def test_single_pair() -> None:
     bins = bin_table("r", {(0, 1): [0, 100, 0, 300]})
-    w = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.4,
-                                control_bytes_per_pair_bin=0).iloc[0]
+    w = compute_window_features(bins, window_sizes_s=(0.4,), window_s=0.4, control_bytes_per_pair_bin=0).iloc[0]
     assert w.total_bytes == 400 and w.n_active_pairs == 1 and w.bytes_per_active_pair == 400.0
     assert w.pair_entropy_bits == 0.0 and w.top_pair_share == 1.0
     assert w.idle_bin_fraction == 0.5
@@ -134,7 +144,11 @@ def test_window_grid_and_multi_run() -> None:
     bins = pd.concat([bin_table("b", series), bin_table("a", series)], ignore_index=True)
     out = compute_window_features(bins, window_s=30.0)
     assert out.groupby(["run_id", "window_s"]).size().to_dict() == {
-        ("a", 1.0): 30, ("a", 15.0): 2, ("b", 1.0): 30, ("b", 15.0): 2}
+        ("a", 1.0): 30,
+        ("a", 15.0): 2,
+        ("b", 1.0): 30,
+        ("b", 15.0): 2,
+    }
     assert out.run_id.tolist()[0] == "a"
     one = out[(out.run_id == "a") & (out.window_s == 1.0)]
     np.testing.assert_allclose(one.window_start_s, np.arange(30.0))
@@ -190,9 +204,9 @@ def test_alias_helpers() -> None:
     assert fold_frequency_hz(24.3, 0.1) == pytest.approx(4.3)
     assert fold_frequency_hz(3.0, 0.1) == pytest.approx(3.0)
     assert fold_frequency_hz(16.0, 0.1) == pytest.approx(4.0)
-    assert alias_period_s(0.329, 0.1) == pytest.approx(0.329)        # >= 2 bins: itself
+    assert alias_period_s(0.329, 0.1) == pytest.approx(0.329)  # >= 2 bins: itself
     assert alias_period_s(0.0703, 0.1) == pytest.approx(1 / (1 / 0.0703 - 10))  # 237 ms
-    assert alias_period_s(0.05, 0.1) == math.inf                     # half a bin: no rhythm
+    assert alias_period_s(0.05, 0.1) == math.inf  # half a bin: no rhythm
 
 
 def test_short_windows_search_two_cycles() -> None:
@@ -208,8 +222,9 @@ def plausible_step(step_time_s: float, n_nodes: int = 2, n_flows: int = 8) -> pd
     rows = []
     for i in range(n_flows):
         for s in range(n_nodes):
-            rows.append((0.6 * step_us + i * 0.4 * step_us / n_flows, 0.4 * step_us / n_flows,
-                         s, (s + 1) % n_nodes, 50_000_000))
+            rows.append(
+                (0.6 * step_us + i * 0.4 * step_us / n_flows, 0.4 * step_us / n_flows, s, (s + 1) % n_nodes, 50_000_000)
+            )
     return pd.DataFrame(rows, columns=list(STEP_FLOW_COLUMNS)).astype(STEP_FLOW_COLUMNS)
 
 
@@ -219,8 +234,9 @@ def run_windows(step_time_s: float, run_id: str) -> pd.DataFrame:
 
 
 # Published step times: >= 2 bins (recovered) and < 2 bins (read as their alias).
-@pytest.mark.parametrize("step_ms", [203.0, 234.9, 251.0, 329.0, 480.0, 61.5, 70.3, 90.9, 108.5, 122.4,
-                                     147.2, 178.2, 194.8])
+@pytest.mark.parametrize(
+    "step_ms", [203.0, 234.9, 251.0, 329.0, 480.0, 61.5, 70.3, 90.9, 108.5, 122.4, 147.2, 178.2, 194.8]
+)
 def test_dominant_period_in_15s_windows_of_a_synthetic_run(step_ms: float) -> None:
     step = step_ms / 1000
     out = run_windows(step, f"recover_{step_ms}")
@@ -281,9 +297,9 @@ def test_windows_schema_enforces_the_registry() -> None:
     good = compute_window_features(bin_table("phantora_x_W1_2x1", series), window_s=30.0)
     windows_schema().validate(good)
     cases = {
-        "periodicity": (1.5, "less_than_or_equal_to"),                   # a share above 1
+        "periodicity": (1.5, "less_than_or_equal_to"),  # a share above 1
         "top_pair_share": (-0.1, "greater_than_or_equal_to"),
-        "dominant_period_s": (20.0, "dominant_period_s outside"),         # longer than half a 15 s window
+        "dominant_period_s": (20.0, "dominant_period_s outside"),  # longer than half a 15 s window
         "total_bytes": (1, "bin_mean_bytes * n_bins != total_bytes"),
         "bin_p95_bytes": (1e15, "bin_p95_bytes > bin_max_bytes"),
     }

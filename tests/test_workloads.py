@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import published_rows
 
 from phantora_assets.lib.sim.memory import estimate_memory
-from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective
 from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.matrix import load_run_matrix
-
-from conftest import published_rows
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 

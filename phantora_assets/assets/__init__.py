@@ -12,8 +12,16 @@ from phantora_assets.assets import analysis, dataset, flows, simulation, traces
 from phantora_assets.assets.common import Partitions
 
 #: Per-run assets, in graph order.
-RUN_ASSET_NAMES = ("raw_timeline", "chrome_trace", "validated_flows", "binned_flows", "window_features",
-                   "run_summary", "step_anatomy", "run_plots")
+RUN_ASSET_NAMES = (
+    "raw_timeline",
+    "chrome_trace",
+    "validated_flows",
+    "binned_flows",
+    "window_features",
+    "run_summary",
+    "step_anatomy",
+    "run_plots",
+)
 #: Assets that only draw (``phantora-assets build --no-plots`` skips them).
 PLOT_ASSET_NAMES = ("run_plots", "dataset_plots")
 #: Unpartitioned assets materialized after every run, in order.

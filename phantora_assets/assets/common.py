@@ -27,8 +27,12 @@ class Partitions:
     @classmethod
     def of(cls, specs: Sequence[RunSpec]) -> Partitions:
         mapping = {gpu: {s.run_id for s in specs if s.gpu == gpu} for gpu in sorted({s.gpu for s in specs})}
-        return cls(tuple(specs), dg.StaticPartitionsDefinition([s.run_id for s in specs]),
-                   dg.StaticPartitionsDefinition(sorted(gpu_specs())), dg.StaticPartitionMapping(mapping))
+        return cls(
+            tuple(specs),
+            dg.StaticPartitionsDefinition([s.run_id for s in specs]),
+            dg.StaticPartitionsDefinition(sorted(gpu_specs())),
+            dg.StaticPartitionMapping(mapping),
+        )
 
     def spec_for(self, context: dg.AssetExecutionContext) -> RunSpec:
         """The RunSpec of the partition being materialized.
@@ -55,8 +59,9 @@ class Partitions:
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     """The Dagster check specs of ``asset``, from the registry (``checks.CHECKS``)."""
-    return [dg.AssetCheckSpec(c.name, asset=asset, blocking=c.blocking, description=c.description)
-            for c in checks_of(asset)]
+    return [
+        dg.AssetCheckSpec(c.name, asset=asset, blocking=c.blocking, description=c.description) for c in checks_of(asset)
+    ]
 
 
 def stage_metadata(result: StageResult, **extra: Any) -> dict[str, Any]:

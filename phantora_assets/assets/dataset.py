@@ -54,15 +54,22 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
     def phantora_v0(context: dg.AssetExecutionContext, data: DataRoot):
         result = stage.export_dataset(matrix_for(data.data_dir), data.paths)
         excluded_md = "\n".join(f"| {r} | {why} |" for r, why in result.excluded.items()) or "| (none) | |"
-        yield dg.MaterializeResult(metadata={
-            "path": dg.MetadataValue.path(str(result.dir)),
-            "runs_included": len(result.included),
-            "runs_excluded": len(result.excluded),
-            "excluded": dg.MetadataValue.md("| run_id | reason |\n|---|---|\n" + excluded_md),
-        })
+        yield dg.MaterializeResult(
+            metadata={
+                "path": dg.MetadataValue.path(str(result.dir)),
+                "runs_included": len(result.included),
+                "runs_excluded": len(result.excluded),
+                "excluded": dg.MetadataValue.md("| run_id | reason |\n|---|---|\n" + excluded_md),
+            }
+        )
         o = result.outcome
-        yield dg.AssetCheckResult(asset_key="phantora_v0", check_name=o.name, passed=o.passed,
-                                  severity=dg.AssetCheckSeverity.ERROR, metadata={"message": o.message, **o.metadata})
+        yield dg.AssetCheckResult(
+            asset_key="phantora_v0",
+            check_name=o.name,
+            passed=o.passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"message": o.message, **o.metadata},
+        )
 
     @dg.asset(
         group_name="dataset",
@@ -71,22 +78,30 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         kinds={"duckdb"},
         description="data/phantora.duckdb, rebuilt atomically from the per-run Parquet files of every run that "
         "passed its checks: tables runs, flows_100ms, windows, flows, steps, step_anatomy, run_status and the "
-        "documented views below. Query it with `phantora-assets query \"SQL\"`.\n\n" + views_markdown(),
+        'documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
     )
     def dataset_duckdb(context: dg.AssetExecutionContext, data: DataRoot):
         res = stage.dataset_duckdb_stage(matrix_for(data.data_dir), data.paths)
         b = res.build
-        yield dg.MaterializeResult(metadata={
-            "path": dg.MetadataValue.path(str(b.path)),
-            "runs_included": len(b.included),
-            "runs_excluded": len(b.excluded),
-            "build_seconds": round(res.seconds, 3),
-            "rows": dg.MetadataValue.md("| table | rows |\n|---|---|\n"
-                                        + "\n".join(f"| {k} | {v} |" for k, v in b.rows.items())),
-            **({"missing": dg.MetadataValue.json(b.missing)} if b.missing else {}),
-        })
+        yield dg.MaterializeResult(
+            metadata={
+                "path": dg.MetadataValue.path(str(b.path)),
+                "runs_included": len(b.included),
+                "runs_excluded": len(b.excluded),
+                "build_seconds": round(res.seconds, 3),
+                "rows": dg.MetadataValue.md(
+                    "| table | rows |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in b.rows.items())
+                ),
+                **({"missing": dg.MetadataValue.json(b.missing)} if b.missing else {}),
+            }
+        )
         o = res.outcome
-        yield dg.AssetCheckResult(check_name=o.name, passed=o.passed, severity=dg.AssetCheckSeverity.ERROR,
-                                  metadata={"message": o.message, **o.metadata}, description=o.message)
+        yield dg.AssetCheckResult(
+            check_name=o.name,
+            passed=o.passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"message": o.message, **o.metadata},
+            description=o.message,
+        )
 
     return [window_features, run_summary, phantora_v0, dataset_duckdb]

@@ -46,8 +46,9 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         ctx = simulator.context()
         result = stage.raw_timeline(spec, data.paths, ctx)
         status = stage.perfdb_status(spec, data.paths)
-        yield dg.MaterializeResult(metadata=stage_metadata(result, run_id=spec.run_id, source=spec.source,
-                                                           perf_db=status))
+        yield dg.MaterializeResult(
+            metadata=stage_metadata(result, run_id=spec.run_id, source=spec.source, perf_db=status)
+        )
         yield from check_results(result, "raw_timeline")
 
     return [perf_db, raw_timeline]

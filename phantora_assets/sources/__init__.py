@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 #: ``source`` name -> module implementing it.
 REGISTRY: dict[str, str] = {
-    "analytic": "phantora_assets.sources.analytic",         # the embedded analytic simulator (default)
-    "docker": "phantora_assets.sources.phantora_docker",    # Phantora in Docker
-    "import": "phantora_assets.sources.phantora_import",    # run folders of a Phantora dataset
+    "analytic": "phantora_assets.sources.analytic",  # the embedded analytic simulator (default)
+    "docker": "phantora_assets.sources.phantora_docker",  # Phantora in Docker
+    "import": "phantora_assets.sources.phantora_import",  # run folders of a Phantora dataset
 }
 
 #: The accepted ``source`` names, in registry order.

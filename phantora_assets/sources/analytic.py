@@ -1,8 +1,8 @@
 """Source ``analytic``: the embedded analytic simulator (``lib/sim``), the default; no Docker, no GPU.
 
-    raw_timeline -> partitions/<run_id>/raw_timeline.parquet, simulation.json, run_log.json;
-                    run folder run.log and config/{netconfig,run}.toml
-    chrome_trace -> run folder timeline.json.gz (written from raw_timeline.parquet)
+raw_timeline -> partitions/<run_id>/raw_timeline.parquet, simulation.json, run_log.json;
+                run folder run.log and config/{netconfig,run}.toml
+chrome_trace -> run folder timeline.json.gz (written from raw_timeline.parquet)
 """
 
 from __future__ import annotations
@@ -30,18 +30,27 @@ NAME = "analytic"
 DESCRIPTION = "the embedded analytic simulator (roofline + perf DB kernel times, flow-level network)"
 
 _ANALYTIC_PERFDB = Outcome(
-    "perfdb_complete", True,
+    "perfdb_complete",
+    True,
     "not a perf-DB replay: the embedded analytic simulator times kernels with its roofline model",
-    {"mode": "analytic"})
+    {"mode": "analytic"},
+)
 
 
 def _fits_outcome(mem: dict[str, Any]) -> Outcome:
     """The ``fits_in_memory`` outcome of a memory estimate (``MemoryEstimate.as_dict()``)."""
     fits = bool(mem["fits"])
-    words = "fits: estimated peak {p:.2f} GiB <= card {c:.2f} GiB" if fits else \
-        "does not fit: estimated peak {p:.2f} GiB > card {c:.2f} GiB"
-    return Outcome("fits_in_memory", fits, words.format(p=mem["peak_gib"], c=mem["card_gib"]),
-                   {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]})
+    words = (
+        "fits: estimated peak {p:.2f} GiB <= card {c:.2f} GiB"
+        if fits
+        else "does not fit: estimated peak {p:.2f} GiB > card {c:.2f} GiB"
+    )
+    return Outcome(
+        "fits_in_memory",
+        fits,
+        words.format(p=mem["peak_gib"], c=mem["card_gib"]),
+        {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]},
+    )
 
 
 def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> StageResult:
@@ -60,49 +69,87 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     mem = result.memory.as_dict()
     config = folder / "config"
     atomic_write_text(config / "netconfig.toml", dumps_netconfig(netconfig_for(spec)))
-    atomic_write_text(config / "run.toml", "\n".join([
-        f'run_id = "{spec.run_id}"', f'workload = "{spec.workload}"', f'gpu = "{spec.gpu}"',
-        f"nodes = {spec.n_nodes}", f"gpus_per_node = {spec.gpus_per_node}", f'source = "{spec.source}"',
-        f'parallelism = "{spec.parallelism}"', "",
-    ]))
-    log = [f"# analytic simulation of {spec.run_id} ({spec.framework} {spec.preset['model']}, {spec.parallelism})",
-           f"# perf DB: {perfdb_status}",
-           f"peak memory estimate: {mem['peak_gib']:.2f} GiB of {mem['card_gib']:.2f} GiB"]
+    atomic_write_text(
+        config / "run.toml",
+        "\n".join(
+            [
+                f'run_id = "{spec.run_id}"',
+                f'workload = "{spec.workload}"',
+                f'gpu = "{spec.gpu}"',
+                f"nodes = {spec.n_nodes}",
+                f"gpus_per_node = {spec.gpus_per_node}",
+                f'source = "{spec.source}"',
+                f'parallelism = "{spec.parallelism}"',
+                "",
+            ]
+        ),
+    )
+    log = [
+        f"# analytic simulation of {spec.run_id} ({spec.framework} {spec.preset['model']}, {spec.parallelism})",
+        f"# perf DB: {perfdb_status}",
+        f"peak memory estimate: {mem['peak_gib']:.2f} GiB of {mem['card_gib']:.2f} GiB",
+    ]
     meta: dict[str, Any] = {"fits": result.fits, **{f"memory_{k}": v for k, v in mem.items() if k != "fits"}}
     if not result.fits:
-        log.append(f"OUT OF MEMORY: estimated peak {mem['peak_gib']:.2f} GiB exceeds the card ({mem['card_gib']:.2f} GiB)")
+        log.append(
+            f"OUT OF MEMORY: estimated peak {mem['peak_gib']:.2f} GiB exceeds the card ({mem['card_gib']:.2f} GiB)"
+        )
         atomic_write_text(folder / "run.log", "\n".join(log) + "\n")
         outcomes = [_fits_outcome(mem), _ANALYTIC_PERFDB]
         record(paths, spec, "raw_timeline", outcomes)
         return StageResult(None, {**meta, "status": "out_of_memory"}, outcomes)
-    log.append(f"# compute per steady step (rank 0): {result.compute_ns_per_step / 1e6:.3f} ms, "
-               f"{result.db_fraction:.1%} of it from the perf DB ({result.kernels_from_db}/{result.kernels_per_step} "
-               f"intercepted calls found), the rest from the {spec.gpu} roofline")
+    log.append(
+        f"# compute per steady step (rank 0): {result.compute_ns_per_step / 1e6:.3f} ms, "
+        f"{result.db_fraction:.1%} of it from the perf DB ({result.kernels_from_db}/{result.kernels_per_step} "
+        f"intercepted calls found), the rest from the {spec.gpu} roofline"
+    )
     log.append(f"# exposed communication per steady step (rank 0): {result.exposed_comm_ns / 1e6:.3f} ms")
     for i, ns in enumerate(result.iteration_ns):
-        log.append(f"iteration {i + 1:3d}/{len(result.iteration_ns)} | simulated time (ms): {ns / 1e6:.3f} "
-                   f"| peak memory (GiB): {mem['peak_gib']:.2f}")
+        log.append(
+            f"iteration {i + 1:3d}/{len(result.iteration_ns)} | simulated time (ms): {ns / 1e6:.3f} "
+            f"| peak memory (GiB): {mem['peak_gib']:.2f}"
+        )
     out = paths.table(spec.run_id, "raw_timeline")
     write_parquet(result.raw, out)
     sim = SimulationRecord(
-        step_ms=round(result.step_ns / 1e6, 6), compute_ms_per_step=round(result.compute_ns_per_step / 1e6, 6),
+        step_ms=round(result.step_ns / 1e6, 6),
+        compute_ms_per_step=round(result.compute_ns_per_step / 1e6, 6),
         exposed_comm_ms_per_step=round(result.exposed_comm_ns / 1e6, 6),
-        perf_db_fraction=round(result.db_fraction, 6), kernels_per_step=result.kernels_per_step,
-        kernels_from_perf_db=result.kernels_from_db, iteration_ns=[int(ns) for ns in result.iteration_ns],
-        peak_memory_gib=mem["peak_gib"], card_gib=mem["card_gib"], flops_per_step=model_flops_per_step(spec))
+        perf_db_fraction=round(result.db_fraction, 6),
+        kernels_per_step=result.kernels_per_step,
+        kernels_from_perf_db=result.kernels_from_db,
+        iteration_ns=[int(ns) for ns in result.iteration_ns],
+        peak_memory_gib=mem["peak_gib"],
+        card_gib=mem["card_gib"],
+        flops_per_step=model_flops_per_step(spec),
+    )
     pdir = paths.partition_dir(spec.run_id)
     write_record(pdir / "simulation.json", sim)
     atomic_write_text(folder / "run.log", "\n".join(log) + "\n")
     outcomes = [_fits_outcome(mem), _ANALYTIC_PERFDB]
     record(paths, spec, "raw_timeline", outcomes)
     # what run.log says, from the numbers the simulator returned (the log is not parsed back)
-    run_log = RunLog(format="analytic", iteration_s=[ns / 1e9 for ns in result.iteration_ns],
-                     peak_memory_gib=mem["peak_gib"], precise=True)
+    run_log = RunLog(
+        format="analytic",
+        iteration_s=[ns / 1e9 for ns in result.iteration_ns],
+        peak_memory_gib=mem["peak_gib"],
+        precise=True,
+    )
     write_record(pdir / "run_log.json", RunLogRecord(run_id=spec.run_id, present=True, **run_log.as_dict()))
-    sim_meta = {k: v for k, v in msgspec.to_builtins(sim).items()
-                if k not in ("iteration_ns", "peak_memory_gib", "card_gib", "flops_per_step")}
-    meta.update({"status": "simulated", "n_events": len(result.raw), "iterations": len(result.iteration_ns),
-                 **sim_meta, **run_log.metadata()})
+    sim_meta = {
+        k: v
+        for k, v in msgspec.to_builtins(sim).items()
+        if k not in ("iteration_ns", "peak_memory_gib", "card_gib", "flops_per_step")
+    }
+    meta.update(
+        {
+            "status": "simulated",
+            "n_events": len(result.raw),
+            "iterations": len(result.iteration_ns),
+            **sim_meta,
+            **run_log.metadata(),
+        }
+    )
     return StageResult(out, meta, outcomes)
 
 

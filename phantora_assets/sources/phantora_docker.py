@@ -18,14 +18,21 @@ from phantora_assets.lib.store.io import atomic_write_text, copy_file, link_or_c
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources.base import DockerBackend, SourceContext
-from phantora_assets.sources.phantora_run import fits_from_log, install_trace, perfdb_from_missing, write_run_log_summary
+from phantora_assets.sources.phantora_run import (
+    fits_from_log,
+    install_trace,
+    perfdb_from_missing,
+    write_run_log_summary,
+)
 from phantora_assets.stages.common import StageResult, record
 
 NAME = "docker"
 DESCRIPTION = "Phantora itself, run in Docker (image built with patches/visualizer.patch)"
 
-def simulate_docker(spec: RunSpec, paths: DataPaths, runner, slots, settings, *, perfdb_source: Path | None,
-                    log=lambda _m: None) -> StageResult:
+
+def simulate_docker(
+    spec: RunSpec, paths: DataPaths, runner, slots, settings, *, perfdb_source: Path | None, log=lambda _m: None
+) -> StageResult:
     """raw_timeline of a ``docker`` run: Phantora in Docker (see ``lib/phantora/docker_runner.py``).
 
     Writes ``config/`` (compose.yaml, netconfig.toml, command.txt, hostfile and deepspeed_env
@@ -69,10 +76,14 @@ def simulate_docker(spec: RunSpec, paths: DataPaths, runner, slots, settings, *,
         tail = "\n".join((folder / "run.log").read_text(errors="replace").splitlines()[-15:]) if log_present else ""
         why = f"exited with status {outcome.exit_code}" if outcome.exit_code != 0 else "left no timeline.bin"
         raise PhantoraDockerError(f"{spec.run_id}: the training command {why}; last lines of run.log:\n{tail}")
-    meta = {"status": "simulated" if fits.passed else "out_of_memory", "mode": "replay" if replay else "profile",
-            "exit_code": int(outcome.exit_code), "wall_s": round(outcome.seconds, 1),
-            "timeline_bin_bytes": int(outcome.timeline.stat().st_size) if outcome.timeline else 0,
-            **run_log.metadata()}
+    meta = {
+        "status": "simulated" if fits.passed else "out_of_memory",
+        "mode": "replay" if replay else "profile",
+        "exit_code": int(outcome.exit_code),
+        "wall_s": round(outcome.seconds, 1),
+        "timeline_bin_bytes": int(outcome.timeline.stat().st_size) if outcome.timeline else 0,
+        **run_log.metadata(),
+    }
     return StageResult(folder / "timeline.bin" if outcome.timeline else folder, meta, outcomes)
 
 

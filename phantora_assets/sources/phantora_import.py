@@ -19,11 +19,17 @@ from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import ImportRecord, write_record
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.sources.phantora_run import fits_from_log, install_trace, perfdb_from_missing, write_run_log_summary
+from phantora_assets.sources.phantora_run import (
+    fits_from_log,
+    install_trace,
+    perfdb_from_missing,
+    write_run_log_summary,
+)
 from phantora_assets.stages.common import StageResult, record
 
 NAME = "import"
 DESCRIPTION = "a Phantora run folder imported from disk (phantora-assets import, $PHANTORA_ASSETS_IMPORT_DIR)"
+
 
 def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     """raw_timeline of an imported run: copy its run folder's files into the data root's run folder.
@@ -42,8 +48,10 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     reset_checks(folder, "raw_timeline")
     src = Path(spec.path)
     if not src.is_dir():
-        raise FileNotFoundError(f"{spec.run_id}: imported run folder {src} does not exist "
-                                f"(registered in {paths.root / 'imports.toml'} or $PHANTORA_ASSETS_IMPORT_DIR)")
+        raise FileNotFoundError(
+            f"{spec.run_id}: imported run folder {src} does not exist "
+            f"(registered in {paths.root / 'imports.toml'} or $PHANTORA_ASSETS_IMPORT_DIR)"
+        )
     copied: dict[str, int] = {}
     if not same_path(src, folder):
         for name in ("run.log", "timeline.bin"):
@@ -61,20 +69,29 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     log = write_run_log_summary(paths, spec)
     fits = fits_from_log(spec, log, log_present, "imported")
     missing_dir = src / "perfdb_missing"
-    perfdb = perfdb_from_missing(missing_listing(missing_dir) if missing_dir.is_dir() else None,
-                                  "imported run folder without a perf-DB replay record (no perfdb_missing/): "
-                                  "nothing to check")
+    perfdb = perfdb_from_missing(
+        missing_listing(missing_dir) if missing_dir.is_dir() else None,
+        "imported run folder without a perf-DB replay record (no perfdb_missing/): nothing to check",
+    )
     outcomes = [fits, perfdb]
     record(paths, spec, "raw_timeline", outcomes)
     if trace is None:
         paths.chrome_trace(spec).unlink(missing_ok=True)  # no stale trace of an earlier source
     if trace is None and fits.passed:
-        raise TraceFormatError(src, "missing trace", "no timeline.json.gz or timeline.json, and run.log reports "
-                               "no out-of-memory error")
-    write_record(folder / "import.json",
-                 ImportRecord(run_id=spec.run_id, source=str(src), trace=trace.name if trace else None, copied=copied))
-    meta = {"status": "imported" if fits.passed else "out_of_memory", "source_folder": str(src),
-            "trace_file": trace.name if trace else None, "copied_files": len(copied), **log.metadata()}
+        raise TraceFormatError(
+            src, "missing trace", "no timeline.json.gz or timeline.json, and run.log reports no out-of-memory error"
+        )
+    write_record(
+        folder / "import.json",
+        ImportRecord(run_id=spec.run_id, source=str(src), trace=trace.name if trace else None, copied=copied),
+    )
+    meta = {
+        "status": "imported" if fits.passed else "out_of_memory",
+        "source_folder": str(src),
+        "trace_file": trace.name if trace else None,
+        "copied_files": len(copied),
+        **log.metadata(),
+    }
     return StageResult(folder, meta, outcomes)
 
 

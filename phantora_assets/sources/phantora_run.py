@@ -15,18 +15,21 @@ from typing import Any
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.run_log import RunLog, read_run_log
+from phantora_assets.lib.store.io import atomic_path, same_path
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, write_record
-from phantora_assets.lib.store.io import atomic_path, same_path
 from phantora_assets.stages.common import Outcome, StageResult
+
 
 def write_run_log_summary(paths: DataPaths, spec: RunSpec) -> RunLog:
     """Parse the run folder's run.log (if any) into partitions/<run_id>/run_log.json."""
     log_path = paths.run_folder(spec) / "run.log"
     parsed = read_run_log(log_path) if log_path.is_file() else RunLog()
-    write_record(paths.partition_dir(spec.run_id) / "run_log.json",
-                 RunLogRecord(run_id=spec.run_id, present=log_path.is_file(), **parsed.as_dict()))
+    write_record(
+        paths.partition_dir(spec.run_id) / "run_log.json",
+        RunLogRecord(run_id=spec.run_id, present=log_path.is_file(), **parsed.as_dict()),
+    )
     return parsed
 
 
@@ -35,17 +38,25 @@ def fits_from_log(spec: RunSpec, log: RunLog, log_present: bool, origin: str) ->
     card_gib = float(spec.gpu_spec["memory_gb"])  # PHANTORA_VRAM_MIB / 1024
     meta: dict[str, Any] = {"card_gib": card_gib, "peak_gib": log.peak_memory_gib}
     if log.out_of_memory:
-        return Outcome("fits_in_memory", False,
-                       f"does not fit: the {origin} run.log reports a CUDA out-of-memory error ({log.oom_line[:200]})",
-                       meta)
+        return Outcome(
+            "fits_in_memory",
+            False,
+            f"does not fit: the {origin} run.log reports a CUDA out-of-memory error ({log.oom_line[:200]})",
+            meta,
+        )
     if log.peak_memory_gib is not None:
         ok = log.peak_memory_gib <= card_gib
-        return Outcome("fits_in_memory", ok,
-                       f"{'fits' if ok else 'does not fit'}: the {origin} run.log reports a peak of "
-                       f"{log.peak_memory_gib:.2f} GiB {'<=' if ok else '>'} card {card_gib:.2f} GiB", meta)
+        return Outcome(
+            "fits_in_memory",
+            ok,
+            f"{'fits' if ok else 'does not fit'}: the {origin} run.log reports a peak of "
+            f"{log.peak_memory_gib:.2f} GiB {'<=' if ok else '>'} card {card_gib:.2f} GiB",
+            meta,
+        )
     how = "its run.log reports no out-of-memory error" if log_present else "it has no run.log"
-    return Outcome("fits_in_memory", True, f"fits: the {origin} run completed and {how} (peak memory not reported)",
-                   meta)
+    return Outcome(
+        "fits_in_memory", True, f"fits: the {origin} run completed and {how} (peak memory not reported)", meta
+    )
 
 
 def perfdb_from_missing(missing: dict[str, int] | None, when_none: str) -> Outcome:
@@ -55,12 +66,19 @@ def perfdb_from_missing(missing: dict[str, int] | None, when_none: str) -> Outco
     n = int(sum(missing.values()))
     if n:
         files = ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
-        return Outcome("perfdb_complete", False,
-                       f"the perf-DB replay met {n} kernel shape(s) missing from the database ({files}); Phantora "
-                       "charged them zero time, so this run's timings are invalid: record them and simulate again",
-                       {"missing_entries": n, "missing_files": json.dumps(missing)})
-    return Outcome("perfdb_complete", True, "the perf-DB replay found every kernel shape in the database "
-                   "(<db>.missing/ is empty)", {"missing_entries": 0})
+        return Outcome(
+            "perfdb_complete",
+            False,
+            f"the perf-DB replay met {n} kernel shape(s) missing from the database ({files}); Phantora "
+            "charged them zero time, so this run's timings are invalid: record them and simulate again",
+            {"missing_entries": n, "missing_files": json.dumps(missing)},
+        )
+    return Outcome(
+        "perfdb_complete",
+        True,
+        "the perf-DB replay found every kernel shape in the database (<db>.missing/ is empty)",
+        {"missing_entries": 0},
+    )
 
 
 def _is_gzip(path: Path) -> bool:
@@ -72,8 +90,11 @@ def _check_hosts(spec: RunSpec, parsed: ct.ParsedTrace, src: Path) -> None:
     nodes = [int(parsed.flows["src_node"].max()), int(parsed.flows["dst_node"].max())] if len(parsed.flows) else []
     nodes += [int(h.split("-", 1)[1]) - 1 for h in parsed.compute["host"]]
     if nodes and max(nodes) >= spec.n_nodes:
-        raise TraceFormatError(src, "host outside the layout",
-                               f"the trace has host-{max(nodes) + 1} but {spec.run_id} has {spec.n_nodes} hosts")
+        raise TraceFormatError(
+            src,
+            "host outside the layout",
+            f"the trace has host-{max(nodes) + 1} but {spec.run_id} has {spec.n_nodes} hosts",
+        )
 
 
 def install_trace(spec: RunSpec, paths: DataPaths, src: Path, origin: str) -> StageResult:
@@ -95,8 +116,11 @@ def install_trace(spec: RunSpec, paths: DataPaths, src: Path, origin: str) -> St
                 if _is_gzip(src):
                     shutil.copyfile(src, tmp)
                 else:
-                    with open(src, "rb") as fi, open(tmp, "wb") as fo, \
-                            gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
+                    with (
+                        open(src, "rb") as fi,
+                        open(tmp, "wb") as fo,
+                        gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz,
+                    ):
                         shutil.copyfileobj(fi, gz, 1 << 20)
                 parsed = ct.read_trace(tmp)
                 _check_hosts(spec, parsed, src)
@@ -106,7 +130,13 @@ def install_trace(spec: RunSpec, paths: DataPaths, src: Path, origin: str) -> St
         raise TraceFormatError(src, exc.rule, exc.detail) from exc
     flows = parsed.flows
     net = flows["src_node"].to_numpy() != flows["dst_node"].to_numpy()
-    meta = {"origin": origin, "n_events": int(parsed.n_events), "n_communication": int(len(flows)),
-            "n_network_flows": int(net.sum()), "n_loopback_flows": int((~net).sum()),
-            "n_communicators": int(flows["comm_id"].nunique()), "bytes_written": int(dst.stat().st_size)}
+    meta = {
+        "origin": origin,
+        "n_events": int(parsed.n_events),
+        "n_communication": int(len(flows)),
+        "n_network_flows": int(net.sum()),
+        "n_loopback_flows": int((~net).sum()),
+        "n_communicators": int(flows["comm_id"].nunique()),
+        "bytes_written": int(dst.stat().st_size),
+    }
     return StageResult(dst, meta)

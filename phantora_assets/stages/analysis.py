@@ -29,7 +29,6 @@ RUN_PLOTS = ("pair_heatmap", "timeseries", "step_anatomy")
 DATASET_PLOTS = ("bytes_vs_published", "step_time_by_layout")
 
 
-
 @dataclass
 class PlotsResult:
     """PNG files written by a plotting stage (name -> path) and what it took."""
@@ -52,9 +51,8 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet")
-    events = pdir / "compute_events.parquet"   # written with flows.parquet by validated_flows
-    compute = (pd.read_parquet(events) if events.exists()
-               else anatomy.read_compute_events(paths.chrome_trace(spec)))
+    events = pdir / "compute_events.parquet"  # written with flows.parquet by validated_flows
+    compute = pd.read_parquet(events) if events.exists() else anatomy.read_compute_events(paths.chrome_trace(spec))
     hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
     intervals = anatomy.host_intervals(flows, compute, hosts)
     table = anatomy.step_anatomy(steps, flows, compute, hosts, intervals)
@@ -65,13 +63,15 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     steady = table[table["steady"]]
     meta: dict[str, Any] = {"rows": len(table), "hosts": len(hosts), "chosen_step": chosen}
     if len(steady):
-        meta.update({
-            "compute_ms": round(float(steady["compute_us"].mean()) / 1000, 3),
-            "exposed_comm_ms": round(float(steady["exposed_comm_us"].mean()) / 1000, 3),
-            "overlapped_comm_ms": round(float(steady["overlap_us"].mean()) / 1000, 3),
-            "idle_ms": round(float(steady["idle_us"].mean()) / 1000, 3),
-            "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["step_time_us"]).mean()), 4),
-        })
+        meta.update(
+            {
+                "compute_ms": round(float(steady["compute_us"].mean()) / 1000, 3),
+                "exposed_comm_ms": round(float(steady["exposed_comm_us"].mean()) / 1000, 3),
+                "overlapped_comm_ms": round(float(steady["overlap_us"].mean()) / 1000, 3),
+                "idle_ms": round(float(steady["idle_us"].mean()) / 1000, 3),
+                "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["step_time_us"]).mean()), 4),
+            }
+        )
     outcome = anatomy_outcome(table, len(hosts))
     record_check(folder, "step_anatomy", outcome.name, outcome.passed, outcome.message)
     return StageResult(pdir / "step_anatomy.parquet", meta, [outcome])
@@ -86,7 +86,10 @@ def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
     hosts_ok = bool((per_step == n_hosts).all())
     ok = sums_ok and hosts_ok and len(table) > 0
     if ok:
-        msg = f"{len(table)} (step, host) rows: compute + exposed communication + idle = step time (max residual {worst:.3g} us)"
+        msg = (
+            f"{len(table)} (step, host) rows: compute + exposed communication + idle = step time "
+            f"(max residual {worst:.3g} us)"
+        )
     elif not len(table):
         msg = "no (step, host) rows"
     elif not sums_ok:
@@ -112,8 +115,14 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
     files = {name: out / f"{name}.png" for name in RUN_PLOTS}
     plots.pair_heatmap(plots.pair_matrix(flows, steps, spec.n_nodes), spec.run_id, files["pair_heatmap"])
     plots.timeseries(bins, spec.run_id, BIN_S, summary.step_time_us / 1e6, path=files["timeseries"])
-    plots.step_anatomy_chart(spans, table[table["step"] == chosen], spec.run_id, chosen,
-                             float(step_row["end_us"] - step_row["start_us"]), path=files["step_anatomy"])
+    plots.step_anatomy_chart(
+        spans,
+        table[table["step"] == chosen],
+        spec.run_id,
+        chosen,
+        float(step_row["end_us"] - step_row["start_us"]),
+        path=files["step_anatomy"],
+    )
     return PlotsResult(files, time.perf_counter() - t0)
 
 

@@ -22,8 +22,8 @@ from phantora_assets.lib.store.io import atomic_path
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 
-#: The 180 s window of the build (docs/DATASET.md, "How a trace becomes the dataset", step 4), its 100 ms bins and the control
-#: traffic each node sends, bytes/s.
+#: The 180 s window of the build (docs/DATASET.md, "How a trace becomes the dataset", step 4),
+#: its 100 ms bins and the control traffic each node sends, bytes/s.
 
 WINDOW_S = 180.0
 BIN_S = 0.1
@@ -56,7 +56,9 @@ def write_parquet(df: pd.DataFrame, path: Path, durable: bool = False) -> None:
 
 
 def record(paths: DataPaths, spec: RunSpec, asset: str, outcomes: list[Outcome]) -> None:
-    record_checks(paths.run_folder(spec), asset, [(o.name, o.passed, o.message, o.severity == "warn") for o in outcomes])
+    record_checks(
+        paths.run_folder(spec), asset, [(o.name, o.passed, o.message, o.severity == "warn") for o in outcomes]
+    )
 
 
 def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
@@ -65,8 +67,12 @@ def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
     except pa_errors.SchemaErrors as exc:
         cases = exc.failure_cases
         head = "; ".join(f"{r.column}: {r.check}" for r in cases.head(5).itertuples())
-        return Outcome(name, False, f"{len(cases)} violation(s) of the {schema.name} contract: {head}",
-                       {"violations": int(len(cases))})
+        return Outcome(
+            name,
+            False,
+            f"{len(cases)} violation(s) of the {schema.name} contract: {head}",
+            {"violations": int(len(cases))},
+        )
     return Outcome(name, True, f"{len(df)} rows satisfy the {schema.name} contract", {"rows": int(len(df))})
 
 

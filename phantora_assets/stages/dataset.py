@@ -1,9 +1,9 @@
 """Stages of group ``dataset`` (no Dagster import).
 
-    window_features -> partitions/<run_id>/windows.parquet
-    summarize_run   -> partitions/<run_id>/run_summary.parquet (the run's runs.csv row)
-    export_dataset  -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
-    dataset_duckdb  -> phantora.duckdb (rebuilt from the partitions of the runs that passed)
+window_features -> partitions/<run_id>/windows.parquet
+summarize_run   -> partitions/<run_id>/run_summary.parquet (the run's runs.csv row)
+export_dataset  -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
+dataset_duckdb  -> phantora.duckdb (rebuilt from the partitions of the runs that passed)
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none
-from phantora_assets.stages.common import (BIN_S, WINDOW_S, Outcome, StageResult, contract_outcome, record,
-                                           write_parquet)
+from phantora_assets.stages.common import BIN_S, WINDOW_S, Outcome, StageResult, contract_outcome, record, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
+
 
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
@@ -100,7 +100,10 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     if outcome.passed:  # a failed blocking check writes no data file
         write_parquet(df, out)
     record(paths, spec, "run_summary", [outcome])
-    meta = {"step_time_ms": round(step_time_s * 1000, 3), "inter_node_gb_per_step": round(row["inter_node_bytes_per_step"] / 1e9, 4)}
+    meta = {
+        "step_time_ms": round(step_time_s * 1000, 3),
+        "inter_node_gb_per_step": round(row["inter_node_bytes_per_step"] / 1e9, 4),
+    }
     return StageResult(out if outcome.passed else None, meta, [outcome])
 
 
@@ -139,8 +142,9 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
             if not read_checks(folder):
                 excluded[spec.run_id] = "not built"
                 continue
-            excluded[spec.run_id] = ", ".join(f"{k}: {v.get('status', 'missing')}"
-                                              for k, v in blocking_failures(folder).items())
+            excluded[spec.run_id] = ", ".join(
+                f"{k}: {v.get('status', 'missing')}" for k, v in blocking_failures(folder).items()
+            )
             continue
         included.append(spec.run_id)
         runs.append(pd.read_parquet(paths.table(spec.run_id, "run_summary")))
@@ -148,8 +152,11 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         bins.append(b)
         wins.append(pd.read_parquet(paths.table(spec.run_id, "windows")))
     runs_df = runs_frame([]) if not runs else pd.concat(runs, ignore_index=True)
-    bins_df = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame(
-        {c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
+    bins_df = (
+        pd.concat(bins, ignore_index=True)
+        if bins
+        else pd.DataFrame({c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
+    )
     wins_df = pd.concat(wins, ignore_index=True) if wins else None
     outcomes = [
         contract_outcome("runs", contracts.RUNS, runs_df),
@@ -168,11 +175,13 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         for name, df in tables.items():
             atomic_write_csv(df, d / f"{name}.csv", durable=True)
             write_parquet(df, d / f"{name}.parquet", durable=True)
-        listing = ["run_id,status,reason"] + [f"{r},included," for r in included] + \
-                  [f'{r},excluded,"{why}"' for r, why in excluded.items()]
+        listing = (
+            ["run_id,status,reason"]
+            + [f"{r},included," for r in included]
+            + [f'{r},excluded,"{why}"' for r, why in excluded.items()]
+        )
         atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n", durable=True)
     return DatasetResult(d, included, excluded, outcome)
-
 
 
 def _dtypes(schema) -> dict[str, str]:
@@ -184,29 +193,65 @@ def database_tables() -> list[database.Table]:
     runs_docs = {c: col.description for c, col in contracts.RUNS.columns.items() if col.description}
     win_docs = {f.name: f"{f.formula} [{f.unit}]; {f.edge_cases}" for f in FEATURES}
     flow_docs = {
-        "ts_us": "flow start, simulated us since the trace start", "dur_us": "flow duration, us",
-        "src_node": "source host-k is node k-1", "dst_node": "destination node (!= src_node: network flows only)",
-        "bytes": "flow bytes", "op": "all_reduce | all_gather | reduce_scatter | broadcast | send | recv",
-        "comm_id": "communicator: 16 hex chars of blake2b of the NCCL id", "step": "step index (-1: before the first step)",
+        "ts_us": "flow start, simulated us since the trace start",
+        "dur_us": "flow duration, us",
+        "src_node": "source host-k is node k-1",
+        "dst_node": "destination node (!= src_node: network flows only)",
+        "bytes": "flow bytes",
+        "op": "all_reduce | all_gather | reduce_scatter | broadcast | send | recv",
+        "comm_id": "communicator: 16 hex chars of blake2b of the NCCL id",
+        "step": "step index (-1: before the first step)",
     }
     return [
-        database.Table("runs", _dtypes(contracts.RUNS), "run_summary.parquet",
-                       "One row per run that passed every check (the runs.csv contract).", runs_docs),
-        database.Table("flows_100ms", dict(BIN_COLUMNS), "flows_100ms.parquet",
-                       "Bytes sent src_node -> dst_node in the 100 ms bin starting at t (0 <= t < 180 s), "
-                       "control traffic included.", {"t": "bin start, s", "bytes": "bytes in the bin"}),
-        database.Table("windows", dict(WINDOW_FEATURE_COLUMNS), "windows.parquet",
-                       "Detector features per 1 s and 15 s window of each run (README: window features).", win_docs),
-        database.Table("flows", {**FLOW_COLUMNS, "step": "int64"}, "flows.parquet",
-                       "The validated per-flow table: one row per network flow (src_node != dst_node) of the "
-                       "run's trace, with op, communicator and step.", flow_docs, add_run_id=True),
-        database.Table("steps", dict(STEP_COLUMNS), "steps.parquet",
-                       "One row per step detected in the run's trace (steady = false: warm-up).", {},
-                       add_run_id=True),
-        database.Table("step_anatomy", dict(anatomy.ANATOMY_COLUMNS), "step_anatomy.parquet",
-                       "Per (step, host): compute, network, overlapped, exposed communication and idle time "
-                       "(compute_us + exposed_comm_us + idle_us = step_time_us).", anatomy.ANATOMY_DOCS,
-                       add_run_id=True, optional=True),
+        database.Table(
+            "runs",
+            _dtypes(contracts.RUNS),
+            "run_summary.parquet",
+            "One row per run that passed every check (the runs.csv contract).",
+            runs_docs,
+        ),
+        database.Table(
+            "flows_100ms",
+            dict(BIN_COLUMNS),
+            "flows_100ms.parquet",
+            "Bytes sent src_node -> dst_node in the 100 ms bin starting at t (0 <= t < 180 s), "
+            "control traffic included.",
+            {"t": "bin start, s", "bytes": "bytes in the bin"},
+        ),
+        database.Table(
+            "windows",
+            dict(WINDOW_FEATURE_COLUMNS),
+            "windows.parquet",
+            "Detector features per 1 s and 15 s window of each run (README: window features).",
+            win_docs,
+        ),
+        database.Table(
+            "flows",
+            {**FLOW_COLUMNS, "step": "int64"},
+            "flows.parquet",
+            "The validated per-flow table: one row per network flow (src_node != dst_node) of the "
+            "run's trace, with op, communicator and step.",
+            flow_docs,
+            add_run_id=True,
+        ),
+        database.Table(
+            "steps",
+            dict(STEP_COLUMNS),
+            "steps.parquet",
+            "One row per step detected in the run's trace (steady = false: warm-up).",
+            {},
+            add_run_id=True,
+        ),
+        database.Table(
+            "step_anatomy",
+            dict(anatomy.ANATOMY_COLUMNS),
+            "step_anatomy.parquet",
+            "Per (step, host): compute, network, overlapped, exposed communication and idle time "
+            "(compute_us + exposed_comm_us + idle_us = step_time_us).",
+            anatomy.ANATOMY_DOCS,
+            add_run_id=True,
+            optional=True,
+        ),
     ]
 
 
@@ -224,8 +269,11 @@ def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[st
         elif not checks:
             rows.append((spec.run_id, "not built", "no checks recorded"))
         else:
-            bad = [f"{k}: {checks.get(k, {}).get('status', 'missing')}" for k in RUN_CHECKS
-                   if checks.get(k, {}).get("status") != "passed"]
+            bad = [
+                f"{k}: {checks.get(k, {}).get('status', 'missing')}"
+                for k in RUN_CHECKS
+                if checks.get(k, {}).get("status") != "passed"
+            ]
             rows.append((spec.run_id, "excluded", "; ".join(bad)))
     return included, rows
 
@@ -261,9 +309,15 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
             want = pd.read_parquet(f, columns=["run_id"])["run_id"]
             got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table}").fetchone() or (0, 0)
             if tuple(got) != (len(want), want.nunique()):
-                problems.append(f"{table}: database {got[0]} rows of {got[1]} runs, phantora_v0 "
-                                f"{len(want)} rows of {want.nunique()} runs")
-    msg = ("runs, flows_100ms and windows hold the rows of phantora_v0 "
-           f"({len(result.included)} runs)" if not problems else "; ".join(problems))
-    return DatabaseStageResult(result, seconds, Outcome("duckdb_matches_dataset", not problems, msg,
-                                                        {"runs": len(result.included)}))
+                problems.append(
+                    f"{table}: database {got[0]} rows of {got[1]} runs, phantora_v0 "
+                    f"{len(want)} rows of {want.nunique()} runs"
+                )
+    msg = (
+        f"runs, flows_100ms and windows hold the rows of phantora_v0 ({len(result.included)} runs)"
+        if not problems
+        else "; ".join(problems)
+    )
+    return DatabaseStageResult(
+        result, seconds, Outcome("duckdb_matches_dataset", not problems, msg, {"runs": len(result.included)})
+    )

@@ -19,8 +19,17 @@ from phantora_assets.lib.traffic.cross_check import cross_check
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import CrossCheckRecord, TraceSummary, read_record, write_record
-from phantora_assets.stages.common import (BIN_S, CONTROL_BYTES_PER_S, WINDOW_S, Outcome, StageResult, jsonable,
-                                           record, write_parquet)
+from phantora_assets.stages.common import (
+    BIN_S,
+    CONTROL_BYTES_PER_S,
+    WINDOW_S,
+    Outcome,
+    StageResult,
+    jsonable,
+    record,
+    write_parquet,
+)
+
 
 def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome:
     """A trace rule's outcome; a failed one's message starts with the trace file."""
@@ -53,7 +62,9 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
         outcomes = [_outcome(exists, src)] + [
             Outcome(name, False, f"{src}: not evaluated: the trace has no network flow")
-            for name in TRACE_CHECKS if name != exists.name]
+            for name in TRACE_CHECKS
+            if name != exists.name
+        ]
         outcomes.append(_not_cross_checked("the trace has no network flow"))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
@@ -109,8 +120,7 @@ def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResu
     try:
         cc = cross_check(spec, result.flows, list(result.steady_steps))
     except Exception as exc:  # the check is advisory: report, never fail the asset
-        return Outcome(name, False, f"cross-check against the workload model could not run: {exc}",
-                       severity="warn")
+        return Outcome(name, False, f"cross-check against the workload model could not run: {exc}", severity="warn")
     write_record(paths.partition_dir(spec.run_id) / "cross_check.json", CrossCheckRecord(**cc.as_dict()))
     meta = jsonable(cc.metadata())
     meta["breakdown_md"] = cc.markdown()
@@ -127,31 +137,49 @@ def read_trace_summary(paths: DataPaths, run_id: str) -> TraceSummary:
 
 
 def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
-    """The 180 s / 100 ms build of docs/DATASET.md ("How a trace becomes the dataset", steps 4-5); checks exact conservation."""
+    """The 180 s / 100 ms build of docs/DATASET.md ("How a trace becomes the dataset", steps 4-5);
+    checks exact conservation (``bins_conserve_bytes``)."""
     reset_checks(paths.run_folder(spec), "binned_flows")
     summary = read_trace_summary(paths, spec.run_id)
     step_flows = pd.read_parquet(paths.table(spec.run_id, "step_flows"))
     built = binning.build_bins(
-        step_flows, step_time_s=summary.step_time_us / 1e6, n_nodes=spec.n_nodes, run_id=spec.run_id,
-        window_s=WINDOW_S, bin_s=BIN_S, control_bytes_per_s=CONTROL_BYTES_PER_S,
+        step_flows,
+        step_time_s=summary.step_time_us / 1e6,
+        n_nodes=spec.n_nodes,
+        run_id=spec.run_id,
+        window_s=WINDOW_S,
+        bin_s=BIN_S,
+        control_bytes_per_s=CONTROL_BYTES_PER_S,
     )
     bins = built.bins
     total = int(bins["bytes"].sum())
     expected = int(built.placed_flow_bytes + built.control_bytes)
     ok = total == expected
     outcome = Outcome(
-        "bins_conserve_bytes", ok,
-        (f"sum of flows_100ms bytes {total} equals placed flow bytes {built.placed_flow_bytes} + control bytes "
-         f"{built.control_bytes}" if ok else
-         f"sum of flows_100ms bytes {total} differs from placed {built.placed_flow_bytes} + control "
-         f"{built.control_bytes} = {expected} by {total - expected}"),
-        {"binned_bytes": total, "placed_flow_bytes": int(built.placed_flow_bytes),
-         "control_bytes": int(built.control_bytes)},
+        "bins_conserve_bytes",
+        ok,
+        (
+            f"sum of flows_100ms bytes {total} equals placed flow bytes {built.placed_flow_bytes} + control bytes "
+            f"{built.control_bytes}"
+            if ok
+            else f"sum of flows_100ms bytes {total} differs from placed {built.placed_flow_bytes} + control "
+            f"{built.control_bytes} = {expected} by {total - expected}"
+        ),
+        {
+            "binned_bytes": total,
+            "placed_flow_bytes": int(built.placed_flow_bytes),
+            "control_bytes": int(built.control_bytes),
+        },
     )
     out = paths.table(spec.run_id, "flows_100ms")
     if ok:  # a failed blocking check writes no data file
         write_parquet(bins, out)
     record(paths, spec, "binned_flows", [outcome])
-    meta = {"rows": len(bins), "bytes": total, "n_repetitions": int(built.n_repetitions),
-            "phase_s": float(built.phase_s), "seed": int(built.seed)}
+    meta = {
+        "rows": len(bins),
+        "bytes": total,
+        "n_repetitions": int(built.n_repetitions),
+        "phase_s": float(built.phase_s),
+        "seed": int(built.seed),
+    }
     return StageResult(out if ok else None, meta, [outcome])

@@ -31,15 +31,24 @@ def perf_db(gpu: str, paths: DataPaths) -> tuple[PerfDbRecord, bool]:
     try:
         db = load_perfdb(folder, expected_gpu_name=spec["name"])
     except FileNotFoundError:
-        rec = PerfDbRecord(gpu=gpu, status="absent",
-                           message=f"no performance database for {gpu} (perfdb/{gpu}/ is missing): runs on this "
-                                   "GPU are timed by the roofline model only")
+        rec = PerfDbRecord(
+            gpu=gpu,
+            status="absent",
+            message=f"no performance database for {gpu} (perfdb/{gpu}/ is missing): runs on this "
+            "GPU are timed by the roofline model only",
+        )
         present = False
     else:
         contracts.PERFDB_COMPUTE.validate(db.compute)
         contracts.PERFDB_MEMCPY.validate(db.memcpy)
-        rec = PerfDbRecord(gpu=gpu, status="present", gpu_name=db.gpu_name, compute_entries=db.counts["compute"],
-                           memcpy_entries=db.counts["memcpy"], ops=int(db.compute["op"].nunique()))
+        rec = PerfDbRecord(
+            gpu=gpu,
+            status="present",
+            gpu_name=db.gpu_name,
+            compute_entries=db.counts["compute"],
+            memcpy_entries=db.counts["memcpy"],
+            ops=int(db.compute["op"].nunique()),
+        )
         present = True
     write_record(paths.perfdb_summary(gpu), rec)
     return rec, present

@@ -1,6 +1,6 @@
 """Stage of group ``traces``: the run's Chrome trace, by its source (no Dagster import).
 
-    chrome_trace -> run folder timeline.json.gz (Phantora visualizer schema; ``sources/``)
+chrome_trace -> run folder timeline.json.gz (Phantora visualizer schema; ``sources/``)
 """
 
 from __future__ import annotations

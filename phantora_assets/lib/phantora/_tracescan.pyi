@@ -9,10 +9,25 @@
 #: object texts) in code order.
 ScanResult = tuple[
     int,
-    bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, bytearray,
-    bytearray, bytearray, bytearray, bytearray, bytearray, bytearray,
-    bytearray, bytearray, bytearray,
-    list[bytes], list[bytes], list[bytes],
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    list[bytes],
+    list[bytes],
+    list[bytes],
 ]
 
 def scan(

@@ -82,8 +82,9 @@ def comm_id_of(id_bytes: bytes | list[int]) -> str:
     return hashlib.blake2b(bytes(id_bytes), digest_size=8).hexdigest()
 
 
-def read_trace(path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None,
-               compute_events: bool = False) -> ParsedTrace:
+def read_trace(
+    path: str | Path, *, chunk_bytes: int = 1 << 20, workers: int | None = None, compute_events: bool = False
+) -> ParsedTrace:
     """Parse a Phantora Chrome trace (``.json`` or ``.json.gz``; gzip is detected by magic bytes).
 
     The text is streamed in batches of whole elements (``trace_batches``) decoded by ``trace_decode``;
@@ -145,7 +146,7 @@ class _Assembly:
 
     def __init__(self, path: Path, chunk_bytes: int) -> None:
         self.path, self.chunk_bytes = path, chunk_bytes
-        self.batches: dict[int, tuple[int, dict]] = {}     # k -> (decoder, columns)
+        self.batches: dict[int, tuple[int, dict]] = {}  # k -> (decoder, columns)
         self.tables: dict[int, tuple[list, list, list]] = {}  # decoder -> (names, hosts, comms)
         self.failure: tuple[int, str, str, str] | None = None  # (k, kind, rule, detail)
 
@@ -183,8 +184,10 @@ class _Assembly:
         names, hosts, comms = td.CodeTable(), td.CodeTable(), td.CodeTable()
         maps = {}
         for d, (nv, hv, cv) in self.tables.items():
-            maps[d] = tuple(np.fromiter(map(t.__getitem__, vals), np.int64, len(vals))
-                            for t, vals in ((names, nv), (hosts, hv), (comms, cv)))
+            maps[d] = tuple(
+                np.fromiter(map(t.__getitem__, vals), np.int64, len(vals))
+                for t, vals in ((names, nv), (hosts, hv), (comms, cv))
+            )
         cols: dict[str, list[np.ndarray]] = {}
         nh = len(hosts.values)
         comp_hosts, comp_ts, comp_durs = [], [], []
@@ -204,7 +207,7 @@ class _Assembly:
                 comp_hosts.append(hmap[c["comp_host"]])
                 comp_ts.append(c["comp_ts"])
                 comp_durs.append(c["comp_dur"])
-                idx = hmap[:len(c["comp_first"])]
+                idx = hmap[: len(c["comp_first"])]
                 comp_first[idx] = np.minimum(comp_first[idx], c["comp_first"])
                 comp_last[idx] = np.maximum(comp_last[idx], c["comp_last"])
         flows = self._flows(cols, names.values, hosts.values, comms.values)
@@ -213,27 +216,32 @@ class _Assembly:
         cd = np.concatenate(comp_durs) if comp_durs else np.zeros(0, np.float64)
         events = None
         if compute_events:
-            events = pd.DataFrame({
-                "host": _strings(hosts.values, ch),
-                "ts_us": np.concatenate(comp_ts) if comp_ts else np.zeros(0, np.float64),
-                "dur_us": cd,
-            })
+            events = pd.DataFrame(
+                {
+                    "host": _strings(hosts.values, ch),
+                    "ts_us": np.concatenate(comp_ts) if comp_ts else np.zeros(0, np.float64),
+                    "dur_us": cd,
+                }
+            )
         comp_n = np.bincount(ch, minlength=nh).astype(np.int64)
         comp_busy = np.bincount(ch, weights=cd, minlength=nh)
         has = comp_n > 0
         comp_hosts = [h for h, ok in zip(hosts.values, has) if ok]
         for h in comp_hosts:
             self._node(h)
-        compute = pd.DataFrame({
-            "host": _strings(comp_hosts, np.arange(len(comp_hosts))),
-            "n_events": comp_n[has],
-            "busy_us": comp_busy[has],
-            "first_ts_us": comp_first[has],
-            "last_end_us": comp_last[has],
-        }, columns=list(COMPUTE_SUMMARY_COLUMNS), copy=False)
+        compute = pd.DataFrame(
+            {
+                "host": _strings(comp_hosts, np.arange(len(comp_hosts))),
+                "n_events": comp_n[has],
+                "busy_us": comp_busy[has],
+                "first_ts_us": comp_first[has],
+                "last_end_us": comp_last[has],
+            },
+            columns=list(COMPUTE_SUMMARY_COLUMNS),
+            copy=False,
+        )
         compute = compute.sort_values("host", kind="stable").reset_index(drop=True)
-        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=n_events,
-                           compute_events=events)
+        return ParsedTrace(path=self.path, flows=flows, compute=compute, n_events=n_events, compute_events=events)
 
     def _node(self, host: str) -> int:
         m = _HOST_RE.fullmatch(host) if isinstance(host, str) else None
@@ -243,15 +251,15 @@ class _Assembly:
 
     def _flows(self, parts: dict[str, list[np.ndarray]], names: list, hosts: list, comms: list) -> pd.DataFrame:
         if not parts:
-            return pd.DataFrame({k: pd.Series([], dtype=v if v != "str" else object)
-                                 for k, v in FLOW_COLUMNS.items()})
+            return pd.DataFrame({k: pd.Series([], dtype=v if v != "str" else object) for k, v in FLOW_COLUMNS.items()})
         col = {k: np.concatenate(v) for k, v in parts.items()}
         for key in ("bytes", "count"):
             neg = col[key] < 0
             if neg.any():
                 i = int(np.argmax(neg))
-                raise TraceFormatError(self.path, "negative bytes",
-                                       f"flow {int(col['flow_id'][i])}: {key}={int(col[key][i])}")
+                raise TraceFormatError(
+                    self.path, "negative bytes", f"flow {int(col['flow_id'][i])}: {key}={int(col[key][i])}"
+                )
         nodes = np.array([self._node(h) for h in hosts], dtype=np.int64)
         comm_rank = np.array([r for r, _ in comms], dtype=np.int64)
         comm_hex = [comm_id_of(ident) for _, ident in comms]

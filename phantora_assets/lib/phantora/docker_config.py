@@ -112,8 +112,11 @@ class RunLayout:
 def layout_for(spec: RunSpec, data_root: Path, run_folder: Path) -> RunLayout:
     """The RunLayout of ``spec`` under ``data_root`` (run folder given by DataPaths)."""
     db = str(gpu_specs()[spec.gpu].get("perfdb", spec.gpu))
-    return RunLayout(run_folder=Path(run_folder).absolute(), work_dir=(Path(data_root) / "work" / spec.run_id).absolute(),
-                     perfdb_name=db)
+    return RunLayout(
+        run_folder=Path(run_folder).absolute(),
+        work_dir=(Path(data_root) / "work" / spec.run_id).absolute(),
+        perfdb_name=db,
+    )
 
 
 @cache
@@ -138,12 +141,29 @@ def training_argv(spec: RunSpec) -> list[str]:
     entry = launch_table()[spec.workload]
     common = presets()["common"]
     args = [a.replace("{ep}", str(spec.ep)) for a in entry["args"]]
-    script_args = [entry["script"], "--num_layers", str(common["num_layers"]),
-                   "--sequence_length", str(common["sequence_length"]),
-                   "--iterations", str(common["iterations"]), *args]
+    script_args = [
+        entry["script"],
+        "--num_layers",
+        str(common["num_layers"]),
+        "--sequence_length",
+        str(common["sequence_length"]),
+        "--iterations",
+        str(common["iterations"]),
+        *args,
+    ]
     if entry["launcher"] == "torchrun":
-        return [RUNNER, "torchrun", "--nproc_per_node", str(spec.gpus_per_node), "--nnodes", str(spec.n_nodes),
-                "--rdzv_backend", "c10d", f"--rdzv_endpoint=host-1:{RDZV_PORT}", *script_args]
+        return [
+            RUNNER,
+            "torchrun",
+            "--nproc_per_node",
+            str(spec.gpus_per_node),
+            "--nnodes",
+            str(spec.n_nodes),
+            "--rdzv_backend",
+            "c10d",
+            f"--rdzv_endpoint=host-1:{RDZV_PORT}",
+            *script_args,
+        ]
     if entry["launcher"] == "deepspeed":
         return [RUNNER, "deepspeed", "-H", "/hostfile", *script_args]
     raise ValueError(f"{spec.workload}: unknown launcher {entry['launcher']!r} in launch.toml")
@@ -179,9 +199,12 @@ def compose_config(spec: RunSpec, settings: DockerSettings, layout: RunLayout, r
     deepspeed = launch_table()[spec.workload]["launcher"] == "deepspeed"
     simulator: dict[str, Any] = {
         "image": settings.image,
-        "volumes": [socket, "./netconfig.toml:/netconfig.toml:ro",
-                    f"{layout.rel(layout.perfdb_root)}:/phantora/perfdb",
-                    f"{layout.rel(layout.out_dir)}:/phantora/out"],
+        "volumes": [
+            socket,
+            "./netconfig.toml:/netconfig.toml:ro",
+            f"{layout.rel(layout.perfdb_root)}:/phantora/perfdb",
+            f"{layout.rel(layout.out_dir)}:/phantora/out",
+        ],
         "pid": "host",
         "ipc": "host",
         "environment": [f"PHANTORA_LOG={settings.log_level}", f"PHANTORA_SOCKET_PREFIX={SOCKET_PREFIX}"],
@@ -191,8 +214,11 @@ def compose_config(spec: RunSpec, settings: DockerSettings, layout: RunLayout, r
     if settings.cpuset_simulator:
         simulator["cpuset"] = settings.cpuset_simulator
     if not replay:
-        simulator["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]}}}
+        simulator["deploy"] = {
+            "resources": {
+                "reservations": {"devices": [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]}
+            }
+        }
     services: dict[str, Any] = {"simulator": simulator}
     for i in range(1, spec.n_nodes + 1):
         volumes = [socket]
@@ -231,15 +257,18 @@ def hostfile(spec: RunSpec) -> str:
 
 def deepspeed_env(spec: RunSpec) -> str:
     """``~/.deepspeed_env``: what DeepSpeed's ssh launcher exports to remote ranks."""
-    return "".join(f"{line}\n" for line in [
-        "LD_LIBRARY_PATH=/phantora/dist:/phantora/pytorch/torch/lib:/usr/local/cuda/lib64:/usr/local/python3.11.9/lib",
-        "LD_PRELOAD=/phantora/dist/libcuda.so.1",
-        f"PHANTORA_SOCKET_PREFIX={SOCKET_PREFIX}",
-        "PHANTORA=1",
-        f"PHANTORA_NGPU={spec.gpus_per_node}",
-        f"PHANTORA_VRAM_MIB={vram_mib(spec)}",
-        "PHANTORA_IGNORE_CPU_TIME=1",
-    ])
+    return "".join(
+        f"{line}\n"
+        for line in [
+            "LD_LIBRARY_PATH=/phantora/dist:/phantora/pytorch/torch/lib:/usr/local/cuda/lib64:/usr/local/python3.11.9/lib",
+            "LD_PRELOAD=/phantora/dist/libcuda.so.1",
+            f"PHANTORA_SOCKET_PREFIX={SOCKET_PREFIX}",
+            "PHANTORA=1",
+            f"PHANTORA_NGPU={spec.gpus_per_node}",
+            f"PHANTORA_VRAM_MIB={vram_mib(spec)}",
+            "PHANTORA_IGNORE_CPU_TIME=1",
+        ]
+    )
 
 
 def timeout_argv(settings: DockerSettings, argv: list[str]) -> list[str]:
@@ -258,8 +287,10 @@ def command_lines(spec: RunSpec, settings: DockerSettings, layout: RunLayout, re
     ]
     for h in training_hosts(spec):
         if h == "host-1":
-            lines.append(f"docker compose -f compose.yaml exec -T host-1 bash -c {shlex.quote(train)} "
-                         f"> {shlex.quote(out)}/run.log 2>&1")
+            lines.append(
+                f"docker compose -f compose.yaml exec -T host-1 bash -c {shlex.quote(train)} "
+                f"> {shlex.quote(out)}/run.log 2>&1"
+            )
         else:
             lines.append(f"docker compose -f compose.yaml exec -d {h} bash -c {shlex.quote(train)}")
     lines += [
@@ -272,11 +303,14 @@ def command_lines(spec: RunSpec, settings: DockerSettings, layout: RunLayout, re
 
 
 def command_txt(spec: RunSpec, settings: DockerSettings, layout: RunLayout, replay: bool) -> str:
-    mode = (f"replay of the {layout.perfdb_name} perf DB (no GPU)" if replay
-            else "profiling on the local GPU (no perf DB)")
-    head = [f"# Phantora simulation of {spec.run_id}: {spec.framework} {spec.preset['model']} ({spec.parallelism}),",
-            f"# {spec.n_nodes} hosts x {spec.gpus_per_node} GPUs, {mode}.",
-            "# Exact commands, run from this config/ folder (phantora_assets runs the same through the Docker SDK)."]
+    mode = (
+        f"replay of the {layout.perfdb_name} perf DB (no GPU)" if replay else "profiling on the local GPU (no perf DB)"
+    )
+    head = [
+        f"# Phantora simulation of {spec.run_id}: {spec.framework} {spec.preset['model']} ({spec.parallelism}),",
+        f"# {spec.n_nodes} hosts x {spec.gpus_per_node} GPUs, {mode}.",
+        "# Exact commands, run from this config/ folder (phantora_assets runs the same through the Docker SDK).",
+    ]
     return "\n".join(head + command_lines(spec, settings, layout, replay)) + "\n"
 
 
@@ -323,8 +357,10 @@ def container_kwargs(name: str, service: dict[str, Any], base_dir: Path, project
         kw["cpuset_cpus"] = service["cpuset"]
     devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
     if devices:
-        kw["device_requests"] = [{"driver": d["driver"], "device_ids": list(d["device_ids"]),
-                                  "capabilities": [list(d["capabilities"])]} for d in devices]
+        kw["device_requests"] = [
+            {"driver": d["driver"], "device_ids": list(d["device_ids"]), "capabilities": [list(d["capabilities"])]}
+            for d in devices
+        ]
     return kw
 
 

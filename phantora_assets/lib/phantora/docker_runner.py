@@ -124,7 +124,8 @@ class PhantoraDockerRunner:
         except docker.errors.ImageNotFound as exc:
             raise PhantoraDockerError(
                 f"Docker image {self.settings.image!r} not found: build it from a Phantora checkout with "
-                "patches/visualizer.patch applied (README, 'Simulating with Phantora in Docker')") from exc
+                "patches/visualizer.patch applied (README, 'Simulating with Phantora in Docker')"
+            ) from exc
 
     def _exec_foreground(self, container: Any, argv: list[str], log_path: Path) -> int:
         api = self.client.api
@@ -156,8 +157,9 @@ class PhantoraDockerRunner:
         t0 = time.monotonic()
         run_log = layout.out_dir / "run.log"
         try:
-            network = self.client.networks.create(project, driver="bridge", labels=dict(
-                compose["services"]["simulator"]["labels"]))
+            network = self.client.networks.create(
+                project, driver="bridge", labels=dict(compose["services"]["simulator"]["labels"])
+            )
             containers: dict[str, Any] = {}
             for name, service in compose["services"].items():
                 kw = container_kwargs(name, service, layout.config_dir, project)
@@ -182,8 +184,7 @@ class PhantoraDockerRunner:
             with contextlib.suppress(Exception):
                 sim.wait(timeout=120)
             timeline = layout.out_dir / "timeline.bin"
-            return SimulationOutcome(code, run_log, timeline if timeline.is_file() else None,
-                                     time.monotonic() - t0)
+            return SimulationOutcome(code, run_log, timeline if timeline.is_file() else None, time.monotonic() - t0)
         finally:
             for c in reversed(created):
                 with contextlib.suppress(Exception):
@@ -211,13 +212,22 @@ class PhantoraDockerRunner:
         self._require_image()
         try:
             self.client.containers.run(
-                self.settings.image, visualizer_argv(), remove=True, stdout=True, stderr=True,
+                self.settings.image,
+                visualizer_argv(),
+                remove=True,
+                stdout=True,
+                stderr=True,
                 volumes={str(layout.out_dir): {"bind": "/phantora/out", "mode": "rw"}},
-                name=f"{project_name(spec)}-visualizer", labels={"phantora_assets.run_id": spec.run_id})
+                name=f"{project_name(spec)}-visualizer",
+                labels={"phantora_assets.run_id": spec.run_id},
+            )
         except docker.errors.ContainerError as exc:
             err = (exc.stderr or b"").decode(errors="replace")[-2000:] if isinstance(exc.stderr, bytes) else str(exc)
-            hint = (" (NcclSend/NcclRecv events need the image built with patches/visualizer.patch)"
-                    if "unwrap" in err or "None" in err else "")
+            hint = (
+                " (NcclSend/NcclRecv events need the image built with patches/visualizer.patch)"
+                if "unwrap" in err or "None" in err
+                else ""
+            )
             raise PhantoraDockerError(f"phantora_visualizer failed on {src}{hint}: {err}") from exc
         if not out.is_file():
             raise PhantoraDockerError(f"phantora_visualizer wrote no {out}")

@@ -20,7 +20,12 @@ import pandas as pd
 from phantora_assets.lib.errors import PerfDBError
 
 MEMCPY_KINDS = (
-    "HostToHost", "HostToDevice", "PinnedHostToDevice", "DeviceToHost", "DeviceToPinnedHost", "DeviceToDevice",
+    "HostToHost",
+    "HostToDevice",
+    "PinnedHostToDevice",
+    "DeviceToHost",
+    "DeviceToPinnedHost",
+    "DeviceToDevice",
 )
 _MANIFEST_LINE = re.compile(r"^\s*-\s*\*\*(?P<k>[^*]+):\*\*\s*(?P<v>.+?)\s*$")
 
@@ -123,10 +128,7 @@ def load_perfdb(path: str | Path, expected_gpu_name: str | None = None) -> PerfD
 
     cpath = path / "compute.csv"
     cdf = _read_csv(cpath, ["key", "nanos"])
-    ops = [
-        (cdf["op"].iloc[i] if "op" in cdf.columns else _op_of(k, cpath, i + 2))
-        for i, k in enumerate(cdf["key"])
-    ]
+    ops = [(cdf["op"].iloc[i] if "op" in cdf.columns else _op_of(k, cpath, i + 2)) for i, k in enumerate(cdf["key"])]
     if "op" in cdf.columns:  # older layout: still check that keys parse
         for i, k in enumerate(cdf["key"]):
             _op_of(k, cpath, i + 2)
@@ -138,14 +140,17 @@ def load_perfdb(path: str | Path, expected_gpu_name: str | None = None) -> PerfD
         unknown = sorted(set(mdf["kind"]) - set(MEMCPY_KINDS))
         if unknown:
             raise PerfDBError(f"{mpath}: unknown memcpy kind(s) {unknown}")
-        memcpy = pd.DataFrame({
-            "kind": mdf["kind"].astype(str),
-            "size_bytes": _int_column(mdf, "size_bytes", mpath),
-            "nanos": _int_column(mdf, "nanos", mpath),
-        })
+        memcpy = pd.DataFrame(
+            {
+                "kind": mdf["kind"].astype(str),
+                "size_bytes": _int_column(mdf, "size_bytes", mpath),
+                "nanos": _int_column(mdf, "nanos", mpath),
+            }
+        )
     else:
-        memcpy = pd.DataFrame({"kind": pd.Series(dtype=str), "size_bytes": pd.Series(dtype="int64"),
-                               "nanos": pd.Series(dtype="int64")})
+        memcpy = pd.DataFrame(
+            {"kind": pd.Series(dtype=str), "size_bytes": pd.Series(dtype="int64"), "nanos": pd.Series(dtype="int64")}
+        )
 
     for table, df in (("compute", compute), ("memcpy", memcpy)):
         declared = manifest.get(f"{table} entries")

@@ -133,8 +133,15 @@ def inspect_folder(folder: Path) -> RunFolder | Skipped:
         if hosts is not None and hosts != nodes:
             return Skipped(folder, f"config/netconfig.toml maps {hosts} hosts but the folder name says {nodes} nodes")
         topology = topology_from_netconfig(netconfig)
-    spec = RunSpec(workload=workload, gpu=gpu, n_nodes=nodes, gpus_per_node=gpn, source="import",
-                   topology=tuple(sorted(topology.items())), path=str(folder))
+    spec = RunSpec(
+        workload=workload,
+        gpu=gpu,
+        n_nodes=nodes,
+        gpus_per_node=gpn,
+        source="import",
+        topology=tuple(sorted(topology.items())),
+        path=str(folder),
+    )
     try:
         validate(spec, f"run folder {folder}")
     except RunMatrixError as exc:
@@ -165,8 +172,11 @@ def discover(root: str | Path) -> tuple[list[RunFolder], list[Skipped]]:
             dirnames.sort()
             here = Path(dirpath)
             for d in list(dirnames):
-                if _LAYOUT.match(d) and (here.name in gpus or (here / d / "timeline.json.gz").exists()
-                                         or (here / d / "timeline.json").exists()):
+                if _LAYOUT.match(d) and (
+                    here.name in gpus
+                    or (here / d / "timeline.json.gz").exists()
+                    or (here / d / "timeline.json").exists()
+                ):
                     candidates.append(here / d)
                     dirnames.remove(d)  # a run folder holds no run folders
     found: list[RunFolder] = []
@@ -190,8 +200,14 @@ def registry_path(data_root: str | Path) -> Path:
 
 
 def _entry(spec: RunSpec) -> dict[str, Any]:
-    e: dict[str, Any] = {"workload": spec.workload, "gpu": spec.gpu, "nodes": spec.n_nodes,
-                         "gpus_per_node": spec.gpus_per_node, "source": "import", "path": spec.path}
+    e: dict[str, Any] = {
+        "workload": spec.workload,
+        "gpu": spec.gpu,
+        "nodes": spec.n_nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "source": "import",
+        "path": spec.path,
+    }
     if spec.topology:
         e["topology"] = dict(spec.topology)
     return e
@@ -223,8 +239,10 @@ def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
     for s in specs:
         current[s.run_id] = s
     path = registry_path(data_root)
-    header = ("# Imported Phantora run folders (written by `phantora-assets import`).\n"
-              "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n")
+    header = (
+        "# Imported Phantora run folders (written by `phantora-assets import`).\n"
+        "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n"
+    )
     body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
     atomic_write_text(path, header + body, durable=True)
     return path
@@ -260,8 +278,7 @@ def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec
         if imp is None:
             merged.append(s)
         else:
-            merged.append(dataclasses.replace(s, source="import", path=imp.path,
-                                              topology=imp.topology or s.topology))
+            merged.append(dataclasses.replace(s, source="import", path=imp.path, topology=imp.topology or s.topology))
     merged += [by_id[k] for k in sorted(by_id)]
     return merged
 

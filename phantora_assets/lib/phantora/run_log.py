@@ -18,7 +18,8 @@ versions add ``loss: L``, older ones print no rank and ``Avg time``)::
     time: 0.45 wall: 12.30
     Time: [0.5123, 0.4511, ...] Avg time: 0.4511
 
-The embedded analytic simulator (``phantora_assets.sources.analytic.simulate_run``; its run_log.json is written from the numbers, not parsed back)::
+The embedded analytic simulator (``phantora_assets.sources.analytic.simulate_run``; its
+``run_log.json`` is written from the simulator's numbers, not parsed back from this log)::
 
     iteration   3/20 | simulated time (ms): 450.123 | peak memory (GiB): 28.51
     peak memory estimate: 28.51 GiB of 40.00 GiB
@@ -46,14 +47,15 @@ _ITER = re.compile(r"\brank (\d+) iter (\d+)\b.*?\btime: " + _NUM)
 _ITER_NORANK = re.compile(r"(?:^|[\s:\]])time: " + _NUM + r" wall: " + _NUM)
 _TIME_LIST = re.compile(r"(?:\bRank (\d+) )?\bTime: (\[[^\]]*\]) Avg [Tt]ime")
 _PEAK = re.compile(r"\bRank (\d+) Peak: " + _NUM + r"\s*MiB")
-_ANALYTIC_ITER = re.compile(r"\biteration\s+(\d+)/(\d+) \| simulated time \(ms\): " + _NUM
-                            + r"(?: \| peak memory \(GiB\): " + _NUM + r")?")
+_ANALYTIC_ITER = re.compile(
+    r"\biteration\s+(\d+)/(\d+) \| simulated time \(ms\): " + _NUM + r"(?: \| peak memory \(GiB\): " + _NUM + r")?"
+)
 _ANALYTIC_PEAK = re.compile(r"peak memory estimate: " + _NUM + r" GiB of " + _NUM + r" GiB")
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|OUT OF MEMORY")
 _MODEL_SIZE = re.compile(r"\bModel size: (\d+)")
 
 MIB = 1024 * 1024
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclass
@@ -198,8 +200,9 @@ def parse_run_log(text: str) -> RunLog:
         out.per_rank_s = {-1: list(norank_iter)}
         out.iteration_s = list(norank_iter)
     if out.format != "analytic" and (lists or lines_iter or norank_iter or out.peak_memory_mib):
-        out.format = "megatron" if saw_megatron and not saw_deepspeed else (
-            "deepspeed" if saw_deepspeed else "megatron")
+        out.format = (
+            "megatron" if saw_megatron and not saw_deepspeed else ("deepspeed" if saw_deepspeed else "megatron")
+        )
     if analytic_peak:
         out.peak_memory_gib = max(analytic_peak)
     elif out.peak_memory_mib:

@@ -180,7 +180,9 @@ def check_start(head: bytes) -> None:
     if not c:
         raise StreamError("invalid JSON", "empty document")
     if head.startswith(b"\xef\xbb\xbf"):
-        raise StreamError("invalid JSON", "line 1: the text starts with a UTF-8 byte order mark, which JSON does not allow")
+        raise StreamError(
+            "invalid JSON", "line 1: the text starts with a UTF-8 byte order mark, which JSON does not allow"
+        )
     if c in b'{"-0123456789tfn':
         raise StreamError("not a JSON array", f"document starts with {c.decode()!r}")
     raise StreamError("invalid JSON", f"line 1: unexpected {c!r}")
@@ -201,12 +203,12 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
         StreamError: bad gzip, not an array, the array never closes, or a trailing comma.
     """
     span = max(1, int(chunk_bytes)) - 1
-    buf = bytearray(b"[")       # buf[0] is "[", buf[1] the text at `offset`
+    buf = bytearray(b"[")  # buf[0] is "[", buf[1] the text at `offset`
     offset = 0
     started = False
-    searched = 0                # no batch cut starts in buf[1 + span:searched]
+    searched = 0  # no batch cut starts in buf[1 + span:searched]
     n_batches = 0
-    sep = b""                   # the element separator, known at the first line break
+    sep = b""  # the element separator, known at the first line break
     for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
         buf += chunk
         if not started:
@@ -214,9 +216,9 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             if not stripped:
                 continue
             if len(stripped) < 3 and b"\xef\xbb\xbf".startswith(stripped):
-                continue    # may be a byte order mark split across chunks: wait for more text
+                continue  # may be a byte order mark split across chunks: wait for more text
             check_start(stripped[:3])
-            offset = len(buf) - len(stripped)    # after the whitespace and the "["
+            offset = len(buf) - len(stripped)  # after the whitespace and the "["
             buf = bytearray(b"[") + stripped[1:]
             started = True
         if not sep:
@@ -225,7 +227,7 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
                 continue
             sep = b",\r\n" if buf[nl - 1] == 0x0D else b",\n"
         k = len(sep)
-        s = 1                   # start of the next batch (buf[s - 1] is "[")
+        s = 1  # start of the next batch (buf[s - 1] is "[")
         while True:
             lo = max(s + span, searched)
             cut = buf.find(sep, lo) if lo < len(buf) else -1
@@ -233,7 +235,7 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
                 searched = max(lo, len(buf) - (k - 1))
                 break
             buf[cut] = 0x5D  # "]"
-            view = memoryview(buf)[s - 1:cut + 1]
+            view = memoryview(buf)[s - 1 : cut + 1]
             yield offset, view, cut + 2 - s
             view.release()
             n_batches += 1
@@ -242,19 +244,21 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             buf[s - 1] = 0x5B  # "[" over the "\n"
             searched = 0
         if s > 1:
-            del buf[:s - 1]
+            del buf[: s - 1]
             searched = max(0, searched - (s - 1))
     if not started:
         check_start(bytes(buf[1:]).lstrip(_WS))
     tail = bytes(buf[1:]).rstrip(_WS)
     if not tail.endswith(b"]"):
-        raise StreamError("invalid JSON", f"line {line_at(path, offset + len(tail))}: "
-                                          "document ends before the closing ']'")
+        raise StreamError(
+            "invalid JSON", f"line {line_at(path, offset + len(tail))}: document ends before the closing ']'"
+        )
     body = tail[:-1]
     if body.strip(_WS):
         if body.rstrip(_WS).endswith(b","):
-            raise StreamError("invalid JSON", f"line {line_at(path, offset + len(body.rstrip(_WS)))}: "
-                                              "trailing comma before ']'")
+            raise StreamError(
+                "invalid JSON", f"line {line_at(path, offset + len(body.rstrip(_WS)))}: trailing comma before ']'"
+            )
         final = bytearray(b"[") + body + b"]"
         yield offset, memoryview(final), len(final)
     elif n_batches:

@@ -80,7 +80,7 @@ class _Flow(msgspec.Struct, gc=False):
 
 
 class _Comm(msgspec.Struct, forbid_unknown_fields=True):
-    rank: Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)]   # an int64 column
+    rank: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # an int64 column
     id: list[int]
 
 
@@ -89,7 +89,7 @@ class _CompHost(msgspec.Struct, gc=False):
 
 
 class _CompArgs(msgspec.Struct, gc=False):
-    Computation: tuple[_CompHost, int, msgspec.Raw]   # meta is skipped (kept raw, never decoded)
+    Computation: tuple[_CompHost, int, msgspec.Raw]  # meta is skipped (kept raw, never decoded)
 
 
 class _CompEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Computation"):
@@ -101,7 +101,7 @@ class _CompEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Computation"):
 class _Payload(msgspec.Struct, gc=False):
     count: int
     dtype: _DType
-    comm: msgspec.Raw            # {"rank": r, "id": [128 ints]}: decoded once per distinct text
+    comm: msgspec.Raw  # {"rank": r, "id": [128 ints]}: decoded once per distinct text
     root: int = -1
     # op / peer / stream are not needed (stream = event tid); "stream": null is accepted.
 
@@ -208,7 +208,7 @@ class BatchDecoder:
         """
 
         def where(i: int) -> str:
-            return locator(bytes(buf[1:end - 1]), offset, line_of)(i)
+            return locator(bytes(buf[1 : end - 1]), offset, line_of)(i)
 
         if self.fast and _tracescan is not None:
             # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
@@ -225,10 +225,11 @@ class BatchDecoder:
         except msgspec.ValidationError as exc:  # (a subclass of DecodeError)
             raise validation_error(exc, where) from None
         except RecursionError as exc:  # msgspec's nesting limit (about 1000 levels)
-            raise BatchError("invalid JSON", f"an event of the batch starting at line {line_of(offset)} "
-                                             f"nests too deep: {exc}") from None
+            raise BatchError(
+                "invalid JSON", f"an event of the batch starting at line {line_of(offset)} nests too deep: {exc}"
+            ) from None
         except msgspec.DecodeError as exc:
-            body = bytes(buf[1:end - 1])
+            body = bytes(buf[1 : end - 1])
             if not looks_like_layout(body):
                 raise NeedWholeDoc() from None
             m = re.search(r"byte (\d+)", str(exc))
@@ -246,8 +247,28 @@ class BatchDecoder:
         then names the rule and the line)."""
         if res is None:
             return None
-        (n, ts, dur, tid, fid, nbytes, count, root, name, src, dst, comm, call, dtype,
-         c_ts, c_dur, c_host, names, hosts, comms) = res
+        (
+            n,
+            ts,
+            dur,
+            tid,
+            fid,
+            nbytes,
+            count,
+            root,
+            name,
+            src,
+            dst,
+            comm,
+            call,
+            dtype,
+            c_ts,
+            c_dur,
+            c_host,
+            names,
+            hosts,
+            comms,
+        ) = res
         f8, i8, i4, i1 = np.float64, np.int64, np.int32, np.int8
         ts, dur = np.frombuffer(ts, f8), np.frombuffer(dur, f8)
         c_ts, c_dur = np.frombuffer(c_ts, f8), np.frombuffer(c_dur, f8)
@@ -272,16 +293,23 @@ class BatchDecoder:
         m = len(ts)
         if m:
             name_code = np.fromiter((self.names[v.decode()] for v in names), np.int32, len(names))
-            out.update({
-                "stream": np.frombuffer(tid, i8), "flow_id": np.frombuffer(fid, i8),
-                "bytes": np.frombuffer(nbytes, i8), "count": np.frombuffer(count, i8),
-                "root": np.frombuffer(root, i8),
-                "comm": comm_code[np.frombuffer(comm, i4)],
-                "name": name_code[np.frombuffer(name, i4)],
-                "src": host_code[src], "dst": host_code[dst],
-                "call": np.frombuffer(call, i1), "dtype": np.frombuffer(dtype, i1),
-                "ts": ts, "dur": dur,
-            })
+            out.update(
+                {
+                    "stream": np.frombuffer(tid, i8),
+                    "flow_id": np.frombuffer(fid, i8),
+                    "bytes": np.frombuffer(nbytes, i8),
+                    "count": np.frombuffer(count, i8),
+                    "root": np.frombuffer(root, i8),
+                    "comm": comm_code[np.frombuffer(comm, i4)],
+                    "name": name_code[np.frombuffer(name, i4)],
+                    "src": host_code[src],
+                    "dst": host_code[dst],
+                    "call": np.frombuffer(call, i1),
+                    "dtype": np.frombuffer(dtype, i1),
+                    "ts": ts,
+                    "dur": dur,
+                }
+            )
         if m < n:
             out.update(self._comp_summary(host_code[c_host], c_ts, c_dur))
         return out
@@ -344,7 +372,7 @@ class BatchDecoder:
             try:
                 cols[key] = np.array(vals, dtype=np.int64)
             except OverflowError:
-                i = next(k for k, v in enumerate(vals) if not -2**63 <= v < 2**63)
+                i = next(k for k, v in enumerate(vals) if not -(2**63) <= v < 2**63)
                 raise BatchError("overflowing value", f"{where(i)}: {key} {vals[i]} beyond int64") from None
         try:
             cols["comm"] = np.fromiter(map(self.comms.__getitem__, map(bytes, comm)), np.int32, m)
@@ -392,4 +420,3 @@ def validation_error(exc: Exception, where: Callable[[int], str]) -> BatchError:
 def decode_document(data: bytes) -> list:
     """Typed events of a whole document (raw communicator objects); msgspec errors propagate."""
     return _decoder.decode(data)
-

@@ -74,7 +74,7 @@ def idle_cpus(sample_s: float = 0.05) -> float:
                 fields = [int(x) for x in fh.readline().split()[1:]]
         except (OSError, ValueError):
             return None
-        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)   # total, idle + iowait
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # total, idle + iowait
 
     first = snapshot()
     if first is None:
@@ -117,7 +117,7 @@ class HelperPool:
     """Forked helper processes (:func:`helper_main`) decoding batches handed to them
     through shared memory, and one thread per process receiving its results."""
 
-    MAX_IN_FLIGHT = 3   # batches queued per helper
+    MAX_IN_FLIGHT = 3  # batches queued per helper
 
     def __init__(self, path: Path, chunk_bytes: int, n: int) -> None:
         self.n = n
@@ -134,8 +134,12 @@ class HelperPool:
                 res_r, res_w = ctx.Pipe(duplex=False)
                 self.jobs.append(job_w)
                 self.results.append(res_r)
-                proc = ctx.Process(target=helper_main, args=(self.mm, self.slot_size, job_r, res_w, str(path)),
-                                   daemon=True, name=f"phantora-trace-helper-{i}")
+                proc = ctx.Process(
+                    target=helper_main,
+                    args=(self.mm, self.slot_size, job_r, res_w, str(path)),
+                    daemon=True,
+                    name=f"phantora-trace-helper-{i}",
+                )
                 proc.start()
                 job_r.close()
                 res_w.close()
@@ -151,7 +155,7 @@ class HelperPool:
         self.dead = [False] * n
         self.free = list(range(n_slots))
         self.load = [0] * n
-        self.in_flight: dict[int, tuple[int, int, int, int]] = {}   # k -> (helper, slot, end, offset)
+        self.in_flight: dict[int, tuple[int, int, int, int]] = {}  # k -> (helper, slot, end, offset)
         self.msgs: queue.Queue = queue.Queue()
         self.threads = [threading.Thread(target=self._receive, args=(i,), daemon=True) for i in range(n)]
         for th in self.threads:
@@ -176,7 +180,7 @@ class HelperPool:
         slot = self.free.pop()
         start = slot * self.slot_size
         with memoryview(buf) as mv:
-            self.mm[start:start + end] = mv[:end]
+            self.mm[start : start + end] = mv[:end]
         try:
             self.jobs[i].send((k, slot, end, offset))
         except OSError:
@@ -205,7 +209,7 @@ class HelperPool:
         """The text of in-flight batch ``k`` (to decode it here when its helper is gone)."""
         _, slot, end, offset = self.in_flight[k]
         start = slot * self.slot_size
-        return bytearray(self.mm[start:start + end]), end, offset
+        return bytearray(self.mm[start : start + end]), end, offset
 
     def close(self) -> None:
         for conn in self.jobs:
@@ -259,14 +263,14 @@ def helper_main(mm, slot_size: int, jobs, results, path: str) -> None:
             k, slot, end, offset = job
             start = slot * slot_size
             try:
-                cols = dec.decode(view[start:start + end], end, offset, line_of)
+                cols = dec.decode(view[start : start + end], end, offset, line_of)
             except BatchError as exc:
                 results.send(("error", k, slot, exc.rule, exc.detail))
                 continue
             except NeedWholeDoc:
                 results.send(("whole", k, slot))
                 continue
-            tables = (dec.names.values[sent[0]:], dec.hosts.values[sent[1]:], dec.comms.values[sent[2]:])
+            tables = (dec.names.values[sent[0] :], dec.hosts.values[sent[1] :], dec.comms.values[sent[2] :])
             sent = [len(dec.names.values), len(dec.hosts.values), len(dec.comms.values)]
             results.send(("batch", k, slot, cols, tables))
     except (EOFError, OSError):

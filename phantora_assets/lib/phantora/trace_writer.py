@@ -47,15 +47,17 @@ def _p2p_peers(raw: pd.DataFrame) -> dict[int, int]:
     rank_host: dict[str, dict[int, str]] = {}
     # first (communicator, rank) occurrence in row order decides the rank's host
     firsts = comm[["call", "comm_id_hex", "comm_rank", "src_host", "dst_host"]].drop_duplicates()
-    for call, cid, rank, src, dst in zip(firsts["call"], firsts["comm_id_hex"], firsts["comm_rank"],
-                                         firsts["src_host"], firsts["dst_host"]):
+    for call, cid, rank, src, dst in zip(
+        firsts["call"], firsts["comm_id_hex"], firsts["comm_rank"], firsts["src_host"], firsts["dst_host"]
+    ):
         host = dst if call == "NcclRecv" else src
         rank_host.setdefault(cid, {}).setdefault(int(rank), host)
     peers: dict[int, int] = {}
     p2p = comm[comm["call"].isin(("NcclSend", "NcclRecv"))]
     memo: dict[tuple, int] = {}
-    for idx, call, cid, rank, src, dst in zip(p2p.index, p2p["call"], p2p["comm_id_hex"],
-                                              p2p["comm_rank"], p2p["src_host"], p2p["dst_host"]):
+    for idx, call, cid, rank, src, dst in zip(
+        p2p.index, p2p["call"], p2p["comm_id_hex"], p2p["comm_rank"], p2p["src_host"], p2p["dst_host"]
+    ):
         other_host = dst if call == "NcclSend" else src
         key = (cid, int(rank), other_host)
         peer = memo.get(key)
@@ -106,7 +108,7 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     is_comp = kind == "computation"
     errors: list[tuple[int, str]] = []
     for c, dtype in RAW_TIMELINE_COLUMNS.items():
-        if dtype == "int64" and raw[c].dtype.kind not in "iu":   # e.g. float with a NaN
+        if dtype == "int64" and raw[c].dtype.kind not in "iu":  # e.g. float with a NaN
             vals = pd.to_numeric(raw[c], errors="coerce")
             bad_int = (vals.isna() | (vals != vals.round())).to_numpy()
             if bad_int.any():
@@ -123,7 +125,9 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     bad = (start < 0) | (end < start)
     if bad.any():
         i = int(np.argmax(bad))
-        errors.append((i, f"row {i} (event {int(raw['event_id'].iat[i])}): bad span [{int(start[i])}, {int(end[i])}] ns"))
+        errors.append(
+            (i, f"row {i} (event {int(raw['event_id'].iat[i])}): bad span [{int(start[i])}, {int(end[i])}] ns")
+        )
     comm = raw[is_comm]
     comp = raw[is_comp]
     comm_parts, comm_errors = _comm_line_parts(comm, _p2p_peers(raw)) if len(comm) else ([], [])
@@ -150,13 +154,19 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     path = Path(path)
     with atomic_path(path) as tmp:
         if path.name.endswith(".gz"):
-            with open(tmp, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0,
-                                                          compresslevel=GZIP_LEVEL) as gz:
+            with (
+                open(tmp, "wb") as fh,
+                gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=GZIP_LEVEL) as gz,
+            ):
                 gz.write(data)
         else:
             tmp.write_bytes(data)
-    return {"n_events": n, "n_communication": int(is_comm.sum()), "n_computation": int(is_comp.sum()),
-            "bytes_written": path.stat().st_size}
+    return {
+        "n_events": n,
+        "n_communication": int(is_comm.sum()),
+        "n_computation": int(is_comp.sum()),
+        "bytes_written": path.stat().st_size,
+    }
 
 
 #: Type of the text arrays the writer assembles (64-bit offsets: a trace may pass 2 GiB).
@@ -196,12 +206,20 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
     null_stream = p2p & (sid < 0)
     tid = np.where(null_stream, 0, (dev << 32) | sid)
     src = comm["src_host"].astype(str)
-    pid_codes, _ = pd.factorize(src, sort=False)   # hosts in order of first appearance
+    pid_codes, _ = pd.factorize(src, sort=False)  # hosts in order of first appearance
     root = np.where(call == "NcclBcast", comm["root"].to_numpy(np.int64), 0)
-    key = pd.DataFrame({"call": call, "dtype": comm["dtype"].astype(str).to_numpy(object),
-                        "op": comm["reduce_op"].astype(str).to_numpy(object), "root": root,
-                        "cid": comm["comm_id_hex"].astype(str).to_numpy(object), "null": null_stream,
-                        "dev": dev, "sid": sid})
+    key = pd.DataFrame(
+        {
+            "call": call,
+            "dtype": comm["dtype"].astype(str).to_numpy(object),
+            "op": comm["reduce_op"].astype(str).to_numpy(object),
+            "root": root,
+            "cid": comm["comm_id_hex"].astype(str).to_numpy(object),
+            "null": null_stream,
+            "dev": dev,
+            "sid": sid,
+        }
+    )
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(key), sort=False)
     pre, mid, post, errors = [], [], [], []
     for k, (c, dtype, op, rt, cid, nul, d, sd) in enumerate(uniques):
@@ -221,7 +239,7 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         stream = "null" if nul else '{"device":' + str(int(d)) + ',"id":' + str(int(sd)) + "}"
         pre.append("{" + _js(c) + ':{"count":')
         mid.append(m)
-        post.append(',"id":' + ids + '}' + ',"stream":' + stream + '}}]}}')
+        post.append(',"id":' + ids + "}" + ',"stream":' + stream + "}}]}}")
     take = pa.array(codes)
     peer = np.array([peers.get(int(i), 0) for i in comm.index[p2p]], np.int64)
     peer_text = pa.array([""] * len(comm), _TEXT)
@@ -232,14 +250,32 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
     start = comm["start_ns"].to_numpy(np.int64)
     dur = comm["end_ns"].to_numpy(np.int64) - start
     parts = [
-        '{"name":', _coded(comm["name"], _js), ',"cat":"Communication","ph":"X","ts":', _micros(start),
-        ',"dur":', _micros(dur), ',"pid":', _num(pid_codes), ',"tid":', _num(tid),
-        ',"args":{"Communication":[{"id":', _num(comm["event_id"].to_numpy(np.int64)),
-        ',"bytes":', _num(comm["bytes"].to_numpy(np.int64)), ',"src":', _coded(src, _js),
-        ',"dst":', _coded(comm["dst_host"], _js), _FLOW_TAIL,
-        pa.array(pre, _TEXT).take(take), _num(comm["count"].to_numpy(np.int64)),
-        pa.array(mid, _TEXT).take(take), peer_text, ',"comm":{"rank":',
-        _num(comm["comm_rank"].to_numpy(np.int64)), pa.array(post, _TEXT).take(take),
+        '{"name":',
+        _coded(comm["name"], _js),
+        ',"cat":"Communication","ph":"X","ts":',
+        _micros(start),
+        ',"dur":',
+        _micros(dur),
+        ',"pid":',
+        _num(pid_codes),
+        ',"tid":',
+        _num(tid),
+        ',"args":{"Communication":[{"id":',
+        _num(comm["event_id"].to_numpy(np.int64)),
+        ',"bytes":',
+        _num(comm["bytes"].to_numpy(np.int64)),
+        ',"src":',
+        _coded(src, _js),
+        ',"dst":',
+        _coded(comm["dst_host"], _js),
+        _FLOW_TAIL,
+        pa.array(pre, _TEXT).take(take),
+        _num(comm["count"].to_numpy(np.int64)),
+        pa.array(mid, _TEXT).take(take),
+        peer_text,
+        ',"comm":{"rank":',
+        _num(comm["comm_rank"].to_numpy(np.int64)),
+        pa.array(post, _TEXT).take(take),
     ]
     return parts, errors
 
@@ -256,14 +292,30 @@ def _comp_line_parts(comp: pd.DataFrame) -> list:
     os_pid = _num(comp["os_pid"].to_numpy(np.int64))
     tid = (comp["stream_device"].to_numpy(np.int64) << 32) | comp["stream_id"].to_numpy(np.int64)
     return [
-        '{"name":', _coded(comp["name"], _js), ',"cat":"Computation","ph":"X","ts":', _micros(start),
-        ',"dur":', _micros(dur), ',"pid":', os_pid, ',"tid":', _num(tid),
-        ',"args":{"Computation":[{"hostname":', _coded(comp["src_host"], _js), ',"pid":', os_pid,
-        "},", _num(dur), ",", _coded(comp["meta_json"], _meta_json), "]}}",
+        '{"name":',
+        _coded(comp["name"], _js),
+        ',"cat":"Computation","ph":"X","ts":',
+        _micros(start),
+        ',"dur":',
+        _micros(dur),
+        ',"pid":',
+        os_pid,
+        ',"tid":',
+        _num(tid),
+        ',"args":{"Computation":[{"hostname":',
+        _coded(comp["src_host"], _js),
+        ',"pid":',
+        os_pid,
+        "},",
+        _num(dur),
+        ",",
+        _coded(comp["meta_json"], _meta_json),
+        "]}}",
     ]
 
 
 def _join(parts: list) -> pa.Array:
     """Element-wise concatenation of text arrays and (broadcast) str pieces."""
-    return pc.binary_join_element_wise(*(pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts),
-                                       pa.scalar("", _TEXT))
+    return pc.binary_join_element_wise(
+        *(pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts), pa.scalar("", _TEXT)
+    )

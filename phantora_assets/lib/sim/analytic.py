@@ -70,8 +70,15 @@ STEP_JITTER = 0.001
 class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
-    def __init__(self, spec: RunSpec, iterations: int | None = None, perfdb_dir: str | Path | None = "default",
-                 emit: bool = True, replicate: bool = True, warmup: bool = True) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        iterations: int | None = None,
+        perfdb_dir: str | Path | None = "default",
+        emit: bool = True,
+        replicate: bool = True,
+        warmup: bool = True,
+    ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
         self.iterations = int(iterations or presets()["common"]["iterations"])
@@ -97,12 +104,22 @@ class AnalyticSimulator:
         if isinstance(item, AllToAll):
             b = item.count * DTYPE_BYTES[item.dtype]
             return [(s, d, b) for s in comm.ranks for d in comm.ranks if s != d]
-        return [(comm.ranks[a], comm.ranks[b], by)
-                for a, b, by in ring_flows(item.op, item.count, DTYPE_BYTES[item.dtype], len(comm.ranks), item.root)]
+        return [
+            (comm.ranks[a], comm.ranks[b], by)
+            for a, b, by in ring_flows(item.op, item.count, DTYPE_BYTES[item.dtype], len(comm.ranks), item.root)
+        ]
 
-    def _flows_arrays(self, item: Collective | AllToAll, comm: Communicator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key = (type(item).__name__, getattr(item, "op", "a2a"), item.count, item.dtype, getattr(item, "root", 0),
-               comm.name)
+    def _flows_arrays(
+        self, item: Collective | AllToAll, comm: Communicator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = (
+            type(item).__name__,
+            getattr(item, "op", "a2a"),
+            item.count,
+            item.dtype,
+            getattr(item, "root", 0),
+            comm.name,
+        )
         hit = self._flow_cache.get(key)
         if hit is None:
             fl = self.flows_of(item, comm)
@@ -134,8 +151,11 @@ class AnalyticSimulator:
         steady = model.step_program(warmup=False)
         warm = (model.init_program() + model.step_program(warmup=True)) if self.warmup else steady
         iters = self.iterations
-        factors = [(WARMUP_COMPUTE_FACTOR if it == 0 and self.warmup else 1.0) * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
-                   for it in range(iters)]
+        factors = [
+            (WARMUP_COMPUTE_FACTOR if it == 0 and self.warmup else 1.0)
+            * (1.0 + STEP_JITTER * float(self.rng.standard_normal()))
+            for it in range(iters)
+        ]
         n_sim = min(iters, 2) if self.replicate else iters
 
         # ---- per-item base durations
@@ -147,10 +167,10 @@ class AnalyticSimulator:
                     base[id(item)], db_ns[id(item)] = self.timer.time_kernels(item.kernels)
 
         # ---- build the DAG
-        kind: list[int] = []        # 0 compute, 1 collective, 2 barrier
-        dur: list[float] = []       # compute duration (ns)
-        who: list[int] = []         # compute: rank; collective: communicator index
-        what: list[object] = []     # the item
+        kind: list[int] = []  # 0 compute, 1 collective, 2 barrier
+        dur: list[float] = []  # compute duration (ns)
+        who: list[int] = []  # compute: rank; collective: communicator index
+        what: list[object] = []  # the item
         iter_of: list[int] = []
         dependents: list[list[int]] = []
         deps_left: list[int] = []
@@ -236,11 +256,34 @@ class AnalyticSimulator:
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
         raw = empty_raw()
         if self.emit:
-            raw = emit_raw_timeline(spec, self._flows_arrays, kind, who, what, iter_of, start, end, flow_first,
-                                    flow_end, comm_list, list(sim_start), durations, factors, n_sim)
+            raw = emit_raw_timeline(
+                spec,
+                self._flows_arrays,
+                kind,
+                who,
+                what,
+                iter_of,
+                start,
+                end,
+                flow_first,
+                flow_end,
+                comm_list,
+                list(sim_start),
+                durations,
+                factors,
+                n_sim,
+            )
         return SimulationResult(
-            spec, memory, raw, iteration_ns, int(round(busy[first_steady])),
-            (from_db / comp_step) if comp_step else 0.0, int(round(float(np.median(exposed)))), n_k, n_db)
+            spec,
+            memory,
+            raw,
+            iteration_ns,
+            int(round(busy[first_steady])),
+            (from_db / comp_step) if comp_step else 0.0,
+            int(round(float(np.median(exposed)))),
+            n_k,
+            n_db,
+        )
 
     def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into

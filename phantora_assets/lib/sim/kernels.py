@@ -40,8 +40,15 @@ from typing import Any
 
 DTYPE_CODE_BYTES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "b8": 1, "i32": 4, "i64": 8, "i16": 2, "i8": 1, "u8": 1}
 #: ConvDType target names (tch::Kind Debug names) -> dtype code
-KIND_NAMES = {"Float": "f32", "BFloat16": "bf16", "Double": "f64", "Half": "f16", "Int": "i32", "Int64": "i64",
-              "Bool": "b8"}
+KIND_NAMES = {
+    "Float": "f32",
+    "BFloat16": "bf16",
+    "Double": "f64",
+    "Half": "f16",
+    "Int": "i32",
+    "Int64": "i64",
+    "Bool": "b8",
+}
 
 Tensor = list  # ["bf16", [d0, d1, ...]]
 
@@ -98,7 +105,7 @@ class Kernel:
 
     @property
     def op(self) -> str:
-        return self.key[2:self.key.index('"', 2)]
+        return self.key[2 : self.key.index('"', 2)]
 
 
 def _unique_bytes(tensors: list[Tensor]) -> int:
@@ -106,8 +113,14 @@ def _unique_bytes(tensors: list[Tensor]) -> int:
     return sum(seen.values())
 
 
-def kernel(op: str, args: Any, flops: float = 0.0, out: Tensor | None = None,
-           inputs: list[Tensor] | None = None, passes: float = 1.0) -> Kernel:
+def kernel(
+    op: str,
+    args: Any,
+    flops: float = 0.0,
+    out: Tensor | None = None,
+    inputs: list[Tensor] | None = None,
+    passes: float = 1.0,
+) -> Kernel:
     """Build a Kernel. ``inputs`` (default: every tensor in ``args``) are read once per distinct
     (numel, dtype); ``out`` is written; ``passes`` scales the traffic (e.g. 2 for read+write of
     an in-place op without ``out``)."""
@@ -193,11 +206,16 @@ class GpuRoofline:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> GpuRoofline:
-        return cls(float(spec["peak_bf16_flops"]), float(spec["matmul_efficiency"]),
-                   float(spec["mem_bw_bytes_per_s"]), float(spec["memory_efficiency"]),
-                   float(spec.get("l2_bytes", 0.0)), float(spec.get("l2_bw_bytes_per_s", 0.0)),
-                   float(spec.get("kernel_floor_ns", 1000.0)),
-                   float(spec.get("gemm_floor_ns", spec.get("kernel_floor_ns", 1000.0))))
+        return cls(
+            float(spec["peak_bf16_flops"]),
+            float(spec["matmul_efficiency"]),
+            float(spec["mem_bw_bytes_per_s"]),
+            float(spec["memory_efficiency"]),
+            float(spec.get("l2_bytes", 0.0)),
+            float(spec.get("l2_bw_bytes_per_s", 0.0)),
+            float(spec.get("kernel_floor_ns", 1000.0)),
+            float(spec.get("gemm_floor_ns", spec.get("kernel_floor_ns", 1000.0))),
+        )
 
     def time_ns(self, k: Kernel) -> float:
         if k.bytes == 0.0 and k.flops == 0.0:

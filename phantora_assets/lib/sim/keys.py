@@ -46,8 +46,10 @@ def torch_info(item: Compute) -> str:
     k = max(ks, key=lambda x: x.flops)
     args = next(iter(json.loads(k.key).values()))
     tensors = _tensors(args)[:2]
-    return json.dumps({"MM": [{"shape": t[1], "dtype": {"bf16": "BFloat16", "f32": "Float"}.get(t[0], t[0])}
-                              for t in tensors]}, separators=(",", ":"))
+    return json.dumps(
+        {"MM": [{"shape": t[1], "dtype": {"bf16": "BFloat16", "f32": "Float"}.get(t[0], t[0])} for t in tensors]},
+        separators=(",", ":"),
+    )
 
 
 def _tensors(v) -> list:

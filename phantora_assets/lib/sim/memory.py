@@ -43,7 +43,10 @@ class MemoryEstimate:
     @property
     def peak_bytes(self) -> int:
         raw = (
-            self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
             + self.working_set_bytes
         )
         return int(raw * ALLOCATOR_OVERHEAD)
@@ -54,7 +57,7 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict[str, float]:
         """Components in GiB (rounded to 0.01), peak, card and the verdict."""
-        g = lambda b: round(b / GIB, 2)  # noqa: E731
+        g = lambda b: round(b / GIB, 2)
         return {
             "weights_gib": g(self.weights_bytes),
             "gradients_gib": g(self.gradients_bytes),

@@ -61,9 +61,15 @@ class Topology:
         ecmp = str(cluster.get("ecmp", "hash"))
         if ecmp not in ECMP_MODES:
             raise ValueError(f"unknown ecmp mode {ecmp!r} (known: {', '.join(ECMP_MODES)})")
-        return cls(int(n_hosts), int(cluster["rack_size"]), int(cluster["nspines"]),
-                   float(cluster["host_bw_gbps"]) * gbps, float(cluster["rack_uplink_port_bw_gbps"]) * gbps,
-                   float(cluster["loopback_gbps"]) * gbps, ecmp)
+        return cls(
+            int(n_hosts),
+            int(cluster["rack_size"]),
+            int(cluster["nspines"]),
+            float(cluster["host_bw_gbps"]) * gbps,
+            float(cluster["rack_uplink_port_bw_gbps"]) * gbps,
+            float(cluster["loopback_gbps"]) * gbps,
+            ecmp,
+        )
 
     @classmethod
     def from_netconfig(cls, cfg: dict[str, Any], ecmp: str = "hash") -> Topology:
@@ -75,9 +81,17 @@ class Topology:
             raise ValueError(f"netconfig topology {topo.get('type')!r} is not supported (TwoLayerMultiPath only)")
         a = topo["args"]
         n_hosts = len(cfg.get("host_mapping") or []) or int(a["nracks"]) * int(a["rack_size"])
-        return cls.from_cluster({"rack_size": a["rack_size"], "nspines": a["nspines"], "host_bw_gbps": a["host_bw"],
-                                 "rack_uplink_port_bw_gbps": a["rack_uplink_port_bw"],
-                                 "loopback_gbps": cfg["simulator"]["loopback_speed"], "ecmp": ecmp}, n_hosts)
+        return cls.from_cluster(
+            {
+                "rack_size": a["rack_size"],
+                "nspines": a["nspines"],
+                "host_bw_gbps": a["host_bw"],
+                "rack_uplink_port_bw_gbps": a["rack_uplink_port_bw"],
+                "loopback_gbps": cfg["simulator"]["loopback_speed"],
+                "ecmp": ecmp,
+            },
+            n_hosts,
+        )
 
     @property
     def n_racks(self) -> int:
@@ -123,15 +137,19 @@ class Topology:
 def _mix(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """splitmix64 of (a, b, c): a deterministic per-flow hash."""
     with np.errstate(over="ignore"):
-        x: np.ndarray = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (b.astype(np.uint64) << np.uint64(32)) \
+        x: np.ndarray = (
+            (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            ^ (b.astype(np.uint64) << np.uint64(32))
             ^ c.astype(np.uint64)
+        )
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return x ^ (x >> np.uint64(31))
 
 
-def max_min_rates(n_flows: int, flow_idx: np.ndarray, link_idx: np.ndarray, coef: np.ndarray,
-                  cap: np.ndarray) -> np.ndarray:
+def max_min_rates(
+    n_flows: int, flow_idx: np.ndarray, link_idx: np.ndarray, coef: np.ndarray, cap: np.ndarray
+) -> np.ndarray:
     """Per-flow max-min fair rates by progressive filling.
 
     ``(flow_idx, link_idx, coef)``: flow f loads link l with ``coef * rate_f``. Every flow must

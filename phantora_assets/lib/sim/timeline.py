@@ -74,12 +74,29 @@ class SimulationResult:
 
 def empty_raw() -> pd.DataFrame:
     """An empty raw timeline with the columns and dtypes of RAW_TIMELINE_COLUMNS."""
-    df = pd.DataFrame({c: pd.Series(dtype="int64" if t == "int64" else object) for c, t in RAW_TIMELINE_COLUMNS.items()})
+    df = pd.DataFrame(
+        {c: pd.Series(dtype="int64" if t == "int64" else object) for c, t in RAW_TIMELINE_COLUMNS.items()}
+    )
     return df
 
 
-def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what, iter_of, start, end, flow_first,
-                      flow_end, comm_list, sim_start, durations, factors, n_sim) -> pd.DataFrame:
+def emit_raw_timeline(
+    spec: RunSpec,
+    flows_arrays: FlowsArrays,
+    kind,
+    who,
+    what,
+    iter_of,
+    start,
+    end,
+    flow_first,
+    flow_end,
+    comm_list,
+    sim_start,
+    durations,
+    factors,
+    n_sim,
+) -> pd.DataFrame:
     """Raw timeline rows of the simulated iterations, then of the replicated steady ones
     (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1).
 
@@ -99,9 +116,27 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
     iter_arr = np.array(iter_of)
     for it in range(n_sim):
         nodes = [int(n) for n in order if iter_arr[n] == it and kind[n] != 2]
-        c_rows: dict[str, list] = {c: [] for c in ("kind", "name", "src_host", "dst_host", "bytes", "call", "count",
-                                                   "dtype", "reduce_op", "root", "comm_id_hex", "comm_rank",
-                                                   "stream_device", "stream_id", "os_pid", "info")}
+        c_rows: dict[str, list] = {
+            c: []
+            for c in (
+                "kind",
+                "name",
+                "src_host",
+                "dst_host",
+                "bytes",
+                "call",
+                "count",
+                "dtype",
+                "reduce_op",
+                "root",
+                "comm_id_hex",
+                "comm_rank",
+                "stream_device",
+                "stream_id",
+                "os_pid",
+                "info",
+            )
+        }
         t0s: list[float] = []
         t1s: list[float] = []
         for n in nodes:
@@ -111,8 +146,24 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
                 info = info_cache.get(id(item))
                 if info is None:
                     info = info_cache[id(item)] = torch_info(item)
-                comp_vals = ("computation", item.name, hosts[r // G], "", 0, "", 0, "", "", -1, "", -1, r % G,
-                             COMPUTE_STREAM_ID, pids[r], info)
+                comp_vals = (
+                    "computation",
+                    item.name,
+                    hosts[r // G],
+                    "",
+                    0,
+                    "",
+                    0,
+                    "",
+                    "",
+                    -1,
+                    "",
+                    -1,
+                    r % G,
+                    COMPUTE_STREAM_ID,
+                    pids[r],
+                    info,
+                )
                 for c, v in zip(c_rows, comp_vals):
                     c_rows[c].append(v)
                 t0s.append(start[n])
@@ -130,8 +181,24 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
             rank_of = {g: i for i, g in enumerate(comm.ranks)}
             hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
             for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
-                flow_vals = ("communication", call, hosts[a // G], hosts[b // G], by, call, item.count,
-                             item.dtype, op_name, root, hexid, rank_of[a], a % G, sid, pids[a], None)
+                flow_vals = (
+                    "communication",
+                    call,
+                    hosts[a // G],
+                    hosts[b // G],
+                    by,
+                    call,
+                    item.count,
+                    item.dtype,
+                    op_name,
+                    root,
+                    hexid,
+                    rank_of[a],
+                    a % G,
+                    sid,
+                    pids[a],
+                    None,
+                )
                 for c, v in zip(c_rows, flow_vals):
                     c_rows[c].append(v)
                 t0s.append(start[n])
@@ -139,7 +206,9 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
         blocks.append((c_rows, np.array(t0s), np.array(t1s)))
     # columns of each simulated block as arrays, built once (replicated steps reuse them)
     str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
-    int_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
+    int_cols = [
+        c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")
+    ]
     arrays = []
     for c_rows, t0, t1 in blocks:
         arr = {c: np.array(c_rows[c], dtype=object) for c in str_cols}
@@ -150,8 +219,10 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
     for d in durations[:-1]:
         starts.append(starts[-1] + d)
     parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
-    meta_tpl = ('{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-                '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}')
+    meta_tpl = (
+        '{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+        '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}'
+    )
     for it in range(len(durations)):
         arr, t0, t1, comp_idx, c_rows = arrays[it if it < n_sim else 1]
         if it < n_sim:
@@ -169,8 +240,9 @@ def emit_raw_timeline(spec: RunSpec, flows_arrays: FlowsArrays, kind, who, what,
         meta = np.full(len(s_i), "", dtype=object)
         d = (e_i - s_i)[comp_idx].tolist()
         host, pid, dev, infos = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
-        meta[comp_idx] = [meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], infos[j])
-                          for dj, j in zip(d, comp_idx.tolist())]
+        meta[comp_idx] = [
+            meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], infos[j]) for dj, j in zip(d, comp_idx.tolist())
+        ]
         parts["meta_json"].append(meta)
     n_rows = sum(len(x) for x in parts["start_ns"])
     parts["event_id"] = [np.arange(n_rows, dtype=np.int64)]

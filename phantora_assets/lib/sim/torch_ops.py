@@ -50,12 +50,14 @@ def _r2(op: str, t: list) -> Kernel:
 
 def _memo(fn):
     """Cache a kernel-list method per (instance, arguments); callers get a fresh list."""
+
     def wrapper(self, *args, **kwargs):
         key = (fn.__name__, args, tuple(sorted(kwargs.items())))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = tuple(fn(self, *args, **kwargs))
         return list(hit)
+
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper
@@ -68,8 +70,22 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
     """A :class:`TorchOps` shared by every model with the same dimensions and parallelism (the
     kernel lists depend on nothing else; the optimizer ones take their sizes as arguments)."""
     sp = model.spec
-    key = (sp.workload, sp.framework, sp.tp, sp.ep, model.seq, model.mbs, model.hidden, model.ffn, model.heads,
-           model.kv_heads, model.head_dim, model.vocab, model.experts, model.topk)
+    key = (
+        sp.workload,
+        sp.framework,
+        sp.tp,
+        sp.ep,
+        model.seq,
+        model.mbs,
+        model.hidden,
+        model.ffn,
+        model.heads,
+        model.kv_heads,
+        model.head_dim,
+        model.vocab,
+        model.experts,
+        model.topk,
+    )
     ops = _SHARED.get(key)
     if ops is None:
         if len(_SHARED) > 256:
@@ -99,8 +115,11 @@ class TorchOps:
 
     def _mlin_bwd(self, k_in: int, n_out: int) -> list[Kernel]:
         """grad input, weight grad (2-D), main_grad.add_ into the bf16 grad buffer."""
-        return [_mat((self.s, 1, n_out), (n_out, k_in)), _mat((n_out, self.s), (self.s, k_in)),
-                _r2("Add_", T(B16, n_out, k_in))]
+        return [
+            _mat((self.s, 1, n_out), (n_out, k_in)),
+            _mat((n_out, self.s), (self.s, k_in)),
+            _r2("Add_", T(B16, n_out, k_in)),
+        ]
 
     def _mrope(self, heads: int) -> list[Kernel]:
         t, c = T(B16, self.s, 1, heads, self.d), T(B16, self.s, 1, 1, self.d)
@@ -112,14 +131,28 @@ class TorchOps:
         sc, sc4, mask = T(B16, np_, s, s), T(B16, 1, np_, s, s), T("b8", 1, 1, s, s)
         f4 = T(F32, 1, np_, s, s)
         if phase == "fwd":
-            return [baddbmm(sc, T(B16, np_, s, d), T(B16, np_, d, s)), conv(sc4, "Float"),
-                    ew("MaskedFill_", [f4, mask], out=f4), ew("Softmax", [f4, -1]), conv(f4, "BFloat16"),
-                    ew("Dropout", [sc4, DROPOUT_P, True]), _bmm((np_, s, s), (np_, s, d))]
-        return [_bmm((np_, s, d), (np_, d, s)), _bmm((np_, s, s), (np_, s, d)),
-                ew("NativeDropoutBackward", [sc4, T("b8", 1, np_, s, s), DROPOUT_SCALE]),
-                conv(sc4, "Float"), ew("SoftmaxBackward", [f4, f4, -1]), ew("MaskedFill", [f4, mask]),
-                conv(f4, "BFloat16"), _bmm((np_, s, s), (np_, s, d)), ew("MulScalar", T(B16, np_, s, d)),
-                _bmm((np_, d, s), (np_, s, s)), ew("MulScalar", T(B16, np_, d, s))]
+            return [
+                baddbmm(sc, T(B16, np_, s, d), T(B16, np_, d, s)),
+                conv(sc4, "Float"),
+                ew("MaskedFill_", [f4, mask], out=f4),
+                ew("Softmax", [f4, -1]),
+                conv(f4, "BFloat16"),
+                ew("Dropout", [sc4, DROPOUT_P, True]),
+                _bmm((np_, s, s), (np_, s, d)),
+            ]
+        return [
+            _bmm((np_, s, d), (np_, d, s)),
+            _bmm((np_, s, s), (np_, s, d)),
+            ew("NativeDropoutBackward", [sc4, T("b8", 1, np_, s, s), DROPOUT_SCALE]),
+            conv(sc4, "Float"),
+            ew("SoftmaxBackward", [f4, f4, -1]),
+            ew("MaskedFill", [f4, mask]),
+            conv(f4, "BFloat16"),
+            _bmm((np_, s, s), (np_, s, d)),
+            ew("MulScalar", T(B16, np_, s, d)),
+            _bmm((np_, d, s), (np_, s, s)),
+            ew("MulScalar", T(B16, np_, d, s)),
+        ]
 
     @_memo
     def _bda(self, phase: str) -> list[Kernel]:
@@ -155,8 +188,12 @@ class TorchOps:
         e, s, h = self.m.experts, self.s, self.h
         if phase == "fwd":
             return [_mm((s, h), (h, e)), ew("Softmax", [T(B16, s, e), -1]), ew("Sum", T("b8", s, e))]
-        return [ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]), _mm((s, e), (e, h)), _mm((e, s), (s, h)),
-                _r2("Add_", T(B16, e, h))]
+        return [
+            ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]),
+            _mm((s, e), (e, h)),
+            _mm((e, s), (s, h)),
+            _r2("Add_", T(B16, e, h)),
+        ]
 
     @_memo
     def megatron_experts(self, phase: str) -> list[Kernel]:
@@ -169,9 +206,18 @@ class TorchOps:
         if phase == "fwd":
             one = [_mat((tok, h), (h, 2 * f)), _r2("Mul", a), ew("Mul", [a, p]), _mat((tok, f), (f, h))]
         else:
-            one = [_mat((tok, h), (h, f)), _mat((h, tok), (tok, f)), _r2("Add_", T(B16, h, f)),
-                   ew("Mul", [a, p]), ew("Sum", a), _r2("Mul", a), _r2("Mul", a),
-                   _mat((tok, 2 * f), (2 * f, h)), _mat((2 * f, tok), (tok, h)), _r2("Add_", T(B16, 2 * f, h))]
+            one = [
+                _mat((tok, h), (h, f)),
+                _mat((h, tok), (tok, f)),
+                _r2("Add_", T(B16, h, f)),
+                ew("Mul", [a, p]),
+                ew("Sum", a),
+                _r2("Mul", a),
+                _r2("Mul", a),
+                _mat((tok, 2 * f), (2 * f, h)),
+                _mat((2 * f, tok), (tok, h)),
+                _r2("Add_", T(B16, 2 * f, h)),
+            ]
         return one * local
 
     @_memo
@@ -180,8 +226,10 @@ class TorchOps:
         if phase == "fwd":
             rope = T(F32, self.s, 1, 1, self.d)
             return [ew("Mul", [rope, T("f64")]), conv(rope, "BFloat16"), ew("Dropout", [t, DROPOUT_P, True])]
-        return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
-                _r2("Add_", T(B16, self.v // self.tp, self.h))]
+        return [
+            ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
+            _r2("Add_", T(B16, self.v // self.tp, self.h)),
+        ]
 
     @_memo
     def megatron_head(self, phase: str) -> list[Kernel]:
@@ -189,7 +237,12 @@ class TorchOps:
         s, h, vt = self.s, self.h, self.v // self.tp
         lg, lf = T(B16, s, 1, vt), T(F32, s, 1, vt)
         if phase == "fwd":
-            return self._mlin_fwd(h, vt) + [conv(lg, "Float"), ew("Sum", lf), _r2("Mul", T(F32, s)), ew("Sum", T(F32, s))]
+            return self._mlin_fwd(h, vt) + [
+                conv(lg, "Float"),
+                ew("Sum", lf),
+                _r2("Mul", T(F32, s)),
+                ew("Sum", T(F32, s)),
+            ]
         return [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")] + self._mlin_bwd(h, vt)
 
     @_memo
@@ -233,8 +286,18 @@ class TorchOps:
             tail = [scale, conv(xf, "BFloat16")] if not weight_first else [conv(xf, "BFloat16"), scale]
             return [conv(xb, "Float"), ew("Pow", xf), ew("Add", [r, T("f64")]), ew("Mul", [xf, r])] + tail
         scale = ew("Mul", [xf, w]) if not weight_first else ew("Mul", [xb, w])
-        return [scale, conv(xb, "Float"), ew("Mul", [xf, r]), _r2("Mul", xf), ew("Sum", xf), ew("MulScalar", xf),
-                ew("DivScalar", xf), _r2("Add_", xf), conv(xf, "BFloat16"), ew("Sum", xb)]
+        return [
+            scale,
+            conv(xb, "Float"),
+            ew("Mul", [xf, r]),
+            _r2("Mul", xf),
+            ew("Sum", xf),
+            ew("MulScalar", xf),
+            ew("DivScalar", xf),
+            _r2("Add_", xf),
+            conv(xf, "BFloat16"),
+            ew("Sum", xb),
+        ]
 
     def _hf_rope(self, heads: int, half: bool) -> list[Kernel]:
         s, d = self.s, self.d
@@ -249,8 +312,13 @@ class TorchOps:
         """The rotary embedding once per forward: inv_freq @ positions, cos/sin x scaling
         (gpt-oss keeps half-width cos/sin)."""
         cs = T(F32, 1, self.s, self.d // 2 if gpt_oss else self.d)
-        return [_mat((1, self.d // 2, 1), (1, 1, self.s), F32), ew("Mul", [cs, T("f64")]), ew("Mul", [cs, T("f64")]),
-                conv(cs, "BFloat16"), conv(cs, "BFloat16")]
+        return [
+            _mat((1, self.d // 2, 1), (1, 1, self.s), F32),
+            ew("Mul", [cs, T("f64")]),
+            ew("Mul", [cs, T("f64")]),
+            conv(cs, "BFloat16"),
+            conv(cs, "BFloat16"),
+        ]
 
     @_memo
     def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
@@ -290,10 +358,22 @@ class TorchOps:
         h, f, s = self.h, self.f, self.s
         glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
         if phase == "fwd":
-            return (self._hf_rmsnorm("fwd", True) + self._hf_lin_fwd(h, f) + self._hf_lin_fwd(h, f)
-                    + [_r2("Mul", glu)] + self._hf_lin_fwd(f, h) + [_r2("Add", res)])
-        return ([_r2("Add", res)] + self._hf_lin_bwd(f, h) + [_r2("Mul", glu), _r2("Mul", glu)]
-                + self._hf_lin_bwd(h, f) + self._hf_lin_bwd(h, f) + self._hf_rmsnorm("bwd", True))
+            return (
+                self._hf_rmsnorm("fwd", True)
+                + self._hf_lin_fwd(h, f)
+                + self._hf_lin_fwd(h, f)
+                + [_r2("Mul", glu)]
+                + self._hf_lin_fwd(f, h)
+                + [_r2("Add", res)]
+            )
+        return (
+            [_r2("Add", res)]
+            + self._hf_lin_bwd(f, h)
+            + [_r2("Mul", glu), _r2("Mul", glu)]
+            + self._hf_lin_bwd(h, f)
+            + self._hf_lin_bwd(h, f)
+            + self._hf_rmsnorm("bwd", True)
+        )
 
     @_memo
     def hf_head(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
@@ -302,8 +382,7 @@ class TorchOps:
         logits = T(B16, 1, s, v) if gpt_oss else T(B16, 1, s - 1, v)
         if phase == "fwd":
             return self._hf_rmsnorm("fwd", not gpt_oss) + self._hf_lin_fwd(h, v) + [conv(logits, "Float")]
-        return ([conv(T(F32, *logits[1]), "BFloat16")] + self._hf_lin_bwd(h, v)
-                + self._hf_rmsnorm("bwd", not gpt_oss))
+        return [conv(T(F32, *logits[1]), "BFloat16")] + self._hf_lin_bwd(h, v) + self._hf_rmsnorm("bwd", not gpt_oss)
 
     # ================================================================== gpt-oss MoE (HF training path)
     @_memo
@@ -315,20 +394,47 @@ class TorchOps:
         x4, w4 = T(B16, e, 1, s, h), T(B16, e, 1, s, 1)
         res = T(B16, 1, s, h)
         if phase == "fwd":
-            router = [linear(T(B16, s, h), T(B16, e, h), T(B16, e)), ew("Softmax", [T(B16, s, m.topk), 1]),
-                      zeros_like(T(B16, s, e))]
-            experts = [_bmm((e, s, h), (e, h, 2 * f)), ew("Add", [T(B16, e, s, 2 * f), T(B16, e, 1, 2 * f)]),
-                       ew("Mul", [x2, T("f64")]), _r2("Mul", x2), ew("Add", [x2, T("i64")]), _r2("Mul", x2),
-                       _bmm((e, s, f), (e, f, h)), ew("Add", [T(B16, e, s, h), T(B16, e, 1, h)]),
-                       ew("Mul", [x4, w4]), ew("Sum", x4)]
+            router = [
+                linear(T(B16, s, h), T(B16, e, h), T(B16, e)),
+                ew("Softmax", [T(B16, s, m.topk), 1]),
+                zeros_like(T(B16, s, e)),
+            ]
+            experts = [
+                _bmm((e, s, h), (e, h, 2 * f)),
+                ew("Add", [T(B16, e, s, 2 * f), T(B16, e, 1, 2 * f)]),
+                ew("Mul", [x2, T("f64")]),
+                _r2("Mul", x2),
+                ew("Add", [x2, T("i64")]),
+                _r2("Mul", x2),
+                _bmm((e, s, f), (e, f, h)),
+                ew("Add", [T(B16, e, s, h), T(B16, e, 1, h)]),
+                ew("Mul", [x4, w4]),
+                ew("Sum", x4),
+            ]
             return self._hf_rmsnorm("fwd", False) + router + experts + [_r2("Add", res)]
-        experts = [ew("Mul", [x4, w4]), _r2("Mul", x4), ew("Sum", T(B16, e, s, h)),
-                   _bmm((e, s, h), (e, h, f)), _bmm((e, f, s), (e, s, h)),
-                   _r2("Mul", x2), _r2("Mul", x2), _r2("Mul", x2), _r2("Mul", x2), ew("Mul", [x2, T("f64")]),
-                   ew("Where", [T("b8", e, s, f), x2, T(B16)]), ew("Where", [T("b8", e, s, f), x2, T(B16)]),
-                   ew("Sum", T(B16, e, s, 2 * f)), _bmm((e, s, 2 * f), (e, 2 * f, h)), _bmm((e, h, s), (e, s, 2 * f))]
-        router = [ew("SoftmaxBackward", [T(B16, s, m.topk), T(B16, s, m.topk), 1]), _mm((s, e), (e, h)),
-                  _mm((e, s), (s, h)), ew("Sum", T(B16, s, e))]
+        experts = [
+            ew("Mul", [x4, w4]),
+            _r2("Mul", x4),
+            ew("Sum", T(B16, e, s, h)),
+            _bmm((e, s, h), (e, h, f)),
+            _bmm((e, f, s), (e, s, h)),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            ew("Mul", [x2, T("f64")]),
+            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
+            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
+            ew("Sum", T(B16, e, s, 2 * f)),
+            _bmm((e, s, 2 * f), (e, 2 * f, h)),
+            _bmm((e, h, s), (e, s, 2 * f)),
+        ]
+        router = [
+            ew("SoftmaxBackward", [T(B16, s, m.topk), T(B16, s, m.topk), 1]),
+            _mm((s, e), (e, h)),
+            _mm((e, s), (s, h)),
+            ew("Sum", T(B16, s, e)),
+        ]
         return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)
 
     # ================================================================== DeepSpeed optimizers
@@ -363,5 +469,8 @@ class TorchOps:
         if warmup:
             out += [zeros_like(p), zeros_like(p)]
         lst = [p]
-        return out + [foreach("ForeachMulScalar_", lst), foreach("ForeachAddCMul_", [lst, lst, lst]),
-                      foreach("ForeachAddCDiv_", [lst, lst, lst])]
+        return out + [
+            foreach("ForeachMulScalar_", lst),
+            foreach("ForeachAddCMul_", [lst, lst, lst]),
+            foreach("ForeachAddCDiv_", [lst, lst, lst]),
+        ]

@@ -63,8 +63,9 @@ class WorkloadLayout:
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         tpv = self.spec.tp if self.spec.framework == "megatron" else 1
-        out: list[Param] = [Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True,
-                                  shape=(self.vocab // tpv, h))]
+        out: list[Param] = [
+            Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True, shape=(self.vocab // tpv, h))
+        ]
         wl = self.spec.workload
         for i in range(L):
             m = f"layers.{i}"
@@ -74,8 +75,15 @@ class WorkloadLayout:
                 t = self.spec.tp
                 out.append(Param(f"{m}.input_layernorm.weight", h, f"{m}.attn", shape=(h,)))
                 out.append(Param(f"{m}.self_attention.linear_proj.weight", q * h, f"{m}.attn", True, shape=(h, q // t)))
-                out.append(Param(f"{m}.self_attention.linear_qkv.weight", h * (q + 2 * kv), f"{m}.attn", True,
-                                 shape=((q + 2 * kv) // t, h)))
+                out.append(
+                    Param(
+                        f"{m}.self_attention.linear_qkv.weight",
+                        h * (q + 2 * kv),
+                        f"{m}.attn",
+                        True,
+                        shape=((q + 2 * kv) // t, h),
+                    )
+                )
                 # no q/k layernorm parameters: Phantora's tests/test_megatron.py builds its
                 # TransformerConfig without qk_layernorm (W3's recorded shard sizes in
                 # perfdb/l40s confirm: its grad buffer has no 128-element norms per layer)
@@ -83,10 +91,20 @@ class WorkloadLayout:
                 if self.experts:
                     out.append(Param(f"{m}.mlp.router.weight", self.experts * h, f"{m}.mlp", shape=(self.experts, h)))
                     for e in range(self.experts):
-                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc1.weight", h * 2 * f, f"{m}.mlp", expert=True,
-                                         shape=(2 * f, h)))
-                        out.append(Param(f"{m}.mlp.experts.{e}.linear_fc2.weight", f * h, f"{m}.mlp", expert=True,
-                                         shape=(h, f)))
+                        out.append(
+                            Param(
+                                f"{m}.mlp.experts.{e}.linear_fc1.weight",
+                                h * 2 * f,
+                                f"{m}.mlp",
+                                expert=True,
+                                shape=(2 * f, h),
+                            )
+                        )
+                        out.append(
+                            Param(
+                                f"{m}.mlp.experts.{e}.linear_fc2.weight", f * h, f"{m}.mlp", expert=True, shape=(h, f)
+                            )
+                        )
                 else:
                     out.append(Param(f"{m}.mlp.linear_fc1.weight", h * 2 * f, f"{m}.mlp", True, shape=(2 * f // t, h)))
                     out.append(Param(f"{m}.mlp.linear_fc2.weight", f * h, f"{m}.mlp", True, shape=(h, f // t)))

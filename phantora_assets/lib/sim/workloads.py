@@ -131,12 +131,17 @@ class WorkloadModel(WorkloadLayout):
         def ag(b: int) -> None:
             if 0 <= b < len(buckets) and b not in issued:
                 issued.add(b)
-                items.append(Collective("dp", "all_gather", buckets[b][0] // dp, "Bf16",
-                                        f"ddp.bucket{b}.all_gather", blocking=False))
+                items.append(
+                    Collective(
+                        "dp", "all_gather", buckets[b][0] // dp, "Bf16", f"ddp.bucket{b}.all_gather", blocking=False
+                    )
+                )
 
         def need(*modules: str) -> None:
-            for b in sorted({bucket_of[p.name] for mod in modules for p in by_module.get(mod, [])
-                             if p.name in bucket_of}, reverse=True):
+            for b in sorted(
+                {bucket_of[p.name] for mod in modules for p in by_module.get(mod, []) if p.name in bucket_of},
+                reverse=True,
+            ):
                 if b in waited:
                     continue
                 ag(b)
@@ -180,8 +185,16 @@ class WorkloadModel(WorkloadLayout):
                 if b not in launched and all(p.module in ready for p, _, _ in mem):
                     launched.add(b)
                     comp(f"ddp.bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
-                    items.append(Collective("dp", "reduce_scatter", padded // dp, "Bf16",
-                                            f"ddp.bucket{b}.reduce_scatter", blocking=False))
+                    items.append(
+                        Collective(
+                            "dp",
+                            "reduce_scatter",
+                            padded // dp,
+                            "Bf16",
+                            f"ddp.bucket{b}.reduce_scatter",
+                            blocking=False,
+                        )
+                    )
                     rs_tags.append(f"ddp.bucket{b}.reduce_scatter")
             for b, (padded, mem) in enumerate(ebuckets):
                 if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
@@ -232,8 +245,9 @@ class WorkloadModel(WorkloadLayout):
         items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
         dp = self.spec.dp
         if dp > 1:
-            items.append(compute("bf16_optimizer.grads_for_reduction", "opt",
-                                 ops.bf16_grads_for_reduction(self.total_params)))
+            items.append(
+                compute("bf16_optimizer.grads_for_reduction", "opt", ops.bf16_grads_for_reduction(self.total_params))
+            )
             cur, b = 0, 0
             for p in reversed(self.params):
                 cur += p.numel
@@ -253,7 +267,6 @@ class WorkloadModel(WorkloadLayout):
                 n = base if k < shards - 1 else partition - base * (shards - 1)
                 items.append(Collective("dp", "all_gather", n, "Bf16", f"bf16_optimizer.all_gather{k}"))
         return items
-
 
     def _zero3_step(self, warmup: bool) -> list[Item]:
         """DeepSpeed ZeRO-3 (overlap_comm defaults to True at stage 3): parameters are gathered
@@ -280,9 +293,14 @@ class WorkloadModel(WorkloadLayout):
         for phase, order in (("fwd", mods), ("bwd", list(reversed(mods)))):
             for name, ps in order:
                 gathered = [p for p in ps if p.numel > ZERO3_PERSISTENCE_THRESHOLD]
-                if gathered and phase == "bwd" and not warmup and name in fetched_at:
-                    if fetched_total - fetched_at[name] <= ZERO3_MAX_REUSE_DISTANCE:
-                        gathered = []  # still gathered: next use within the reuse distance
+                if (
+                    gathered
+                    and phase == "bwd"
+                    and not warmup
+                    and name in fetched_at
+                    and fetched_total - fetched_at[name] <= ZERO3_MAX_REUSE_DISTANCE
+                ):
+                    gathered = []  # still gathered: next use within the reuse distance
                 if gathered:
                     fetched_at[name] = fetched_total
                     fetched_total += sum(p.numel for p in gathered)
@@ -296,14 +314,17 @@ class WorkloadModel(WorkloadLayout):
         for j, (name, phase, gathered) in enumerate(runs):
             while qi < len(queue) and queue[qi][0] <= j:  # this module's own (not yet issued)
                 jj, p = queue[qi]
-                items.append(Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)], blocking=False))
+                items.append(
+                    Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)], blocking=False)
+                )
                 qi += 1
             if not warmup:
                 ahead = 0
                 while qi < len(queue) and ahead < ZERO3_PREFETCH_BUCKET_ELEMENTS:
                     jj, p = queue[qi]
-                    items.append(Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)],
-                                            blocking=False))
+                    items.append(
+                        Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)], blocking=False)
+                    )
                     ahead += p.numel
                     qi += 1
             kernels = (fwd if phase == "fwd" else bwd).get(name, [])

@@ -35,11 +35,11 @@ class Table:
 
     name: str
     columns: Mapping[str, str]
-    source: str | None             # per-partition file name (None: built here)
+    source: str | None  # per-partition file name (None: built here)
     description: str
     column_docs: Mapping[str, str] = field(default_factory=dict)
-    add_run_id: bool = False       # the file has no run_id column: prepend it
-    optional: bool = False         # a run without the file adds no rows (else: error)
+    add_run_id: bool = False  # the file has no run_id column: prepend it
+    optional: bool = False  # a run without the file adds no rows (else: error)
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ VIEWS: tuple[View, ...] = (
         "run's steady steps.",
         {
             "collective": "all_reduce | all_gather | reduce_scatter | all_to_all | broadcast; all_to_all is "
-                          "the NcclSend/NcclRecv flows (the MoE all-to-all is issued as grouped send/recv; no "
-                          "workload here uses point-to-point otherwise)",
+            "the NcclSend/NcclRecv flows (the MoE all-to-all is issued as grouped send/recv; no "
+            "workload here uses point-to-point otherwise)",
             "bytes_per_step": "network bytes of that collective type in one steady step (mean), bytes",
             "flows_per_step": "network flows (ring hops) of that type per steady step",
             "communicators": "distinct communicators issuing it",
@@ -161,9 +161,9 @@ VIEWS: tuple[View, ...] = (
         "The dominant_period_s feature against the step time, per run (15 s windows).",
         {
             "period_aliased": "true when the step is shorter than two bins: dominant_period_s then reads the "
-                              "step's alias, not the step time",
+            "step's alias, not the step time",
             "expected_period_s": "what dominant_period_s reads for this step: the step time, or its alias "
-                                 "1/|1/step - k/bin_s| (NULL: the step is a whole fraction of a bin)",
+            "1/|1/step - k/bin_s| (NULL: the step is a whole fraction of a bin)",
             "median_period_s": "median of dominant_period_s over the run's 15 s windows",
             "median_periodicity": "median of periodicity over the run's 15 s windows",
         },
@@ -171,8 +171,9 @@ VIEWS: tuple[View, ...] = (
 )
 
 
-RUN_STATUS_DOC = ("Every run of the run matrix: included in the dataset tables (all checks passed) or not, "
-                  "with the reason.")
+RUN_STATUS_DOC = (
+    "Every run of the run matrix: included in the dataset tables (all checks passed) or not, with the reason."
+)
 RUN_STATUS_COLUMNS = {
     "status": "included | excluded (a check failed or was not evaluated) | not built",
     "reason": "the checks that did not pass, with their status (empty when included)",
@@ -183,12 +184,11 @@ RUN_STATUS_COLUMNS = {
 class BuildResult:
     """What :func:`build_database` wrote: the file, rows per table, included and excluded runs."""
 
-
     path: Path
     rows: dict[str, int]
     included: list[str]
     excluded: dict[str, str]
-    missing: dict[str, list[str]] = field(default_factory=dict)   # optional table -> runs without its file
+    missing: dict[str, list[str]] = field(default_factory=dict)  # optional table -> runs without its file
 
 
 def _sql_type(dtype: str) -> str:
@@ -252,10 +252,12 @@ def build_database(
                         prefix = "m.run_id, " if t.add_run_id else ""
                         listing = ", ".join(_quote(f) for f in files)
                         mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
-                        con.execute(f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
-                                    f"FROM read_parquet([{listing}], filename = true) p "
-                                    f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
-                                    f"ORDER BY m.run_id")
+                        con.execute(
+                            f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
+                            f"FROM read_parquet([{listing}], filename = true) p "
+                            f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
+                            f"ORDER BY m.run_id"
+                        )
                 _comment(con, "TABLE", t.name, t.description, t.column_docs)
             con.execute("CREATE TABLE run_status (run_id VARCHAR, status VARCHAR, reason VARCHAR)")
             con.executemany("INSERT INTO run_status VALUES (?, ?, ?)", [list(r) for r in run_status])

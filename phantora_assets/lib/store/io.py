@@ -152,8 +152,9 @@ def atomic_write_csv(df, path: str | Path, float_format: str = "%.10g", durable:
         columns = _csv_columns(df, float_format)
         if columns is not None:
             try:
-                pacsv.write_csv(pa.table(columns), str(tmp),
-                                pacsv.WriteOptions(quoting_style="none", quoting_header="none"))
+                pacsv.write_csv(
+                    pa.table(columns), str(tmp), pacsv.WriteOptions(quoting_style="none", quoting_header="none")
+                )
                 return
             except pa.ArrowInvalid:  # a value that needs quoting: pandas quotes it
                 pass
@@ -171,7 +172,7 @@ def _csv_columns(df, float_format: str) -> dict | None:
     columns = {}
     for name in df.columns:
         col = df[name]
-        kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""   # not nullable extension types
+        kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""  # not nullable extension types
         if kind == "f":
             values = np.ascontiguousarray(col.to_numpy(np.float64))
             # distinct bit patterns, so that -0.0 and 0.0 keep their own text

@@ -42,8 +42,8 @@ _PAIR_COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"]
 
 
 def _figure(name: str):
-    from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     w, h = SIZES[name]
     # +0.01 px: the canvas size is the truncated product, and 460 / 100 * 100 = 459.99999999999994
@@ -96,14 +96,28 @@ def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> b
         for i in range(n):
             for j in range(n):
                 if i != j:
-                    ax.text(j, i, f"{gb[i, j]:.2f}", ha="center", va="center", fontsize=9,
-                            color="black" if gb[i, j] > 0.6 * top else "white")
+                    ax.text(
+                        j,
+                        i,
+                        f"{gb[i, j]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=9,
+                        color="black" if gb[i, j] > 0.6 * top else "white",
+                    )
     ax.set_title(f"{run_id}\nnetwork GB per steady step, by pair (total {gb.sum():.2f} GB)", fontsize=10)
     return _save(fig, path)
 
 
-def timeseries(bins: pd.DataFrame, run_id: str, bin_s: float, step_time_s: float | None = None,
-               top: int = 3, zoom_s: float = 5.0, path: Path | None = None) -> bytes:
+def timeseries(
+    bins: pd.DataFrame,
+    run_id: str,
+    bin_s: float,
+    step_time_s: float | None = None,
+    top: int = 3,
+    zoom_s: float = 5.0,
+    path: Path | None = None,
+) -> bytes:
     """Gbit/s per 100 ms bin: the total and the ``top`` busiest directed pairs; full window and a zoom."""
     from matplotlib.ticker import MaxNLocator
 
@@ -126,8 +140,12 @@ def timeseries(bins: pd.DataFrame, run_id: str, bin_s: float, step_time_s: float
     end = float(grid.max()) + bin_s if len(grid) else bin_s
     zoom = grid < zoom_s
     for label, y, color, lw in series:
-        ax.plot(grid, y, drawstyle="steps-post", color=color, lw=lw, label=label, alpha=0.9 if color == "black" else 0.75)
-        az.plot(grid[zoom], y[zoom], drawstyle="steps-post", color=color, lw=lw, alpha=0.9 if color == "black" else 0.75)
+        ax.plot(
+            grid, y, drawstyle="steps-post", color=color, lw=lw, label=label, alpha=0.9 if color == "black" else 0.75
+        )
+        az.plot(
+            grid[zoom], y[zoom], drawstyle="steps-post", color=color, lw=lw, alpha=0.9 if color == "black" else 0.75
+        )
     # few ticks, and grid lines as one collection: matplotlib's cost here is mostly the Tick
     # objects (five artists each; Axes.grid restyles all of them)
     ax.set_xticks(np.linspace(0, end, 4) if end > 0 else [0])
@@ -139,14 +157,23 @@ def timeseries(bins: pd.DataFrame, run_id: str, bin_s: float, step_time_s: float
         a.set_ylabel("Gbit/s")
     az.vlines(zoom_ticks, 0, 1, transform=az.get_xaxis_transform(), colors="#0000004d", lw=0.8)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(f"{run_id}: traffic per {bin_s * 1000:g} ms bin"
-                 + (f" (step time {step_time_s * 1000:.1f} ms)" if step_time_s else ""), fontsize=10)
+    ax.set_title(
+        f"{run_id}: traffic per {bin_s * 1000:g} ms bin"
+        + (f" (step time {step_time_s * 1000:.1f} ms)" if step_time_s else ""),
+        fontsize=10,
+    )
     az.set_xlabel(f"t (s); the first {zoom_s:g} s")
     return _save(fig, path)
 
 
-def step_anatomy_chart(spans: pd.DataFrame, anatomy_row: pd.DataFrame, run_id: str, step: int,
-                       step_time_us: float, path: Path | None = None) -> bytes:
+def step_anatomy_chart(
+    spans: pd.DataFrame,
+    anatomy_row: pd.DataFrame,
+    run_id: str,
+    step: int,
+    step_time_us: float,
+    path: Path | None = None,
+) -> bytes:
     """Per host, two lanes over one step: compute spans and network spans (ms from the step start).
 
     ``anatomy_row``: the ``step_anatomy`` rows of that step (one per host), for the totals.
@@ -165,26 +192,45 @@ def step_anatomy_chart(spans: pd.DataFrame, anatomy_row: pd.DataFrame, run_id: s
             s = spans[(spans["host"] == host) & (spans["kind"] == kind)]
             bars = list(zip(s["start_us"] / 1000, (s["end_us"] - s["start_us"]) / 1000))
             if bars:
-                ax.broken_barh(bars, (y0 + dy - lane_h / 2, lane_h), facecolors=color, edgecolor="none",
-                               linewidth=0, antialiased=False)
+                ax.broken_barh(
+                    bars,
+                    (y0 + dy - lane_h / 2, lane_h),
+                    facecolors=color,
+                    edgecolor="none",
+                    linewidth=0,
+                    antialiased=False,
+                )
         yticks.append(y0)
         ylabels.append(host)
         row = anatomy_row[anatomy_row["host"] == host]
         if len(row):
             r = row.iloc[0]
-            fig.text(0.73, 0.83 - (i + 0.5) * 0.72 / max(len(hosts), 1),
-                     f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
-                     f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
-                     f"  idle {r.idle_us / 1000:.1f} ms", fontsize=8, va="center")
+            fig.text(
+                0.73,
+                0.83 - (i + 0.5) * 0.72 / max(len(hosts), 1),
+                f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
+                f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
+                f"  idle {r.idle_us / 1000:.1f} ms",
+                fontsize=8,
+                va="center",
+            )
     ax.set_yticks(yticks, ylabels, fontsize=8)
     xmax = step_time_us / 1000
     xticks = [x for x in MaxNLocator(6).tick_values(0, xmax) if 0 <= x <= xmax]
     ax.set_xticks(xticks)
     ax.vlines(xticks, 0, 1, transform=ax.get_xaxis_transform(), colors="#0000004d", lw=0.8, zorder=0)
     ax.set_xlim(0, xmax)
-    ax.legend(handles=[Patch(color="#1f77b4", label="compute (upper lane)"),
-                       Patch(color="#d62728", label="network (lower lane)")],
-              loc="lower left", bbox_to_anchor=(0.0, 1.06), ncol=2, fontsize=8, frameon=False)
+    ax.legend(
+        handles=[
+            Patch(color="#1f77b4", label="compute (upper lane)"),
+            Patch(color="#d62728", label="network (lower lane)"),
+        ],
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.06),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
     ax.set_ylim(-0.6, len(hosts) - 0.4)
     ax.set_xlabel("ms from the step start")
     fig.suptitle(f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms)", fontsize=10, y=0.97)
@@ -205,7 +251,9 @@ def bytes_vs_published(runs: pd.DataFrame, published: pd.DataFrame, path: Path |
     ax = fig.add_axes((0.18, 0.08, 0.76, 0.86))
     ours = runs.set_index("run_id")["inter_node_bytes_per_step"] / 1e9
     pub = published[published["status"] == "ok"].set_index("run_id")["inter_node_gb_per_step"].astype(float)
-    ids = sorted(set(ours.index) | set(pub.index), key=lambda r: (-(pub.get(r, np.nan) if r in pub else ours.get(r, 0)), r))
+    ids = sorted(
+        set(ours.index) | set(pub.index), key=lambda r: (-(pub.get(r, np.nan) if r in pub else ours.get(r, 0)), r)
+    )
     y = np.arange(len(ids))
     ax.barh(y - 0.2, [ours.get(r, np.nan) for r in ids], height=0.4, color="#1f77b4", label="this build")
     ax.barh(y + 0.2, [pub.get(r, np.nan) for r in ids], height=0.4, color="#bbbbbb", label="published phantora_v0")
@@ -227,8 +275,10 @@ def step_time_by_layout(runs: pd.DataFrame, published: pd.DataFrame, path: Path 
 
     fig = _figure("step_time_by_layout")
     gpus = sorted(set(runs["gpu"]) | set(published.loc[published["status"] == "ok", "gpu"]))
-    layouts = sorted(set(runs["layout"]) | set(published["n_nodes"].astype(str) + "x" + published["gpus_per_node"].astype(str)),
-                     key=_layout_key)
+    layouts = sorted(
+        set(runs["layout"]) | set(published["n_nodes"].astype(str) + "x" + published["gpus_per_node"].astype(str)),
+        key=_layout_key,
+    )
     xpos = {lay: i for i, lay in enumerate(layouts)}
     workloads = sorted(set(runs["workload"]) | set(published["workload"]))
     colors = {w: _PAIR_COLORS[i % len(_PAIR_COLORS)] for i, w in enumerate(workloads)}
@@ -238,13 +288,24 @@ def step_time_by_layout(runs: pd.DataFrame, published: pd.DataFrame, path: Path 
     for k, gpu in enumerate(gpus):
         ax = fig.add_axes((0.07 + k * (width + 0.01), 0.14, width - 0.03, 0.74))
         for w in workloads:
-            r = runs[(runs["gpu"] == gpu) & (runs["workload"] == w)].sort_values("layout", key=lambda s: s.map(_layout_key))
+            r = runs[(runs["gpu"] == gpu) & (runs["workload"] == w)].sort_values(
+                "layout", key=lambda s: s.map(_layout_key)
+            )
             if len(r):
                 ax.plot([xpos[x] for x in r["layout"]], r["step_time_s"] * 1000, "o-", color=colors[w], label=w)
-            p = pub[(pub["gpu"] == gpu) & (pub["workload"] == w)].sort_values("layout", key=lambda s: s.map(_layout_key))
+            p = pub[(pub["gpu"] == gpu) & (pub["workload"] == w)].sort_values(
+                "layout", key=lambda s: s.map(_layout_key)
+            )
             if len(p):
-                ax.plot([xpos[x] for x in p["layout"]], p["step_time_ms"].astype(float), "o--", mfc="none",
-                        color=colors[w], alpha=0.6, lw=0.8)
+                ax.plot(
+                    [xpos[x] for x in p["layout"]],
+                    p["step_time_ms"].astype(float),
+                    "o--",
+                    mfc="none",
+                    color=colors[w],
+                    alpha=0.6,
+                    lw=0.8,
+                )
         ax.set_xticks(range(len(layouts)), layouts)
         ax.set_xlim(-0.5, len(layouts) - 0.5)
         ax.set_title(gpu, fontsize=10)
@@ -253,8 +314,10 @@ def step_time_by_layout(runs: pd.DataFrame, published: pd.DataFrame, path: Path 
         if k == 0:
             ax.set_ylabel("step time (ms)")
     handles = [Line2D([], [], color=colors[w], marker="o", label=w) for w in workloads]
-    handles += [Line2D([], [], color="gray", marker="o", label="this build"),
-                Line2D([], [], color="gray", marker="o", mfc="none", ls="--", lw=0.8, label="published")]
+    handles += [
+        Line2D([], [], color="gray", marker="o", label="this build"),
+        Line2D([], [], color="gray", marker="o", mfc="none", ls="--", lw=0.8, label="published"),
+    ]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.84, 0.88), fontsize=8, frameon=False)
     fig.suptitle("step time by layout", fontsize=10)
     return _save(fig, path)

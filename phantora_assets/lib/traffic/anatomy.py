@@ -71,9 +71,9 @@ SPAN_COLUMNS: dict[str, str] = {
     "step": "int64",
     "host": "str",
     "node": "int64",
-    "kind": "str",             # compute | communication
-    "start_us": "float64",     # offset from the step start, >= 0
-    "end_us": "float64",       # <= step_time_us
+    "kind": "str",  # compute | communication
+    "start_us": "float64",  # offset from the step start, >= 0
+    "end_us": "float64",  # <= step_time_us
 }
 
 _HOST_RE = re.compile(r"host-([0-9]+)")
@@ -156,15 +156,20 @@ def read_compute_events(path: str | Path, *, chunk_bytes: int = 1 << 22) -> pd.D
                 add(events, lambda _i: "the JSON array")
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(path, "unreadable trace", str(exc)) from None
-    return pd.DataFrame({"host": pd.Series(hosts, dtype=object),
-                         "ts_us": np.asarray(ts, dtype=np.float64),
-                         "dur_us": np.asarray(dur, dtype=np.float64)}, columns=list(COMPUTE_EVENT_COLUMNS))
+    return pd.DataFrame(
+        {
+            "host": pd.Series(hosts, dtype=object),
+            "ts_us": np.asarray(ts, dtype=np.float64),
+            "dur_us": np.asarray(dur, dtype=np.float64),
+        },
+        columns=list(COMPUTE_EVENT_COLUMNS),
+    )
 
 
 def _scan_lines(path: Path, fh, add, chunk_bytes: int) -> None:
     """Pass the Computation lines of ``fh`` to ``add``, one decoded batch per chunk of text."""
     tail = b""
-    line0 = 2                                    # line number of the chunk's first line
+    line0 = 2  # line number of the chunk's first line
     while True:
         chunk = fh.read(chunk_bytes)
         buf = tail + chunk
@@ -177,7 +182,7 @@ def _scan_lines(path: Path, fh, add, chunk_bytes: int) -> None:
             try:
                 events = _events.decode(b"[" + b",".join(bodies) + b"]")
             except msgspec.DecodeError:
-                for k, body in zip(picked, bodies):      # find the line to name it
+                for k, body in zip(picked, bodies):  # find the line to name it
                     try:
                         _event.decode(body)
                     except msgspec.DecodeError as exc:
@@ -213,7 +218,7 @@ def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) 
 
     def upto(t: np.ndarray) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
-        j = np.searchsorted(e, t, side="right")          # intervals ended by t
+        j = np.searchsorted(e, t, side="right")  # intervals ended by t
         partial = np.zeros_like(t)
         inside = j < len(s)
         jj = np.minimum(j, max(len(s) - 1, 0))
@@ -258,8 +263,13 @@ def hosts_of(flows: pd.DataFrame, compute: pd.DataFrame, n_nodes: int | None = N
     return [f"host-{n + 1}" for n in sorted(nodes)]
 
 
-def step_anatomy(steps: pd.DataFrame, flows: pd.DataFrame, compute: pd.DataFrame,
-                 hosts: list[str] | None = None, intervals: Intervals | None = None) -> pd.DataFrame:
+def step_anatomy(
+    steps: pd.DataFrame,
+    flows: pd.DataFrame,
+    compute: pd.DataFrame,
+    hosts: list[str] | None = None,
+    intervals: Intervals | None = None,
+) -> pd.DataFrame:
     """One ``ANATOMY_COLUMNS`` row per (step, host) (module docstring: definitions).
 
     Args:
@@ -283,27 +293,32 @@ def step_anatomy(steps: pd.DataFrame, flows: pd.DataFrame, compute: pd.DataFrame
         comm = np.round(covered(*iv["communication"], a, b), 3)
         union = np.round(covered(*iv["union"], a, b), 3)
         overlap = np.maximum(np.round(comp + comm - union, 3), 0.0)
-        frames.append(pd.DataFrame({
-            "step": steps["step"].to_numpy(np.int64),
-            "steady": steps["steady"].to_numpy(bool),
-            "host": host,
-            "node": node_of(host),
-            "step_start_us": a,
-            "step_time_us": b - a,
-            "compute_us": comp,
-            "comm_us": comm,
-            "overlap_us": overlap,
-            "exposed_comm_us": np.round(comm - overlap, 3),
-            "idle_us": np.maximum(np.round((b - a) - union, 3), 0.0),
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "step": steps["step"].to_numpy(np.int64),
+                    "steady": steps["steady"].to_numpy(bool),
+                    "host": host,
+                    "node": node_of(host),
+                    "step_start_us": a,
+                    "step_time_us": b - a,
+                    "compute_us": comp,
+                    "comm_us": comm,
+                    "overlap_us": overlap,
+                    "exposed_comm_us": np.round(comm - overlap, 3),
+                    "idle_us": np.maximum(np.round((b - a) - union, 3), 0.0),
+                }
+            )
+        )
     if not frames:
         return pd.DataFrame({k: pd.Series([], dtype=(object if v == "str" else v)) for k, v in ANATOMY_COLUMNS.items()})
     out = pd.concat(frames, ignore_index=True).sort_values(["step", "node"], kind="stable").reset_index(drop=True)
     return out[list(ANATOMY_COLUMNS)]
 
 
-def step_spans(step: pd.Series, flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str],
-               intervals: Intervals | None = None) -> pd.DataFrame:
+def step_spans(
+    step: pd.Series, flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str], intervals: Intervals | None = None
+) -> pd.DataFrame:
     """Merged compute and network intervals of one step per host, relative to the step start."""
     intervals = intervals if intervals is not None else host_intervals(flows, compute, hosts)
     a, b = float(step["start_us"]), float(step["end_us"])

@@ -164,8 +164,10 @@ class _Apportion:
 
     def sent(self, x: np.ndarray) -> np.ndarray:
         if self.big:
-            out = [qq * xx + (rr * xx) // dd for qq, rr, xx, dd in
-                   zip(self.q.tolist(), self.r.tolist(), x.tolist(), self.d.tolist())]
+            out = [
+                qq * xx + (rr * xx) // dd
+                for qq, rr, xx, dd in zip(self.q.tolist(), self.r.tolist(), x.tolist(), self.d.tolist())
+            ]
             return np.asarray(out, dtype=np.int64)
         return self.q * x + (self.r * x) // self.d
 
@@ -378,8 +380,12 @@ def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: in
         int64 array of ``n_bins`` values; their sum is the instance's in-window share.
     """
     acc = np.zeros(n_bins, dtype=np.int64)
-    args = (np.array([start_ns], dtype=np.int64), np.array([dur_ns], dtype=np.int64),
-            np.array([total_bytes], dtype=np.int64), np.zeros(1, dtype=np.int64))
+    args = (
+        np.array([start_ns], dtype=np.int64),
+        np.array([dur_ns], dtype=np.int64),
+        np.array([total_bytes], dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+    )
     window_ns = n_bins * bin_ns
     _place_zero_duration(acc, *args, 1, bin_ns, window_ns)
     _place_spread(acc, *args, 1, bin_ns, n_bins, window_ns)

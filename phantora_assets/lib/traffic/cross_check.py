@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
-from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective
+from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.matrix import RunSpec
 
 KINDS = ("dp", "tp", "all_to_all", "zero_gather")
@@ -113,7 +113,7 @@ def classify(flows: pd.DataFrame, prediction: Prediction) -> tuple[np.ndarray, n
     """
     n = len(flows)
     ops = flows["op"].to_numpy()
-    sizes = (flows["count"].to_numpy(dtype=np.int64) * flows["dtype_bytes"].to_numpy(dtype=np.int64))
+    sizes = flows["count"].to_numpy(dtype=np.int64) * flows["dtype_bytes"].to_numpy(dtype=np.int64)
     comms = flows["comm_id"].to_numpy()
     candidates: list[tuple[str, ...]] = []
     for op, size in zip(ops, sizes):
@@ -176,9 +176,15 @@ class CrossCheck:
             p = self.predicted_total if k == "total" else self.predicted.get(k, 0)
             m = self.measured_total if k == "total" else self.measured.get(k, 0)
             d = self.deviation(m, p)
-            out.append({"kind": k, "label": LABELS.get(k, "all kinds"), "predicted_bytes": int(p),
-                        "measured_bytes": int(m),
-                        "deviation_pct": None if d is None else (d * 100 if math.isfinite(d) else math.inf)})
+            out.append(
+                {
+                    "kind": k,
+                    "label": LABELS.get(k, "all kinds"),
+                    "predicted_bytes": int(p),
+                    "measured_bytes": int(m),
+                    "deviation_pct": None if d is None else (d * 100 if math.isfinite(d) else math.inf),
+                }
+            )
         return out
 
     def markdown(self) -> str:
@@ -191,8 +197,10 @@ class CrossCheck:
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata: ``predicted_bytes_<kind>``, ``trace_bytes_<kind>``, ``deviation_pct_<kind>``."""
-        meta: dict[str, Any] = {"n_steady_steps": self.n_steady_steps,
-                                "unmatched_flows_per_step": self.unmatched_flows_per_step}
+        meta: dict[str, Any] = {
+            "n_steady_steps": self.n_steady_steps,
+            "unmatched_flows_per_step": self.unmatched_flows_per_step,
+        }
         for r in self.rows():
             k = r["kind"]
             meta[f"predicted_bytes_{k}"] = r["predicted_bytes"]
@@ -202,19 +210,34 @@ class CrossCheck:
         return meta
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "passed": self.passed, "message": self.message,
-                "tolerance": TOLERANCE, "rows": [{**r, "deviation_pct": (None if r["deviation_pct"] is None else
-                                                                        (r["deviation_pct"] if math.isfinite(r["deviation_pct"]) else "inf"))}
-                                                  for r in self.rows()],
-                "n_steady_steps": self.n_steady_steps, "unmatched_flows_per_step": self.unmatched_flows_per_step}
+        return {
+            "run_id": self.run_id,
+            "passed": self.passed,
+            "message": self.message,
+            "tolerance": TOLERANCE,
+            "rows": [
+                {
+                    **r,
+                    "deviation_pct": (
+                        None
+                        if r["deviation_pct"] is None
+                        else (r["deviation_pct"] if math.isfinite(r["deviation_pct"]) else "inf")
+                    ),
+                }
+                for r in self.rows()
+            ],
+            "n_steady_steps": self.n_steady_steps,
+            "unmatched_flows_per_step": self.unmatched_flows_per_step,
+        }
 
 
 def _gb(b: float) -> str:
     return f"{b / 1e9:.3f} GB"
 
 
-def cross_check(spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int],
-                prediction: Prediction | None = None) -> CrossCheck:
+def cross_check(
+    spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int], prediction: Prediction | None = None
+) -> CrossCheck:
     """Compare a run's network flows with the workload model.
 
     Args:
@@ -232,10 +255,13 @@ def cross_check(spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int],
     steps = np.asarray(net["step"].to_numpy(), dtype=np.int64)
     steady = sorted(int(s) for s in steady_steps)
     in_steady = np.isin(steps, steady)
-    frame = pd.DataFrame({"step": steps[in_steady], "kind": kinds[in_steady],
-                          "bytes": net["bytes"].to_numpy(dtype=np.int64)[in_steady]})
+    frame = pd.DataFrame(
+        {"step": steps[in_steady], "kind": kinds[in_steady], "bytes": net["bytes"].to_numpy(dtype=np.int64)[in_steady]}
+    )
     per = frame.groupby(["step", "kind"])["bytes"].sum().unstack(fill_value=0).reindex(steady, fill_value=0)
-    present = [k for k in (*KINDS, UNMATCHED) if pred.bytes_by_kind.get(k, 0) > 0 or (k in per.columns and per[k].any())]
+    present = [
+        k for k in (*KINDS, UNMATCHED) if pred.bytes_by_kind.get(k, 0) > 0 or (k in per.columns and per[k].any())
+    ]
     measured = {k: int(np.median(per[k].to_numpy())) if k in per.columns and len(per) else 0 for k in present}
     measured["total"] = int(np.median(per.sum(axis=1).to_numpy())) if len(per) else 0
     n_unmatched = float((~matched[in_steady]).sum()) / max(len(steady), 1)
@@ -248,8 +274,10 @@ def cross_check(spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int],
             bad.append(r)
     result.passed = not bad
     total = result.rows()[-1]
-    head = (f"trace carries {_gb(total['measured_bytes'])} of network traffic per steady step, the workload model "
-            f"of {spec.workload} {spec.layout} predicts {_gb(total['predicted_bytes'])}")
+    head = (
+        f"trace carries {_gb(total['measured_bytes'])} of network traffic per steady step, the workload model "
+        f"of {spec.workload} {spec.layout} predicts {_gb(total['predicted_bytes'])}"
+    )
     if total["deviation_pct"] is not None and math.isfinite(total["deviation_pct"]):
         head += f" ({total['deviation_pct']:+.2f} %)"
     parts = []
@@ -264,8 +292,10 @@ def cross_check(spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int],
     else:
         msg = head + "; off by more than 1 %: " + "; ".join(parts or ["total"])
         if predicted.get("all_to_all", 0) > 0 and measured.get("all_to_all", 0) == 0:
-            msg += (". The trace has no MoE all-to-all (send/recv) network flows although the workload "
-                    "exchanges tokens between experts on different hosts: they are missing from this trace")
+            msg += (
+                ". The trace has no MoE all-to-all (send/recv) network flows although the workload "
+                "exchanges tokens between experts on different hosts: they are missing from this trace"
+            )
         msg += "."
     result.message = msg
     return result

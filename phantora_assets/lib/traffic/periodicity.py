@@ -24,7 +24,8 @@ limit), where the reading is unique:
   a window where the step's own rhythm is weak (ZeRO-3's eight per-layer bursts per step)
   can read a harmonic's alias instead;
 * a shorter step shows as its alias :func:`alias_period_s` ``1/|1/P - k/b|`` or the alias
-  of a low harmonic (``h/P``): it is *not* the step time. ``runs.step_time_s < 2 * runs.bin_s`` flags those runs; the ``step_period`` view
+  of a low harmonic (``h/P``): it is *not* the step time. ``runs.step_time_s < 2 * runs.bin_s``
+  flags those runs; the ``step_period`` view
   of the DuckDB database lists them with the reading they should show;
 * a window must hold two cycles of the reading: a 1 s window searches 0.2-0.5 s only, and
   a step whose alias is longer than half the window (a step within a few ms of a whole
@@ -139,17 +140,17 @@ def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarr
         return period, strength
     freqs, onehot, counts, _m = _fold_plan(n, float(bin_s))
     xc = x - x.mean(axis=1, keepdims=True)
-    total = (xc ** 2).sum(axis=1)
+    total = (xc**2).sum(axis=1)
     ok = total > 0
     if len(freqs) == 0 or not ok.any():
         return period, strength
     scale = np.sqrt(total[ok] / n)
-    z = (xc[ok] / scale[:, None]).T                       # (n, k_ok), unit variance
+    z = (xc[ok] / scale[:, None]).T  # (n, k_ok), unit variance
     sums = (onehot @ z).reshape(len(freqs), -1, z.shape[1])  # (C, M, k_ok)
     occupied = counts > 0
-    between = (sums ** 2 / np.where(occupied, counts, 1.0)[:, :, None]).sum(axis=1)  # (C, k_ok)
-    dof = n - occupied.sum(axis=1)                         # (C,)
-    within = np.maximum(n - between, 0.0)                  # sum z^2 == n
+    between = (sums**2 / np.where(occupied, counts, 1.0)[:, :, None]).sum(axis=1)  # (C, k_ok)
+    dof = n - occupied.sum(axis=1)  # (C,)
+    within = np.maximum(n - between, 0.0)  # sum z^2 == n
     with np.errstate(divide="ignore", invalid="ignore"):
         theta = np.where(dof[:, None] > 0, (within / dof[:, None]) / (n / (n - 1)), np.inf)
     # Ties happen only for noise-free series whose period is a whole number of bins: they fold

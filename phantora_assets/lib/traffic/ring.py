@@ -28,8 +28,16 @@ OP_TO_CALL: dict[str, str] = {v: k for k, v in CALL_TO_OP.items()}
 
 #: Phantora dtype name -> size in bytes.
 DTYPE_BYTES: dict[str, int] = {
-    "I8": 1, "U8": 1, "I32": 4, "U32": 4, "I64": 8, "U64": 8,
-    "F16": 2, "F32": 4, "F64": 8, "Bf16": 2,
+    "I8": 1,
+    "U8": 1,
+    "I32": 4,
+    "U32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F16": 2,
+    "F32": 4,
+    "F64": 8,
+    "Bf16": 2,
 }
 
 RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")

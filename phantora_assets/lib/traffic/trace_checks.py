@@ -55,14 +55,15 @@ def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
     n_total = int(len(flows))
     n_net = int((flows["src_node"].to_numpy() != flows["dst_node"].to_numpy()).sum()) if n_total else 0
     net_bytes = int(flows.loc[flows["src_node"] != flows["dst_node"], "bytes"].sum()) if n_net else 0
-    observed = {"flows": n_total, "network_flows": n_net, "loopback_flows": n_total - n_net,
-                "network_bytes": net_bytes}
+    observed = {"flows": n_total, "network_flows": n_net, "loopback_flows": n_total - n_net, "network_bytes": net_bytes}
     expected = {"network_flows": ">= 1"}
     if n_net:
         msg = f"{n_net} of {n_total} flows cross the network ({net_bytes} bytes in total)."
     elif n_total:
-        msg = (f"No network flow: all {n_total} flows stay inside one host (loopback), "
-               "so this run has no node-to-node traffic.")
+        msg = (
+            f"No network flow: all {n_total} flows stay inside one host (loopback), "
+            "so this run has no node-to-node traffic."
+        )
     else:
         msg = "No network flow: the trace has no Communication event at all."
     return CheckOutcome("flows_exist", n_net > 0, desc, observed, expected, msg)
@@ -81,8 +82,10 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
     A step's signature is, per communicator, the number of flows of each
     (op, count, dtype); the reference is the signature most steady steps share.
     """
-    desc = ("Every steady step issues the same collectives: per communicator, the same "
-            "operations with the same element counts and dtypes, the same number of times.")
+    desc = (
+        "Every steady step issues the same collectives: per communicator, the same "
+        "operations with the same element counts and dtypes, the same number of times."
+    )
     steady = list(step_result.steady_steps)
     sig = _step_signatures(step_result)
     per_step: dict[int, tuple] = {}
@@ -90,8 +93,14 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
         part = sig.xs(k, level="step") if k in sig.index.get_level_values("step") else sig.iloc[:0]
         per_step[k] = tuple(sorted((tuple(map(str, idx)), int(v)) for idx, v in part.items()))
     if not steady:
-        return CheckOutcome("steps_match", False, desc, {"steady_steps": 0},
-                            {"steady_steps": ">= 1"}, "There is no steady step to compare.")
+        return CheckOutcome(
+            "steps_match",
+            False,
+            desc,
+            {"steady_steps": 0},
+            {"steady_steps": ">= 1"},
+            "There is no steady step to compare.",
+        )
     uniq: dict[tuple, list[int]] = {}
     for k, s in per_step.items():
         uniq.setdefault(s, []).append(k)
@@ -108,19 +117,24 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
             a, b = got.get(key, 0), ref.get(key, 0)
             if a != b:
                 comm, op, count, dtype = key
-                problems.append(f"step {k}, communicator {comm}: {op} count={count} {dtype} "
-                                f"has {a} flows, the other steps have {b}")
-    observed = {"steady_steps": len(steady), "distinct_signatures": len(uniq),
-                "mismatched_steps": bad_steps,
-                "collectives_per_step": int(sum(ref.values()))}
+                problems.append(
+                    f"step {k}, communicator {comm}: {op} count={count} {dtype} has {a} flows, the other steps have {b}"
+                )
+    observed = {
+        "steady_steps": len(steady),
+        "distinct_signatures": len(uniq),
+        "mismatched_steps": bad_steps,
+        "collectives_per_step": int(sum(ref.values())),
+    }
     expected = {"distinct_signatures": 1, "mismatched_steps": []}
     if not bad_steps:
         n_comm = len({key[0] for key in ref})
-        msg = (f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
-               f"({sum(ref.values())} flows) on {n_comm} communicators.")
+        msg = (
+            f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
+            f"({sum(ref.values())} flows) on {n_comm} communicators."
+        )
         return CheckOutcome("steps_match", True, desc, observed, expected, msg)
-    msg = (f"{len(bad_steps)} of {len(steady)} steady steps differ from the others: "
-           + _listing(problems) + ".")
+    msg = f"{len(bad_steps)} of {len(steady)} steady steps differ from the others: " + _listing(problems) + "."
     return CheckOutcome("steps_match", False, desc, observed, expected, msg)
 
 
@@ -134,8 +148,10 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
     intersection of its candidates (and, if more than one ``comm_rank`` is seen, the
     number of distinct ranks) is exactly one n.
     """
-    desc = ("Every flow carries the bytes Phantora's ring rule gives for its operation, "
-            "with one group size n per communicator.")
+    desc = (
+        "Every flow carries the bytes Phantora's ring rule gives for its operation, "
+        "with one group size n per communicator."
+    )
     problems: list[str] = []
     bad_comms: set[str] = set()
     sizes: dict[str, int] = {}
@@ -148,11 +164,15 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
     bad_dt = dt_expected.notna() & (dt_expected != flows["dtype_bytes"])
     for (comm, dtype, db), _ in flows.loc[bad_dt].groupby(["comm_id", "dtype", "dtype_bytes"]):
         bad_comms.add(str(comm))
-        problems.append(f"communicator {comm}: dtype {dtype} given {db} bytes per element, "
-                        f"expected {DTYPE_BYTES[dtype]}")
+        problems.append(
+            f"communicator {comm}: dtype {dtype} given {db} bytes per element, expected {DTYPE_BYTES[dtype]}"
+        )
 
-    combos = (flows.groupby(["comm_id", "op", "count", "dtype", "dtype_bytes", "bytes"])
-              .agg(n=("flow_id", "size"), flow_id=("flow_id", "min")).reset_index())
+    combos = (
+        flows.groupby(["comm_id", "op", "count", "dtype", "dtype_bytes", "bytes"])
+        .agg(n=("flow_id", "size"), flow_id=("flow_id", "min"))
+        .reset_index()
+    )
     ranks_seen = flows.groupby("comm_id")["comm_rank"].nunique().to_dict()
     n_bad_flows = 0
     for comm, part in combos.groupby("comm_id", sort=True):
@@ -171,8 +191,7 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
                     why = "no group size n fits the ring rule"
                 else:
                     why = f"expected count x dtype size = {int(r.count) * int(r.dtype_bytes)}"
-                problems.append(f"communicator {comm}: {label} ({int(r.n)} flows, e.g. flow "
-                                f"{r.flow_id}): {why}")
+                problems.append(f"communicator {comm}: {label} ({int(r.n)} flows, e.g. flow {r.flow_id}): {why}")
                 continue
             if r.op in RING_OPS and cands != [0]:
                 cand_sets.append((set(cands), label))
@@ -186,25 +205,30 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
             sizes[comm] = next(iter(common))
             continue
         bad_comms.add(comm)
+
         def fmt(c: set[int]) -> str:
             s = sorted(c)
             return f"n in {s}" if len(s) <= 6 else f"n in {s[0]}..{s[-1]} ({len(s)} values)"
+
         detail = "; ".join(f"{lab} fits {fmt(c)}" for c, lab in cand_sets[:MAX_LISTED])
         rank_note = f"; {n_ranks} distinct ranks are seen" if n_ranks > 1 else ""
         if common:
-            problems.append(f"communicator {comm}: group size is ambiguous, {fmt(common)} "
-                            f"({detail}{rank_note})")
+            problems.append(f"communicator {comm}: group size is ambiguous, {fmt(common)} ({detail}{rank_note})")
         else:
-            problems.append(f"communicator {comm}: no single group size fits all its flows "
-                            f"({detail}{rank_note})")
-    observed = {"flows": n_flows, "communicators": int(flows["comm_id"].nunique()),
-                "group_sizes": dict(sorted(sizes.items())),
-                "bad_communicators": sorted(bad_comms), "bad_flows": n_bad_flows}
+            problems.append(f"communicator {comm}: no single group size fits all its flows ({detail}{rank_note})")
+    observed = {
+        "flows": n_flows,
+        "communicators": int(flows["comm_id"].nunique()),
+        "group_sizes": dict(sorted(sizes.items())),
+        "bad_communicators": sorted(bad_comms),
+        "bad_flows": n_bad_flows,
+    }
     expected = {"bad_communicators": [], "group_size_per_communicator": "exactly one n"}
     if not problems:
         gs = ", ".join(f"{c}: n={n}" for c, n in sorted(sizes.items())) or "none needed"
-        msg = (f"All {n_flows} flows on {observed['communicators']} communicators match the "
-               f"ring rule (group sizes {gs}).")
+        msg = (
+            f"All {n_flows} flows on {observed['communicators']} communicators match the ring rule (group sizes {gs})."
+        )
         return CheckOutcome("ring_bytes_match", True, desc, observed, expected, msg)
     noun = "violation" if len(problems) == 1 else "violations"
     msg = f"{len(problems)} ring-rule {noun}: " + _listing(problems) + "."
@@ -220,14 +244,22 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
     flow's end rather than the next step's start), relative to their median
     (``step_time_us``); the largest relative deviation must be <= ``rel_tol``.
     """
-    desc = (f"Steady steps carry identical network bytes and their durations stay within "
-            f"{rel_tol:.1%} of the median step time.")
+    desc = (
+        f"Steady steps carry identical network bytes and their durations stay within "
+        f"{rel_tol:.1%} of the median step time."
+    )
     steps = step_result.steps.set_index("step")
     steady = list(step_result.steady_steps)
     timed = list(step_result.timed_steps)
     if not steady:
-        return CheckOutcome("steady_steps_stable", False, desc, {"steady_steps": 0},
-                            {"steady_steps": ">= 1"}, "There is no steady step.")
+        return CheckOutcome(
+            "steady_steps_stable",
+            False,
+            desc,
+            {"steady_steps": 0},
+            {"steady_steps": ">= 1"},
+            "There is no steady step.",
+        )
     net = steps.loc[steady, "network_bytes"].astype("int64")
     ref_bytes = int(step_result.network_bytes_per_step)
     odd_bytes = net[net != ref_bytes]
@@ -238,32 +270,39 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
     worst = int(dev.idxmax()) if len(dev) else -1
     slow = dev[dev > rel_tol]
     observed = {
-        "steady_steps": len(steady), "timed_steps": len(timed),
-        "network_bytes_min": int(net.min()), "network_bytes_max": int(net.max()),
-        "step_time_us": med, "max_rel_deviation": max_dev, "worst_step": worst,
+        "steady_steps": len(steady),
+        "timed_steps": len(timed),
+        "network_bytes_min": int(net.min()),
+        "network_bytes_max": int(net.max()),
+        "step_time_us": med,
+        "max_rel_deviation": max_dev,
+        "worst_step": worst,
         "steps_with_other_bytes": [int(k) for k in odd_bytes.index],
         "steps_out_of_tolerance": [int(k) for k in slow.index],
     }
     expected = {"network_bytes_per_step": ref_bytes, "max_rel_deviation": f"<= {rel_tol}"}
     problems: list[str] = []
     for k, b in odd_bytes.items():
-        problems.append(f"step {k} carries {int(b)} network bytes, the median steady step "
-                        f"{ref_bytes} ({int(b) - ref_bytes:+d})")
+        problems.append(
+            f"step {k} carries {int(b)} network bytes, the median steady step {ref_bytes} ({int(b) - ref_bytes:+d})"
+        )
     for k, d in slow.items():
-        problems.append(f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median "
-                        f"{med:.1f} us (tolerance {rel_tol:.1%})")
+        problems.append(
+            f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median {med:.1f} us (tolerance {rel_tol:.1%})"
+        )
     if not problems:
-        msg = (f"All {len(steady)} steady steps carry {ref_bytes} network bytes; the {len(timed)} "
-               f"timed steps stay within {max_dev:.2%} of the median {med:.1f} us "
-               f"(tolerance {rel_tol:.1%}).")
+        msg = (
+            f"All {len(steady)} steady steps carry {ref_bytes} network bytes; the {len(timed)} "
+            f"timed steps stay within {max_dev:.2%} of the median {med:.1f} us "
+            f"(tolerance {rel_tol:.1%})."
+        )
         return CheckOutcome("steady_steps_stable", True, desc, observed, expected, msg)
     msg = "Steady steps are not stable: " + _listing(problems) + "."
     return CheckOutcome("steady_steps_stable", False, desc, observed, expected, msg)
 
 
 # --------------------------------------------------------------------------------------
-def run_trace_checks(flows: pd.DataFrame, step_result: StepResult,
-                     rel_tol: float = 0.05) -> list[CheckOutcome]:
+def run_trace_checks(flows: pd.DataFrame, step_result: StepResult, rel_tol: float = 0.05) -> list[CheckOutcome]:
     """The four trace rules, in DATASET.md order."""
     return [
         flows_exist(flows),
@@ -277,9 +316,7 @@ def render_checks_txt(outcomes: list[CheckOutcome]) -> str:
     """Plain-text report: one block per check (PASS/FAIL and name, rule, result)."""
     blocks = []
     for o in outcomes:
-        blocks.append(f"{'PASS' if o.passed else 'FAIL'}  {o.name}\n"
-                      f"  rule:   {o.description}\n"
-                      f"  result: {o.message}\n")
+        blocks.append(f"{'PASS' if o.passed else 'FAIL'}  {o.name}\n  rule:   {o.description}\n  result: {o.message}\n")
     n_fail = sum(not o.passed for o in outcomes)
-    head = (f"{len(outcomes)} checks, {len(outcomes) - n_fail} passed, {n_fail} failed\n\n")
+    head = f"{len(outcomes)} checks, {len(outcomes) - n_fail} passed, {n_fail} failed\n\n"
     return head + "\n".join(blocks)

@@ -35,7 +35,6 @@ from phantora_assets.lib.traffic.periodicity import (
 )
 
 
-
 @dataclass(frozen=True)
 class FeatureSpec:
     """One window feature: its column, unit, dtype, formula, edge cases and valid range.
@@ -56,59 +55,101 @@ class FeatureSpec:
 
 #: The feature registry, in output column order.
 FEATURES: tuple[FeatureSpec, ...] = (
-    FeatureSpec("total_bytes", "bytes", "int64",
-                "sum_i sum_p X[i,p] (flows and control traffic)",
-                "0 for an empty window"),
-    FeatureSpec("n_active_pairs", "pairs", "int64",
-                "number of pairs p with X[i,p] > c[p] in at least one bin i",
-                "0 when every pair carries only control traffic, or for an empty window"),
-    FeatureSpec("bytes_per_active_pair", "bytes", "float64",
-                "sum of T[p] over the active pairs, divided by n_active_pairs",
-                "0 when n_active_pairs = 0"),
-    FeatureSpec("bin_mean_bytes", "bytes", "float64",
-                "mean_i x[i]",
-                "0 for an empty window"),
-    FeatureSpec("bin_std_bytes", "bytes", "float64",
-                "population standard deviation (ddof=0) of x[i]",
-                "0 for an empty window or a single bin"),
-    FeatureSpec("bin_max_bytes", "bytes", "float64",
-                "max_i x[i]",
-                "0 for an empty window"),
-    FeatureSpec("bin_p95_bytes", "bytes", "float64",
-                "95th percentile of x[i], linear interpolation between order statistics (numpy default)",
-                "0 for an empty window"),
-    FeatureSpec("cv", "1", "float64",
-                "coefficient of variation: bin_std_bytes / bin_mean_bytes",
-                "0 when bin_mean_bytes = 0"),
-    FeatureSpec("peak_to_mean", "1", "float64",
-                "bin_max_bytes / bin_mean_bytes",
-                "0 when bin_mean_bytes = 0"),
-    FeatureSpec("idle_bin_fraction", "1", "float64",
-                "fraction of bins i with X[i,p] <= c[p] for every pair p (control traffic only)",
-                "NaN for an empty window", nullable=True, le=1.0),
-    FeatureSpec("pair_entropy_bits", "bits", "float64",
-                "Shannon entropy -sum_p s[p] log2 s[p] of the pair shares s[p] = T[p] / total_bytes (terms with s[p] = 0 are 0)",
-                "0 when total_bytes = 0 or the run has a single pair"),
-    FeatureSpec("top_pair_share", "1", "float64",
-                "max_p T[p] / total_bytes",
-                "0 when total_bytes = 0; 1 for a single pair", le=1.0),
-    FeatureSpec("spectral_peak_hz", "Hz", "float64",
-                "frequency of the largest value of the periodogram |FFT(x - mean x)|^2 over "
-                "[1/(n_bins*b), 1/(2b)], zero-padded to a power of two >= 64*n_bins points; the "
-                "strongest rhythm of the series, folded into [0, 1/(2b)] (a burst every 41 ms shows "
-                "at its alias, not at 24 Hz)",
-                "NaN when n_bins < 4, the window has a missing bin, or x is constant", nullable=True),
-    FeatureSpec("dominant_period_s", "s", "float64",
-                "the period P in [2b, n_bins*b/2] whose fold of x into M = min(10, max(2, n_bins // 5)) "
-                "phase bins has the least dispersion theta = [SS_within / (n_bins - M_occupied)] / "
-                "[SS_total / (n_bins - 1)] (candidates 1/P every 1/(2*M*n_bins*b) Hz; P/2 or P/3 is kept "
-                "when its theta is within 0.2*(1 - theta) of the best). The step time when the step is "
-                ">= 2 bins, else its alias 1/|1/step - k/b| (module docstring: aliasing)",
-                "NaN when n_bins < 4, the window has a missing bin, or x is constant", nullable=True),
-    FeatureSpec("periodicity", "1", "float64",
-                "1 - theta at dominant_period_s, clipped to [0, 1]: the share of the variance of x that "
-                "its mean folded profile explains (adjusted R^2; 1 = perfectly periodic)",
-                "NaN whenever dominant_period_s is NaN", nullable=True, le=1.0),
+    FeatureSpec(
+        "total_bytes", "bytes", "int64", "sum_i sum_p X[i,p] (flows and control traffic)", "0 for an empty window"
+    ),
+    FeatureSpec(
+        "n_active_pairs",
+        "pairs",
+        "int64",
+        "number of pairs p with X[i,p] > c[p] in at least one bin i",
+        "0 when every pair carries only control traffic, or for an empty window",
+    ),
+    FeatureSpec(
+        "bytes_per_active_pair",
+        "bytes",
+        "float64",
+        "sum of T[p] over the active pairs, divided by n_active_pairs",
+        "0 when n_active_pairs = 0",
+    ),
+    FeatureSpec("bin_mean_bytes", "bytes", "float64", "mean_i x[i]", "0 for an empty window"),
+    FeatureSpec(
+        "bin_std_bytes",
+        "bytes",
+        "float64",
+        "population standard deviation (ddof=0) of x[i]",
+        "0 for an empty window or a single bin",
+    ),
+    FeatureSpec("bin_max_bytes", "bytes", "float64", "max_i x[i]", "0 for an empty window"),
+    FeatureSpec(
+        "bin_p95_bytes",
+        "bytes",
+        "float64",
+        "95th percentile of x[i], linear interpolation between order statistics (numpy default)",
+        "0 for an empty window",
+    ),
+    FeatureSpec(
+        "cv", "1", "float64", "coefficient of variation: bin_std_bytes / bin_mean_bytes", "0 when bin_mean_bytes = 0"
+    ),
+    FeatureSpec("peak_to_mean", "1", "float64", "bin_max_bytes / bin_mean_bytes", "0 when bin_mean_bytes = 0"),
+    FeatureSpec(
+        "idle_bin_fraction",
+        "1",
+        "float64",
+        "fraction of bins i with X[i,p] <= c[p] for every pair p (control traffic only)",
+        "NaN for an empty window",
+        nullable=True,
+        le=1.0,
+    ),
+    FeatureSpec(
+        "pair_entropy_bits",
+        "bits",
+        "float64",
+        "Shannon entropy -sum_p s[p] log2 s[p] of the pair shares s[p] = T[p] / total_bytes "
+        "(terms with s[p] = 0 are 0)",
+        "0 when total_bytes = 0 or the run has a single pair",
+    ),
+    FeatureSpec(
+        "top_pair_share",
+        "1",
+        "float64",
+        "max_p T[p] / total_bytes",
+        "0 when total_bytes = 0; 1 for a single pair",
+        le=1.0,
+    ),
+    FeatureSpec(
+        "spectral_peak_hz",
+        "Hz",
+        "float64",
+        "frequency of the largest value of the periodogram |FFT(x - mean x)|^2 over "
+        "[1/(n_bins*b), 1/(2b)], zero-padded to a power of two >= 64*n_bins points; the "
+        "strongest rhythm of the series, folded into [0, 1/(2b)] (a burst every 41 ms shows "
+        "at its alias, not at 24 Hz)",
+        "NaN when n_bins < 4, the window has a missing bin, or x is constant",
+        nullable=True,
+    ),
+    FeatureSpec(
+        "dominant_period_s",
+        "s",
+        "float64",
+        "the period P in [2b, n_bins*b/2] whose fold of x into M = min(10, max(2, n_bins // 5)) "
+        "phase bins has the least dispersion theta = [SS_within / (n_bins - M_occupied)] / "
+        "[SS_total / (n_bins - 1)] (candidates 1/P every 1/(2*M*n_bins*b) Hz; P/2 or P/3 is kept "
+        "when its theta is within 0.2*(1 - theta) of the best). The step time when the step is "
+        ">= 2 bins, else its alias 1/|1/step - k/b| (module docstring: aliasing)",
+        "NaN when n_bins < 4, the window has a missing bin, or x is constant",
+        nullable=True,
+    ),
+    FeatureSpec(
+        "periodicity",
+        "1",
+        "float64",
+        "1 - theta at dominant_period_s, clipped to [0, 1]: the share of the variance of x that "
+        "its mean folded profile explains (adjusted R^2; 1 = perfectly periodic)",
+        "NaN whenever dominant_period_s is NaN",
+        nullable=True,
+        le=1.0,
+    ),
 )
 
 #: Key columns (name -> dtype) of the window feature table, before the features.
@@ -116,7 +157,7 @@ KEY_COLUMNS: dict[str, str] = {
     "run_id": "str",
     "window_s": "float64",
     "window_start_s": "float64",
-    "n_bins": "int64",          # bins present in the window
+    "n_bins": "int64",  # bins present in the window
 }
 
 #: All columns (name -> dtype) of the window feature table, in order.
@@ -143,20 +184,6 @@ def _fmt(v: float | None, none: str) -> str:
 # --------------------------------------------------------------------------- period helpers
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # --------------------------------------------------------------------------- the table
 def _control_vector(
     pairs: Sequence[tuple[int, int]],
@@ -176,15 +203,17 @@ def _control_vector(
     return np.full(len(pairs), int(control), dtype=np.int64)
 
 
-def _windows_of(X: np.ndarray, present: np.ndarray, control: np.ndarray, nb: int, bin_s: float) -> dict[str, np.ndarray]:
+def _windows_of(
+    X: np.ndarray, present: np.ndarray, control: np.ndarray, nb: int, bin_s: float
+) -> dict[str, np.ndarray]:
     """Every feature of the ``len(X) // nb`` windows of ``nb`` bins, vectorised over windows."""
     k = X.shape[0] // nb
     n_pairs = X.shape[1]
     Xw = X[: k * nb].reshape(k, nb, n_pairs)
     pres = present[: k * nb].reshape(k, nb)
     n_present = pres.sum(axis=1)
-    x = Xw.sum(axis=2)                                    # (k, nb); absent bins hold 0
-    T = Xw.sum(axis=1)                                    # (k, n_pairs)
+    x = Xw.sum(axis=2)  # (k, nb); absent bins hold 0
+    T = Xw.sum(axis=1)  # (k, n_pairs)
     total = x.sum(axis=1)
     above = (Xw > control[None, None, :]) & pres[:, :, None]
     active = above.any(axis=1)
@@ -194,11 +223,11 @@ def _windows_of(X: np.ndarray, present: np.ndarray, control: np.ndarray, nb: int
     empty = n_present == 0
     complete = n_present == nb
     mean, std, peak, p95 = (np.zeros(k) for _ in range(4))
-    if complete.any():                                    # the normal case, vectorised
+    if complete.any():  # the normal case, vectorised
         xs = x[complete].astype(np.float64)
         mean[complete], std[complete] = xs.mean(axis=1), xs.std(axis=1)
         peak[complete], p95[complete] = xs.max(axis=1), np.percentile(xs, 95, axis=1)
-    for i in np.flatnonzero(~complete & ~empty):          # windows with missing bins
+    for i in np.flatnonzero(~complete & ~empty):  # windows with missing bins
         xi = x[i][pres[i]].astype(np.float64)
         mean[i], std[i], peak[i], p95[i] = xi.mean(), xi.std(), xi.max(), np.percentile(xi, 95)
     with np.errstate(divide="ignore", invalid="ignore"):
