@@ -49,9 +49,9 @@ TRIVIAL = textwrap.dedent("""
 
 STAGES = textwrap.dedent("""
     import collections, os, sys, time
-    from phantora_assets import pipeline
-    from phantora_assets.lib.sim import analytic
     from phantora_assets.lib.phantora import chrome_trace
+    from phantora_assets.sources import analytic as source
+    from phantora_assets.stages import dataset, flows
     T = collections.Counter()
     def wrap(mod, name, label):
         f = getattr(mod, name)
@@ -62,12 +62,13 @@ STAGES = textwrap.dedent("""
             finally:
                 T[label] += time.perf_counter() - t
         setattr(mod, name, g)
-    wrap(pipeline, "simulate", "  analytic simulation")
+    wrap(source, "simulate", "  analytic simulation")
     wrap(chrome_trace, "write_chrome_trace", "  trace write (JSON + gzip)")
     wrap(chrome_trace, "read_trace", "  trace read")
-    for n in ["simulate_run", "write_trace", "validate_flows", "bin_flows", "window_features", "summarize_run",
-              "export_dataset"]:
-        wrap(pipeline, n, n)
+    for mod, names in ((source, ["simulate_run", "write_trace"]), (flows, ["validate_flows", "bin_flows"]),
+                       (dataset, ["window_features", "summarize_run", "export_dataset"])):
+        for n in names:
+            wrap(mod, n, n)
     _fsync = os.fsync
     def fsync(fd):
         t = time.perf_counter(); _fsync(fd); T["  (fsync, inside the stages)"] += time.perf_counter() - t

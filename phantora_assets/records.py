@@ -10,7 +10,8 @@ it (a missing or malformed file raises :class:`RecordError` naming the file).
     <run folder>/import.json                      ImportRecord      raw_timeline (import only)
     partitions/<run_id>/trace_summary.json        TraceSummary      validated_flows
     partitions/<run_id>/cross_check.json          CrossCheckRecord  validated_flows
-    <run folder>/checks.json                      ``phantora_assets.checks`` (a mapping of CheckRecord)
+
+The run folder's ``checks.json``/``checks.txt`` are written and read by :mod:`phantora_assets.checks`.
 
 Units are in the field names (``_ms``, ``_us``, ``_s``, ``_gib``, ``_bytes``).
 """
@@ -128,14 +129,6 @@ class CrossCheckRecord(msgspec.Struct, kw_only=True):
     rows: list[dict[str, Any]]
     n_steady_steps: int
     unmatched_flows_per_step: int | float | None = None
-
-
-class CheckRecord(msgspec.Struct, kw_only=True):
-    """One entry of ``checks.json``: ``passed``, ``failed``, ``warning`` or ``not evaluated``."""
-
-    status: str
-    asset: str = ""
-    message: str = ""
 
 
 R = TypeVar("R", bound=msgspec.Struct)

@@ -17,7 +17,6 @@ from phantora_assets.lib.traffic.steps import detect_steps
 from phantora_assets.lib.traffic.trace_checks import (
     CheckOutcome,
     flows_exist,
-    render_checks_txt,
     ring_bytes_match,
     run_trace_checks,
     steady_steps_stable,
@@ -53,17 +52,6 @@ def test_all_checks_pass_on_clean_run(clean):
     assert stable.observed["step_time_us"] == T
     assert outcomes[1].observed["distinct_signatures"] == 1
     assert outcomes[1].observed["steady_steps"] == 19
-
-
-def test_render_checks_txt(clean):
-    flows, sr = clean
-    txt = render_checks_txt(run_trace_checks(flows, sr))
-    assert txt.startswith("4 checks, 4 passed, 0 failed")
-    assert txt.count("PASS  ") == 4 and "FAIL" not in txt
-    assert "PASS  ring_bytes_match" in txt and "rule:" in txt and "result:" in txt
-    bad = CheckOutcome("flows_exist", False, "A rule.", {}, {}, "No network flow.")
-    txt2 = render_checks_txt([bad])
-    assert "FAIL  flows_exist" in txt2 and "No network flow." in txt2 and "1 failed" in txt2
 
 
 # ---- flows_exist ---------------------------------------------------------------------

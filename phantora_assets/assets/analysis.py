@@ -44,7 +44,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
     @dg.asset(
         partitions_def=p.runs,
         group_name="analysis",
-        deps=[step_anatomy, "binned_flows"],
+        # reads trace_summary, steps and flows (validated_flows), flows_100ms, the anatomy tables
+        deps=["validated_flows", step_anatomy, "binned_flows"],
         kinds={"png"},
         description="Plots of the run, shown on each materialization and saved in the run folder's plots/: "
         "a node-pair heatmap of bytes per steady step, the 100 ms traffic over the 180 s window (total and "

@@ -44,7 +44,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         group_name="dataset",
-        deps=[run_summary],
+        # reads every run's checks.json, run_summary, flows_100ms and windows tables
+        deps=["binned_flows", window_features, run_summary],
         check_specs=check_specs("phantora_v0"),
         kinds={"csv", "parquet", "pandera"},
         description="data/phantora_v0/{runs,flows_100ms,windows}.csv (+ Parquet): every run whose checks all "
@@ -73,7 +74,9 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         group_name="dataset",
-        deps=[phantora_v0, "step_anatomy"],
+        # rebuilt from the per-run tables of validated_flows, binned_flows, window_features, run_summary and
+        # step_anatomy, and compared with phantora_v0
+        deps=[phantora_v0, "validated_flows", "binned_flows", window_features, run_summary, "step_anatomy"],
         check_specs=check_specs("dataset_duckdb"),
         kinds={"duckdb"},
         description="data/phantora.duckdb, rebuilt atomically from the per-run Parquet files of every run that "

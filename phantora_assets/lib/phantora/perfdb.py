@@ -52,10 +52,6 @@ class PerfDB:
     def counts(self) -> dict[str, int]:
         return {"compute": len(self.compute), "memcpy": len(self.memcpy)}
 
-    def compute_nanos(self) -> dict[str, int]:
-        """``key -> nanos`` lookup of the compute table."""
-        return dict(zip(self.compute["key"], self.compute["nanos"].astype(int)))
-
 
 def parse_manifest(path: Path) -> dict[str, str]:
     """``- **Key:** value`` lines of a manifest.md as a dict (PerfDBError if unreadable)."""

@@ -137,9 +137,6 @@ class AnalyticSimulator:
                     total += int(nbytes[(src // self.G) != (dst // self.G)].sum())
         return total
 
-    def compute_ns(self, item: Compute) -> float:
-        return self.timer.time_kernels(item.kernels)[0]
-
     # --------------------------------------------------------------- main loop
     def run(self) -> SimulationResult:
         spec, model = self.spec, self.model

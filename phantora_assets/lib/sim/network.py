@@ -234,7 +234,6 @@ class FlowNetwork:
         self.now = 0.0
         self._seq = 0
         self.end_ns: list[np.ndarray] = []
-        self._end_flat: np.ndarray | None = None
         # active flows
         self.ids = np.zeros(0, dtype=np.int64)
         self.left = np.zeros(0)

@@ -228,9 +228,6 @@ class WorkloadLayout:
         experts = [k for _, members in self.megatron_expert_buckets() for _, _, k in members]
         return [(True, decay), (False, nodecay), (True, experts)]
 
-    def _megatron_buckets(self) -> list[int]:
-        return [padded for padded, _ in self.megatron_dense_buckets()]
-
     # ------------------------------------------------------------------ ZeRO-3
     def _zero3_modules(self) -> list[tuple[str, list[Param]]]:
         """(module, its parameters) in first-registration order."""

@@ -2,7 +2,8 @@
 
 Each rule returns a :class:`CheckOutcome`; a violated rule never raises, it returns
 ``passed=False`` with a message naming the communicator / step / flow at fault. The
-Dagster asset checks wrap these functions; ``render_checks_txt`` writes ``checks.txt``.
+The validated_flows stage turns each outcome into a check result (``stages/flows.py``); the run
+folder's ``checks.txt`` is written by ``phantora_assets.checks``.
 """
 
 from __future__ import annotations
@@ -310,13 +311,3 @@ def run_trace_checks(flows: pd.DataFrame, step_result: StepResult, rel_tol: floa
         ring_bytes_match(flows),
         steady_steps_stable(step_result, rel_tol=rel_tol),
     ]
-
-
-def render_checks_txt(outcomes: list[CheckOutcome]) -> str:
-    """Plain-text report: one block per check (PASS/FAIL and name, rule, result)."""
-    blocks = []
-    for o in outcomes:
-        blocks.append(f"{'PASS' if o.passed else 'FAIL'}  {o.name}\n  rule:   {o.description}\n  result: {o.message}\n")
-    n_fail = sum(not o.passed for o in outcomes)
-    head = f"{len(outcomes)} checks, {len(outcomes) - n_fail} passed, {n_fail} failed\n\n"
-    return head + "\n".join(blocks)
