@@ -3,8 +3,9 @@
 :data:`CHECKS` lists every asset check of the graph once: its name, its asset, whether it is
 blocking (a failure stops everything downstream of the asset), whether it gates the dataset (a
 run enters ``phantora_v0`` only if every gating check passed) and what it means. The Dagster
-check specs (``assets/``), ``checks.txt``, the README's checks table and the tests' lists all come
-from it (``tests/test_checks.py`` compares the README table with it).
+check specs (``assets/``), ``checks.txt``/``checks.json``, the README's checks table and the tests'
+lists (``RUN_CHECKS``, ``TRACE_CHECKS``, ...) all come from it (``tests/test_checks.py`` compares
+the README table and the Dagster specs with it).
 
 The record of a run is ``checks.json`` (machine) and ``checks.txt`` (plain words) in its run
 folder. Each asset resets its own checks to "not evaluated" when it starts and records each
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.records import RecordError
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ RUN_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.gates_dataset
 ADVISORY_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.severity == "warn"}
 
 #: The trace rules of validated_flows (docs/DATASET.md, "How a trace becomes the dataset", step 3), in order.
-TRACE_CHECKS: tuple[str, ...] = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable")
+TRACE_CHECKS: tuple[str, ...] = tuple(c.name for c in CHECKS if c.asset == "validated_flows" and c.gates_dataset)
 
 
 def checks_of(asset: str) -> list[CheckDef]:
@@ -173,11 +175,23 @@ _ORDER = list(RUN_CHECKS) + list(ADVISORY_CHECKS)
 
 
 def read_checks(folder: Path) -> dict[str, dict]:
-    """``check name -> {status, message}`` from ``folder/checks.json`` ({} if absent)."""
+    """``check name -> {status, asset, message}`` from ``folder/checks.json`` ({} if absent).
+
+    Raises:
+        RecordError: the file is not a JSON object of such records (names the file).
+    """
     p = folder / "checks.json"
     if not p.exists():
         return {}
-    return json.loads(p.read_text())
+    try:
+        data = json.loads(p.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise RecordError(p, "invalid checks record", str(exc)) from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("status"), str) for v in data.values()
+    ):
+        raise RecordError(p, "invalid checks record", "expected an object of {status, asset, message} objects")
+    return data
 
 
 def _write(folder: Path, data: dict[str, dict]) -> None:

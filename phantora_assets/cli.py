@@ -14,7 +14,7 @@ database and the dataset plots. Runs that do not fit in GPU memory are reported 
 other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
 in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
-is ``runs.toml`` merged with its imports (``matrix.matrix_for``, ``lib/phantora/run_folder.py``).
+is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).
 ``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
 statement prints DuckDB's message and exits 2.
 """
@@ -52,8 +52,7 @@ def _build_defs(data_dir: str, matrix, plots: bool = True):
 
     from phantora_assets import assets as a
     from phantora_assets.assets.common import Partitions
-    from phantora_assets.definitions import simulator_from_env
-    from phantora_assets.resources import DataRoot
+    from phantora_assets.resources import DataRoot, simulator_from_env
 
     assets = a.build_assets(Partitions.of(matrix))
     skip = set(a.PLOT_ASSET_NAMES) if not plots else set()
@@ -72,11 +71,20 @@ def _run_partition(job, instance, run_id: str) -> tuple[str, bool, list[str]]:
     """Materialize every asset and check of ``job`` for one run partition: (run_id, success, step errors)."""
     res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False, run_config=QUIET_LOGS)
     errors = [
-        str(e.event_specific_data.error.message).strip().splitlines()[0]
+        f"{e.step_key}: {_user_error(e.event_specific_data.error)}"
         for e in res.all_events
         if e.is_step_failure and e.event_specific_data and getattr(e.event_specific_data, "error", None)
     ]
     return run_id, res.success, errors
+
+
+def _user_error(err) -> str:
+    """The first line of the outermost error that is not Dagster's wrapper (e.g. ``TraceFormatError:
+    <file>: <rule>: ...``): the file and rule the user needs, not "Error occurred while executing op"."""
+    while str(getattr(err, "cls_name", "")).startswith("Dagster") and getattr(err, "cause", None) is not None:
+        err = err.cause
+    lines = str(err.message).strip().splitlines()
+    return lines[0] if lines else str(err.cls_name)
 
 
 #: What a forked build worker inherits from the parent: the resolved run job (set just before the
@@ -111,7 +119,7 @@ def _cost_order(specs) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from phantora_assets.matrix import matrix_for
+    from phantora_assets.imported_runs import matrix_for
 
     data_dir = Path(args.data_dir)
     matrix = matrix_for(data_dir)
@@ -212,8 +220,8 @@ def _build(
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover, register
-    from phantora_assets.matrix import matrix_for
+    from phantora_assets.imported_runs import matrix_for, register
+    from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
 
     data_dir = Path(args.data_dir)
     found: list[RunFolder] = []
@@ -245,9 +253,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from phantora_assets.imported_runs import matrix_for
     from phantora_assets.lib.sim.memory import estimate_memory
     from phantora_assets.lib.sim.workloads import WorkloadModel
-    from phantora_assets.matrix import matrix_for
 
     paths = DataPaths(Path(args.data_dir))
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")

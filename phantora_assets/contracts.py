@@ -1,106 +1,20 @@
-"""Table contracts: the columns of every table passed between stages, the pandera schemas of the
-published CSV contract (v1, ``docs/DATASET.md``, "Files (data/phantora_v0/)") and of the perf DB tables, and the typed
-sidecar records (msgspec Structs) written beside the tables.
+"""The pandera schemas of the published CSV contract (v1, ``docs/DATASET.md``, "Files
+(data/phantora_v0/)") and of the perf DB tables.
 
-No Dagster import. Units: bytes, seconds (``_s``), microseconds (``_us``), nanoseconds (``_ns``),
-bytes/s, FLOP. Column descriptions are the documentation of the contract (README links here).
-
-* Column dicts (``*_COLUMNS``, name -> dtype) of the in-memory DataFrames: producers emit exactly
-  these columns, consumers may rely on them.
-* pandera schemas: ``RUNS``, ``FLOWS_100MS``, :func:`windows_schema` (the published tables) and
-  ``PERFDB_COMPUTE`` / ``PERFDB_MEMCPY``.
-* Sidecar records: see :mod:`phantora_assets.records`.
+No Dagster import. Units: bytes, seconds (``_s``), bytes/s, FLOP. Column descriptions are the
+documentation of the contract (README links here). Schemas: ``RUNS``, ``FLOWS_100MS``,
+:func:`windows_schema` (the published tables), ``PERFDB_COMPUTE`` / ``PERFDB_MEMCPY``. The column
+dicts of the in-memory tables are in :mod:`phantora_assets.columns`, the sidecar records in
+:mod:`phantora_assets.records`.
 """
 
 from __future__ import annotations
 
 from pandera.pandas import Check, Column, DataFrameSchema
 
-#: Raw timeline of the analytic simulator: one row per event (an Action with its final Span).
-#: Communication rows describe one flow; computation rows one kernel / torch op of one rank.
-RAW_TIMELINE_COLUMNS: dict[str, str] = {
-    "event_id": "int64",  # unique id (Phantora Action id)
-    "kind": "str",  # "communication" | "computation"
-    "name": "str",  # event name (kernel or torch op, or the NCCL call name)
-    "start_ns": "int64",  # simulated ns since the first span of the run
-    "end_ns": "int64",  # >= start_ns
-    "src_host": "str",  # host of the flow's source, or the computing host ("host-1" ...)
-    "dst_host": "str",  # host of the flow's destination ("" for computation)
-    "bytes": "int64",  # flow bytes (0 for computation)
-    # NcclAllReduce | NcclAllGather | NcclReduceScatter | NcclBcast | NcclSend | NcclRecv ("" for computation)
-    "call": "str",
-    "count": "int64",  # NCCL count argument (0 for computation)
-    "dtype": "str",  # Phantora dtype name, e.g. "Bf16" ("" for computation)
-    "reduce_op": "str",  # "Sum" for all-reduce / reduce-scatter, else ""
-    "root": "int64",  # broadcast root rank, else -1
-    "comm_id_hex": "str",  # 256 hex chars = the 128-byte NCCL communicator id ("" for computation)
-    "comm_rank": "int64",  # caller's rank in the communicator (-1 for computation)
-    "stream_device": "int64",  # CUDA device of the stream (local GPU index)
-    "stream_id": "int64",  # CUDA stream id
-    "os_pid": "int64",  # OS pid of the rank process (computation events)
-    "meta_json": "str",  # computation meta as compact JSON ({"Torch": {...}} or {"Cuda": {...}}), "" for communication
-}
-
-#: Network/loopback flows parsed from a Chrome JSON trace: one row per Communication event.
-FLOW_COLUMNS: dict[str, str] = {
-    "flow_id": "int64",  # args.Communication[0].id
-    "ts_us": "float64",  # event ts, simulated microseconds
-    "dur_us": "float64",  # event dur, microseconds (0 for collectives <= 4 KiB)
-    "src_host": "str",  # "host-1" ...
-    "dst_host": "str",
-    "src_node": "int64",  # host-k -> node k-1
-    "dst_node": "int64",
-    "bytes": "int64",  # flow bytes
-    "call": "str",  # NCCL call name, e.g. "NcclAllReduce"
-    "op": "str",  # all_reduce | all_gather | reduce_scatter | broadcast | send | recv
-    "dtype": "str",  # "Bf16" ...
-    "dtype_bytes": "int64",
-    "count": "int64",
-    "comm_id": "str",  # 16 hex chars: blake2b(digest_size=8) of the 128 communicator id bytes
-    "comm_rank": "int64",  # caller's rank in the communicator
-    "root": "int64",  # broadcast root, else -1
-    "stream": "int64",  # event tid = (device << 32) | stream id
-    "name": "str",  # event name
-}
-
-#: Per-host summary of Computation events (they are not kept whole).
-COMPUTE_SUMMARY_COLUMNS: dict[str, str] = {
-    "host": "str",
-    "n_events": "int64",
-    "busy_us": "float64",  # sum of dur
-    "first_ts_us": "float64",
-    "last_end_us": "float64",
-}
-
-#: Output of step detection: one row per step of the run.
-STEP_COLUMNS: dict[str, str] = {
-    "step": "int64",  # 0-based step index in trace order
-    "start_us": "float64",  # earliest start of the step's first collectives across communicators
-    "end_us": "float64",  # start of the next step (last step: end of its last flow)
-    "duration_us": "float64",
-    "steady": "bool",  # False for warm-up steps (and the partial/unbounded last one if untimed)
-    "network_bytes": "int64",  # bytes of the step's flows with src_node != dst_node
-    "n_flows": "int64",
-}
-
-#: One steady step's network flows, the input of the 180 s build.
-STEP_FLOW_COLUMNS: dict[str, str] = {
-    "offset_us": "float64",  # flow start minus the step's start_us, >= 0
-    "dur_us": "float64",  # >= 0
-    "src_node": "int64",
-    "dst_node": "int64",  # != src_node
-    "bytes": "int64",
-}
-
-#: flows_100ms rows (the v1 contract): bytes sent src_node -> dst_node in the bin starting at t.
-BIN_COLUMNS: dict[str, str] = {
-    "run_id": "str",
-    "t": "float64",  # bin start, seconds, multiple of the bin length, 0 <= t < window
-    "src_node": "int64",
-    "dst_node": "int64",
-    "bytes": "int64",
-}
-
+from phantora_assets.lib.traffic.periodicity import MIN_CYCLES
+from phantora_assets.lib.traffic.window_features import FEATURES
+from phantora_assets.sources import SOURCE_NAMES
 
 _RUN_ID = Check.str_matches(r"^phantora_[a-z0-9_]+_W\d+_\d+x\d+$")
 
@@ -156,7 +70,7 @@ RUNS = DataFrameSchema(
         "gpus_per_node": Column("int64", Check.ge(1)),
         "world_size": Column("int64", Check.ge(1)),
         "simulator": Column(
-            str, Check.isin(["analytic", "docker", "import"]), description="which simulation source produced the trace"
+            str, Check.isin(list(SOURCE_NAMES)), description="which simulation source produced the trace"
         ),
         "n_steady_steps": Column("int64", Check.ge(1)),
         "peak_memory_gib": Column(float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"),
@@ -208,8 +122,6 @@ def windows_schema() -> DataFrameSchema:
     features to each other (mean x bins = total, mean <= p95 <= max, a period within the
     window's search range, NaN period iff NaN periodicity).
     """
-    from phantora_assets.lib.traffic.periodicity import MIN_CYCLES
-    from phantora_assets.lib.traffic.window_features import FEATURES
 
     cols: dict[str, Column] = {
         "run_id": Column(str, _RUN_ID),

@@ -12,7 +12,6 @@ Environment (all optional):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,30 +19,13 @@ import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
-from phantora_assets.matrix import RunSpec, matrix_for
+from phantora_assets.imported_runs import matrix_for
+from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import default_data_dir
-from phantora_assets.resources import DOCKER_MAX_CONCURRENT_ENV, AnalyticSimulatorResource, DataRoot, PhantoraDocker
+from phantora_assets.resources import DataRoot, simulator_from_env
 
-SIMULATOR_ENV = "PHANTORA_ASSETS_SIMULATOR"
-DOCKER_IMAGE_ENV = "PHANTORA_ASSETS_DOCKER_IMAGE"
-PHANTORA_TESTS_ENV = "PHANTORA_ASSETS_PHANTORA_TESTS_DIR"
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
-
-
-def simulator_from_env(specs: Sequence[RunSpec]) -> AnalyticSimulatorResource | PhantoraDocker:
-    """``PhantoraDocker`` when ``$PHANTORA_ASSETS_SIMULATOR=docker`` or a run of ``specs`` has
-    ``source = "docker"`` (image from ``$PHANTORA_ASSETS_DOCKER_IMAGE``, training scripts from
-    ``$PHANTORA_ASSETS_PHANTORA_TESTS_DIR``, slots from ``$PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT``);
-    else the analytic simulator."""
-    choice = os.environ.get(SIMULATOR_ENV, "")
-    if choice == "docker" or (choice != "analytic" and any(s.source == "docker" for s in specs)):
-        return PhantoraDocker(
-            image=os.environ.get(DOCKER_IMAGE_ENV, "phantora:latest"),
-            phantora_tests_dir=os.environ.get(PHANTORA_TESTS_ENV) or None,
-            max_concurrent=int(os.environ.get(DOCKER_MAX_CONCURRENT_ENV, "1")),
-        )
-    return AnalyticSimulatorResource()
 
 
 def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.UnresolvedAssetJobDefinition]:
@@ -118,7 +100,11 @@ def build_defs(
         RunMatrixError: the run matrix or an import is invalid (names the entry and the rule).
     """
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    specs = list(specs) if specs is not None else matrix_for(root)
+    if specs is None:
+        specs = matrix_for(root)
+    else:
+        specs = list(specs)
+        check_specs(specs, "build_defs(specs=...)")
     parts = Partitions.of(specs)
     assets = build_assets(parts)
     return dg.Definitions(

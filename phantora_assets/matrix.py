@@ -6,10 +6,9 @@ through ``PHANTORA_ASSETS_RUN_MATRIX``), validates every entry against ``presets
 objects. Invalid entries raise :class:`~phantora_assets.lib.errors.RunMatrixError` naming the
 entry and the rule, before anything is simulated.
 
-:func:`matrix_for` is the run matrix of a data root: the matrix merged with the root's imported
-run folders (``lib/phantora/run_folder.py``). It is parsed and validated once per process and
-read again only when one of its inputs changes on disk (the matrix file, the imports registry,
-a ``$PHANTORA_ASSETS_IMPORT_DIR`` folder) or the environment names other inputs.
+:func:`load_run_matrix` parses and validates the matrix file once per process and state of the
+file (path, inode, size, mtime and ctime). The run matrix of a data root, with its imported run
+folders, is :func:`phantora_assets.imported_runs.matrix_for`.
 """
 
 from __future__ import annotations
@@ -198,19 +197,52 @@ def parse_entries(entries: list[dict[str, Any]], source_name: str = "runs.toml")
     return specs
 
 
+def check_specs(specs: list[RunSpec], source_name: str) -> None:
+    """Validate RunSpecs built in code (not parsed from a file): each entry's rules, unique run_ids.
+
+    Raises:
+        RunMatrixError: naming ``source_name``, the entry and the rule.
+    """
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        entry = f"{source_name} #{i + 1} ({spec.workload} {spec.gpu} {spec.layout})"
+        validate(spec, entry)
+        if spec.run_id in seen:
+            raise RunMatrixError(f"{entry}: duplicate run_id {spec.run_id}")
+        seen.add(spec.run_id)
+
+
 def run_matrix_path() -> Path | None:
     """The user's run matrix file from ``PHANTORA_ASSETS_RUN_MATRIX``, or None for the shipped one."""
     value = os.environ.get(RUN_MATRIX_ENV)
     return Path(value) if value else None
 
 
+def _stamp(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+_PARSED: dict[str, tuple[tuple[int, ...] | None, list[RunSpec]]] = {}
+
+
 def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
-    """Load and validate a run matrix (default: the shipped ``runs.toml``).
+    """Load and validate a run matrix (default: ``$PHANTORA_ASSETS_RUN_MATRIX``, else the shipped
+    ``runs.toml``). Parsed once per process and state of the file (inode, size, mtime, ctime);
+    returns a new list of the same frozen RunSpecs each call.
 
     Raises:
         RunMatrixError: an entry is invalid; the message names the file, the entry and the rule.
     """
     path = Path(path) if path else run_matrix_path()
+    key = str(path) if path is not None else ""
+    stamp = _stamp(path) if path is not None else None
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] == stamp and (path is None or stamp is not None):
+        return list(hit[1])
     if path is None:
         data, name = _package_toml("runs.toml"), "runs.toml"
     else:
@@ -219,7 +251,9 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise RunMatrixError(f"{path}: cannot read run matrix ({exc})") from exc
         name = str(path)
-    return parse_entries(list(data.get("run", [])), name)
+    specs = parse_entries(list(data.get("run", [])), name)
+    _PARSED[key] = (stamp, specs)
+    return list(specs)
 
 
 def spec_from_run_id(run_id: str, matrix: list[RunSpec] | None = None) -> RunSpec:
@@ -228,57 +262,3 @@ def spec_from_run_id(run_id: str, matrix: list[RunSpec] | None = None) -> RunSpe
         if spec.run_id == run_id:
             return spec
     raise KeyError(f"run_id {run_id!r} is not in the run matrix")
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-def _inputs_key(data_dir: Path) -> tuple:
-    """What :func:`matrix_for`'s answer depends on: paths from the environment and the stamps
-    (mtime, size) of the files and folders read."""
-    from phantora_assets.lib.phantora.run_folder import IMPORT_DIR_ENV, registry_path
-
-    matrix_file = run_matrix_path()
-    import_dirs = tuple(p for p in os.environ.get(IMPORT_DIR_ENV, "").split(os.pathsep) if p.strip())
-    registry = registry_path(data_dir)
-    return (
-        str(data_dir.resolve()),
-        str(matrix_file),
-        matrix_file and _stamp(matrix_file),
-        _stamp(registry),
-        import_dirs,
-        tuple(_stamp(Path(d)) for d in import_dirs),
-    )
-
-
-_RESOLVED: dict[str, tuple[tuple, list[RunSpec]]] = {}
-
-
-def matrix_for(data_dir: str | Path) -> list[RunSpec]:
-    """The run matrix as seen from ``data_dir``: ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``)
-    merged with the imports of ``data_dir/imports.toml`` and ``$PHANTORA_ASSETS_IMPORT_DIR``.
-
-    Parsed once per process and input state (see the module docstring); returns a new list of
-    the same frozen RunSpecs each call.
-
-    Raises:
-        RunMatrixError: an entry of the matrix or of the imports is invalid (named).
-    """
-    from phantora_assets.lib.phantora.run_folder import effective_matrix
-
-    root = Path(data_dir)
-    key = _inputs_key(root)
-    hit = _RESOLVED.get(key[0])
-    if hit is None or hit[0] != key:
-        _RESOLVED[key[0]] = hit = (key, effective_matrix(root))
-    return list(hit[1])
-
-
-def runs_by_id(data_dir: str | Path) -> dict[str, RunSpec]:
-    """``run_id -> RunSpec`` of :func:`matrix_for`."""
-    return {s.run_id: s for s in matrix_for(data_dir)}

@@ -5,7 +5,7 @@ indented JSON with sorted keys (stable, diff-friendly), :func:`read_record` deco
 it (a missing or malformed file raises :class:`RecordError` naming the file).
 
     <root>/perfdb/<gpu>/perf_db.json              PerfDbRecord      perf_db
-    partitions/<run_id>/run_log.json              RunLogRecord      raw_timeline (every source)
+    partitions/<run_id>/run_log.json              RunLogRecord      raw_timeline (all but analytic OOM)
     partitions/<run_id>/simulation.json           SimulationRecord  raw_timeline (analytic only)
     <run folder>/import.json                      ImportRecord      raw_timeline (import only)
     partitions/<run_id>/trace_summary.json        TraceSummary      validated_flows
@@ -75,6 +75,9 @@ class SimulationRecord(msgspec.Struct, kw_only=True):
         iteration_ns: simulated time of each iteration (the first is warm-up), ns.
         peak_memory_gib / card_gib: the memory estimate (GiB, rounded to 0.01) and the card.
         flops_per_step: model FLOP of one step summed over all ranks (GEMMs of the compute items).
+
+    Every field is required: a ``simulation.json`` written before these fields existed is refused
+    (:class:`RecordError` naming the file and the missing field), never read as nulls.
     """
 
     step_ms: float
@@ -83,10 +86,10 @@ class SimulationRecord(msgspec.Struct, kw_only=True):
     perf_db_fraction: float
     kernels_per_step: int
     kernels_from_perf_db: int
-    iteration_ns: list[int] = []
-    peak_memory_gib: float | None = None
-    card_gib: float | None = None
-    flops_per_step: float | None = None
+    iteration_ns: list[int]
+    peak_memory_gib: float
+    card_gib: float
+    flops_per_step: float
 
 
 class ImportRecord(msgspec.Struct, kw_only=True):

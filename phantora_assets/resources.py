@@ -1,35 +1,39 @@
-"""Resources: where data lives, and the simulation source behind one interface.
+"""Resources: where data lives, and what the simulation sources need from the environment.
 
-``simulator`` is the key every environment binds, to one of two resources with the same
-interface (``simulate`` -> raw_timeline stage, ``write_trace`` -> chrome_trace stage):
-
-* :class:`AnalyticSimulatorResource` (default, pure Python): runs ``source = "analytic"``.
-* :class:`PhantoraDocker`: runs ``source = "docker"`` with Phantora in Docker, and
-  ``analytic`` runs with the embedded simulator, so a mixed run matrix works with it bound.
-
-Both handle ``source = "import"`` (a run folder registered by ``phantora-assets import``), which
-needs no simulator. Every path writes the same run-folder layout.
+``data`` is :class:`DataRoot`. ``simulator`` is the key every environment binds, to one of two
+resources: :class:`AnalyticSimulatorResource` (default; no Docker) or :class:`PhantoraDocker`
+(gives the ``docker`` source its Docker backend). Either way each run is simulated by the source
+its spec names (``sources.REGISTRY``), through :meth:`SimulatorResource.context`;
+``simulate``/``write_trace`` call a source directly (for scripts and tests).
+:func:`simulator_from_env` picks one from the environment (called by ``definitions.build_defs``
+and the CLI, never at import).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
 
 from phantora_assets.matrix import RunSpec
-from phantora_assets.paths import DataPaths, default_data_dir, default_perfdb_dir
+from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import DockerBackend, SourceContext
 from phantora_assets.stages.common import StageResult
 
 DOCKER_MAX_CONCURRENT_ENV = "PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT"
+SIMULATOR_ENV = "PHANTORA_ASSETS_SIMULATOR"
+DOCKER_IMAGE_ENV = "PHANTORA_ASSETS_DOCKER_IMAGE"
+PHANTORA_TESTS_ENV = "PHANTORA_ASSETS_PHANTORA_TESTS_DIR"
 
 
 class DataRoot(dg.ConfigurableResource):
-    """The data root (``data/`` by default): run folders, partition tables, the dataset."""
+    """The data root: run folders, partition tables, the dataset (``build_defs`` sets it from
+    ``$PHANTORA_ASSETS_DATA_DIR``, default ``data``)."""
 
-    data_dir: str = str(default_data_dir())
+    data_dir: str
 
     @property
     def paths(self) -> DataPaths:
@@ -145,3 +149,18 @@ class PhantoraDocker(SimulatorResource):
             slots=lambda root: SimulationSlots(root / "work" / ".slots", self.max_concurrent),
             perfdb_source=self.perfdb_source,
         )
+
+
+def simulator_from_env(specs: Sequence[RunSpec]) -> AnalyticSimulatorResource | PhantoraDocker:
+    """``PhantoraDocker`` when ``$PHANTORA_ASSETS_SIMULATOR=docker`` or a run of ``specs`` has
+    ``source = "docker"`` (image from ``$PHANTORA_ASSETS_DOCKER_IMAGE``, training scripts from
+    ``$PHANTORA_ASSETS_PHANTORA_TESTS_DIR``, slots from ``$PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT``);
+    else the analytic simulator."""
+    choice = os.environ.get(SIMULATOR_ENV, "")
+    if choice == "docker" or (choice != "analytic" and any(s.source == "docker" for s in specs)):
+        return PhantoraDocker(
+            image=os.environ.get(DOCKER_IMAGE_ENV, "phantora:latest"),
+            phantora_tests_dir=os.environ.get(PHANTORA_TESTS_ENV) or None,
+            max_concurrent=int(os.environ.get(DOCKER_MAX_CONCURRENT_ENV, "1")),
+        )
+    return AnalyticSimulatorResource()

@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a Docker engine and the Phantora image; opt in with --run-docker")
     for item in items:
-        if "docker" in item.keywords:
+        if item.get_closest_marker("docker") is not None:
             item.add_marker(skip)
 
 

@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 
 from phantora_assets import definitions as d
-from phantora_assets.checks import read_checks
+from phantora_assets.checks import TRACE_CHECKS, read_checks
 from phantora_assets.matrix import RUN_MATRIX_ENV, load_run_matrix
 from phantora_assets.paths import PERFDB_DIR_ENV, DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 A = "phantora_l40s_W4_2x1"  # the partition fed bad input
 B = "phantora_a100_40g_W1_2x2"  # another partition, which must still materialize
-TRACE_CHECKS = ("flows_exist", "steps_match", "ring_bytes_match", "steady_steps_stable")
 
 
 # ------------------------------------------------------------------------------------- helpers

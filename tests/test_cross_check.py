@@ -1,4 +1,4 @@
-"""Cross-check of a trace against the workload model (lib/cross_check.py), on real traces."""
+"""Cross-check of a trace against the workload model (lib/traffic/cross_check.py), on real traces."""
 
 from __future__ import annotations
 

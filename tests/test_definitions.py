@@ -58,3 +58,29 @@ def test_workspace_loads_with_dagster_cli():
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_build_defs_uses_the_specs_it_is_given(tmp_path):
+    """Partitions, RunSpecs and the dataset all come from ``specs``, not from the shipped matrix."""
+    import dagster as dg
+    import pytest
+
+    from phantora_assets.definitions import build_defs
+    from phantora_assets.lib.errors import RunMatrixError
+    from phantora_assets.matrix import RunSpec
+
+    spec = RunSpec("W4", "l40s", 2, 1, topology=(("host_bw_gbps", 100),))
+    defs = build_defs(tmp_path / "data", [spec])
+    job = defs.resolve_job_def("all_runs")
+    assert job.partitions_def.get_partition_keys() == [spec.run_id]
+    quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    res = job.execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=quiet)
+    assert res.success
+    netconfig = (tmp_path / "data" / spec.trace_dir / "config" / "netconfig.toml").read_text()
+    assert "host_bw = 100" in netconfig
+    res = defs.resolve_job_def("dataset").execute_in_process(instance=dg.DagsterInstance.ephemeral(), run_config=quiet)
+    assert res.success
+    status = (tmp_path / "data" / "phantora_v0" / "run_status.csv").read_text().splitlines()
+    assert status == ["run_id,status,reason", f"{spec.run_id},included,"]
+    with pytest.raises(RunMatrixError, match="unknown workload 'W9'"):
+        build_defs(tmp_path / "data", [RunSpec("W9", "l40s", 2, 1)])

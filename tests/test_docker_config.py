@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phantora_assets.definitions import simulator_from_env
 from phantora_assets.lib.phantora.docker_config import (
     DockerSettings,
     command_lines,
@@ -24,7 +23,7 @@ from phantora_assets.lib.phantora.docker_config import (
 )
 from phantora_assets.matrix import RunSpec, presets, spec_from_run_id
 from phantora_assets.paths import DataPaths
-from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker
+from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker, simulator_from_env
 
 SETTINGS = DockerSettings(phantora_tests_dir="/opt/phantora/tests")
 

@@ -26,9 +26,10 @@ from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, 
 from phantora_assets import definitions as d
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
+from phantora_assets.imported_runs import effective_matrix, read_registry, register
 from phantora_assets.lib.phantora.chrome_trace import read_trace
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
-from phantora_assets.lib.phantora.run_folder import discover, effective_matrix, read_registry, register
+from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, load_run_matrix
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
@@ -312,3 +313,14 @@ def test_import_dir_env_var_must_name_a_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("PHANTORA_ASSETS_IMPORT_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(RunMatrixError, match="PHANTORA_ASSETS_IMPORT_DIR: .*nowhere is not a directory"):
         effective_matrix(tmp_path / "data")
+
+
+def test_cli_names_the_file_and_rule_of_a_failed_run(tmp_path, capsys):
+    spec, raw, its = analytic(W1)
+    folder = write_run_folder(tmp_path / "src", spec, raw, run_log=megatron_log(its, 4, 16000.0))
+    good = (folder / "timeline.json.gz").read_bytes()
+    (folder / "timeline.json.gz").write_bytes(good[: len(good) // 2])  # truncated gzip
+    assert main(["import", str(folder), "--data-dir", str(tmp_path / "data")]) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
+    assert "FAILED: chrome_trace: " in line and f"{folder / 'timeline.json.gz'}: truncated gzip" in line
+    assert "Error occurred while executing op" not in line

@@ -1,4 +1,4 @@
-"""lib/io: the fast CSV writer writes exactly what pandas writes."""
+"""lib/store/io: the fast CSV writer writes exactly what pandas writes."""
 
 import math
 

@@ -363,7 +363,7 @@ def test_end_to_end_phantora_in_docker(tmp_path, monkeypatch):
     import dagster as dg
 
     from phantora_assets import definitions as d
-    from phantora_assets.lib.phantora.run_folder import effective_matrix
+    from phantora_assets.imported_runs import effective_matrix
     from phantora_assets.resources import DataRoot, PhantoraDocker
 
     matrix_file = tmp_path / "runs.toml"

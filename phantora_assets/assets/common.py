@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 
 from phantora_assets.checks import checks_of
-from phantora_assets.matrix import RunSpec, gpu_specs, runs_by_id
+from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.stages.common import StageResult
 
 
@@ -35,26 +35,20 @@ class Partitions:
         )
 
     def spec_for(self, context: dg.AssetExecutionContext) -> RunSpec:
-        """The RunSpec of the partition being materialized.
-
-        Resolved against the ``data`` resource's data root (its imports may differ from the
-        matrix these definitions were built with, e.g. a test or CLI call that imports into another
-        root in the same process; :func:`~phantora_assets.matrix.matrix_for` parses once per input
-        state), then against the matrix of the definitions.
+        """The RunSpec of the partition being materialized: a lookup in the run matrix these
+        definitions were built with (parsed once, when ``build_defs`` ran).
 
         Raises:
-            KeyError: the partition is in neither.
+            KeyError: the partition is not a run of that matrix.
         """
-        key = context.partition_key
-        data = getattr(context.resources, "data", None)
-        if data is not None:
-            spec = runs_by_id(data.data_dir).get(key)
-            if spec is not None:
-                return spec
-        for spec in self.specs:
-            if spec.run_id == key:
-                return spec
-        raise KeyError(f"partition {key!r} is not a run of the run matrix")
+        spec = self.by_id.get(context.partition_key)
+        if spec is None:
+            raise KeyError(f"partition {context.partition_key!r} is not a run of the run matrix")
+        return spec
+
+    @property
+    def by_id(self) -> dict[str, RunSpec]:
+        return {s.run_id: s for s in self.specs}
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

@@ -5,7 +5,6 @@ import dagster as dg
 
 from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
 from phantora_assets.lib.store.database import views_markdown
-from phantora_assets.matrix import matrix_for
 from phantora_assets.resources import DataRoot
 from phantora_assets.stages import dataset as stage
 
@@ -53,7 +52,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "row per run_id, window_s, window_start_s. run_status.csv lists included and excluded runs with reasons.",
     )
     def phantora_v0(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.export_dataset(matrix_for(data.data_dir), data.paths)
+        result = stage.export_dataset(list(p.specs), data.paths)
         excluded_md = "\n".join(f"| {r} | {why} |" for r, why in result.excluded.items()) or "| (none) | |"
         yield dg.MaterializeResult(
             metadata={
@@ -84,7 +83,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         'documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
     )
     def dataset_duckdb(context: dg.AssetExecutionContext, data: DataRoot):
-        res = stage.dataset_duckdb_stage(matrix_for(data.data_dir), data.paths)
+        res = stage.dataset_duckdb_stage(list(p.specs), data.paths)
         b = res.build
         yield dg.MaterializeResult(
             metadata={

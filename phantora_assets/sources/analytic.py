@@ -28,6 +28,8 @@ from phantora_assets.stages.common import Outcome, StageResult, record, write_pa
 
 NAME = "analytic"
 DESCRIPTION = "the embedded analytic simulator (roofline + perf DB kernel times, flow-level network)"
+DATASET_SOURCE = "phantora_analytic"
+ROOFLINE_TIMING = True
 
 _ANALYTIC_PERFDB = Outcome(
     "perfdb_complete",
@@ -56,7 +58,7 @@ def _fits_outcome(mem: dict[str, Any]) -> Outcome:
 def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown") -> StageResult:
     """Run the analytic simulator; write the raw timeline, ``run.log`` and ``config/``.
 
-    Writes ``partitions/<run_id>/raw_timeline.parquet`` (``contracts.RAW_TIMELINE_COLUMNS``),
+    Writes ``partitions/<run_id>/raw_timeline.parquet`` (``columns.RAW_TIMELINE_COLUMNS``),
     ``simulation.json`` (:class:`~phantora_assets.records.SimulationRecord`: step time, compute,
     iterations, memory, FLOPs) and ``run_log.json``, and in the run folder ``run.log`` and
     ``config/{netconfig,run}.toml``. A run that does not fit in GPU memory writes ``run.log``
@@ -129,9 +131,11 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     outcomes = [_fits_outcome(mem), _ANALYTIC_PERFDB]
     record(paths, spec, "raw_timeline", outcomes)
     # what run.log says, from the numbers the simulator returned (the log is not parsed back)
+    iteration_s = [ns / 1e9 for ns in result.iteration_ns]
     run_log = RunLog(
         format="analytic",
-        iteration_s=[ns / 1e9 for ns in result.iteration_ns],
+        iteration_s=iteration_s,
+        per_rank_s={0: list(iteration_s)},  # the log reports rank 0's iterations
         peak_memory_gib=mem["peak_gib"],
         precise=True,
     )

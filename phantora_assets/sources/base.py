@@ -2,7 +2,8 @@
 
 A source turns one :class:`~phantora_assets.matrix.RunSpec` into the two per-run files the rest
 of the graph shares: the raw timeline (``raw_timeline`` asset: whatever the source simulates or
-copies, plus ``run.log``, ``config/`` and ``partitions/<run_id>/run_log.json``) and the Chrome
+copies, plus ``run.log``, ``config/`` and, for a run that fits, ``partitions/<run_id>/run_log.json``
+and the source's own records) and the Chrome
 trace ``timeline.json.gz`` in the Phantora visualizer schema (``chrome_trace`` asset). Everything
 downstream reads only the Chrome trace and the sidecar records, so every source gives the same
 schema.
@@ -58,12 +59,22 @@ class SourceContext:
 class Source(Protocol):
     """A simulation source: a module with these names (``sources/<name>.py``).
 
-    ``NAME`` is the value of ``source = "..."`` in the run matrix and of the ``simulator`` column of
-    ``runs.csv``; ``DESCRIPTION`` is one line for ``phantora-assets runs`` and the docs.
+    Attributes:
+        NAME: its key in ``sources.REGISTRY``: the value of ``source = "..."`` in the run matrix
+            and of the ``simulator`` column of ``runs.csv`` (``tests/test_sources.py`` checks it).
+        DESCRIPTION: one line for the docs.
+        DATASET_SOURCE: the ``source`` column of ``runs.csv`` (where the timing came from:
+            ``phantora_v0`` for Phantora's own traces, ``phantora_analytic`` for the roofline).
+        ROOFLINE_TIMING: True if the source times kernels with a roofline model and writes
+            ``simulation.json`` (``records.SimulationRecord``): ``runs.csv`` then carries
+            ``flops_per_step``, ``mfu``, ``peak_flops`` and ``alpha``; False leaves them null and
+            reads the peak memory from ``run_log.json``.
     """
 
     NAME: str
     DESCRIPTION: str
+    DATASET_SOURCE: str
+    ROOFLINE_TIMING: bool
 
     def raw_timeline(self, spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
         """Simulate (or copy) the run; record ``fits_in_memory`` and ``perfdb_complete``."""

@@ -28,6 +28,8 @@ from phantora_assets.stages.common import StageResult, record
 
 NAME = "docker"
 DESCRIPTION = "Phantora itself, run in Docker (image built with patches/visualizer.patch)"
+DATASET_SOURCE = "phantora_v0"
+ROOFLINE_TIMING = False
 
 
 def simulate_docker(

@@ -29,6 +29,8 @@ from phantora_assets.stages.common import StageResult, record
 
 NAME = "import"
 DESCRIPTION = "a Phantora run folder imported from disk (phantora-assets import, $PHANTORA_ASSETS_IMPORT_DIR)"
+DATASET_SOURCE = "phantora_v0"
+ROOFLINE_TIMING = False
 
 
 def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pandera.errors as pa_errors
 
 from phantora_assets.checks import record_checks
 from phantora_assets.lib.store.io import atomic_path
@@ -59,21 +58,6 @@ def record(paths: DataPaths, spec: RunSpec, asset: str, outcomes: list[Outcome])
     record_checks(
         paths.run_folder(spec), asset, [(o.name, o.passed, o.message, o.severity == "warn") for o in outcomes]
     )
-
-
-def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
-    try:
-        schema.validate(df, lazy=True)
-    except pa_errors.SchemaErrors as exc:
-        cases = exc.failure_cases
-        head = "; ".join(f"{r.column}: {r.check}" for r in cases.head(5).itertuples())
-        return Outcome(
-            name,
-            False,
-            f"{len(cases)} violation(s) of the {schema.name} contract: {head}",
-            {"violations": int(len(cases))},
-        )
-    return Outcome(name, True, f"{len(df)} rows satisfy the {schema.name} contract", {"rows": int(len(df))})
 
 
 def jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pandera.errors as pa_errors
 
 from phantora_assets import contracts
 from phantora_assets.checks import RUN_CHECKS, blocking_failures, read_checks, reset_checks, run_passed
-from phantora_assets.contracts import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
+from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.store import database
 from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text
 from phantora_assets.lib.traffic import anatomy, binning
@@ -26,9 +27,26 @@ from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none
-from phantora_assets.stages.common import BIN_S, WINDOW_S, Outcome, StageResult, contract_outcome, record, write_parquet
+from phantora_assets.records import RecordError, RunLogRecord, SimulationRecord, read_record, read_record_or_none
+from phantora_assets.sources import get_source
+from phantora_assets.stages.common import BIN_S, WINDOW_S, Outcome, StageResult, record, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
+
+
+def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
+    """The outcome of validating ``df`` with the pandera ``schema`` (lazy: every violation counted)."""
+    try:
+        schema.validate(df, lazy=True)
+    except pa_errors.SchemaErrors as exc:
+        cases = exc.failure_cases
+        head = "; ".join(f"{r.column}: {r.check}" for r in cases.head(5).itertuples())
+        return Outcome(
+            name,
+            False,
+            f"{len(cases)} violation(s) of the {schema.name} contract: {head}",
+            {"violations": int(len(cases))},
+        )
+    return Outcome(name, True, f"{len(df)} rows satisfy the {schema.name} contract", {"rows": int(len(df))})
 
 
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
@@ -48,7 +66,8 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     """The run's ``runs.csv`` row, validated by the runs.csv contract.
 
     Reads ``trace_summary.json`` (validated_flows) and, from raw_timeline, ``simulation.json``
-    (analytic runs: FLOPs, memory, compute) or ``run_log.json`` (Phantora runs: peak memory).
+    (sources with ``ROOFLINE_TIMING``: FLOPs, memory, compute) or ``run_log.json`` (Phantora
+    runs: peak memory). The ``source`` column is the run's source's ``DATASET_SOURCE``.
 
     Raises:
         RecordError: a sidecar record this run needs is missing or malformed (names the file).
@@ -58,7 +77,8 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     step_time_s = summary.step_time_us / 1e6
     gpu = spec.gpu_spec
     pdir = paths.partition_dir(spec.run_id)
-    analytic = spec.source == "analytic"
+    src = get_source(spec.source)
+    analytic = src.ROOFLINE_TIMING
     sim = read_record(pdir / "simulation.json", SimulationRecord) if analytic else None
     flops = sim.flops_per_step if sim is not None else None
     if sim is not None:
@@ -68,7 +88,7 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         peak_memory_gib = run_log.peak_memory_gib if run_log is not None else None
     row = {
         "run_id": spec.run_id,
-        "source": source or ("phantora_analytic" if analytic else "phantora_v0"),
+        "source": source or src.DATASET_SOURCE,
         "layout": spec.layout,
         "n_nodes": spec.n_nodes,
         "step_time_s": step_time_s,
@@ -138,7 +158,12 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
     runs, bins, wins = [], [], []
     for spec in sorted(specs, key=lambda s: s.run_id):
         folder = paths.run_folder(spec)
-        if not run_passed(folder):
+        try:
+            passed = run_passed(folder)
+        except RecordError as exc:  # that run is out, with the reason; the others are not affected
+            excluded[spec.run_id] = str(exc)
+            continue
+        if not passed:
             if not read_checks(folder):
                 excluded[spec.run_id] = "not built"
                 continue
@@ -178,10 +203,15 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         listing = (
             ["run_id,status,reason"]
             + [f"{r},included," for r in included]
-            + [f'{r},excluded,"{why}"' for r, why in excluded.items()]
+            + [f'{r},excluded,"{_csv_text(why)}"' for r, why in excluded.items()]
         )
         atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n", durable=True)
     return DatasetResult(d, included, excluded, outcome)
+
+
+def _csv_text(text: str) -> str:
+    """``text`` for a double-quoted CSV field: quotes doubled, line breaks as spaces."""
+    return text.replace('"', '""').replace("\r", " ").replace("\n", " ")
 
 
 def _dtypes(schema) -> dict[str, str]:
@@ -261,7 +291,11 @@ def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[st
     rows: list[tuple[str, str, str]] = []
     for spec in sorted(specs, key=lambda s: s.run_id):
         folder = paths.run_folder(spec)
-        checks = read_checks(folder)
+        try:
+            checks = read_checks(folder)
+        except RecordError as exc:  # that run is out, with the reason; the others are not affected
+            rows.append((spec.run_id, "excluded", str(exc)))
+            continue
         pdir = paths.partition_dir(spec.run_id)
         if run_passed(folder):
             included[spec.run_id] = pdir

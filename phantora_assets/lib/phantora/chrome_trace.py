@@ -5,9 +5,9 @@ section 3): ``[\\n`` + one complete event (``"ph": "X"``) per line, joined by ``
 ``\\n]``. ``ts`` and ``dur`` are simulated microseconds.
 
 * :func:`write_chrome_trace` (from ``trace_writer``) turns a raw timeline
-  (``contracts.RAW_TIMELINE_COLUMNS``) into such a file, byte-for-byte deterministic.
-* :func:`read_trace` (this module) parses a trace into a flow table (``contracts.FLOW_COLUMNS``)
-  and a per-host computation summary (``contracts.COMPUTE_SUMMARY_COLUMNS``); the flows are the
+  (``columns.RAW_TIMELINE_COLUMNS``) into such a file, byte-for-byte deterministic.
+* :func:`read_trace` (this module) parses a trace into a flow table (``columns.FLOW_COLUMNS``)
+  and a per-host computation summary (``columns.COMPUTE_SUMMARY_COLUMNS``); the flows are the
   input of the dataset (``docs/DATASET.md``, "How a trace becomes the dataset").
 
 Reader design (performance): the file is inflated on a background thread and cut into ~1 MiB
@@ -39,7 +39,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from phantora_assets.contracts import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS
+from phantora_assets.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import trace_batches as tb
 from phantora_assets.lib.phantora import trace_decode as td
@@ -61,9 +61,9 @@ class ParsedTrace:
 
     Attributes:
         path: the file read.
-        flows: one row per Communication event, columns ``contracts.FLOW_COLUMNS`` (dtypes as
+        flows: one row per Communication event, columns ``columns.FLOW_COLUMNS`` (dtypes as
             listed there; strings as object), sorted by ``(ts_us, flow_id)``, RangeIndex.
-        compute: one row per host with Computation events, ``contracts.COMPUTE_SUMMARY_COLUMNS``,
+        compute: one row per host with Computation events, ``columns.COMPUTE_SUMMARY_COLUMNS``,
             sorted by host name.
         n_events: number of events in the array (all categories).
         compute_events: with ``read_trace(compute_events=True)``, one row per Computation

@@ -1,4 +1,4 @@
-"""Run folders of a Phantora dataset: find them, register them as imported runs.
+"""Run folders of a Phantora dataset: find them and read what they say about the run.
 
 No Dagster import. A run folder is laid out like the published dataset
 (PHANTORA_FORMATS.md section 1)::
@@ -10,22 +10,12 @@ No Dagster import. A run folder is laid out like the published dataset
         run.log            optional training stdout
         config/            optional compose.yaml, netconfig.toml, hostfile, command.txt
 
-Imported runs are kept in a registry, ``<data root>/imports.toml`` (``[[run]]`` entries of the
-run-matrix format with ``source = "import"`` and ``path`` = the folder), written by
-``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
-(``os.pathsep``-separated) are scanned as well, without being written anywhere: that is how
-the Dagster UI gets imported runs without running the CLI.
-
-:func:`effective_matrix` merges both into the run matrix. Replacement rule: an imported run
-whose run_id equals a matrix entry replaces that entry's source (analytic or docker) and keeps
-its ``published`` status; the topology comes from the folder's ``config/netconfig.toml`` when
-it has one, else from the matrix entry. Among imports, the environment's directories override
-the registry, and a later registration of the same run_id replaces an earlier one.
+:func:`discover` finds them; the imports registry and the merge into the run matrix are in
+:mod:`phantora_assets.imported_runs`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tomllib
@@ -33,14 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.store.io import atomic_write_text
-from phantora_assets.matrix import RunSpec, gpu_specs, load_run_matrix, parse_entries, presets, validate
+from phantora_assets.matrix import RunSpec, gpu_specs, presets, validate
 
-IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
-REGISTRY_NAME = "imports.toml"
 TRACE_NAMES = ("timeline.json.gz", "timeline.json")
 _LAYOUT = re.compile(r"^(W\d+)_(\d+)x(\d+)$")
 
@@ -192,99 +177,3 @@ def discover(root: str | Path) -> tuple[list[RunFolder], list[Skipped]]:
             seen[r.spec.run_id] = r.path
             found.append(r)
     return sorted(found, key=lambda r: r.spec.run_id), skipped
-
-
-# --------------------------------------------------------------------------- registry
-def registry_path(data_root: str | Path) -> Path:
-    return Path(data_root) / REGISTRY_NAME
-
-
-def _entry(spec: RunSpec) -> dict[str, Any]:
-    e: dict[str, Any] = {
-        "workload": spec.workload,
-        "gpu": spec.gpu,
-        "nodes": spec.n_nodes,
-        "gpus_per_node": spec.gpus_per_node,
-        "source": "import",
-        "path": spec.path,
-    }
-    if spec.topology:
-        e["topology"] = dict(spec.topology)
-    return e
-
-
-def read_registry(data_root: str | Path) -> list[RunSpec]:
-    """Imported runs registered under ``data_root`` (``[]`` when there is no registry).
-
-    Raises:
-        RunMatrixError: the registry cannot be parsed or holds an invalid entry (named).
-    """
-    path = registry_path(data_root)
-    if not path.is_file():
-        return []
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise RunMatrixError(f"{path}: cannot read the imports registry ({exc})") from exc
-    specs = parse_entries(list(data.get("run", [])), str(path))
-    for s in specs:
-        if s.source != "import":
-            raise RunMatrixError(f"{path}: entry {s.run_id} has source {s.source!r}; the registry holds imports only")
-    return specs
-
-
-def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
-    """Add or replace ``specs`` (by run_id) in the registry; written atomically. Returns its path."""
-    current = {s.run_id: s for s in read_registry(data_root)}
-    for s in specs:
-        current[s.run_id] = s
-    path = registry_path(data_root)
-    header = (
-        "# Imported Phantora run folders (written by `phantora-assets import`).\n"
-        "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n"
-    )
-    body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
-    atomic_write_text(path, header + body, durable=True)
-    return path
-
-
-def env_import_dirs() -> list[Path]:
-    """Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``."""
-    value = os.environ.get(IMPORT_DIR_ENV, "")
-    return [Path(p) for p in value.split(os.pathsep) if p.strip()]
-
-
-def imported_specs(data_root: str | Path) -> list[RunSpec]:
-    """Registry entries, then the environment's directories (later wins per run_id)."""
-    out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
-    for d in env_import_dirs():
-        if not d.is_dir():
-            raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
-        folders, _ = discover(d)
-        for f in folders:
-            out[f.spec.run_id] = f.spec
-    return list(out.values())
-
-
-def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec]:
-    """The run matrix with ``imports`` applied (see the module docstring's replacement rule).
-
-    Matrix order is kept; imports of new run_ids follow, sorted by run_id.
-    """
-    by_id = {s.run_id: s for s in imports}
-    merged: list[RunSpec] = []
-    for s in matrix:
-        imp = by_id.pop(s.run_id, None)
-        if imp is None:
-            merged.append(s)
-        else:
-            merged.append(dataclasses.replace(s, source="import", path=imp.path, topology=imp.topology or s.topology))
-    merged += [by_id[k] for k in sorted(by_id)]
-    return merged
-
-
-def effective_matrix(data_root: str | Path, matrix: list[RunSpec] | None = None) -> list[RunSpec]:
-    """The run matrix (default: :func:`~phantora_assets.matrix.load_run_matrix`) merged with the
-    imports of ``data_root`` and ``$PHANTORA_ASSETS_IMPORT_DIR``."""
-    base = load_run_matrix() if matrix is None else matrix
-    return merge_imports(base, imported_specs(data_root))

@@ -1,6 +1,6 @@
 """Phantora Chrome/Perfetto trace writer: a raw timeline -> ``timeline.json`` / ``timeline.json.gz``.
 
-Job: :func:`write_chrome_trace` turns a raw timeline (``contracts.RAW_TIMELINE_COLUMNS``, one row
+Job: :func:`write_chrome_trace` turns a raw timeline (``columns.RAW_TIMELINE_COLUMNS``, one row
 per event, times in simulated ns) into a file in the layout of Phantora's ``phantora_visualizer``
 (``docs/PHANTORA_FORMATS.md`` section 3): ``[\\n`` + one complete event (``"ph": "X"``) per line,
 joined by ``,\\n``, + ``\\n]``; ``ts`` and ``dur`` are simulated microseconds (ns / 1000, up to 3
@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from phantora_assets.contracts import RAW_TIMELINE_COLUMNS
+from phantora_assets.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
 __all__ = ["GZIP_LEVEL", "write_chrome_trace"]

@@ -3,7 +3,7 @@
 From a :class:`~phantora_assets.lib.sim.workloads.WorkloadModel` it runs ``iterations`` training
 steps (the first is warm-up: parameter broadcasts before it, Adam state initialisation, no
 ZeRO-3 trace yet) and emits Phantora's event schema as a raw-timeline DataFrame
-(``contracts.RAW_TIMELINE_COLUMNS``): one computation event per rank per compute item, one
+(``columns.RAW_TIMELINE_COLUMNS``): one computation event per rank per compute item, one
 communication event per ring flow (loopback hops included, as Phantora does).
 
 Timing model (documented, per GPU model, never per run):
@@ -88,7 +88,7 @@ class AnalyticSimulator:
         if perfdb_dir == "default":
             perfdb_dir = default_perfdb_folder(spec)
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
-        # the network of the run's netconfig.toml (lib/netconfig.py writes the same dict to config/)
+        # the network of the run's netconfig.toml (lib/phantora/netconfig.py writes the same dict to config/)
         self.topology = Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
         self.emit = emit
         self.replicate = replicate

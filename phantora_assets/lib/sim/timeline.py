@@ -4,7 +4,7 @@
 AnalyticSimulator` (per node: kind 0 compute / 1 collective / 2 barrier, rank or communicator
 index, program item, iteration, start and end in ns; per flow: end time in ns) into Phantora's
 event schema, a DataFrame with the columns and dtypes of
-:data:`~phantora_assets.contracts.RAW_TIMELINE_COLUMNS`: one computation event per rank per
+:data:`~phantora_assets.columns.RAW_TIMELINE_COLUMNS`: one computation event per rank per
 compute item (its ``meta_json`` the Torch record, ``info`` from
 :func:`~phantora_assets.lib.sim.keys.torch_info`), one communication event per ring flow
 (loopback hops included). Times are integer ns (rounded, ``end_ns >= start_ns``); the steady
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from phantora_assets.contracts import RAW_TIMELINE_COLUMNS
+from phantora_assets.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
 from phantora_assets.lib.sim.memory import MemoryEstimate
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.contracts import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
 
 NS_PER_S = 1_000_000_000
 NS_PER_US = 1_000

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.contracts import STEP_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
 MIN_REPEATS = 3

@@ -1,0 +1,147 @@
+"""Imported Phantora run folders: the registry, the environment's folders, and the merge of both
+into the run matrix (no Dagster import).
+
+Imported runs are kept in a registry, ``<data root>/imports.toml`` (``[[run]]`` entries of the
+run-matrix format with ``source = "import"`` and ``path`` = the folder), written by
+``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
+(``os.pathsep``-separated) are scanned as well (``lib/phantora/run_folder.discover``), without
+being written anywhere: that is how the Dagster UI gets imported runs without running the CLI.
+
+:func:`effective_matrix` (alias :func:`matrix_for`) merges both into the run matrix. Replacement
+rule: an imported run whose run_id equals a matrix entry replaces that entry's source (analytic or
+docker) and keeps its ``published`` status; the topology comes from the folder's
+``config/netconfig.toml`` when it has one, else from the matrix entry. Among imports, the
+environment's directories override the registry, and a later registration of the same run_id
+replaces an earlier one.
+
+This module sits above both ``matrix`` (RunSpec, the matrix file) and ``lib/phantora/run_folder``
+(discovery), so neither imports the other's caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.phantora.run_folder import discover
+from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
+
+IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
+REGISTRY_NAME = "imports.toml"
+
+
+def registry_path(data_root: str | Path) -> Path:
+    return Path(data_root) / REGISTRY_NAME
+
+
+def _entry(spec: RunSpec) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "workload": spec.workload,
+        "gpu": spec.gpu,
+        "nodes": spec.n_nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "source": "import",
+        "path": spec.path,
+    }
+    if spec.topology:
+        e["topology"] = dict(spec.topology)
+    return e
+
+
+def read_registry(data_root: str | Path) -> list[RunSpec]:
+    """Imported runs registered under ``data_root`` (``[]`` when there is no registry).
+
+    Raises:
+        RunMatrixError: the registry cannot be parsed or holds an invalid entry (named).
+    """
+    path = registry_path(data_root)
+    if not path.is_file():
+        return []
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise RunMatrixError(f"{path}: cannot read the imports registry ({exc})") from exc
+    specs = parse_entries(list(data.get("run", [])), str(path))
+    for s in specs:
+        if s.source != "import":
+            raise RunMatrixError(f"{path}: entry {s.run_id} has source {s.source!r}; the registry holds imports only")
+    return specs
+
+
+def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
+    """Add or replace ``specs`` (by run_id) in the registry; written atomically. Returns its path."""
+    current = {s.run_id: s for s in read_registry(data_root)}
+    for s in specs:
+        current[s.run_id] = s
+    path = registry_path(data_root)
+    header = (
+        "# Imported Phantora run folders (written by `phantora-assets import`).\n"
+        "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n"
+    )
+    body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
+    atomic_write_text(path, header + body, durable=True)
+    return path
+
+
+def env_import_dirs() -> list[Path]:
+    """Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``."""
+    value = os.environ.get(IMPORT_DIR_ENV, "")
+    return [Path(p) for p in value.split(os.pathsep) if p.strip()]
+
+
+def imported_specs(data_root: str | Path) -> list[RunSpec]:
+    """Registry entries, then the environment's directories (later wins per run_id)."""
+    out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
+    for d in env_import_dirs():
+        if not d.is_dir():
+            raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+        folders, _ = discover(d)
+        for f in folders:
+            out[f.spec.run_id] = f.spec
+    return list(out.values())
+
+
+def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec]:
+    """The run matrix with ``imports`` applied (see the module docstring's replacement rule).
+
+    Matrix order is kept; imports of new run_ids follow, sorted by run_id.
+    """
+    by_id = {s.run_id: s for s in imports}
+    merged: list[RunSpec] = []
+    for s in matrix:
+        imp = by_id.pop(s.run_id, None)
+        if imp is None:
+            merged.append(s)
+        else:
+            merged.append(dataclasses.replace(s, source="import", path=imp.path, topology=imp.topology or s.topology))
+    merged += [by_id[k] for k in sorted(by_id)]
+    return merged
+
+
+def effective_matrix(data_root: str | Path, matrix: list[RunSpec] | None = None) -> list[RunSpec]:
+    """The run matrix (default: :func:`~phantora_assets.matrix.load_run_matrix`, parsed once per
+    state of its file) merged with the imports of ``data_root`` and ``$PHANTORA_ASSETS_IMPORT_DIR``
+    (read on every call: they are small, and a cache keyed on their files' stamps went stale)."""
+    base = load_run_matrix() if matrix is None else matrix
+    return merge_imports(base, imported_specs(data_root))
+
+
+def matrix_for(data_dir: str | Path) -> list[RunSpec]:
+    """The run matrix as seen from ``data_dir`` (:func:`effective_matrix` with the default matrix).
+
+    Raises:
+        RunMatrixError: an entry of the matrix, the registry or an import folder is invalid (named).
+    """
+    return effective_matrix(data_dir)
+
+
+def runs_by_id(data_dir: str | Path) -> dict[str, RunSpec]:
+    """``run_id -> RunSpec`` of :func:`matrix_for`."""
+    return {s.run_id: s for s in matrix_for(data_dir)}
