@@ -332,7 +332,9 @@ def test_published_figures_shipped_with_the_package() -> None:
 # --------------------------------------------------------------------------- docs
 def test_readme_documents_features_and_views() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert feature_markdown() in readme, "README's feature table is stale: paste lib.traffic.window_features.feature_markdown()"
+    assert feature_markdown() in readme, (
+        "README's feature table is stale: paste lib.traffic.window_features.feature_markdown()"
+    )
     assert views_markdown() in readme, "README's view list is stale: paste lib.store.database.views_markdown()"
 
 

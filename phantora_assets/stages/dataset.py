@@ -81,6 +81,7 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     analytic = src.ROOFLINE_TIMING
     sim = read_record(pdir / "simulation.json", SimulationRecord) if analytic else None
     flops = sim.flops_per_step if sim is not None else None
+    peak_memory_gib: float | None
     if sim is not None:
         peak_memory_gib = sim.peak_memory_gib
     else:

@@ -1,10 +1,11 @@
 """Step detection: cut a run's flows into training steps without step markers.
 
-DATASET.md section "How a trace becomes the dataset", step 2. Each communicator rank
+docs/DATASET.md, "How a trace becomes the dataset", step 2. Each communicator rank
 (``comm_id``, ``comm_rank``) issues a repeating sequence of NCCL calls; its period is one
-training step. Periods are cut aligned to the END of each sequence (the last step ends
-with the last call), so a warm-up that differs from the steady steps only affects the
-beginning.
+training step (or a whole fraction of one: "Sub-periods" and "Several repetitions per step
+on every communicator" below). Periods are cut aligned to the END of each sequence (the
+last step ends with the last call), so a warm-up that differs from the steady steps only
+affects the beginning.
 
 Definitions used here (all documented choices):
 
@@ -27,7 +28,8 @@ Definitions used here (all documented choices):
   several do (e.g. the 16 identical all-to-all sends of a MoE step), the boundary inside
   it is ambiguous: its calls are assigned to steps **by time**, using the step starts of
   the other ("anchor") sequences, and the last step, cut short by the end of the trace,
-  is not steady. When none does, :class:`StepDetectionError` ("steps disagree").
+  is not steady. When none does, :class:`StepDetectionError` ("steps disagree"), unless
+  the steps of several periods below hold.
 * **Steps**: with ``N`` the largest count, a sequence with ``N_i`` full periods numbers
   them ``N - N_i ... N - 1``; calls before its first full period belong to no step.
   Steps ``0 .. (N - C) + warmup_steps - 1`` are warm-up; the rest are steady (for the
@@ -40,27 +42,63 @@ Definitions used here (all documented choices):
   at start-up); its flows get step -1. Otherwise :class:`StepDetectionError` with rule
   ``"steps never repeat"``.
 * Every sequence's first call of steady step ``k`` must come before step ``k + 1`` starts,
-  else the communicators disagree on the steps (:class:`StepDetectionError`).
+  else the communicators disagree on the steps (:class:`StepDetectionError` "steps
+  disagree", unless the steps of several periods below hold).
+* **Several repetitions per step on every communicator**: when every communicator repeats
+  its pattern within a step (two equal gradient buckets on the DP group and two equal
+  all-reduces on the TP group), no sequence has the step as its primitive period, and the
+  cut above is wrong: it fails ("steps disagree"), or its steps overlap in time (a call of
+  one step starts after a call of the next step started; any step, warm-up included). The
+  calls' times then tell the step. The reference sequence ``R`` (fewest full periods; the
+  first in (``comm_id``, ``comm_rank``) order on a tie) is given the period ``k * p_R``
+  for ``k = 2, 3, ...``. Every other sequence takes, among the multiples of its period
+  whose number of full periods is within ``slack`` of ``R``'s (and at least
+  ``min_repeats``), the one nearest ``R``'s count (the smaller multiple on a tie) whose
+  steps do not overlap ``R``'s and whose calls sit at the same places among ``R``'s calls
+  in each of the last ``min(N_i, N_R) - warmup_steps`` steps (the place of a call: how
+  many of the step's calls of ``R`` start before it); if none does, this ``k`` fails. The
+  steps are then numbered as above and must pass the rules above, not overlap, include at
+  least 2 steady steps, and be indivisible: for every prime ``g`` dividing every
+  sequence's multiple (period / primitive period), no steady step splits into ``g`` equal
+  parts that would be steps themselves (not overlapping, passing the check above, calls at
+  the same places), so one late call does not turn two iterations into one step. The
+  smallest ``k`` that holds gives the steps; when a larger ``k`` that is not a multiple of
+  it holds too, the data are ambiguous: :class:`StepDetectionError` "steps ambiguous".
+  When none holds, a failed cut above raises its "steps disagree" error with the reason
+  the first ``k`` failed, and a cut above that overlaps is kept. A single communicator, or
+  several whose primitive cut passes the check and does not overlap, keep their primitive
+  periods: nothing but gaps in time would show a longer step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import gcd
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _overlap
+from phantora_assets.lib.traffic.step_cut import _Calls, _cut, _fail, _Periodicity, _primary_periods
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
 MIN_REPEATS = 3
 
 _REQUIRED = (
-    "flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "op", "dtype",
-    "count", "comm_id", "comm_rank", "root",
+    "flow_id",
+    "ts_us",
+    "dur_us",
+    "src_node",
+    "dst_node",
+    "bytes",
+    "op",
+    "dtype",
+    "count",
+    "comm_id",
+    "comm_rank",
+    "root",
 )
 
 
@@ -91,7 +129,7 @@ class StepResult:
     timed_steps: list[int]
     network_bytes_per_step: int
     source: str = "<flows>"
-    _period_step: np.ndarray = field(default=None, repr=False)  # step of every flow, warm-up included
+    _period_step: np.ndarray | None = field(default=None, repr=False)  # step of every flow, warm-up included
 
     def step_flows(self, step: int, network_only: bool = True) -> pd.DataFrame:
         """Flows of one step (any row of ``steps``), columns ``STEP_FLOW_COLUMNS``.
@@ -111,69 +149,17 @@ class StepResult:
         f = self.flows.loc[mask]
         if network_only:
             f = f.loc[f["src_node"].to_numpy() != f["dst_node"].to_numpy()]
-        out = pd.DataFrame({
-            "offset_us": f["ts_us"].to_numpy(dtype="float64") - start,
-            "dur_us": f["dur_us"].to_numpy(dtype="float64"),
-            "src_node": f["src_node"].to_numpy(dtype="int64"),
-            "dst_node": f["dst_node"].to_numpy(dtype="int64"),
-            "bytes": f["bytes"].to_numpy(dtype="int64"),
-        })
+        out = pd.DataFrame(
+            {
+                "offset_us": f["ts_us"].to_numpy(dtype="float64") - start,
+                "dur_us": f["dur_us"].to_numpy(dtype="float64"),
+                "src_node": f["src_node"].to_numpy(dtype="int64"),
+                "dst_node": f["dst_node"].to_numpy(dtype="int64"),
+                "bytes": f["bytes"].to_numpy(dtype="int64"),
+            }
+        )
         out = out.sort_values(["offset_us", "src_node", "dst_node"], kind="mergesort")
         return out.reset_index(drop=True).astype(STEP_FLOW_COLUMNS)
-
-
-def _z_function(seq: list[int]) -> list[int]:
-    """Z-array: z[i] = length of the longest common prefix of seq and seq[i:]."""
-    n = len(seq)
-    z = [0] * n
-    if n:
-        z[0] = n
-    left = right = 0
-    for i in range(1, n):
-        zi = 0
-        if i < right:
-            zi = min(right - i, z[i - left])
-        while i + zi < n and seq[zi] == seq[i + zi]:
-            zi += 1
-        z[i] = zi
-        if i + zi > right:
-            left, right = i, i + zi
-    return z
-
-
-class _Periodicity:
-    """Periodic-tail lengths of one token sequence: m(q) = longest q-periodic suffix."""
-
-    def __init__(self, tokens: np.ndarray) -> None:
-        self.n = len(tokens)
-        # A suffix of s with period q is a prefix of reversed(s) with period q, whose
-        # length is q + z[q] (z of the reversed sequence).
-        self.z = np.asarray(_z_function(tokens[::-1].tolist()), dtype=np.int64)
-
-    def tail(self, q: int) -> int:
-        if q >= self.n:
-            return self.n
-        return q + int(self.z[q])
-
-    def full_periods(self, q: int) -> int:
-        return self.tail(q) // q
-
-    def best_period(self, min_repeats: int) -> int | None:
-        if self.n < min_repeats:
-            return None
-        ps = np.arange(1, self.n // min_repeats + 1, dtype=np.int64)
-        if len(ps) == 0:
-            return None
-        m = ps + self.z[ps]
-        ok = m >= min_repeats * ps
-        if not ok.any():
-            return None
-        m_ok = np.where(ok, m, -1)
-        return int(ps[int(np.argmax(m_ok))])  # argmax: first (smallest p) of the longest
-
-
-def _fail(source: str, rule: str, detail: str) -> StepDetectionError:
-    return StepDetectionError(source, rule, detail)
 
 
 def detect_steps(
@@ -198,8 +184,9 @@ def detect_steps(
     Raises:
         StepDetectionError: no flows, a communicator rank whose calls never repeat
             (rule ``"steps never repeat"``), communicators that disagree on the number or
-            the timing of steps (rule ``"steps disagree"``), or no steady step left
-            (rule ``"no steady step"``).
+            the timing of steps (rule ``"steps disagree"``), every communicator repeating
+            its pattern within a step with two incompatible steps ordered in time (rule
+            ``"steps ambiguous"``), or no steady step left (rule ``"no steady step"``).
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -226,15 +213,16 @@ def detect_steps(
     order = np.lexsort((fid, ts, rank, comm_codes))
     c_s, r_s, ts_s, op_s = comm_codes[order], rank[order], ts[order], op[order]
 
-    peer = np.where(op_s == "send", dn[order] - sn[order],
-                    np.where(op_s == "recv", sn[order] - dn[order], 0))
-    tok_frame = pd.DataFrame({
-        "op": op_s,
-        "count": flows["count"].to_numpy(dtype=np.int64)[order],
-        "dtype": flows["dtype"].astype(str).to_numpy()[order],
-        "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
-        "peer": peer,
-    })
+    peer = np.where(op_s == "send", dn[order] - sn[order], np.where(op_s == "recv", sn[order] - dn[order], 0))
+    tok_frame = pd.DataFrame(
+        {
+            "op": op_s,
+            "count": flows["count"].to_numpy(dtype=np.int64)[order],
+            "dtype": flows["dtype"].astype(str).to_numpy()[order],
+            "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
+            "peer": peer,
+        }
+    )
     token = tok_frame.groupby(list(tok_frame.columns), sort=False).ngroup().to_numpy(np.int64)
 
     new_seq = np.ones(n_rows, dtype=bool)
@@ -250,8 +238,7 @@ def detect_steps(
     is_b = op_s == "broadcast"
     if is_b.any():
         bidx = np.flatnonzero(is_b)
-        bf = pd.DataFrame({"seq": seq_id[bidx], "ts": ts_s[bidx], "tok": token[bidx],
-                           "comm": c_s[bidx]})
+        bf = pd.DataFrame({"seq": seq_id[bidx], "ts": ts_s[bidx], "tok": token[bidx], "comm": c_s[bidx]})
         grp = bf.groupby(["seq", "ts", "tok"], sort=False)
         pos = grp.cumcount().to_numpy()
         sizes = grp["comm"].agg(["first", "size"])
@@ -259,19 +246,34 @@ def detect_steps(
         fanout = np.array([fan[int(c)] for c in bf["comm"].to_numpy()], dtype=np.int64)
         new_call[bidx] = pos % fanout == 0
     new_call[seq_start] = True
-    call_no = np.cumsum(new_call) - 1                  # global call number of each row
+    call_no = np.cumsum(new_call) - 1  # global call number of each row
     call_rows = np.flatnonzero(new_call)
     call_tok = token[call_rows]
     call_seq = seq_id[call_rows]
     seq_call_start = np.searchsorted(call_seq, np.arange(n_seq))
     seq_len = np.diff(np.append(seq_call_start, len(call_rows)))
+    cs = _Calls(
+        n_rows=n_rows,
+        order=order,
+        seq_id=seq_id,
+        ts_s=ts_s,
+        call_no=call_no,
+        call_rows=call_rows,
+        seq_start=seq_start,
+        seq_end=np.append(seq_start[1:], n_rows),
+        seq_comm=seq_comm,
+        seq_rank=seq_rank,
+        seq_call_start=seq_call_start,
+        seq_len=seq_len,
+        flow_arrays=(ts, dur, sn, dn, nbytes),
+    )
 
     # ---- period of each sequence ---------------------------------------------------
     cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
     per: list[_Periodicity] = []
     best: list[int | None] = []
     for i in range(n_seq):
-        toks = call_tok[seq_call_start[i]: seq_call_start[i] + seq_len[i]]
+        toks = call_tok[seq_call_start[i] : seq_call_start[i] + seq_len[i]]
         key = toks.tobytes()
         if key not in cache:
             pz = _Periodicity(toks)
@@ -281,118 +283,38 @@ def detect_steps(
         best.append(p)
 
     repeating = [i for i in range(n_seq) if best[i] is not None]
+    prim = {i: p for i, p in enumerate(best) if p is not None}  # primitive period of each repeating sequence
     if not repeating:
         i = int(np.argmax(seq_len))
-        raise _fail(src, "steps never repeat",
-                    f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, "
-                    f"no period repeats {min_repeats} times; no communicator repeats")
+        raise _fail(
+            src,
+            "steps never repeat",
+            f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, "
+            f"no period repeats {min_repeats} times; no communicator repeats",
+        )
 
-    counts = {i: per[i].full_periods(best[i]) for i in repeating}
-    c_ref = min(counts.values())
-    slack = warmup_steps + 1
-    # Sequences whose primitive period repeats more often than a step (e.g. the identical
-    # all-to-all sends of MoE layers) cannot place step boundaries themselves: their calls
-    # are assigned to steps by time, using the boundaries of the other ("anchor") sequences.
-    # A sequence that repeats its pattern k times per step is an anchor with period k * p
-    # when exactly one multiple brings its count into [c_ref, c_ref + slack]; when several
-    # do, the step boundary inside it is ambiguous and it is assigned by time.
-    period = {}
-    by_time = []
-    for i in repeating:
-        p = best[i]
-        if counts[i] <= c_ref + slack:
-            period[i] = p
-            continue
-        fits = [q for q in range(p, seq_len[i] + 1, p) if c_ref <= per[i].full_periods(q) <= c_ref + slack]
-        if len(fits) == 1:
-            period[i] = fits[0]
-            counts[i] = per[i].full_periods(fits[0])
-        elif fits:
-            by_time.append(i)
-        else:
-            lo = min(repeating, key=lambda j: counts[j])
-            raise _fail(src, "steps disagree",
-                        f"communicator {seq_comm[i]} rank {seq_rank[i]} repeats {counts[i]} times "
-                        f"(period {p} calls), no multiple of which matches the {counts[lo]} steps of "
-                        f"communicator {seq_comm[lo]} rank {seq_rank[lo]} (period {best[lo]} calls)")
-    anchors = [i for i in repeating if i in period]
-    n_min, n_max = min(counts[i] for i in anchors), max(counts[i] for i in anchors)
-    if n_max - n_min > slack:
-        lo = min(anchors, key=lambda i: counts[i])
-        hi = max(anchors, key=lambda i: counts[i])
-        raise _fail(src, "steps disagree",
-                    f"communicator {seq_comm[hi]} rank {seq_rank[hi]} has {counts[hi]} steps "
-                    f"(period {period[hi]} calls) but communicator {seq_comm[lo]} rank "
-                    f"{seq_rank[lo]} has {counts[lo]} (period {period[lo]} calls)")
-    n_steps = n_max
-    first_steady = (n_max - n_min) + warmup_steps
-    # with time-assigned sequences the last step is cut short by the end of the trace
-    n_complete = n_steps - 1 if by_time else n_steps
-    if first_steady >= n_complete:
-        raise _fail(src, "no steady step",
-                    f"{n_steps} steps, of which {first_steady} are warm-up")
-
-    # ---- step of every call, then of every row -------------------------------------
-    q_arr = np.ones(n_seq, dtype=np.int64)
-    nper = np.zeros(n_seq, dtype=np.int64)
-    for i in anchors:
-        q_arr[i], nper[i] = period[i], counts[i]
-    local = call_no - seq_call_start[seq_id]  # call index within its sequence
-    first_full = seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
-    rel = local - first_full
-    step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0),
-                           (n_steps - nper[seq_id]) + rel // q_arr[seq_id], -1)
-    if by_time:
-        anchor_rows = step_sorted >= 0
-        a_starts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows]).min()
-        a_starts = a_starts.reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
-        timed_rows = np.isin(seq_id, np.asarray(by_time))
-        k = np.searchsorted(a_starts, ts_s[timed_rows], side="right") - 1
-        step_sorted[timed_rows] = k
-        for i in by_time:
-            rows = seq_id == i
-            per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
-            period[i] = int(np.median(per_step[first_steady:n_complete]))
+    # ---- steps: by the sub-period rule, else several periods on every sequence -------
+    try:
+        period, counts, by_time = _primary_periods(cs, per, prim, repeating, warmup_steps, src)
+        cut = _cut(cs, period, counts, by_time, repeating, warmup_steps, src)
+    except StepDetectionError as err:
+        if err.rule != "steps disagree":
+            raise
+        coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
+        if isinstance(coarse, str):
+            raise _fail(
+                src, err.rule, f"{err.detail}; no step of several periods on every communicator fits either ({coarse})"
+            ) from None
+        cut = coarse
+    else:
+        if _overlap(cs, cut) is not None:
+            coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
+            if not isinstance(coarse, str):
+                cut = coarse
+    period, steps, starts = cut.period, cut.steps, cut.starts
+    first_steady, n_complete = cut.first_steady, cut.n_complete
     period_step = np.empty(n_rows, dtype=np.int64)
-    period_step[order] = step_sorted
-
-    # ---- step table ----------------------------------------------------------------
-    in_step = period_step >= 0
-    st = pd.DataFrame({"step": period_step[in_step], "ts": ts[in_step],
-                       "end": ts[in_step] + dur[in_step],
-                       "net": np.where(sn[in_step] != dn[in_step], nbytes[in_step], 0)})
-    g = st.groupby("step").agg(start=("ts", "min"), end=("end", "max"),
-                               net=("net", "sum"), n=("ts", "size"))
-    g = g.reindex(np.arange(n_steps))
-    starts = g["start"].to_numpy(dtype=np.float64)
-    ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
-    steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
-    steps = pd.DataFrame({
-        "step": np.arange(n_steps, dtype=np.int64),
-        "start_us": starts,
-        "end_us": ends,
-        "duration_us": ends - starts,
-        "steady": steady,
-        "network_bytes": g["net"].fillna(0).to_numpy(dtype=np.int64),
-        "n_flows": g["n"].fillna(0).to_numpy(dtype=np.int64),
-    }).astype(STEP_COLUMNS)
-
-    # ---- consistency of the cut in time (steady steps) -----------------------------
-    ss = pd.DataFrame({"seq": seq_id, "step": step_sorted, "ts": ts_s})
-    ss = ss[(ss["step"] >= first_steady) & (ss["step"] < n_steps - 1) & np.isin(ss["seq"], np.asarray(anchors))]
-    first_ts = ss.groupby(["seq", "step"])["ts"].min()
-    if len(first_ts):
-        nxt = starts[first_ts.index.get_level_values("step").to_numpy() + 1]
-        bad = first_ts.to_numpy() >= nxt
-        if bad.any():
-            (s_i, k) = first_ts.index[int(np.argmax(bad))]
-            nxt_rows = np.flatnonzero(step_sorted == k + 1)
-            o = int(seq_id[nxt_rows[np.argmin(ts_s[nxt_rows])]])
-            raise _fail(src, "steps disagree",
-                        f"communicator {seq_comm[s_i]} rank {seq_rank[s_i]} starts its step {k} "
-                        f"at {first_ts.iloc[int(np.argmax(bad))]:.3f} us, after step {k + 1} "
-                        f"began at {starts[k + 1]:.3f} us on communicator {seq_comm[o]} rank "
-                        f"{seq_rank[o]} (periods {period[s_i]} and {period[o]} calls)")
+    period_step[order] = cut.step_sorted
 
     # ---- sequences that never repeat: only allowed inside the warm-up --------------
     steady_start = starts[first_steady]
@@ -402,14 +324,17 @@ def detect_steps(
         rows = slice(seq_start[i], seq_start[i + 1] if i + 1 < n_seq else n_rows)
         last = float(ts_s[rows].max())
         if last >= steady_start:
-            raise _fail(src, "steps never repeat",
-                        f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, no "
-                        f"period repeats {min_repeats} times, and it has calls at {last:.3f} us, "
-                        f"after the first steady step began ({steady_start:.3f} us)")
+            raise _fail(
+                src,
+                "steps never repeat",
+                f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, no "
+                f"period repeats {min_repeats} times, and it has calls at {last:.3f} us, "
+                f"after the first steady step began ({steady_start:.3f} us)",
+            )
 
     # ---- summary -------------------------------------------------------------------
     steady_steps = [int(k) for k in range(first_steady, n_complete)]
-    if by_time:  # the last step is not steady, so every steady step ends at the next one's start
+    if cut.by_time:  # the last step is not steady, so every steady step ends at the next one's start
         timed = steady_steps
     else:
         timed = steady_steps[:-1] if len(steady_steps) - 1 >= 2 else steady_steps
