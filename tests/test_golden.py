@@ -2,8 +2,10 @@
 
 ``tests/data/golden_manifest.sha256`` holds the sha256 of the published tables
 (``phantora_v0/{runs,flows_100ms,windows,run_status}.csv``) and of every run's
-``timeline.json.gz``, as produced by the build at a86f02d (before the layout change). A change
-that alters any of them on purpose updates the manifest in the same commit and says why.
+``timeline.json.gz``, as produced by the build at a86f02d (before the layout change), and of every
+sidecar record (``partitions/*/*.json``, ``perfdb/*/perf_db.json``; its header says why those
+differ from a86f02d's). A change that alters any of them on purpose updates the manifest in the
+same commit and says why.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ def _manifest() -> dict[str, str]:
 EXPECTED = _manifest()
 
 
-def test_manifest_covers_every_trace_and_table(built):
+def test_manifest_covers_every_trace_table_and_record(built):
     traces = {str(p.relative_to(built)) for p in (built / "traces").rglob("timeline.json.gz")}
     assert traces == {k for k in EXPECTED if k.startswith("traces/")}
     assert len(traces) == 26
+    records = {str(p.relative_to(built)) for d in ("partitions", "perfdb") for p in (built / d).rglob("*.json")}
+    assert records == {k for k in EXPECTED if k.startswith(("partitions/", "perfdb/"))}
+    assert len(records) == 106
 
 
 @pytest.mark.parametrize("rel", sorted(EXPECTED))

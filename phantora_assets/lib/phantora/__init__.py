@@ -8,7 +8,7 @@ trace_helpers   forked helper processes that decode batches through shared memor
 run_log         run.log: per-iteration simulated time and peak memory
 perfdb          the perf DB of a GPU (compute.csv, memcpy.csv, manifest.md)
 netconfig       netconfig.toml: build and parse
-run_folder      run folders of a Phantora dataset: discovery, the imports registry, merging
+run_folder      run folders of a Phantora dataset: discovery (the registry is in imported_runs.py)
 docker_config   compose.yaml, netconfig, hostfile and exact commands of a Phantora Docker run
 docker_runner   the Docker SDK launcher (container lifecycle, visualizer, concurrency slots)
 """

@@ -14,9 +14,10 @@ Reader design (performance): the file is inflated on a background thread and cut
 batches of whole elements at ``,\\n`` (``trace_batches``); each batch is decoded in place into
 column arrays (``trace_decode``: the compiled ``_tracescan`` scanner, else typed ``msgspec``);
 for a large trace forked helper processes decode batches copied into shared memory
-(``trace_helpers``). This module assembles the batches' columns, in file order, into the output
-tables; only a few batches of text are in memory at a time. A JSON array in another layout (e.g.
-all on one line) is decoded as one document (memory then grows with the file).
+(``trace_helpers``, whose ``HelperPool.drain`` hands their columns back). This module assembles
+the batches' columns, in file order, into the output tables; only a few batches of text are in
+memory at a time. A JSON array in another layout (e.g. all on one line) is decoded as one
+document (memory then grows with the file).
 
 Errors: a format problem is raised as ``errors.TraceFormatError`` naming the file and the rule
 broken (see :func:`read_trace`).
@@ -30,9 +31,9 @@ import gc
 import hashlib
 import multiprocessing as mp
 import os
-import queue
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -302,6 +303,7 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
     asm = _Assembly(path, chunk_bytes)
     local = td.BatchDecoder()
     asm.tables[0] = (local.names.values, local.hosts.values, local.comms.values)
+    here = partial(_decode_here, asm, local)  # decodes batch k in this process
     helper = None
     # a daemonic process (e.g. a multiprocessing pool worker of a parallel build) may not start
     # children: it decodes everything itself
@@ -313,7 +315,7 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
     try:
         for k, (offset, buf, end) in enumerate(tb.iter_batches(path, chunk_bytes)):
             if helper is not None:
-                _drain(helper, asm, local, block=False)
+                helper.drain(asm, here, block=False)
                 if asm.failure is not None:
                     break
                 # with a helper per core, the helpers decode and this process only inflates, cuts
@@ -322,7 +324,7 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
                 # helpers than cores it decodes what they cannot take
                 submitted = helper.submit(k, buf, end, offset)
                 while not submitted and helper.saturates_cpus and helper.can_take(end):
-                    _drain(helper, asm, local, block=True, at_most=1)
+                    helper.drain(asm, here, block=True, at_most=1)
                     submitted = helper.submit(k, buf, end, offset)
                 if submitted:
                     continue
@@ -334,13 +336,13 @@ def _read_batches(path: Path, chunk_bytes: int, workers: int) -> _Assembly:
     except tb.StreamError:
         # a failure in an earlier batch takes precedence over a file-level one found later
         if helper is not None:
-            _drain(helper, asm, local, block=True)
+            helper.drain(asm, here, block=True)
         if asm.failure is None:
             raise
     finally:
         if helper is not None:
             try:
-                _drain(helper, asm, local, block=True)
+                helper.drain(asm, here, block=True)
             finally:
                 helper.close()
     return asm
@@ -353,38 +355,6 @@ def _decode_here(asm: _Assembly, dec: td.BatchDecoder, k: int, buf, end: int, of
         asm.fail(k, "error", exc.rule, exc.detail)
     except td.NeedWholeDoc:
         asm.fail(k, "whole")
-
-
-def _drain(helper: th.HelperPool, asm: _Assembly, local: td.BatchDecoder, block: bool, at_most: int = 0) -> None:
-    """Take the helpers' results; with ``block``, until none is outstanding (or ``at_most``
-    messages were taken, when > 0)."""
-    taken = 0
-    while helper.in_flight and not (at_most and taken >= at_most):
-        try:
-            msg = helper.msgs.get(block=block)
-        except queue.Empty:
-            return
-        taken += 1
-        kind, i = msg[0], msg[1]
-        if kind == "dead":  # decode here what that helper still held
-            helper.dead[i] = True
-            for k in sorted(k for k, v in helper.in_flight.items() if v[0] == i):
-                if k < asm.limit():
-                    buf, end, offset = helper.slot_copy(k)
-                    _decode_here(asm, local, k, buf, end, offset)
-                helper.done(k)
-            continue
-        k = msg[2]
-        if k not in helper.in_flight:
-            continue
-        helper.done(k)
-        if kind == "batch":
-            asm.add_helper_tables(1 + i, msg[5])
-            asm.batches[k] = (1 + i, msg[4])
-        elif kind == "error":
-            asm.fail(k, "error", msg[4], msg[5])
-        else:
-            asm.fail(k, "whole")
 
 
 def _read_whole(path: Path) -> _Assembly:

@@ -152,12 +152,8 @@ class _BadComm(Exception):
     pass
 
 
-class _CommTable(dict):
+class _CommTable(CodeTable):
     """Communicator object text -> dense code; ``values`` holds ``(rank, id bytes)`` per code."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: list[tuple[int, bytes]] = []  # type: ignore[assignment]  # as CodeTable.values
 
     def __missing__(self, key: bytes) -> int:
         try:
@@ -247,28 +243,9 @@ class BatchDecoder:
         then names the rule and the line)."""
         if res is None:
             return None
-        (
-            n,
-            ts,
-            dur,
-            tid,
-            fid,
-            nbytes,
-            count,
-            root,
-            name,
-            src,
-            dst,
-            comm,
-            call,
-            dtype,
-            c_ts,
-            c_dur,
-            c_host,
-            names,
-            hosts,
-            comms,
-        ) = res
+        # the Communication columns, then the Computation ones and the batch's tables (local codes)
+        n, ts, dur, tid, fid, nbytes, count, root, name, src, dst, comm, call, dtype = res[:14]
+        c_ts, c_dur, c_host, names, hosts, comms = res[14:]
         f8, i8, i4, i1 = np.float64, np.int64, np.int32, np.int8
         ts, dur = np.frombuffer(ts, f8), np.frombuffer(dur, f8)
         c_ts, c_dur = np.frombuffer(c_ts, f8), np.frombuffer(c_dur, f8)
@@ -276,7 +253,7 @@ class BatchDecoder:
             if not ((t >= 0) & (t <= MAX_TIME_US)).all():
                 return None
         try:
-            comm_code = np.fromiter(map(self.comms.__getitem__, comms), np.int32, len(comms))
+            comm_code = self.comms.codes(comms, len(comms))
         except _BadComm:
             return None
         src, dst, c_host = np.frombuffer(src, i4), np.frombuffer(dst, i4), np.frombuffer(c_host, i4)
@@ -375,7 +352,7 @@ class BatchDecoder:
                 i = next(k for k, v in enumerate(vals) if not -(2**63) <= v < 2**63)
                 raise BatchError("overflowing value", f"{where(i)}: {key} {vals[i]} beyond int64") from None
         try:
-            cols["comm"] = np.fromiter(map(self.comms.__getitem__, map(bytes, comm)), np.int32, m)
+            cols["comm"] = self.comms.codes(map(bytes, comm), m)
         except _BadComm as exc:
             i = next(k for k, c in enumerate(comm) if bytes(c) == exc.args[0])
             raise BatchError("bad communicator", f"{where(i)}: {exc.args[0][:80]!r}") from None

@@ -10,14 +10,15 @@ inflates and cuts the file (and decodes batches too).
 * :class:`HelperPool` (main process) forks the helpers, copies each batch handed to it into a
   slot of one shared anonymous ``mmap`` (``n * MAX_IN_FLIGHT`` slots of ``2 * chunk_bytes +
   64 KiB`` bytes), sends ``(k, slot, end, offset)`` through a pipe and collects the answers on
-  one receiving thread per helper (``msgs``: ``(kind, helper, k, ...)`` or ``("dead", helper)``).
+  one receiving thread per helper (``msgs``: ``(kind, helper, k, ...)`` or ``("dead", helper)``);
+  :meth:`HelperPool.drain` hands those answers to the reader's assembly (a :class:`BatchSink`).
 * :func:`helper_main` is the body of a helper: it decodes the batches in its slots with its own
   ``trace_decode.BatchDecoder`` and sends back the columns and its new table entries.
 
 Errors: a batch that breaks a rule comes back as ``("error", k, slot, rule, detail)`` (the
 ``trace_decode.BatchError`` of that batch), one in another layout as ``("whole", k, slot)``; a
-helper that dies is reported as ``("dead", i)`` (the main process then decodes its batches).
-``HelperPool()`` raises ``OSError`` when no memory or processes are left for helpers.
+helper that dies is reported as ``("dead", i)`` (``drain`` then has the main process decode its
+batches). ``HelperPool()`` raises ``OSError`` when no memory or processes are left for helpers.
 
 This module does not import pandas or dagster.
 """
@@ -30,7 +31,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from phantora_assets.lib.phantora import trace_decode as td
 from phantora_assets.lib.phantora.trace_batches import line_at
@@ -111,6 +114,19 @@ def _estimated_size(path: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 # Main process: the pool of helpers
 # ---------------------------------------------------------------------------------------------
+
+
+class BatchSink(Protocol):
+    """Where :meth:`HelperPool.drain` puts the helpers' results (``chrome_trace``'s assembly):
+    ``batches[k] = (decoder, columns)`` with decoder ``1 + i`` for helper ``i``."""
+
+    batches: dict[int, tuple[int, dict]]
+
+    def limit(self) -> float: ...  # index of the first failed batch (inf: none)
+
+    def fail(self, k: int, kind: str, rule: str = "", detail: str = "") -> None: ...
+
+    def add_helper_tables(self, decoder: int, tables: tuple[list, list, list]) -> None: ...
 
 
 class HelperPool:
@@ -210,6 +226,40 @@ class HelperPool:
         _, slot, end, offset = self.in_flight[k]
         start = slot * self.slot_size
         return bytearray(self.mm[start : start + end]), end, offset
+
+    def drain(
+        self, sink: BatchSink, decode_here: Callable[[int, bytearray, int, int], None], block: bool, at_most: int = 0
+    ) -> None:
+        """Hand the helpers' results to ``sink``; with ``block``, until none is outstanding (or
+        ``at_most`` messages were taken, when > 0). The batches a dead helper still held are
+        decoded by ``decode_here(k, buf, end, offset)`` (those before ``sink.limit()``)."""
+        taken = 0
+        while self.in_flight and not (at_most and taken >= at_most):
+            try:
+                msg = self.msgs.get(block=block)
+            except queue.Empty:
+                return
+            taken += 1
+            kind, i = msg[0], msg[1]
+            if kind == "dead":  # decode here what that helper still held
+                self.dead[i] = True
+                for k in sorted(k for k, v in self.in_flight.items() if v[0] == i):
+                    if k < sink.limit():
+                        buf, end, offset = self.slot_copy(k)
+                        decode_here(k, buf, end, offset)
+                    self.done(k)
+                continue
+            k = msg[2]
+            if k not in self.in_flight:
+                continue
+            self.done(k)
+            if kind == "batch":
+                sink.add_helper_tables(1 + i, msg[5])
+                sink.batches[k] = (1 + i, msg[4])
+            elif kind == "error":
+                sink.fail(k, "error", msg[4], msg[5])
+            else:
+                sink.fail(k, "whole")
 
     def close(self) -> None:
         for conn in self.jobs:

@@ -1,33 +1,33 @@
 """The intercepted torch calls each framework issues per training step (Phantora perf-DB keys).
 
-Sources (read, not run): Megatron-core local layer spec (``get_gpt_layer_local_spec``: column/
-row-parallel linears as ``torch.matmul``, ``DotProductAttention`` = baddbmm + torch softmax in
-fp32 + dropout + bmm, ``bias_dropout_add``, unfused RoPE), Megatron DDP (bf16 grad buffer,
-``main_grad.add_``, 1/dp grad scaling per bucket) and the distributed optimizer with
-``torch.optim.AdamW`` (foreach; the Megatron fallback without Apex/TE); Hugging Face Llama and
-gpt-oss eager attention and RMSNorm; DeepSpeed ``BF16_Optimizer`` (fp32 grad accumulation per
-parameter, one flat fp32 -> bf16 conversion and 1/dp scaling before the all-reduce) and ZeRO-3
-(fp32 gradient partition) with ``torch.optim.Adam`` (foreach, no weight decay). The shapes are
-those of the L40S perf DB (``perfdb/l40s/compute.csv``), which holds these workloads' keys.
+This module lists the layers' calls (attention, MLP, MoE, embedding, LM head). Sources (read, not
+run): Megatron-core local layer spec (``get_gpt_layer_local_spec``: column/row-parallel linears as
+``torch.matmul``, ``DotProductAttention`` = baddbmm + torch softmax in fp32 + dropout + bmm,
+``bias_dropout_add``, unfused RoPE) and Megatron DDP's ``main_grad.add_`` into the bf16 grad
+buffer; Hugging Face Llama and gpt-oss eager attention and RMSNorm. The shapes are those of the
+L40S perf DB (``perfdb/l40s/compute.csv``), which holds these workloads' keys. The gradient and
+optimizer calls (Megatron DDP and distributed optimizer, DeepSpeed ``BF16_Optimizer`` / ZeRO-3,
+Adam) are the methods :class:`TorchOps` inherits from
+:class:`~phantora_assets.lib.sim.optimizer_ops.OptimizerOps`.
 
 Only what Phantora times is listed: ops it does not intercept (embedding, fused norms, index,
 permute, copy_, zero_, sqrt, lerp, ...) cost zero in Phantora and are absent here. Each
-function returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank.
+method returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank.
 
 The lists are built from a run's
 :class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (its dimensions, tp/ep, and the
 per-rank parameter shapes); the step programs of :mod:`~phantora_assets.lib.sim.workloads` call
 :func:`torch_ops` with their model, so the dependency runs workloads -> torch_ops ->
-workload_layout, never back. Tensor shapes are element dims, sizes element counts; nothing here
-raises for a valid layout. No Dagster import.
+optimizer_ops -> workload_layout, never back. Tensor shapes are element dims, sizes element
+counts; nothing here raises for a valid layout. No Dagster import.
 """
 
 from __future__ import annotations
 
-from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, foreach, linear, matmul, zeros_like
+from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, linear, matmul, zeros_like
+from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, _memo, _r2
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 
-B16, F32 = "bf16", "f32"
 DROPOUT_P = 100000  # p = 0.1 as Phantora serialises it (x 1e6)
 DROPOUT_SCALE = 1111110  # 1 / (1 - p) x 1e6
 
@@ -42,25 +42,6 @@ def _bmm(a: tuple[int, ...], b: tuple[int, ...]) -> Kernel:
 
 def _mat(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
     return matmul(T(dtype, *a), T(dtype, *b), op="MatMul")
-
-
-def _r2(op: str, t: list) -> Kernel:
-    return ew(op, [t, t])
-
-
-def _memo(fn):
-    """Cache a kernel-list method per (instance, arguments); callers get a fresh list."""
-
-    def wrapper(self, *args, **kwargs):
-        key = (fn.__name__, args, tuple(sorted(kwargs.items())))
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = tuple(fn(self, *args, **kwargs))
-        return list(hit)
-
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
 
 
 _SHARED: dict[tuple, TorchOps] = {}
@@ -94,12 +75,11 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
     return ops
 
 
-class TorchOps:
+class TorchOps(OptimizerOps):
     """Kernel lists of one rank of ``model`` (see module docstring)."""
 
     def __init__(self, model: WorkloadLayout) -> None:
-        self._memo: dict[tuple, tuple[Kernel, ...]] = {}
-        self.m = model
+        super().__init__(model)
         self.s = model.seq * model.mbs
         self.h = model.hidden
         self.f = model.ffn
@@ -244,27 +224,6 @@ class TorchOps:
                 ew("Sum", T(F32, s)),
             ]
         return [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")] + self._mlin_bwd(h, vt)
-
-    @_memo
-    def megatron_grad_scale(self, bucket_numel: int) -> list[Kernel]:
-        """``bucket.grad_data *= 1/dp`` before the bucket's reduce-scatter."""
-        return [ew("Mul_", [T(B16, bucket_numel), T("f64")], out=T(B16, bucket_numel))]
-
-    def megatron_optimizer(self, groups: list[tuple[bool, list[int]]], warmup: bool) -> list[Kernel]:
-        """Distributed optimizer step: main grads to fp32 per shard piece, then AdamW (foreach)
-        per param group. ``groups``: (weight decay?, shard piece sizes in buffer order)."""
-        out: list[Kernel] = []
-        for _, pieces in groups:
-            out += [conv(T(B16, n), "Float") for n in pieces]
-        for decay, pieces in groups:
-            if not pieces:
-                continue
-            lst = [T(F32, n) for n in pieces]
-            if warmup:
-                out += [zeros_like(t) for t in lst for _ in range(2)]
-            ops = [foreach("ForeachMulScalar_", lst)] * (2 if decay else 1)
-            out += ops + [foreach("ForeachAddCMul_", [lst, lst, lst]), foreach("ForeachAddCDiv_", [lst, lst, lst])]
-        return out
 
     # ================================================================== Hugging Face Llama
     def _hf_lin_fwd(self, k_in: int, n_out: int, bias: bool = False, x3: bool = True) -> list[Kernel]:
@@ -436,41 +395,3 @@ class TorchOps:
             ew("Sum", T(B16, s, e)),
         ]
         return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)
-
-    # ================================================================== DeepSpeed optimizers
-    @_memo
-    def bf16_update_hp_grads(self) -> list[Kernel]:
-        """BF16_Optimizer: every parameter's bf16 grad converted and added to its fp32 grad."""
-        out: list[Kernel] = []
-        for p in self.m.params:
-            shape = self.m.param_shape(p)
-            out += [conv(T(B16, *shape), "Float"), _r2("Add_", T(F32, p.numel))]
-        return out
-
-    @_memo
-    def bf16_grads_for_reduction(self, total: int) -> list[Kernel]:
-        """The flat fp32 grads converted to the bf16 communication dtype and scaled by 1/dp."""
-        return [conv(T(F32, total), "BFloat16"), ew("Mul_", [T(B16, total), T("f64")], out=T(B16, total))]
-
-    @_memo
-    def zero3_grad_norm(self, dp: int) -> list[Kernel]:
-        """ZeRO-3 ``get_grad_norm_direct``: every gradient partition ``.double()`` before its norm."""
-        return [conv(T(B16, -(-p.numel // dp)), "Double") for p in self.m.params]
-
-    @_memo
-    def adam_flat(self, partition: int, warmup: bool, convert_grads: bool, unscale: bool) -> list[Kernel]:
-        """torch.optim.Adam (foreach, weight decay 0) over one flat fp32 partition."""
-        p = T(F32, partition)
-        out: list[Kernel] = []
-        if convert_grads:
-            out.append(conv(T(B16, partition), "Float"))
-        if unscale:
-            out.append(ew("Mul_", [p, T("f64")], out=p))
-        if warmup:
-            out += [zeros_like(p), zeros_like(p)]
-        lst = [p]
-        return out + [
-            foreach("ForeachMulScalar_", lst),
-            foreach("ForeachAddCMul_", [lst, lst, lst]),
-            foreach("ForeachAddCDiv_", [lst, lst, lst]),
-        ]

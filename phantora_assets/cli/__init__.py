@@ -1,0 +1,102 @@
+"""``phantora-assets``: build the dataset, import run folders, list runs (the Dagster graph in one process).
+
+    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
+    phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build]
+    phantora-assets runs   [--data-dir DIR]
+    phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
+    phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
+                           [--gpu h100] [--out sweep.csv]
+
+``build`` materializes every asset and check of every run (one in-process Dagster run per
+partition, split over ``--jobs N`` worker processes: a CLI call per partition would cost ~16 s
+each), then the dataset, the DuckDB
+database and the dataset plots. Runs that do not fit in GPU memory are reported as such; any
+other failure makes the exit code 1.
+``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
+in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
+is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).
+``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
+statement prints DuckDB's message and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from phantora_assets.cli.build import cmd_build
+from phantora_assets.cli.commands import cmd_import, cmd_query, cmd_runs, cmd_sweep, format_rows
+from phantora_assets.paths import DATA_DIR_ENV
+
+__all__ = ["build_parser", "cmd_build", "cmd_import", "cmd_query", "cmd_runs", "cmd_sweep", "format_rows", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="phantora-assets", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    default_dir = os.environ.get(DATA_DIR_ENV, "data")
+    b = sub.add_parser("build", help="materialize every asset and check of every run, then the dataset")
+    b.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
+    b.add_argument("--run", action="append", help="only this run_id (repeatable)")
+    b.add_argument("--quiet", action="store_true", help="print only the summary")
+    b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes for the runs (default: min(2, CPUs)); 1 = sequential",
+    )
+    b.set_defaults(func=cmd_build)
+    w = sub.add_parser(
+        "sweep",
+        help="what-if grid (layouts x host bandwidths x workloads) with the analytic "
+        "simulator, one table row per point (no Dagster)",
+    )
+    w.add_argument("--layouts", default="2x8,4x8,16x8", help="comma-separated <nodes>x<gpus_per_node>")
+    w.add_argument("--bandwidths", default="100,200,400,800", help="host link bandwidths, Gbps")
+    w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5")
+    w.add_argument("--gpu", default="h100", help="a key of gpus.toml")
+    w.add_argument(
+        "--uplink-bw",
+        type=float,
+        default=None,
+        help="spine-uplink port bandwidth, Gbps (default: the host bandwidth of the point)",
+    )
+    w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
+    w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
+    w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/sim/network.py)")
+    w.add_argument("--out", default="sweep.csv", help="output table (.csv or .parquet)")
+    w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    w.add_argument("--quiet", action="store_true", help="print only the summary line")
+    w.set_defaults(func=cmd_sweep)
+    i = sub.add_parser("import", help="register run folders of a Phantora dataset and build them")
+    i.add_argument(
+        "folders", nargs="+", metavar="FOLDER", help="a dataset root, its traces/ folder, a GPU folder or a run folder"
+    )
+    i.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
+    i.add_argument("--no-build", action="store_true", help="only register the folders in DIR/imports.toml")
+    i.add_argument("--quiet", action="store_true", help="print only the summary")
+    i.set_defaults(func=cmd_import)
+    r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")
+    r.add_argument("--data-dir", default=default_dir)
+    r.set_defaults(func=cmd_runs)
+    q = sub.add_parser("query", help="run one SQL statement against the DuckDB database and print the result")
+    q.add_argument("sql", help='e.g. "select run_id, sum(bytes) from flows_100ms group by 1"')
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.add_argument("--data-dir", default=default_dir)
+    q.set_defaults(func=cmd_query)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. An invalid run matrix (or another input error of ours) prints its message
+    (naming the file, entry and rule) and exits 2, without a traceback."""
+    from phantora_assets.lib.errors import RunMatrixError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RunMatrixError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,204 @@
+"""``phantora-assets import | runs | query | sweep``: the commands that are not the Dagster build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from phantora_assets.checks import blocking_failures, read_checks
+from phantora_assets.cli.build import _build
+from phantora_assets.paths import DataPaths
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from phantora_assets.imported_runs import matrix_for, register
+    from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
+
+    data_dir = Path(args.data_dir)
+    found: list[RunFolder] = []
+    skipped: list[Skipped] = []
+    for folder in args.folders:
+        try:
+            got, missed = discover(folder)
+        except FileNotFoundError as exc:
+            print(f"import: {exc}", file=sys.stderr)
+            return 2
+        found += got
+        skipped += missed
+    for s in skipped:
+        print(f"skipped {s.path}: {s.reason}", file=sys.stderr)
+    if not found:
+        print(
+            "import: no run folder (traces/<gpu>/<workload>_<nodes>x<gpus>/ with timeline.json.gz) found",
+            file=sys.stderr,
+        )
+        return 2
+    registry = register(data_dir, [f.spec for f in found])
+    for f in found:
+        print(f"registered {f.spec.run_id:34s} <- {f.path}")
+    print(f"imports registry: {registry.resolve()}")
+    if args.no_build:
+        return 0
+    matrix = matrix_for(data_dir)
+    return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from phantora_assets.imported_runs import matrix_for
+    from phantora_assets.lib.sim.memory import estimate_memory
+    from phantora_assets.lib.sim.workloads import WorkloadModel
+
+    paths = DataPaths(Path(args.data_dir))
+    print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
+    for spec in matrix_for(paths.root):
+        mem = estimate_memory(WorkloadModel(spec)).as_dict()
+        checks = read_checks(paths.run_folder(spec))
+        if not checks:
+            built = "-"
+        else:
+            bad = list(blocking_failures(paths.run_folder(spec)))
+            warned = [k for k, v in checks.items() if v["status"] == "warning"]
+            built = "all checks passed" if not bad else "not passed: " + ", ".join(bad)
+            if warned:
+                built += " (warning: " + ", ".join(warned) + ")"
+        fits = "yes" if mem["fits"] else "NO"
+        print(
+            f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "
+            f"{mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}"
+        )
+    return 0
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.10g}"
+    return str(v)
+
+
+def _jsonable(v):
+    import math
+    from datetime import date, datetime
+    from datetime import time as dtime
+    from decimal import Decimal
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (datetime, date, dtime)):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def format_rows(columns: list[str], rows: list[tuple], fmt: str) -> str:
+    """Rows as an aligned text table, CSV (header + rows) or JSON (a list of objects)."""
+    import csv
+    import io
+    import json
+
+    if fmt == "json":
+        return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows([["" if v is None else _cell(v) for v in r] for r in rows])
+        return buf.getvalue()
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [
+        all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows != [] for i in range(len(columns))
+    ]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+
+    out = [line(columns), "  ".join("-" * w for w in widths)] + [line(r) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out) + "\n"
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    db = DataPaths(Path(args.data_dir)).duckdb_path
+    if not db.exists():
+        print(
+            f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            cur = con.execute(args.sql)
+            columns = [d[0] for d in cur.description] if cur.description else []
+            rows = cur.fetchall() if columns else []
+    except duckdb.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_rows(columns, rows, args.format))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from phantora_assets.matrix import gpu_specs, presets
+    from phantora_assets.sweep import grid, run_sweep
+
+    if args.gpu not in gpu_specs():
+        print(f"unknown GPU {args.gpu!r} (known: {', '.join(sorted(gpu_specs()))})", file=sys.stderr)
+        return 2
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in presets()["workloads"]]
+    if unknown:
+        print(f"unknown workload(s) {unknown} (known: {', '.join(sorted(presets()['workloads']))})", file=sys.stderr)
+        return 2
+    try:
+        bandwidths = [float(b) for b in args.bandwidths.split(",") if b.strip()]
+        points = grid(
+            [x for x in args.layouts.split(",") if x.strip()],
+            bandwidths,
+            workloads,
+            args.gpu,
+            uplink_bw_gbps=args.uplink_bw,
+            rack_size=args.rack_size,
+            nspines=args.nspines,
+            ecmp=args.ecmp,
+        )
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    df = run_sweep(points, jobs=args.jobs)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        df.to_parquet(out, index=False)
+    else:
+        df.to_csv(out, index=False, float_format="%.6g", lineterminator="\n")
+    if not args.quiet:
+        show = df[
+            [
+                "workload",
+                "layout",
+                "host_bw_gbps",
+                "status",
+                "step_time_ms",
+                "compute_ms",
+                "exposed_comm_ms",
+                "inter_node_bytes_per_step",
+            ]
+        ].copy()
+        show["status"] = show["status"].str.slice(0, 120)
+        print(show.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\n{len(df)} points ({(df['status'] == 'ok').sum()} ok) in {time.perf_counter() - t0:.1f} s -> {out}")
+    return 0

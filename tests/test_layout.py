@@ -1,0 +1,45 @@
+"""The tree stays the one the README's Layout section describes: every module named there with its
+job, no module over 400 lines, no package folder over 12 modules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "phantora_assets"
+
+
+def _layout_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"## Layout\n.*?```\n(phantora_assets/\n.*?)```", text, re.S)
+    assert m, "README has no Layout tree"
+    return m.group(1)
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_module_is_in_the_readme_layout():
+    block = _layout_block()
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in _modules()
+        if p.name not in ("__init__.py", "__main__.py") and not re.search(rf"\b{re.escape(p.name)}\b", block)
+    ]
+    assert missing == []
+    for d in sorted({p.parent for p in _modules()} - {PKG}):
+        assert f"{d.name}/" in block, d
+
+
+def test_no_module_over_400_lines():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _modules()}
+    assert {k: v for k, v in sizes.items() if v > 400} == {}
+
+
+def test_no_package_folder_over_12_modules():
+    folders: dict[str, int] = {}
+    for p in _modules():
+        folders[str(p.parent.relative_to(ROOT))] = folders.get(str(p.parent.relative_to(ROOT)), 0) + 1
+    assert {k: v for k, v in folders.items() if v > 12} == {}
