@@ -356,6 +356,26 @@ def test_large_run_is_fast():
     assert elapsed < 10.0, f"detect_steps took {elapsed:.1f} s on {len(flows)} flows"
 
 
+def test_repetitions_beyond_the_search_bound_are_refused_with_the_reason():
+    """Every communicator issues 100 equal calls per step: the fallback does not search steps of
+    more than MAX_REPETITIONS (64) periods, so the run is refused with that reason (quickly), not
+    cut wrongly or searched for minutes."""
+    from phantora_assets.lib.traffic.step_coarse import MAX_REPETITIONS
+
+    fb = FlowBuilder()
+    tp, dp = "0000000000000f11", "0000000000000f12"
+    for it in range(N_ITER):
+        t = it * T
+        for k in range(100):
+            fb.ring(tp, [0, 1], "all_reduce", TP_COUNT, "Bf16", t + 10 + 40 * k, 5)
+        for k in range(100):
+            fb.ring(dp, [0, 2], "all_reduce", DP_COUNT, "Bf16", t + 5000 + 40 * k, 5)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(fb.frame())
+    assert ei.value.rule == "steps disagree"
+    assert f"steps of more than {MAX_REPETITIONS} are not searched" in ei.value.detail
+
+
 def test_every_communicator_repeating_within_a_step():
     # TP: two equal all-reduces per step; DP: two equal gradient buckets, the first one of
     # iteration 0 smaller. No sequence has the step as its primitive period (all are 1 call):

@@ -167,7 +167,13 @@ def _coarse_cut(
         same[i] = first_of.setdefault((id(per[i]), cs.ts_s[calls].tobytes()), i)
     chosen: tuple[int, _Cut] | None = None
     reason = None
-    for k in range(2, int(cs.seq_len[r]) // (max(1, min_repeats) * best[r]) + 1):
+    k_max = int(cs.seq_len[r]) // (max(1, min_repeats) * best[r])
+    if k_max > MAX_REPETITIONS:
+        reason = (
+            f"{cs.name(r)} would need up to {k_max} repetitions of its {best[r]}-call period per step; "
+            f"steps of more than {MAX_REPETITIONS} are not searched"
+        )
+    for k in range(2, min(k_max, MAX_REPETITIONS) + 1):
         if chosen is not None and k % chosen[0] == 0:
             continue  # a grouping of the chosen steps
         got = _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src)
@@ -188,3 +194,10 @@ def _coarse_cut(
     if chosen is not None:
         return chosen[1]
     return reason or f"{cs.name(r)} repeats {counts[r]} times"
+
+
+#: The fallback tries steps of 2 .. MAX_REPETITIONS periods of the reference sequence: each try
+#: walks every sequence, so an unbounded search is quadratic in the trace (104 s for 512 identical
+#: calls per step on every communicator). A step of more repetitions is refused with the reason,
+#: and a second, ambiguous cut beyond the bound is not looked for.
+MAX_REPETITIONS = 64

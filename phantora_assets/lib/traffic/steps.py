@@ -64,8 +64,11 @@ Definitions used here (all documented choices):
   the same places), so one late call does not turn two iterations into one step. The
   smallest ``k`` that holds gives the steps; when a larger ``k`` that is not a multiple of
   it holds too, the data are ambiguous: :class:`StepDetectionError` "steps ambiguous".
-  When none holds, a failed cut above raises its "steps disagree" error with the reason
-  the first ``k`` failed, and a cut above that overlaps is kept. A single communicator, or
+  ``k`` is searched up to ``step_coarse.MAX_REPETITIONS`` (64): beyond it the search would be
+  quadratic in the trace, so a step of more repetitions is refused with that reason and an
+  ambiguous cut beyond it is not looked for. When none holds, a failed cut above raises its
+  "steps disagree" error with the reason the first ``k`` failed, and a cut above that overlaps
+  is kept. A single communicator, or
   several whose primitive cut passes the check and does not overlap, keep their primitive
   periods: nothing but gaps in time would show a longer step.
 """
