@@ -346,3 +346,33 @@ def test_windows_csv_covers_every_run_with_the_feature_set(built, runs) -> None:
         15.0: [12] * len(runs),
     }
     assert np.isfinite(wins[["total_bytes", "cv", "pair_entropy_bits", "top_pair_share"]]).all().all()
+
+
+def test_database_rebuild_has_identical_contents(built, tmp_path) -> None:
+    """phantora.duckdb is not byte-identical between rebuilds (README), but its contents are:
+    every table's rows, every view's rows, and the comments."""
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("*.png", "traces"))
+    shutil.copytree(built / "traces", copy / "traces", ignore=shutil.ignore_patterns("*.png", "*.json.gz"))
+    (copy / "phantora.duckdb").unlink()
+    dataset_stage.dataset_duckdb_stage(RUN_MATRIX, DataPaths(copy))
+
+    def contents(path):
+        with duckdb.connect(str(path), read_only=True) as c:
+            names = [r[0] for r in c.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+            names += [
+                r[0] for r in c.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()
+            ]
+            rows = {n: c.execute(f'SELECT * FROM "{n}" ORDER BY ALL').fetchall() for n in names}
+            comments = c.execute(
+                "SELECT table_name, comment FROM duckdb_tables() UNION ALL "
+                "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal ORDER BY 1"
+            ).fetchall()
+            cols = c.execute("SELECT table_name, column_name, comment FROM duckdb_columns() ORDER BY 1, 2").fetchall()
+        return names, rows, comments, cols
+
+    first, again = contents(built / "phantora.duckdb"), contents(copy / "phantora.duckdb")
+    assert len(first[0]) >= 10
+    assert first == again

@@ -188,3 +188,34 @@ def test_trace_reader_is_deterministic_across_workers_and_batches(tmp_path: Path
         got = read_trace(trace, chunk_bytes=chunk, workers=workers)
         pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
         pd.testing.assert_frame_equal(got.compute, ref.compute, check_exact=True)
+
+
+def test_sweep_keeps_live_writers_temp_files(tmp_path: Path) -> None:
+    """A sweep while another writer is mid-write (same or another live process) removes nothing of
+    it; the write completes. (The sweep used to remove every temp file: 14 of 30 partitions failed
+    with a sweep every 50 ms during a build.)"""
+    target = tmp_path / "out" / "runs.csv"
+    with atomic_path(target) as tmp:
+        tmp.write_text("a,b\n1,2\n")
+        assert sweep_temp_files(tmp_path) == []  # our own pid: live
+        assert tmp.exists()
+    assert target.read_text() == "a,b\n1,2\n"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        live = tmp_path / "out" / f".windows.csv.p{sleeper.pid}.abcdefgh.tmp"
+        live.write_text("partial")
+        assert sweep_temp_files(tmp_path) == [] and live.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the writer is gone now: its file and a temp folder of a dead writer are swept, others kept
+    dead_dir = tmp_path / "run" / f".config.p{sleeper.pid}.dir.tmp"
+    (dead_dir / "sub").mkdir(parents=True)
+    (dead_dir / "sub" / "x.toml").write_text("x")
+    young_legacy = tmp_path / "out" / ".flows.parquet.abcdefgh.tmp"
+    young_legacy.write_text("old format, recent")
+    assert sorted(sweep_temp_files(tmp_path)) == sorted([live, dead_dir])
+    assert young_legacy.exists() and not dead_dir.exists()
+    old = time.time() - 2 * 3600
+    os.utime(young_legacy, (old, old))
+    assert sweep_temp_files(tmp_path) == [young_legacy]

@@ -1,8 +1,10 @@
 """Atomic file writes: write to a temporary name in the target folder, then rename.
 
-A process killed mid-write (``kill -9``) can leave a ``.<name>.<8 chars>.tmp`` file beside the
-target, never a partial target; :func:`sweep_temp_files` removes such leftovers (the build
-command does so when it starts).
+A process killed mid-write (``kill -9``) can leave a ``.<name>.p<pid>.<8 chars>.tmp`` file (or a
+``.<name>.p<pid>.dir.tmp`` folder, see :func:`replace_dir`) beside the target, never a partial
+target. Temporary names carry the writer's pid, so :func:`sweep_temp_files` (the build command
+runs it when it starts) removes only the leftovers of writers that are gone, never the live
+temporary file of another process writing under the same root.
 
 Durability: ``durable=True`` also fsyncs the file before the rename, so that the new content
 survives an OS crash or a power loss too (a rename alone only protects against a killed
@@ -19,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -60,7 +63,7 @@ def atomic_path(path: str | Path, durable: bool = False) -> Iterator[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise _write_error(path, exc) from exc
     tmp_path = Path(tmp)
@@ -111,24 +114,67 @@ def atomic_write_text(path: str | Path, text: str, durable: bool = False) -> Non
     atomic_write_bytes(path, text.encode("utf-8"), durable)
 
 
-#: Names of the temporary files made by :func:`atomic_path` (``tempfile.mkstemp``).
-TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+#: Names of the temporary files and folders made here: ``.<name>.p<pid>.<8 chars>.tmp``
+#: (:func:`atomic_path`), ``.<name>.p<pid>.link.tmp`` (:func:`link_or_copy`) and
+#: ``.<name>.p<pid>.dir.tmp`` (:func:`replace_dir`).
+TEMP_NAME = re.compile(r"^\..+\.p(?P<pid>\d+)\.(?:[a-z0-9_]{8}|link|dir)\.tmp$")
+#: Names made before temporary names carried the pid (swept only when older than an hour).
+LEGACY_TEMP_NAME = re.compile(r"^\..+\.(?:[a-z0-9_]{8}|link)\.tmp$")
+LEGACY_MAX_AGE_S = 3600.0
+
+
+def _started_at(pid: int) -> float | None:
+    """Start time of process ``pid`` (epoch s), None if there is no such process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0  # alive, start unknown: treat as the writer
+
+
+def _writer_gone(p: Path, now: float) -> bool:
+    m = TEMP_NAME.match(p.name)
+    try:
+        mtime = p.lstat().st_mtime
+    except FileNotFoundError:
+        return False
+    if m is None:
+        return LEGACY_TEMP_NAME.match(p.name) is not None and now - mtime > LEGACY_MAX_AGE_S
+    started = _started_at(int(m.group("pid")))
+    # gone, or the pid now belongs to a process started after the file was last written
+    return started is None or started > mtime + 1.0
 
 
 def sweep_temp_files(root: str | Path) -> list[Path]:
-    """Remove temporary files left under ``root`` by writers that were killed; returns them.
+    """Remove temporary files and folders left under ``root`` by writers that are gone (their pid
+    is not running, or now belongs to a process started after the file was written); returns them.
 
-    Only call it when no other process writes under ``root``.
+    Safe while other processes write under ``root``: their live temporary names are kept.
     """
     removed: list[Path] = []
     root = Path(root)
     if not root.is_dir():
         return removed
-    for p in root.rglob(".*.tmp"):
-        if p.is_file() and TEMP_NAME.match(p.name):
-            with contextlib.suppress(FileNotFoundError):
+    now = time.time()
+    for p in sorted(root.rglob(".*.tmp")):
+        if not (p.is_file() or p.is_dir()) or p.is_symlink() or not _writer_gone(p, now):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
                 p.unlink()
-                removed.append(p)
+            removed.append(p)
     return removed
 
 
@@ -203,7 +249,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
     if dst.exists() and same_path(src, dst):
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    tmp = dst.with_name(f".{dst.name}.p{os.getpid()}.link.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
@@ -214,13 +260,19 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def replace_dir(src: Path | None, dst: Path) -> None:
-    """Make ``dst`` a copy of directory ``src`` (or remove it when ``src`` is None)."""
+    """Make ``dst`` a copy of directory ``src`` (or remove it when ``src`` is None). The copy is
+    made in ``.<dst>.p<pid>.dir.tmp`` beside it; if the copy fails, that folder is removed and
+    ``dst`` is left as it was."""
     if src is not None and same_path(src, dst):
         return
-    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp = dst.with_name(f".{dst.name}.p{os.getpid()}.dir.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if src is not None:
-        shutil.copytree(src, tmp)
+        try:
+            shutil.copytree(src, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     shutil.rmtree(dst, ignore_errors=True)
     if src is not None:
         os.replace(tmp, dst)
