@@ -6,6 +6,7 @@ it (a missing or malformed file raises :class:`RecordError` naming the file).
 
     <root>/perfdb/<gpu>/perf_db.json              PerfDbRecord      perf_db
     partitions/<run_id>/run_log.json              RunLogRecord      raw_timeline (all but analytic OOM)
+    partitions/<run_id>/run_spec.json             RunSpecRecord     raw_timeline (every run)
     partitions/<run_id>/simulation.json           SimulationRecord  raw_timeline (analytic only)
     <run folder>/import.json                      ImportRecord      raw_timeline (import only)
     partitions/<run_id>/trace_summary.json        TraceSummary      validated_flows
@@ -120,6 +121,17 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     n_network_flows: int
     periods: dict[str, int] = {}
     compute_busy_us: dict[str, float] = {}
+
+
+class RunSpecRecord(msgspec.Struct, kw_only=True):
+    """``run_spec.json``: what a run was built from (its run-matrix entry, the workload preset,
+    the GPU's entry, the network, the perf DB files' sha256) and the ``fingerprint`` of it; the
+    dataset export compares it with the current entry so that a run built from an older entry is
+    named as stale, never exported silently."""
+
+    run_id: str
+    fingerprint: str
+    inputs: dict[str, Any]
 
 
 class CrossCheckRecord(msgspec.Struct, kw_only=True):

@@ -37,7 +37,7 @@ def test_manifest_covers_every_trace_table_and_record(built):
     assert len(traces) == 26
     records = {str(p.relative_to(built)) for d in ("partitions", "perfdb") for p in (built / d).rglob("*.json")}
     assert records == {k for k in EXPECTED if k.startswith(("partitions/", "perfdb/"))}
-    assert len(records) == 106
+    assert len(records) == 136
 
 
 @pytest.mark.parametrize("rel", sorted(EXPECTED))

@@ -8,6 +8,8 @@ dataset_duckdb  -> phantora.duckdb (rebuilt from the partitions of the runs that
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from phantora_assets import contracts
 from phantora_assets.checks import RUN_CHECKS, blocking_failures, read_checks, reset_checks, run_passed
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.store import database
-from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text
+from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text, swap_in_dir
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
@@ -31,6 +33,7 @@ from phantora_assets.records import RecordError, RunLogRecord, SimulationRecord,
 from phantora_assets.sources import get_source
 from phantora_assets.stages.common import BIN_S, WINDOW_S, Outcome, StageResult, record, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
+from phantora_assets.stages.simulation import stale_reason
 
 
 def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
@@ -151,9 +154,13 @@ class DatasetResult:
 def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
     """Assemble ``phantora_v0/`` from every run whose checks all passed.
 
-    Writes runs.csv, flows_100ms.csv, windows.csv and a Parquet copy of each, atomically;
-    validates the three tables with the v1 pandera contract first (nothing is written if a
-    table breaks it). Rows are sorted, so a rebuild is byte-identical.
+    Writes runs.csv, flows_100ms.csv, windows.csv (each even when empty), a Parquet copy of
+    each and run_status.csv into a staging folder, fsynced, then swaps it in at once
+    (``lib/store/io.swap_in_dir``): a reader or a crash sees the previous dataset or this one,
+    whole. Validates the three tables with the v1 pandera contract first (nothing is written if a
+    table breaks it). A run that passed its checks but was built from another run-matrix entry
+    or perf DB than the current one is excluded as stale (``stages/simulation.stale_reason``).
+    Rows are sorted, so a rebuild is byte-identical.
     """
     included, excluded = [], {}
     runs, bins, wins = [], [], []
@@ -172,6 +179,10 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
                 f"{k}: {v.get('status', 'missing')}" for k, v in blocking_failures(folder).items()
             )
             continue
+        stale = stale_reason(spec, paths)
+        if stale:
+            excluded[spec.run_id] = stale
+            continue
         included.append(spec.run_id)
         runs.append(pd.read_parquet(paths.table(spec.run_id, "run_summary")))
         b = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
@@ -183,31 +194,50 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
         if bins
         else pd.DataFrame({c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
     )
-    wins_df = pd.concat(wins, ignore_index=True) if wins else None
+    wins_df = (
+        pd.concat(wins, ignore_index=True)
+        if wins
+        else pd.DataFrame(
+            {c: pd.Series([], dtype=object if t == "str" else t) for c, t in WINDOW_FEATURE_COLUMNS.items()}
+        )
+    )
     outcomes = [
         contract_outcome("runs", contracts.RUNS, runs_df),
         contract_outcome("flows_100ms", contracts.FLOWS_100MS, bins_df),
+        contract_outcome("windows", contracts.windows_schema(), wins_df),
     ]
-    if wins_df is not None:
-        outcomes.append(contract_outcome("windows", contracts.windows_schema(), wins_df))
     ok = all(o.passed for o in outcomes)
     msg = "; ".join(o.message for o in outcomes)
     outcome = Outcome("dataset_contract", ok, msg, {"runs": len(included), "excluded": len(excluded)})
     d = paths.dataset_dir
     if ok:
-        tables = {"runs": runs_df, "flows_100ms": bins_df}
-        if wins_df is not None:
-            tables["windows"] = wins_df
-        for name, df in tables.items():
-            atomic_write_csv(df, d / f"{name}.csv", durable=True)
-            write_parquet(df, d / f"{name}.parquet", durable=True)
-        listing = (
-            ["run_id,status,reason"]
-            + [f"{r},included," for r in included]
-            + [f'{r},excluded,"{_csv_text(why)}"' for r, why in excluded.items()]
-        )
-        atomic_write_text(d / "run_status.csv", "\n".join(listing) + "\n", durable=True)
+        # every table (empty ones too) into a staging folder, swapped in at once (io.swap_in_dir)
+        staging = d.with_name(f".{d.name}.p{os.getpid()}.dir.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            for name, df in {"runs": runs_df, "flows_100ms": bins_df, "windows": wins_df}.items():
+                atomic_write_csv(df, staging / f"{name}.csv", durable=True)
+                write_parquet(df, staging / f"{name}.parquet", durable=True)
+            listing = (
+                ["run_id,status,reason"]
+                + [f"{r},included," for r in included]
+                + [f'{r},excluded,"{_csv_text(why)}"' for r, why in excluded.items()]
+            )
+            atomic_write_text(staging / "run_status.csv", "\n".join(listing) + "\n", durable=True)
+            if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
+                shutil.copytree(d / "plots", staging / "plots", copy_function=_link_or_copy2)
+            swap_in_dir(staging, d)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return DatasetResult(d, included, excluded, outcome)
+
+
+def _link_or_copy2(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _csv_text(text: str) -> str:
@@ -298,7 +328,10 @@ def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[st
             rows.append((spec.run_id, "excluded", str(exc)))
             continue
         pdir = paths.partition_dir(spec.run_id)
-        if run_passed(folder):
+        stale = stale_reason(spec, paths) if run_passed(folder) else None
+        if stale:
+            rows.append((spec.run_id, "excluded", stale))
+        elif run_passed(folder):
             included[spec.run_id] = pdir
             rows.append((spec.run_id, "included", ""))
         elif not checks:

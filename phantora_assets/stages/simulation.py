@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import Any
+
 from phantora_assets import contracts
 from phantora_assets.lib.phantora.perfdb import load_perfdb
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
-from phantora_assets.records import PerfDbRecord, read_record_or_none, write_record
+from phantora_assets.records import PerfDbRecord, RunSpecRecord, read_record_or_none, write_record
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.stages.common import StageResult
@@ -62,6 +66,58 @@ def perfdb_status(spec: RunSpec, paths: DataPaths) -> str:
 
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
     """The run's raw timeline, by its source (``sources.REGISTRY[spec.source]``); ``ctx`` gets the
-    GPU's perf DB status filled in."""
+    GPU's perf DB status filled in. Then ``run_spec.json`` (:func:`run_spec_record`): what the run
+    was built from, which the dataset export checks."""
     ctx = SourceContext(perfdb_status=perfdb_status(spec, paths), docker=ctx.docker, log=ctx.log)
-    return get_source(spec.source).raw_timeline(spec, paths, ctx)
+    (paths.partition_dir(spec.run_id) / "run_spec.json").unlink(missing_ok=True)
+    result = get_source(spec.source).raw_timeline(spec, paths, ctx)
+    write_record(paths.partition_dir(spec.run_id) / "run_spec.json", run_spec_record(spec))
+    return result
+
+
+def run_spec_record(spec: RunSpec) -> RunSpecRecord:
+    """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry
+    (layout, source, topology, import path), the workload preset, the GPU's ``gpus.toml`` entry,
+    the effective network settings and the sha256 of the GPU's perf DB files."""
+    folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
+    perfdb = {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.glob("*.csv")) + sorted(folder.glob("manifest.md"))
+        if f.is_file()
+    }
+    inputs: dict[str, Any] = {
+        "entry": {
+            "workload": spec.workload,
+            "gpu": spec.gpu,
+            "nodes": spec.n_nodes,
+            "gpus_per_node": spec.gpus_per_node,
+            "source": spec.source,
+            "path": spec.path,
+            "topology": dict(spec.topology),
+        },
+        "workload": spec.preset,
+        "gpu": spec.gpu_spec,
+        "network": spec.cluster,
+        "perf_db": perfdb,
+    }
+    text = json.dumps(inputs, sort_keys=True, default=str)
+    return RunSpecRecord(
+        run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
+    )
+
+
+def stale_reason(spec: RunSpec, paths: DataPaths) -> str | None:
+    """Why the run's files were built from something else than ``spec`` now describes (the
+    parts of :func:`run_spec_record` that differ), or None when they match.
+
+    Raises:
+        RecordError: ``run_spec.json`` is malformed (names the file).
+    """
+    rec = read_record_or_none(paths.partition_dir(spec.run_id) / "run_spec.json", RunSpecRecord)
+    if rec is None:
+        return "stale: built without a run_spec.json (by an older version); rebuild the run"
+    now = run_spec_record(spec)
+    if rec.fingerprint == now.fingerprint:
+        return None
+    changed = sorted(k for k in now.inputs if rec.inputs.get(k) != now.inputs[k])
+    return f"stale: built from another {', '.join(changed) or 'input'} than the run matrix now gives; rebuild the run"

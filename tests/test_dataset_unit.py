@@ -1,0 +1,100 @@
+"""The dataset is one unit (issue 13, finding 2): every table of one export is swapped in at once,
+every table is written even when empty, and a run built from an older run-matrix entry is named as
+stale instead of being exported. Real Dagster runs of a two-run matrix, real files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from phantora_assets.definitions import build_defs
+from phantora_assets.matrix import RunSpec
+from phantora_assets.stages import dataset as dataset_stage
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+A = RunSpec("W4", "l40s", 2, 1)
+B = RunSpec("W4", "h100", 2, 1)
+TABLES = [f"{t}.{ext}" for t in ("runs", "flows_100ms", "windows") for ext in ("csv", "parquet")] + ["run_status.csv"]
+
+
+def _build(root: Path, specs: list[RunSpec], runs: list[RunSpec] | None = None) -> dg.Definitions:
+    defs = build_defs(root, specs)
+    for spec in runs if runs is not None else specs:
+        res = defs.resolve_job_def("all_runs").execute_in_process(
+            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+        )
+        assert res.success
+    return defs
+
+
+def _export(defs: dg.Definitions) -> None:
+    res = defs.resolve_job_def("dataset").execute_in_process(instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+    assert res.success
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {n: hashlib.sha256((d / n).read_bytes()).hexdigest() for n in TABLES}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("unit") / "data"
+    _export(_build(root, [A, B]))
+    return root
+
+
+def test_a_failed_export_leaves_the_previous_dataset_whole(root, monkeypatch):
+    d = root / "phantora_v0"
+    before = _digests(d)
+    real = dataset_stage.write_parquet
+    calls = []
+
+    def failing(df, path, durable=False):
+        calls.append(path.name)
+        if path.name == "windows.parquet":  # after runs and flows_100ms were written
+            raise OSError(28, "No space left on device")
+        real(df, path, durable)
+
+    monkeypatch.setattr(dataset_stage, "write_parquet", failing)
+    with pytest.raises(OSError):
+        dataset_stage.export_dataset([A], dataset_stage_paths(root))
+    assert calls[:2] == ["runs.parquet", "flows_100ms.parquet"]
+    assert _digests(d) == before  # not a mix of two exports
+    assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]  # no staging left
+
+
+def test_every_table_is_written_even_when_no_run_is_included(root, tmp_path):
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(root, other)
+    result = dataset_stage.export_dataset([RunSpec("W4", "a100_40g", 2, 1)], dataset_stage_paths(other))  # not built
+    assert result.included == [] and result.outcome.passed
+    for name in ("runs.csv", "flows_100ms.csv", "windows.csv"):
+        assert len(pd.read_csv(other / "phantora_v0" / name)) == 0, name  # no rows of the earlier export
+
+
+def test_a_run_built_from_an_older_matrix_entry_is_named_stale(root, tmp_path):
+    import shutil
+
+    other = tmp_path / "stale"
+    shutil.copytree(root, other)
+    changed = RunSpec("W4", "l40s", 2, 1, topology=(("host_bw_gbps", 100),))  # same run_id as A
+    result = dataset_stage.export_dataset([changed, B], dataset_stage_paths(other))
+    assert result.included == [B.run_id]
+    assert result.excluded[A.run_id].startswith("stale: built from another entry, network")
+    status = (other / "phantora_v0" / "run_status.csv").read_text()
+    assert f'{A.run_id},excluded,"stale: built from another entry, network' in status
+    # rebuilding the run with the new entry brings it back
+    _export(_build(other, [changed, B], runs=[changed]))
+    assert set(pd.read_csv(other / "phantora_v0" / "runs.csv")["run_id"]) == {A.run_id, B.run_id}
+
+
+def dataset_stage_paths(root: Path):
+    from phantora_assets.paths import DataPaths
+
+    return DataPaths(root)
