@@ -85,3 +85,20 @@ def test_out_of_memory_is_detected(line):
 def test_unrecognised_and_garbled_text_never_raises():
     log = parse_run_log("hello\nRank 0 Time: [not, a, list] Avg Time: x\n\x00\x01binary\n")
     assert log.format == "unknown" and log.iteration_s == [] and log.metadata()["run_log_steady_iteration_ms"] is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["rank 1 iter 1 " * 16000, "Time: [" * 32000, "Rank 1 Time: [1.0, " * 16000],
+    ids=["iter-prefix", "time-list-open", "time-list-unclosed"],
+)
+def test_hostile_lines_parse_in_linear_time(text):
+    """Issue 13 (finding 4): a 224 KB line of repeated prefixes took 35 s (the regex rescanned the
+    rest of the line from every match start). A hang guard, not a speed target: the bound is ~100x
+    what it takes now (~0.2 s)."""
+    import time
+
+    t0 = time.perf_counter()
+    log = parse_run_log(text)
+    assert time.perf_counter() - t0 < 5.0
+    assert log.iteration_s == []

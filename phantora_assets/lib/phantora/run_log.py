@@ -43,9 +43,11 @@ from statistics import median
 from typing import Any
 
 _NUM = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
-_ITER = re.compile(r"\brank (\d+) iter (\d+)\b.*?\btime: " + _NUM)
+# Gaps are bounded ({0,N}): an unbounded ``.*?`` rescans the rest of the line from every "rank"
+# (``"rank 1 iter 1 " * 16000``, 224 KB, took 35 s); real lines have a few words in between.
+_ITER = re.compile(r"\brank (\d+) iter (\d+)\b.{0,200}?\btime: " + _NUM)
 _ITER_NORANK = re.compile(r"(?:^|[\s:\]])time: " + _NUM + r" wall: " + _NUM)
-_TIME_LIST = re.compile(r"(?:\bRank (\d+) )?\bTime: (\[[^\]]*\]) Avg [Tt]ime")
+_TIME_LIST = re.compile(r"(?:\bRank (\d+) )?\bTime: (\[[^\[\]\n]{0,65536}\]) Avg [Tt]ime")
 _PEAK = re.compile(r"\bRank (\d+) Peak: " + _NUM + r"\s*MiB")
 _ANALYTIC_ITER = re.compile(
     r"\biteration\s+(\d+)/(\d+) \| simulated time \(ms\): " + _NUM + r"(?: \| peak memory \(GiB\): " + _NUM + r")?"
