@@ -209,16 +209,19 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
     searched = 0  # no batch cut starts in buf[1 + span:searched]
     n_batches = 0
     sep = b""  # the element separator, known at the first line break
+    skipped = 0  # leading whitespace dropped before the document starts
     for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
         buf += chunk
         if not started:
             stripped = bytes(buf[1:]).lstrip(_WS)
-            if not stripped:
+            if not stripped:  # whitespace only so far: drop it (keeping it rescanned it every chunk)
+                skipped += len(buf) - 1
+                del buf[1:]
                 continue
             if len(stripped) < 3 and b"\xef\xbb\xbf".startswith(stripped):
                 continue  # may be a byte order mark split across chunks: wait for more text
             check_start(stripped[:3])
-            offset = len(buf) - len(stripped)  # after the whitespace and the "["
+            offset = skipped + len(buf) - len(stripped)  # after the whitespace and the "["
             buf = bytearray(b"[") + stripped[1:]
             started = True
         if not sep:
