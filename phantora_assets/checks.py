@@ -75,7 +75,11 @@ CHECKS: tuple[CheckDef, ...] = (
         "empty); otherwise the run's timings are invalid.",
     ),
     CheckDef(
-        "flows_exist", "validated_flows", True, True, "The trace has at least one network flow (src host != dst host)."
+        "flows_exist",
+        "validated_flows",
+        True,
+        True,
+        "The trace has at least one network flow (src host != dst host), and its network bytes sum within int64.",
     ),
     CheckDef(
         "steps_match",

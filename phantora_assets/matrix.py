@@ -4,7 +4,11 @@ No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or a file the
 through ``PHANTORA_ASSETS_RUN_MATRIX``), validates every entry against ``presets.toml``,
 ``gpus.toml`` and the source registry (``sources.REGISTRY``) and returns :class:`RunSpec`
 objects. Invalid entries raise :class:`~phantora_assets.lib.errors.RunMatrixError` naming the
-entry and the rule, before anything is simulated.
+entry and the rule, before anything is simulated. The rules are strict (README "Runs are
+partitions"): every value has its TOML type (an integer is not a float or a boolean, nothing is
+coerced), counts and bandwidths are in range (> 0, finite), names are among the known ones and a
+layout is at most :data:`MAX_NODES` nodes and :data:`MAX_WORLD_SIZE` GPUs. :func:`validate`
+applies them to any RunSpec (matrix file, imports registry, run folders, sweep points, code).
 
 :func:`load_run_matrix` parses and validates the matrix file once per process and state of the
 file (path, inode, size, mtime and ctime). The run matrix of a data root, with its imported run
@@ -22,10 +26,35 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.sim.network import ECMP_MODES
 from phantora_assets.sources import SOURCE_NAMES
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
 SOURCES = SOURCE_NAMES
+#: Largest layout simulated: hosts, and GPUs in all (README "Runs are partitions" says why).
+MAX_NODES = 4096
+MAX_WORLD_SIZE = 65536
+#: Most spines of a TwoLayerMultiPath network (one ToR uplink port per spine; links and routes
+#: grow with racks x spines).
+MAX_NSPINES = 512
+PUBLISHED = ("ok", "out_of_memory", "")
+#: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
+#: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
+#: LoadBalancerType, and the analytic simulator's ECMP modes.
+TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
+    "topology": ("TwoLayerMultiPath",),
+    "fairness": ("PerFlowMaxMin", "PerVmPairMaxMin", "TenantFlowMaxMin"),
+    "load_balancer": ("EcmpEverything", "EcmpSourcePort"),
+    "ecmp": ECMP_MODES,
+}
+#: Count-valued ``[cluster]`` keys and their largest value.
+TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
+#: Bandwidth-valued ``[cluster]`` keys, Gbps from 1 Mb/s to 1 Pb/s: the network simulator's float
+#: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
+TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
+MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
+_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path")
+_TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
 def _package_toml(name: str) -> dict[str, Any]:
@@ -133,8 +162,33 @@ class RunSpec:
         return f"traces/{self.gpu}/{self.workload}_{self.layout}"
 
 
-def validate(spec: RunSpec, entry: str) -> None:
-    """Raise RunMatrixError (naming ``entry`` and the rule) if ``spec`` cannot be simulated."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _got(value: object) -> str:
+    """``got <value> (<TOML type>)`` for a message (booleans spelled as in TOML, long values cut)."""
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"got {shown} ({_TOML_KINDS.get(type(value), type(value).__name__)})"
+
+
+def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: object) -> str:
+    """``<workload> <gpu> <layout>`` of an entry for its label; ``?`` for a value of the wrong type."""
+    name = [v if isinstance(v, str) else "?" for v in (workload, gpu)]
+    layout = "x".join(str(v) if _is_int(v) else "?" for v in (nodes, gpus_per_node))
+    return f"{name[0]} {name[1]} {layout}"
+
+
+def _check_fields(spec: RunSpec, entry: str) -> None:
+    """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
+    strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source}
+    for key, value in {**strings, "published": spec.published, "path": spec.path}.items():
+        if not isinstance(value, str):
+            raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
+    for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
+        if not _is_int(count):
+            raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
     wl = presets()["workloads"]
     if spec.workload not in wl:
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
@@ -142,8 +196,68 @@ def validate(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: unknown GPU {spec.gpu!r} (known: {', '.join(sorted(gpu_specs()))})")
     if spec.source not in SOURCES:
         raise RunMatrixError(f"{entry}: unknown source {spec.source!r} (known: {', '.join(SOURCES)})")
+    if spec.published not in PUBLISHED:
+        raise RunMatrixError(f"{entry}: unknown published status {spec.published!r} (known: 'ok', 'out_of_memory', '')")
     if spec.n_nodes < 1 or spec.gpus_per_node < 1:
         raise RunMatrixError(f"{entry}: nodes and gpus_per_node must be >= 1")
+    if spec.n_nodes > MAX_NODES or spec.world_size > MAX_WORLD_SIZE:
+        raise RunMatrixError(
+            f"{entry}: layout {spec.layout} ({spec.world_size} GPUs) is larger than the simulator supports: at most "
+            f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
+        )
+
+
+def _topology_rule(key: str, value: object, preset: object, source: str) -> str | None:
+    """What is wrong with ``topology.<key> = value`` (None when it is allowed)."""
+    if key in TOPOLOGY_NAMES:
+        known = TOPOLOGY_NAMES[key]
+        if not isinstance(value, str):
+            return f"must be a string, {_got(value)}"
+        if value not in known:
+            return f"{value!r} is not supported (known: {', '.join(known)})"
+        if key == "fairness" and source == "analytic" and value != "PerFlowMaxMin":
+            return f"{value!r} is not simulated by the analytic simulator (PerFlowMaxMin only; use source = 'docker')"
+    elif key in TOPOLOGY_COUNTS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, {_got(value)}"
+        if not 1 <= value <= TOPOLOGY_COUNTS[key]:
+            return f"must be between 1 and {TOPOLOGY_COUNTS[key]}, got {value}"
+    elif key in TOPOLOGY_BANDWIDTHS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number (Gbps), {_got(value)}"
+        if not MIN_BW_GBPS <= value <= MAX_BW_GBPS:  # also refuses nan and inf
+            return f"must be a number from {MIN_BW_GBPS} to {MAX_BW_GBPS} (Gbps), got {value}"
+    elif type(value) is not type(preset):
+        return f"must be of the type of presets.toml's {preset!r}, {_got(value)}"
+    return None
+
+
+def _check_topology(spec: RunSpec, entry: str) -> None:
+    topo = spec.topology
+    pairs = isinstance(topo, tuple) and all(
+        isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in topo
+    )
+    if not pairs or len({kv[0] for kv in topo}) != len(topo):
+        raise RunMatrixError(f"{entry}: topology must be (key, value) pairs with unique keys, {_got(topo)}")
+    cluster = presets()["cluster"]
+    unknown = {k for k, _ in topo} - set(cluster)
+    if unknown:
+        raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
+    for key, value in topo:
+        rule = _topology_rule(key, value, cluster[key], spec.source)
+        if rule:
+            raise RunMatrixError(f"{entry}: topology.{key} {rule}")
+
+
+def validate(spec: RunSpec, entry: str) -> None:
+    """Raise RunMatrixError (naming ``entry`` and the rule) if ``spec`` cannot be simulated.
+
+    Checks, in this order: the types of every field (no coercion), the known workload, GPU,
+    source and published status, nodes and gpus_per_node >= 1, the largest layout
+    (:data:`MAX_NODES`, :data:`MAX_WORLD_SIZE`), the workload's parallelism rules, ``path`` with
+    ``source = "import"`` only, then every topology key against ``presets.toml [cluster]``.
+    """
+    _check_fields(spec, entry)
     world = spec.world_size
     tp = spec.tp
     if world % tp or world < tp:
@@ -162,34 +276,42 @@ def validate(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source != "import":
         raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
-    unknown = set(dict(spec.topology)) - set(presets()["cluster"])
-    if unknown:
-        raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
+    _check_topology(spec, entry)
 
 
-def parse_entries(entries: list[dict[str, Any]], source_name: str = "runs.toml") -> list[RunSpec]:
-    """Turn ``[[run]]`` tables into validated RunSpecs; run_ids must be unique."""
+def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSpec]:
+    """Turn ``[[run]]`` tables into validated RunSpecs (values as written: nothing is coerced);
+    run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables."""
+    if not isinstance(entries, list):
+        hint = " (write [[run]], not [run])" if isinstance(entries, dict) else ""
+        raise RunMatrixError(f"{source_name}: run must be an array of tables ([[run]] entries){hint}, {_got(entries)}")
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for i, raw in enumerate(entries):
         entry = f"{source_name} [[run]] #{i + 1}"
+        if not isinstance(raw, dict):
+            raise RunMatrixError(f"{entry}: an entry must be a table ([[run]] with workload, gpu, ...), {_got(raw)}")
         missing = {"workload", "gpu", "nodes", "gpus_per_node"} - set(raw)
         if missing:
             raise RunMatrixError(f"{entry}: missing keys {sorted(missing)}")
-        extra = set(raw) - {"workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path"}
+        extra = set(raw) - set(_ENTRY_KEYS)
         if extra:
             raise RunMatrixError(f"{entry}: unknown keys {sorted(extra)}")
+        label = f"{entry} ({_describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
+        topology = raw.get("topology", {})
+        if not isinstance(topology, dict):
+            raise RunMatrixError(f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {_got(topology)}")
         spec = RunSpec(
-            workload=str(raw["workload"]),
-            gpu=str(raw["gpu"]),
-            n_nodes=int(raw["nodes"]),
-            gpus_per_node=int(raw["gpus_per_node"]),
-            source=str(raw.get("source", "analytic")),
-            published=str(raw.get("published", "")),
-            topology=tuple(sorted(dict(raw.get("topology", {})).items())),
-            path=str(raw.get("path", "")),
+            workload=raw["workload"],
+            gpu=raw["gpu"],
+            n_nodes=raw["nodes"],
+            gpus_per_node=raw["gpus_per_node"],
+            source=raw.get("source", "analytic"),
+            published=raw.get("published", ""),
+            topology=tuple(sorted(topology.items())),
+            path=raw.get("path", ""),
         )
-        validate(spec, f"{entry} ({spec.workload} {spec.gpu} {spec.layout})")
+        validate(spec, label)
         if spec.run_id in seen:
             raise RunMatrixError(f"{entry}: duplicate run_id {spec.run_id} (also {seen[spec.run_id]})")
         seen[spec.run_id] = entry
@@ -198,14 +320,17 @@ def parse_entries(entries: list[dict[str, Any]], source_name: str = "runs.toml")
 
 
 def check_specs(specs: list[RunSpec], source_name: str) -> None:
-    """Validate RunSpecs built in code (not parsed from a file): each entry's rules, unique run_ids.
+    """Validate RunSpecs built in code (not parsed from a file): each entry's rules (:func:`validate`:
+    types, ranges, known values, layout bound, topology), unique run_ids.
 
     Raises:
         RunMatrixError: naming ``source_name``, the entry and the rule.
     """
     seen: set[str] = set()
     for i, spec in enumerate(specs):
-        entry = f"{source_name} #{i + 1} ({spec.workload} {spec.gpu} {spec.layout})"
+        if not isinstance(spec, RunSpec):
+            raise RunMatrixError(f"{source_name} #{i + 1}: not a RunSpec, {_got(spec)}")
+        entry = f"{source_name} #{i + 1} ({_describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
         validate(spec, entry)
         if spec.run_id in seen:
             raise RunMatrixError(f"{entry}: duplicate run_id {spec.run_id}")
@@ -251,7 +376,7 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise RunMatrixError(f"{path}: cannot read run matrix ({exc})") from exc
         name = str(path)
-    specs = parse_entries(list(data.get("run", [])), name)
+    specs = parse_entries(data.get("run", []), name)
     _PARSED[key] = (stamp, specs)
     return list(specs)
 

@@ -6,14 +6,18 @@ which puts a converted or imported trace in place only after parsing it.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.phantora import chrome_trace as ct
+from phantora_assets.lib.phantora.run_folder import refusal
 from phantora_assets.lib.phantora.run_log import RunLog, read_run_log
 from phantora_assets.lib.store.io import atomic_path, same_path
 from phantora_assets.matrix import RunSpec
@@ -81,9 +85,24 @@ def perfdb_from_missing(missing: dict[str, int] | None, when_none: str) -> Outco
     )
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
+def _open_source(src: Path) -> BinaryIO:
+    """``src`` open for reading, never through a symlink (the last component: an imported run
+    folder's trace must be the file itself, ``run_folder.refuse_links``).
+
+    Raises:
+        FileRuleError: ``src`` is a symlink, or not a regular file.
+    """
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise (refusal(src, os.lstat(src).st_mode) or exc) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise refusal(src, mode) or FileRuleError(src, "not a regular file", "a directory")
+    return open(fd, "rb")
 
 
 def _check_hosts(spec: RunSpec, parsed: ct.ParsedTrace, src: Path) -> None:
@@ -102,9 +121,11 @@ def install_trace(spec: RunSpec, paths: DataPaths, src: Path, origin: str) -> St
 
     The copy is parsed (:func:`ct.read_trace`) and its hosts checked against the
     layout before it replaces the destination, so a broken trace never becomes visible.
+    ``src`` is opened without following a symlink.
 
     Raises:
         TraceFormatError: naming ``src`` and the rule it breaks.
+        FileRuleError: ``src`` is a symlink (``symlink in run folder``) or not a regular file.
     """
     dst = paths.chrome_trace(spec)
     try:
@@ -112,16 +133,15 @@ def install_trace(spec: RunSpec, paths: DataPaths, src: Path, origin: str) -> St
             parsed = ct.read_trace(dst)
             _check_hosts(spec, parsed, src)
         else:
-            with atomic_path(dst) as tmp:
-                if _is_gzip(src):
-                    shutil.copyfile(src, tmp)
-                else:
-                    with (
-                        open(src, "rb") as fi,
-                        open(tmp, "wb") as fo,
-                        gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz,
-                    ):
-                        shutil.copyfileobj(fi, gz, 1 << 20)
+            with atomic_path(dst) as tmp, _open_source(src) as fi:
+                is_gzip = fi.read(2) == b"\x1f\x8b"
+                fi.seek(0)
+                with open(tmp, "wb") as fo:
+                    if is_gzip:
+                        shutil.copyfileobj(fi, fo, 1 << 20)
+                    else:
+                        with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
+                            shutil.copyfileobj(fi, gz, 1 << 20)
                 parsed = ct.read_trace(tmp)
                 _check_hosts(spec, parsed, src)
     except TraceFormatError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from phantora_assets.checks import TRACE_CHECKS, reset_checks
@@ -60,12 +61,11 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     flows = parsed.flows
     exists = trace_checks.flows_exist(flows)
     if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
+        why = f"flows_exist failed: {exists.message}"
         outcomes = [_outcome(exists, src)] + [
-            Outcome(name, False, f"{src}: not evaluated: the trace has no network flow")
-            for name in TRACE_CHECKS
-            if name != exists.name
+            Outcome(name, False, f"{src}: not evaluated: {why}") for name in TRACE_CHECKS if name != exists.name
         ]
-        outcomes.append(_not_cross_checked("the trace has no network flow"))
+        outcomes.append(_not_cross_checked(why))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
     result = steps.detect_steps(flows, source=str(src))
@@ -152,9 +152,11 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
         control_bytes_per_s=CONTROL_BYTES_PER_S,
     )
     bins = built.bins
-    total = int(bins["bytes"].sum())
+    # exact sums (Python ints): an int64 sum of wrapped bins would equal a wrapped expected sum
+    total = binning.exact_sum(bins["bytes"].to_numpy(np.int64))
     expected = int(built.placed_flow_bytes + built.control_bytes)
-    ok = total == expected
+    fits = expected < trace_checks.INT64_LIMIT  # then no bin (nor any sum of bins) wrapped either
+    ok = fits and total == expected
     outcome = Outcome(
         "bins_conserve_bytes",
         ok,
@@ -162,6 +164,10 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
             f"sum of flows_100ms bytes {total} equals placed flow bytes {built.placed_flow_bytes} + control bytes "
             f"{built.control_bytes}"
             if ok
+            else f"bytes beyond int64: the window's placed flow bytes {built.placed_flow_bytes} + control bytes "
+            f"{built.control_bytes} = {expected} exceed what an int64 holds ({trace_checks.INT64_LIMIT - 1}); "
+            f"flows_100ms (int64 bytes) cannot hold them (its bins sum to {total})"
+            if not fits
             else f"sum of flows_100ms bytes {total} differs from placed {built.placed_flow_bytes} + control "
             f"{built.control_bytes} = {expected} by {total - expected}"
         ),

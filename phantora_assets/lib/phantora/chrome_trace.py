@@ -114,7 +114,8 @@ def read_trace(
             ``negative duration`` (ts or dur < 0), ``overflowing duration`` (ts or dur not
             finite or > 2**53), ``overflowing value`` (an integer beyond int64),
             ``unknown NCCL op``, ``unknown dtype``, ``bad host name`` (not ``host-<k>``,
-            k >= 1), ``negative bytes`` (bytes or count < 0), ``bad communicator``.
+            k >= 1), ``host outside the layout`` (k > 2**63: node k - 1 beyond int64; the run's
+            layout is checked by its source), ``negative bytes`` (bytes or count < 0), ``bad communicator``.
         OSError: the file cannot be read.
     """
     path = Path(path)
@@ -246,9 +247,12 @@ class _Assembly:
 
     def _node(self, host: str) -> int:
         m = _HOST_RE.fullmatch(host) if isinstance(host, str) else None
-        if not m or int(m.group(1)) < 1:
+        k = m.group(1).lstrip("0") if m else ""
+        if not k:
             raise TraceFormatError(self.path, "bad host name", f"{host!r} is not of the form host-<k>, k >= 1")
-        return int(m.group(1)) - 1
+        if len(k) > 19 or int(k) > 2**63:  # (no int() of a 5000-digit k); node k - 1 is an int64
+            raise TraceFormatError(self.path, "host outside the layout", f"host-{k[:30]}: k - 1 beyond int64")
+        return int(k) - 1
 
     def _flows(self, parts: dict[str, list[np.ndarray]], names: list, hosts: list, comms: list) -> pd.DataFrame:
         if not parts:

@@ -12,21 +12,34 @@ No Dagster import. A run folder is laid out like the published dataset
 
 :func:`discover` finds them; the imports registry and the merge into the run matrix are in
 :mod:`phantora_assets.imported_runs`.
+
+Symlinks: the import never reaches outside a run folder. Every file and directory it takes
+(:data:`IMPORT_FILES`, :data:`IMPORT_DIRS` and everything under those directories) must be a
+regular file or a directory *itself*: a symlink is refused, never followed nor resolved (not
+even one whose target lies inside the folder: there is no target to check when nothing is
+followed, and a check of a resolved target could be raced), and so is a FIFO, socket or device
+(:func:`refuse_links`, :func:`refusal`). Discovery does not read through a link either (a
+linked ``config/netconfig.toml`` is not read). The run folder itself is the one registered
+(``inspect_folder`` resolves it once).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.errors import FileRuleError, RunMatrixError
 from phantora_assets.matrix import RunSpec, gpu_specs, presets, validate
 
 TRACE_NAMES = ("timeline.json.gz", "timeline.json")
+#: The files and directories of a run folder the import copies or links (all optional).
+IMPORT_FILES = ("run.log", "timeline.bin", *TRACE_NAMES)
+IMPORT_DIRS = ("config", "perfdb_missing")
 _LAYOUT = re.compile(r"^(W\d+)_(\d+)x(\d+)$")
 
 #: netconfig.toml key (under [simulator] or [topology.args]) -> presets [cluster] key.
@@ -72,6 +85,55 @@ def trace_file(folder: Path) -> Path | None:
     return None
 
 
+def refusal(path: Path, mode: int, target: str | None = None) -> FileRuleError | None:
+    """The error for a run-folder entry of file type ``mode`` (an ``lstat``) that the import does
+    not take, or None for a regular file or a directory. ``target``: a symlink's target (read
+    from ``path`` when not given)."""
+    if stat.S_ISLNK(mode):
+        if target is None:
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+        return FileRuleError(
+            path,
+            "symlink in run folder",
+            f"it links to {target}; the import takes only regular files and directories inside the run folder "
+            "and never follows a link: replace it with the file itself",
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return FileRuleError(
+            path, "not a regular file", "a FIFO, socket or device: the import takes only regular files and directories"
+        )
+    return None
+
+
+def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DIRS) -> None:
+    """Check, before anything is copied, that the entries ``names`` of ``folder`` (absent ones
+    are fine) and everything under those that are directories are regular files or directories
+    (the policy of the module docstring); links are not followed.
+
+    Raises:
+        FileRuleError: naming the first offending entry, rule ``symlink in run folder`` or
+            ``not a regular file``.
+    """
+    for name in names:
+        top = folder / name
+        try:
+            mode = top.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if (err := refusal(top, mode)) is not None:
+            raise err
+        if not stat.S_ISDIR(mode):
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):  # a linked directory is listed, never entered
+            for entry in sorted(dirnames + filenames):
+                path = Path(dirpath) / entry
+                if (err := refusal(path, path.lstat().st_mode)) is not None:
+                    raise err
+
+
 def topology_from_netconfig(path: Path) -> dict[str, Any]:
     """Cluster overrides (presets ``[cluster]`` keys) read from a ``netconfig.toml``.
 
@@ -113,7 +175,8 @@ def inspect_folder(folder: Path) -> RunFolder | Skipped:
         return Skipped(folder, "no timeline.json.gz, timeline.json or run.log")
     netconfig = folder / "config" / "netconfig.toml"
     topology: dict[str, Any] = {}
-    if netconfig.is_file():
+    # never read through a link (the import refuses such a folder: raw_timeline fails, naming it)
+    if netconfig.is_file() and not netconfig.is_symlink() and not netconfig.parent.is_symlink():
         hosts = _netconfig_hosts(netconfig)
         if hosts is not None and hosts != nodes:
             return Skipped(folder, f"config/netconfig.toml maps {hosts} hosts but the folder name says {nodes} nodes")

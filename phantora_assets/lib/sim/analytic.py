@@ -360,8 +360,9 @@ class AnalyticSimulator:
                 continue
             conn = (src * world + dst) * n_comms + who[n]  # one NCCL connection per (src, dst, comm)
             ids = net.add(src // G, dst // G, nbytes, conn)
-            if ids[-1] >= len(flow_node):
-                flow_node = np.concatenate([flow_node, np.zeros(max(len(flow_node), len(ids)), dtype=np.int64)])
+            if ids[-1] >= len(flow_node):  # grow to hold the largest id (ids can skip ahead)
+                grow = max(len(flow_node), int(ids[-1]) + 1 - len(flow_node))
+                flow_node = np.concatenate([flow_node, np.zeros(grow, dtype=np.int64)])
             flow_node[ids] = n
             pending[n] = len(ids)
         self.net_recomputations = net.recomputations

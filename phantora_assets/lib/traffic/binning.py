@@ -48,6 +48,8 @@ NS_PER_US = 1_000
 _CHUNK_INSTANCES = 2_000_000
 #: int64-safe bound on a duration for the split ``floor(B*x/d)`` (d**2 < 2**63).
 _MAX_INT64_DUR_NS = 3_000_000_000
+#: Exact sum (a Python int) of an int64 array of < 2**31 values, as two sums that cannot wrap (numpy's can).
+exact_sum = lambda v: (int((v >> 32).sum()) << 32) + int((v & 0xFFFFFFFF).sum())
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,7 @@ def _place_zero_duration(acc, a, d, b, p, n_pairs, bin_ns, window_ns) -> int:
         return 0
     idx = (a[sel] // bin_ns) * n_pairs + p[sel]
     np.add.at(acc, idx, b[sel])
-    return int(b[sel].sum())
+    return exact_sum(b[sel])
 
 
 def _place_spread(acc, a, d, b, p, n_pairs, bin_ns, n_bins, window_ns) -> int:
@@ -363,7 +365,7 @@ def _place_spread(acc, a, d, b, p, n_pairs, bin_ns, n_bins, window_ns) -> int:
         sent_hi = app.sent(np.clip((k + 1) * bin_ns - a, 0, d))
         np.add.at(acc, k * n_pairs + p, sent_hi - sent_lo)
         sent_lo = sent_hi
-    return int(in_window.sum())
+    return exact_sum(in_window)
 
 
 def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: int, n_bins: int) -> np.ndarray:
@@ -394,4 +396,4 @@ def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: in
 
 def conservation_ok(binned: BinnedFlows) -> bool:
     """True when the bins hold exactly the placed flow bytes plus the control bytes."""
-    return int(binned.bins["bytes"].sum()) == binned.placed_flow_bytes + binned.control_bytes
+    return exact_sum(binned.bins["bytes"].to_numpy(np.int64)) == binned.placed_flow_bytes + binned.control_bytes

@@ -14,11 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .binning import exact_sum
 from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
 from .steps import StepResult
 
 #: How many individual violations a message lists before summarising the rest.
 MAX_LISTED = 5
+#: Sums of bytes must stay below this (2**63: they are int64 columns and int64 arithmetic).
+INT64_LIMIT = 2**63
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,31 @@ def _listing(items: list[str]) -> str:
 
 # --------------------------------------------------------------------------------------
 def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
-    """Rule 1: the trace has at least one network flow (``src_node != dst_node``)."""
-    desc = "The trace contains at least one network flow, i.e. a flow between two different hosts."
+    """Rule 1: the trace has at least one network flow (``src_node != dst_node``), and their
+    bytes sum to less than 2**63 (rule ``bytes beyond int64``).
+
+    The sum is exact (a Python int, ``binning.exact_sum``): an int64 sum would wrap and pass a
+    negative (or a too small) total. Every later sum of network bytes (a step's, a communicator's)
+    is part of this one, so none of them wraps once this rule holds; the 180 s window, which
+    repeats a step, is checked by ``bins_conserve_bytes``.
+    """
+    desc = (
+        "The trace contains at least one network flow, i.e. a flow between two different hosts, "
+        "and the network bytes sum to less than 2**63 (int64)."
+    )
     n_total = int(len(flows))
-    n_net = int((flows["src_node"].to_numpy() != flows["dst_node"].to_numpy()).sum()) if n_total else 0
-    net_bytes = int(flows.loc[flows["src_node"] != flows["dst_node"], "bytes"].sum()) if n_net else 0
+    net = flows["src_node"].to_numpy() != flows["dst_node"].to_numpy() if n_total else np.zeros(0, bool)
+    n_net = int(net.sum())
+    net_bytes = exact_sum(flows["bytes"].to_numpy(np.int64)[net]) if n_net else 0
     observed = {"flows": n_total, "network_flows": n_net, "loopback_flows": n_total - n_net, "network_bytes": net_bytes}
     expected = {"network_flows": ">= 1"}
+    if net_bytes >= INT64_LIMIT:
+        expected["network_bytes"] = f"< 2**63 = {INT64_LIMIT}"
+        msg = (
+            f"bytes beyond int64: the {n_net} network flows carry {net_bytes} bytes in total, more than an int64 "
+            f"holds ({INT64_LIMIT - 1}), so step and bin sums would wrap."
+        )
+        return CheckOutcome("flows_exist", False, desc, observed, expected, msg)
     if n_net:
         msg = f"{n_net} of {n_total} flows cross the network ({net_bytes} bytes in total)."
     elif n_total:
