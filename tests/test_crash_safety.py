@@ -219,3 +219,17 @@ def test_sweep_keeps_live_writers_temp_files(tmp_path: Path) -> None:
     old = time.time() - 2 * 3600
     os.utime(young_legacy, (old, old))
     assert sweep_temp_files(tmp_path) == [young_legacy]
+    # a writer killed but not yet reaped (a zombie still answers kill(pid, 0)) is gone too
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):  # until it has exited (state Z)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        zombie = tmp_path / "out" / f".cross_check.json.p{pid}.abcdefgh.tmp"
+        zombie.write_text("partial")
+        assert sweep_temp_files(tmp_path) == [zombie]
+    finally:
+        os.waitpid(pid, 0)

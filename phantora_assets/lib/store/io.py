@@ -124,7 +124,8 @@ LEGACY_MAX_AGE_S = 3600.0
 
 
 def _started_at(pid: int) -> float | None:
-    """Start time of process ``pid`` (epoch s), None if there is no such process."""
+    """Start time of process ``pid`` (epoch s), None if there is no such process or it has exited
+    (a zombie: killed, not yet reaped by its parent, still answers ``kill(pid, 0)``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -133,7 +134,15 @@ def _started_at(pid: int) -> float | None:
         pass  # alive, owned by another user
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    except FileNotFoundError:
+        return None  # exited since the kill(pid, 0)
+    except OSError:
+        return 0.0
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):  # exited
+            return None
+        ticks = int(fields[19])
         for line in Path("/proc/stat").read_text().splitlines():
             if line.startswith("btime "):
                 return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
