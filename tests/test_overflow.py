@@ -187,3 +187,20 @@ def test_wrapped_bins_do_not_conserve_bytes():
     assert not conservation_ok(built)
     v = np.array([b, b, -5, 7], np.int64)
     assert exact_sum(v) == 2 * b + 2 and exact_sum(v[:0]) == 0
+
+
+def test_a_flow_longer_than_the_window_is_refused_before_binning(tmp_path):
+    """Issue 13 (finding 4): a flow with dur 1e11 us passed every check, then binning ran for
+    minutes. validated_flows now refuses it, naming the trace, the rule and the flow."""
+
+    def edit(raw: pd.DataFrame) -> pd.DataFrame:
+        i = raw.index[(raw["kind"] == "communication") & (raw["src_host"] != raw["dst_host"])][3]
+        raw.loc[i, "end_ns"] = raw.loc[i, "start_ns"] + 10**14  # 1e11 us
+        return raw
+
+    trace = _trace(tmp_path, "long.json.gz", edit)
+    spec, _, _ = analytic(W1)
+    paths = DataPaths(tmp_path / "data")
+    with pytest.raises(TraceFormatError, match=r"flow longer than the window \(1 flow\(s\) last longer than the 180 s"):
+        validate_flows(spec, paths, trace)
+    assert not (paths.partition_dir(spec.run_id) / "flows.parquet").exists()

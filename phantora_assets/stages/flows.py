@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.checks import TRACE_CHECKS, reset_checks
+from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
@@ -59,6 +60,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     src = trace_path or paths.chrome_trace(spec)
     parsed = chrome_trace.read_trace(src, compute_events=True)
     flows = parsed.flows
+    _refuse_flows_longer_than_the_window(flows, src)
     exists = trace_checks.flows_exist(flows)
     if not exists.passed:  # nothing to detect steps on: report the rule, evaluate no other
         why = f"flows_exist failed: {exists.message}"
@@ -108,6 +110,26 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         "n_communicators": int(flows["comm_id"].nunique()),
     }
     return StageResult(pdir / "flows.parquet", meta, outcomes)
+
+
+def _refuse_flows_longer_than_the_window(flows, src: Path) -> None:
+    """A flow cannot outlast the 180 s window it would be binned into (a ``dur`` of 1e11 us passed
+    every check, then the build spread it over millions of bins for minutes).
+
+    Raises:
+        TraceFormatError: rule ``flow longer than the window``, naming the trace and the longest flow.
+    """
+    limit_us = WINDOW_S * 1e6
+    dur = flows["dur_us"].to_numpy()
+    if len(dur) and dur.max() > limit_us:
+        i = int(dur.argmax())
+        n = int((dur > limit_us).sum())
+        raise TraceFormatError(
+            src,
+            "flow longer than the window",
+            f"{n} flow(s) last longer than the {WINDOW_S:.0f} s window of the build; the longest, flow id "
+            f"{int(flows['flow_id'].iloc[i])}, lasts {dur[i]:.6g} us",
+        )
 
 
 def _not_cross_checked(why: str) -> Outcome:
