@@ -103,6 +103,14 @@ CHECKS: tuple[CheckDef, ...] = (
         "Steady steps carry identical network bytes and nearly identical durations.",
     ),
     CheckDef(
+        "steps_match_run_log",
+        "validated_flows",
+        True,
+        True,
+        "The steps agree with the iterations run.log reports (as many steps, up to 2 fewer; the step time "
+        "within 10 % of the median iteration), when it reports them.",
+    ),
+    CheckDef(
         "matches_workload_model",
         "validated_flows",
         False,

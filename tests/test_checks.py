@@ -38,6 +38,7 @@ def test_gating_and_advisory_lists():
         "steps_match",
         "ring_bytes_match",
         "steady_steps_stable",
+        "steps_match_run_log",
         "bins_conserve_bytes",
         "windows_contract",
         "runs_contract",

@@ -550,3 +550,28 @@ def test_property_several_communicators_noisy_warmup(patterns, reps, noise, step
     if n_steps == reps:  # each flow in the step of its repetition
         rep = np.searchsorted(np.asarray(rep_starts), flows["ts_us"].to_numpy(), side="right") - 1
         assert (sr.flows["step"].to_numpy() == np.where(rep >= 1, rep, -1)).all()
+
+
+def test_a_collective_every_fifth_step_is_caught_by_the_run_log_iterations():
+    """Issue 13 (finding 1): a 1-element logging all-reduce every 5th iteration makes the detector
+    read 5-iteration steps (5x the step time, silently, before). run.log's iterations refuse that:
+    the blocking steps_match_run_log check fails and names both numbers."""
+    from phantora_assets.lib.traffic.trace_checks import steps_match_run_log
+
+    flows = build_run(shuffle_seed=None)
+    starts = np.cumsum([0.0] + iteration_lengths()[:-1])
+    fb = FlowBuilder()
+    for it in range(N_ITER):
+        if it % 5 == 0:
+            fb.ring("00000000000000f9", [0, 1, 2, 3], "all_reduce", 1, "F32", starts[it] + 9000, 0)
+    extra = fb.frame()
+    extra["flow_id"] += 100_000
+    sr = detect_steps(pd.concat([flows, extra], ignore_index=True))
+    iterations_s = [x / 1e6 for x in iteration_lengths()]
+    clean = steps_match_run_log(detect_steps(flows), iterations_s, precise=True)
+    assert clean.passed, clean.message
+    out = steps_match_run_log(sr, iterations_s, precise=True)
+    assert not out.passed
+    assert f"{len(sr.steps)} steps detected but run.log reports {N_ITER} iterations" in out.message
+    assert "x)" in out.message  # the step time is a multiple of the iteration
+    assert steps_match_run_log(sr, [], precise=False).passed  # no run.log: not checked, says so

@@ -20,7 +20,14 @@ from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import CrossCheckRecord, TraceSummary, read_record, write_record
+from phantora_assets.records import (
+    CrossCheckRecord,
+    RunLogRecord,
+    TraceSummary,
+    read_record,
+    read_record_or_none,
+    write_record,
+)
 from phantora_assets.stages.common import (
     BIN_S,
     CONTROL_BYTES_PER_S,
@@ -71,7 +78,11 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
     result = steps.detect_steps(flows, source=str(src))
-    outcomes = [_outcome(o, src) for o in trace_checks.run_trace_checks(flows, result)]
+    run_log = read_record_or_none(paths.partition_dir(spec.run_id) / "run_log.json", RunLogRecord)
+    logged = trace_checks.steps_match_run_log(
+        result, run_log.iteration_s if run_log else [], run_log.precise if run_log else False
+    )
+    outcomes = [_outcome(o, src) for o in [*trace_checks.run_trace_checks(flows, result), logged]]
     if not all(o.passed for o in outcomes):
         outcomes.append(_not_cross_checked("a trace rule failed"))
         record(paths, spec, "validated_flows", outcomes)

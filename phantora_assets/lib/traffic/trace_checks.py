@@ -332,3 +332,68 @@ def run_trace_checks(flows: pd.DataFrame, step_result: StepResult, rel_tol: floa
         ring_bytes_match(flows),
         steady_steps_stable(step_result, rel_tol=rel_tol),
     ]
+
+
+#: Fewest run.log iterations that let the step count and time be compared.
+MIN_LOGGED_ITERATIONS = 3
+#: Relative tolerance on the step time against run.log's median steady iteration.
+ITERATION_REL_TOL = 0.10
+
+
+def steps_match_run_log(step_result: StepResult, iteration_s: list[float], precise: bool) -> CheckOutcome:
+    """The detected steps agree with the iterations the run's ``run.log`` reports: as many steps as
+    iterations (up to 2 fewer: warm-up calls that form no full period), and a step time within
+    10 % of the median iteration after the first (plus 0.01 s when the log prints only two
+    decimals). Passes, saying so, when run.log reports fewer than 3 iterations. This is what
+    catches a period that is a multiple (or a fraction) of the true step, e.g. a logging
+    all-reduce every 5th step read as a 5-iteration step."""
+    name = "steps_match_run_log"
+    desc = "The steps agree with the iterations run.log reports (count and median time), when it reports them."
+    n_log = len(iteration_s)
+    if n_log < MIN_LOGGED_ITERATIONS:
+        return CheckOutcome(
+            name,
+            True,
+            desc,
+            {"run_log_iterations": n_log},
+            {},
+            "run.log reports no iteration times to compare with: not checked",
+        )
+    n_steps = len(step_result.steps)
+    med_us = float(np.median(np.asarray(iteration_s[1:], dtype=float))) * 1e6
+    tol_us = ITERATION_REL_TOL * med_us + (0.0 if precise else 0.01e6)
+    step_us = float(step_result.step_time_us)
+    observed = {
+        "steps": n_steps,
+        "step_time_us": round(step_us, 3),
+        "run_log_iterations": n_log,
+        "run_log_median_iteration_us": round(med_us, 3),
+    }
+    expected = {"steps": f"{max(1, n_log - 2)}..{n_log}", "step_time_us": f"{med_us:.0f} +- {tol_us:.0f}"}
+    problems = []
+    if not (n_log - 2 <= n_steps <= n_log):
+        problems.append(f"{n_steps} steps detected but run.log reports {n_log} iterations")
+    if abs(step_us - med_us) > tol_us:
+        problems.append(
+            f"step time {step_us / 1e3:.3f} ms but run.log's median iteration is {med_us / 1e3:.3f} ms "
+            f"({step_us / med_us:.2f}x)"
+        )
+    if problems:
+        return CheckOutcome(
+            name,
+            False,
+            desc,
+            observed,
+            expected,
+            "; ".join(problems) + ": the detected period is "
+            "not the training step (an irregular collective, e.g. one every few steps?)",
+        )
+    return CheckOutcome(
+        name,
+        True,
+        desc,
+        observed,
+        expected,
+        f"{n_steps} steps of {step_us / 1e3:.3f} ms agree with run.log's {n_log} iterations "
+        f"(median {med_us / 1e3:.3f} ms)",
+    )
