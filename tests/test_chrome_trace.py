@@ -702,3 +702,33 @@ def test_leading_whitespace_is_read_in_linear_time_and_lines_stay_right(tmp_path
         fh.write(b"\n" * 3 + b" " * (8 << 20) + b"[\n" + ev + b',\n{"name": \n]')
     with pytest.raises(TraceFormatError, match="line 7: JSON is malformed"):  # as without the padding
         read_trace(bad)
+
+
+def test_a_line_longer_than_the_cap_fails_with_bounded_memory(tmp_path: Path) -> None:
+    """Issue 13 (finding 4): '[' + 1 GiB of spaces + ']' (a 1 MB gzip) peaked at 3.3 GB RSS. The
+    reader buffers at most MAX_LINE_BYTES (256 MiB) without a line break, then fails with the rule
+    'line too long'; measured in a fresh process (peak RSS of the child)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "spaces.json.gz"
+    with gzip.open(path, "wb", compresslevel=9) as fh:
+        fh.write(b"[")
+        for _ in range(1024):
+            fh.write(b" " * (1 << 20))
+        fh.write(b"]")
+    assert path.stat().st_size < 2 << 20
+    code = (
+        "import resource, sys\n"
+        "from phantora_assets.lib.errors import TraceFormatError\n"
+        "from phantora_assets.lib.phantora.chrome_trace import read_trace\n"
+        "try:\n"
+        f"    read_trace({str(path)!r}, workers=0)\n"
+        "except TraceFormatError as e:\n"
+        "    print('ERR', e)\n"
+        "print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert f"ERR {path}: line too long (line 1: more than {256 << 20} bytes without a line break" in out
+    rss_mb = int(out.split("RSS_MB")[1])
+    assert rss_mb < 1200, out  # 256 MiB of buffer and its copies, not the 1 GiB document (3.3 GB before)

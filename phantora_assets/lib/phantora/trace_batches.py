@@ -38,6 +38,14 @@ _INFLATE_ERRORS: tuple[type[BaseException], ...] = tuple({zlib.error, _inflate_m
 _WS = b" \t\r\n"
 
 
+#: Longest run of text without a line break the reader buffers (the visualizer writes one event per
+#: line, a few kB): beyond it the trace fails with rule "line too long" instead of filling memory
+#: (``[`` + 1 GiB of spaces + ``]`` peaked at 3.3 GB). Read at each call: set it to change the cap.
+MAX_LINE_BYTES = 256 << 20
+#: Largest decompressed trace read (a gzip bomb fails with rule "trace too large"); read at each call.
+MAX_INFLATED_BYTES = 64 << 30
+
+
 class StreamError(Exception):
     """A file-level problem found while streaming (gzip, array start/end): rule and detail."""
 
@@ -210,8 +218,13 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
     n_batches = 0
     sep = b""  # the element separator, known at the first line break
     skipped = 0  # leading whitespace dropped before the document starts
+    total = 0
+    max_line, max_total = MAX_LINE_BYTES, MAX_INFLATED_BYTES
     for chunk in _Producer(path, max(int(chunk_bytes), 4 << 20)).chunks():
         buf += chunk
+        total += len(chunk)
+        if total > max_total:
+            raise StreamError("trace too large", f"more than {max_total} bytes decompressed (MAX_INFLATED_BYTES)")
         if not started:
             stripped = bytes(buf[1:]).lstrip(_WS)
             if not stripped:  # whitespace only so far: drop it (keeping it rescanned it every chunk)
@@ -227,6 +240,8 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
         if not sep:
             nl = buf.find(b"\n", 1)
             if nl < 0:
+                if len(buf) > max_line:
+                    raise StreamError("line too long", f"line {line_at(path, offset)}: {_too_long(max_line)}")
                 continue
             sep = b",\r\n" if buf[nl - 1] == 0x0D else b",\n"
         k = len(sep)
@@ -236,6 +251,8 @@ def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]
             cut = buf.find(sep, lo) if lo < len(buf) else -1
             if cut < 0:
                 searched = max(lo, len(buf) - (k - 1))
+                if len(buf) - s > span + max_line and buf.rfind(b"\n", s + span) < 0:
+                    raise StreamError("line too long", f"line {line_at(path, offset)}: {_too_long(max_line)}")
                 break
             buf[cut] = 0x5D  # "]"
             view = memoryview(buf)[s - 1 : cut + 1]
@@ -282,9 +299,24 @@ def line_at(path, offset: int) -> int:
     return lines
 
 
+def _too_long(cap: int) -> str:
+    return f"more than {cap} bytes without a line break (MAX_LINE_BYTES); write one event per line"
+
+
 def whole_document(path) -> tuple[bytes, int]:
-    """The whole decompressed document without leading whitespace, and the line it starts on."""
-    data = b"".join(raw_chunks(path, 64 << 20))
+    """The whole decompressed document without leading whitespace, and the line it starts on.
+
+    Raises:
+        StreamError: rule "trace too large" past ``MAX_LINE_BYTES`` (the whole document is one
+            piece of memory here).
+    """
+    parts, size = [], 0
+    for part in raw_chunks(path, 64 << 20):
+        size += len(part)
+        if size > MAX_LINE_BYTES:
+            raise StreamError("trace too large", f"{_too_long(MAX_LINE_BYTES)} (decoded as one document)")
+        parts.append(part)
+    data = b"".join(parts)
     stripped = data.lstrip(_WS)
     check_start(stripped)
     return stripped, 1 + data.count(b"\n", 0, len(data) - len(stripped))
