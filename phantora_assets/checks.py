@@ -255,7 +255,11 @@ def blocking_failures(folder: Path) -> dict[str, dict]:
     }
 
 
+def all_passed(data: dict[str, dict]) -> bool:
+    """True iff every check of RUN_CHECKS is recorded as passed in ``data`` (a ``read_checks`` result)."""
+    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)
+
+
 def run_passed(folder: Path) -> bool:
     """True iff every check of RUN_CHECKS is recorded as passed."""
-    data = read_checks(folder)
-    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)
+    return all_passed(read_checks(folder))

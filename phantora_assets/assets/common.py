@@ -23,6 +23,7 @@ class Partitions:
     runs: dg.StaticPartitionsDefinition
     gpus: dg.StaticPartitionsDefinition
     gpu_to_runs: dg.StaticPartitionMapping
+    by_id: dict[str, RunSpec]
 
     @classmethod
     def of(cls, specs: Sequence[RunSpec]) -> Partitions:
@@ -32,6 +33,7 @@ class Partitions:
             dg.StaticPartitionsDefinition([s.run_id for s in specs]),
             dg.StaticPartitionsDefinition(sorted(gpu_specs())),
             dg.StaticPartitionMapping(mapping),
+            {s.run_id: s for s in specs},
         )
 
     def spec_for(self, context: dg.AssetExecutionContext) -> RunSpec:
@@ -45,10 +47,6 @@ class Partitions:
         if spec is None:
             raise KeyError(f"partition {context.partition_key!r} is not a run of the run matrix")
         return spec
-
-    @property
-    def by_id(self) -> dict[str, RunSpec]:
-        return {s.run_id: s for s in self.specs}
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

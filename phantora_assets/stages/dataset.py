@@ -20,10 +20,10 @@ import pandas as pd
 import pandera.errors as pa_errors
 
 from phantora_assets import contracts
-from phantora_assets.checks import RUN_CHECKS, blocking_failures, read_checks, reset_checks, run_passed
+from phantora_assets.checks import RUN_CHECKS, all_passed, blocking_failures, read_checks, reset_checks, run_passed
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.store import database
-from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text, swap_in_dir
+from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text, link_or_copy, swap_in_dir
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
@@ -225,19 +225,13 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
             )
             atomic_write_text(staging / "run_status.csv", "\n".join(listing) + "\n", durable=True)
             if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
-                shutil.copytree(d / "plots", staging / "plots", copy_function=_link_or_copy2)
+                plots = d / "plots"
+                shutil.copytree(plots, staging / "plots", copy_function=lambda a, b: link_or_copy(Path(a), Path(b)))
             swap_in_dir(staging, d)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return DatasetResult(d, included, excluded, outcome)
-
-
-def _link_or_copy2(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _csv_text(text: str) -> str:
@@ -328,10 +322,11 @@ def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[st
             rows.append((spec.run_id, "excluded", str(exc)))
             continue
         pdir = paths.partition_dir(spec.run_id)
-        stale = stale_reason(spec, paths) if run_passed(folder) else None
+        passed = all_passed(checks)
+        stale = stale_reason(spec, paths) if passed else None
         if stale:
             rows.append((spec.run_id, "excluded", stale))
-        elif run_passed(folder):
+        elif passed:
             included[spec.run_id] = pdir
             rows.append((spec.run_id, "included", ""))
         elif not checks:
