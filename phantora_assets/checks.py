@@ -10,9 +10,12 @@ the README table and the Dagster specs with it).
 The record of a run is ``checks.json`` (machine) and ``checks.txt`` (plain words) in its run
 folder. Each asset resets its own checks to "not evaluated" when it starts and records each
 outcome when it finishes, so a run is in the dataset only if every gating check has passed in the
-latest materialization of its asset. Advisory checks (WARN severity in Dagster) are recorded too,
-as ``passed`` or ``warning``; they never keep a run out of the dataset. Both files are written
-atomically. No Dagster import.
+latest materialization of its asset. Advisory checks (WARN severity in Dagster, not gating) are
+recorded too, as ``passed`` or ``warning``; they never keep a run out of the dataset. One gating
+check is not blocking: ``fits_in_memory`` (WARN in Dagster). A run that does not fit is an
+outcome, not an error: its Dagster run succeeds, the check is recorded as ``failed`` (so the run
+stays out of the dataset) and ``chrome_trace`` materializes nothing, so Dagster skips the run's
+assets below it as not applicable. Both files are written atomically. No Dagster import.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ class CheckDef:
         asset: the asset it belongs to.
         blocking: blocking in Dagster: on a failure nothing downstream of the asset runs.
         gates_dataset: the run is kept out of ``phantora_v0`` unless this check passed
-            (per-run blocking checks only).
+            (per-run checks only).
         description: what the check means, in plain words (shown in the UI and the README).
-        severity: ``error`` (ERROR in Dagster) or ``warn`` (advisory: WARN, never blocks,
-            recorded as ``warning``).
+        severity: the Dagster severity of a failure: ``error`` (ERROR) or ``warn`` (WARN, never
+            blocks). A ``warn`` check that does not gate the dataset is advisory (recorded as
+            ``warning``); one that gates it (``fits_in_memory``) is recorded as ``failed`` and
+            keeps the run out of the dataset without failing the Dagster run.
     """
 
     name: str
@@ -49,9 +54,10 @@ class CheckDef:
 
     @property
     def kind(self) -> str:
-        """One word for tables: gating, blocking, error (non-blocking) or advisory."""
+        """One word for tables: gating (blocking), gating_warn (non-blocking, WARN), blocking, error
+        (non-blocking) or advisory."""
         if self.gates_dataset:
-            return "gating"
+            return "gating" if self.blocking else "gating_warn"
         if self.blocking:
             return "blocking"
         return "advisory" if self.severity == "warn" else "error"
@@ -61,10 +67,13 @@ CHECKS: tuple[CheckDef, ...] = (
     CheckDef(
         "fits_in_memory",
         "raw_timeline",
-        True,
+        False,
         True,
         "The run fits the simulated card: the analytic peak memory estimate, or Phantora's run.log "
-        "(no CUDA out-of-memory error, reported peak <= card).",
+        "(no CUDA out-of-memory error, reported peak <= card). A run that does not fit is an outcome, "
+        "not an error: its Dagster run succeeds, raw_timeline records the estimate, the run is kept out "
+        "of the dataset and its assets from chrome_trace on are skipped as not applicable.",
+        severity="warn",
     ),
     CheckDef(
         "perfdb_complete",
@@ -155,8 +164,8 @@ BY_NAME: dict[str, CheckDef] = {c.name: c for c in CHECKS}
 #: Every check a run must pass to enter the dataset, in pipeline order, with its asset.
 RUN_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.gates_dataset}
 
-#: Advisory checks (non-blocking, WARN severity), with their asset.
-ADVISORY_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.severity == "warn"}
+#: Advisory checks (non-blocking, WARN severity, not gating), with their asset.
+ADVISORY_CHECKS: dict[str, str] = {c.name: c.asset for c in CHECKS if c.severity == "warn" and not c.gates_dataset}
 
 #: The trace rules of validated_flows (docs/DATASET.md, "How a trace becomes the dataset", step 3), in order.
 TRACE_CHECKS: tuple[str, ...] = tuple(c.name for c in CHECKS if c.asset == "validated_flows" and c.gates_dataset)
@@ -171,6 +180,7 @@ def markdown_table() -> str:
     """The README's checks table (one row per check), generated from :data:`CHECKS`."""
     words = {
         "gating": "blocking; gates the dataset",
+        "gating_warn": "WARN, non-blocking; gates the dataset",
         "blocking": "blocking",
         "error": "ERROR, non-blocking",
         "advisory": "advisory (WARN)",
@@ -246,7 +256,8 @@ def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str,
 
 
 def blocking_failures(folder: Path) -> dict[str, dict]:
-    """Checks of RUN_CHECKS not recorded as passed (missing ones as ``not evaluated``)."""
+    """Checks of RUN_CHECKS (the gating checks, blocking or not) not recorded as passed (missing
+    ones as ``not evaluated``)."""
     data = read_checks(folder)
     return {
         n: data.get(n, {"status": NOT_EVALUATED, "message": "never evaluated"})

@@ -21,8 +21,9 @@ from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_a
 from phantora_assets.assets.common import Partitions
 from phantora_assets.imported_runs import matrix_for
 from phantora_assets.matrix import RunSpec, check_specs
-from phantora_assets.paths import default_data_dir
+from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.resources import DataRoot, simulator_from_env
+from phantora_assets.stages.simulation import build_reason
 
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
@@ -35,18 +36,29 @@ def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.
             "all_runs",
             selection=dg.AssetSelection.assets(*run_assets),
             partitions_def=parts.runs,
-            description="Every per-run asset and check for the selected run partitions (use for backfills).",
+            executor_def=dg.in_process_executor,
+            description="Every per-run asset and check for the selected run partitions (use for backfills): "
+            "one run per partition, its steps in one process.",
         ),
         dg.define_asset_job(
             "docker_runs",
             selection=dg.AssetSelection.assets(*run_assets),
             partitions_def=parts.runs,
+            executor_def=dg.in_process_executor,
             tags=DOCKER_TAG,
             description="Like all_runs, for partitions simulated with Phantora in Docker: runs carry the tag "
             "phantora/simulator=docker, which dagster.yaml limits (tag_concurrency_limits).",
         ),
         dg.define_asset_job(
+            "perf_dbs",
+            selection=dg.AssetSelection.assets(assets["perf_db"]),
+            partitions_def=parts.gpus,
+            executor_def=dg.in_process_executor,
+            description="The perf DB of the selected GPU partitions.",
+        ),
+        dg.define_asset_job(
             "dataset",
+            executor_def=dg.in_process_executor,
             selection=dg.AssetSelection.assets(*[assets[n] for n in DATASET_ASSET_NAMES]),
             description="Assemble data/phantora_v0 from every run that passed its checks, rebuild "
             "data/phantora.duckdb from the same runs, and draw the dataset plots.",
@@ -54,29 +66,51 @@ def _jobs(assets: dict[str, dg.AssetsDefinition], parts: Partitions) -> list[dg.
     ]
 
 
-def _schedules(parts: Partitions) -> list[dg.ScheduleDefinition]:
-    keys = parts.runs.get_partition_keys()
+#: When the dataset assets (phantora_v0, the DuckDB file, the dataset plots) bring themselves up to
+#: date: a run partition they read was materialized since they last were, and no partition they
+#: read is being materialized or queued (so a backfill ends in one dataset run, not thirty). Unlike
+#: ``AutomationCondition.eager()`` it does not wait for every partition to exist: a run that does
+#: not fit in GPU memory never materializes its run summary.
+DATASET_AUTOMATION = (
+    dg.AutomationCondition.any_deps_updated().since_last_handled()
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+).with_label("dataset_up_to_date")
+
+
+def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root: Path) -> list:
+    """The sensor that evaluates DATASET_AUTOMATION (on by default; needs ``dagster-daemon``) and
+    the nightly schedule that requests only the run partitions that are missing or stale."""
+    dataset_sensor = dg.AutomationConditionSensorDefinition(
+        "dataset_automation",
+        target=dg.AssetSelection.assets(*[assets[n] for n in DATASET_ASSET_NAMES]),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=5,
+        description="Assembles the dataset (phantora_v0, phantora.duckdb, dataset plots) after run partitions "
+        "change, once none is in progress.",
+    )
+    paths = DataPaths(root)
 
     @dg.schedule(
-        cron_schedule="0 2 * * 0",
+        cron_schedule="0 2 * * *",
         job_name="all_runs",
-        default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Weekly backfill: one run request per run partition (every run of the matrix).",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Nightly: one run request per run partition that is missing (never built, or stopped "
+        "before its summary) or stale (built from another matrix entry, preset, GPU or perf DB); none for "
+        "partitions that are complete and current.",
     )
-    def weekly_runs_backfill(context: dg.ScheduleEvaluationContext):
-        for key in keys:
-            yield dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}-{key}", partition_key=key)
+    def nightly_missing_runs(context: dg.ScheduleEvaluationContext):
+        reasons = {s.run_id: build_reason(s, paths) for s in parts.specs}
+        todo = {k: v for k, v in reasons.items() if v}
+        if not todo:
+            return dg.SkipReason(f"all {len(parts.specs)} run partitions are complete and current")
+        day = f"{context.scheduled_execution_time:%Y%m%d}"
+        return [
+            dg.RunRequest(run_key=f"{day}-{k}", partition_key=k, tags={"phantora/build_reason": why[:200]})
+            for k, why in todo.items()
+        ]
 
-    @dg.schedule(
-        cron_schedule="0 6 * * 0",
-        job_name="dataset",
-        default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Weekly dataset assembly, after the runs backfill.",
-    )
-    def weekly_dataset(context: dg.ScheduleEvaluationContext):
-        return dg.RunRequest(run_key=f"{context.scheduled_execution_time:%Y%m%d}")
-
-    return [weekly_runs_backfill, weekly_dataset]
+    return [dataset_sensor, nightly_missing_runs]
 
 
 def build_defs(
@@ -93,8 +127,12 @@ def build_defs(
             the matrix with its imports); its run_ids are the run partitions.
         simulator: the ``simulator`` resource (default :func:`simulator_from_env`).
 
-    Jobs: ``all_runs`` and ``docker_runs`` (per-run assets, partitioned), ``dataset``; schedules
-    ``weekly_runs_backfill`` and ``weekly_dataset`` (stopped by default).
+    Jobs: ``all_runs`` and ``docker_runs`` (per-run assets, partitioned by run, steps in one
+    process), ``perf_dbs`` (by GPU), ``dataset``. The dataset assets carry
+    :data:`DATASET_AUTOMATION`, evaluated by the sensor ``dataset_automation`` (running by
+    default); the schedule ``nightly_missing_runs`` (running by default) requests only the run
+    partitions :func:`~phantora_assets.stages.simulation.build_reason` names. Sensors and
+    schedules need ``dagster-daemon``.
 
     Raises:
         RunMatrixError: the run matrix or an import is invalid (names the entry and the rule).
@@ -107,10 +145,16 @@ def build_defs(
         check_specs(specs, "build_defs(specs=...)")
     parts = Partitions.of(specs)
     assets = build_assets(parts)
+    for name in DATASET_ASSET_NAMES:
+        assets[name] = assets[name].map_asset_specs(
+            lambda spec: spec.replace_attributes(automation_condition=DATASET_AUTOMATION)
+        )
+    sensor, schedule = _automation(assets, parts, root)
     return dg.Definitions(
         assets=list(assets.values()),
         jobs=_jobs(assets, parts),
-        schedules=_schedules(parts),
+        sensors=[sensor],
+        schedules=[schedule],
         resources={"data": DataRoot(data_dir=str(root)), "simulator": simulator or simulator_from_env(specs)},
     )
 

@@ -38,12 +38,14 @@ def _check_evals(result: dg.ExecuteInJobResult) -> dict[str, bool]:
 
 
 def test_failing_check_is_reported_on_its_own_partition(tmp_path):
-    """A failing check of partition A (does not fit) is reported on A; partition B passes."""
+    """A failing check of partition A (does not fit) is reported on A; partition B passes. Not
+    fitting is an outcome: A's run succeeds, its check fails with WARN severity (see
+    tests/test_honest_outcomes.py)."""
     instance = dg.DagsterInstance.ephemeral()
     oom, ok = "phantora_l40s_W5_2x1", "phantora_l40s_W4_2x1"
     res_oom = _materialize(oom, tmp_path, instance)
     res_ok = _materialize(ok, tmp_path, instance)
-    assert not res_oom.success
+    assert res_oom.success
     assert _check_evals(res_oom) == {"fits_in_memory": False, "perfdb_complete": True}
     assert res_ok.success
     evals = _check_evals(res_ok)
@@ -52,7 +54,7 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     paths = DataPaths(tmp_path)
     assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
-    # the non-fitting run wrote no trace; downstream assets did not run
+    # the non-fitting run wrote no trace; downstream assets did not run (skipped)
     assert not paths.chrome_trace(RUNS_BY_ID[oom]).exists()
     mats = {
         m.asset_key.to_user_string()
@@ -90,9 +92,28 @@ def test_dagster_cli_materializes_one_partition(tmp_path):
     assert "passed" in (tmp_path / "data" / "traces" / "a100_40g" / "W1_2x2" / "checks.json").read_text()
 
 
-def test_weekly_backfill_requests_every_run_partition():
-    weekly_runs_backfill = d.defs.resolve_schedule_def("weekly_runs_backfill")
+def test_nightly_schedule_requests_only_missing_or_stale_partitions(built: Path) -> None:
+    """On the session's complete build nothing is requested; a partition whose summary is gone
+    (missing) and one whose run_spec.json names another input (stale) are, and only they."""
+    import shutil
 
+    import msgspec
+
+    root = built.parent / "nightly"
+    shutil.copytree(built, root, ignore=shutil.ignore_patterns("dagster_home"))
+    nightly = d.build_defs(root).resolve_schedule_def("nightly_missing_runs")
     ctx = dg.build_schedule_context(scheduled_execution_time=__import__("datetime").datetime(2026, 11, 29, 2))
-    requests = list(weekly_runs_backfill(ctx))
-    assert sorted(r.partition_key for r in requests) == sorted(RUNS_BY_ID)
+    assert isinstance(nightly(ctx), dg.SkipReason)
+    (root / "partitions" / "phantora_l40s_W1_2x1" / "run_summary.parquet").unlink()
+    spec_file = root / "partitions" / "phantora_a100_40g_W2_2x2" / "run_spec.json"
+    rec = msgspec.json.decode(spec_file.read_bytes())
+    rec["fingerprint"] = "0" * 16
+    rec["inputs"]["workload"] = {"changed": True}
+    spec_file.write_bytes(msgspec.json.encode(rec))
+    requests = list(nightly(ctx))
+    assert {r.partition_key: r.tags["phantora/build_reason"] for r in requests} == {
+        "phantora_l40s_W1_2x1": "missing",
+        "phantora_a100_40g_W2_2x2": "stale: built from another workload than the run matrix now gives; rebuild the run",
+    }
+    # a run that does not fit is complete once its simulation said so: never requested
+    assert "phantora_l40s_W5_2x1" not in {r.partition_key for r in requests}

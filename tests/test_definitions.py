@@ -23,9 +23,11 @@ def test_asset_and_check_keys_match_checked_in_list():
     assert current_keys() == EXPECTED.read_text().split("\n")[:-1]
 
 
-#: The only modules that may import Dagster: the asset wrappers, resources, definitions, the CLI.
+#: The only modules that may import Dagster: the asset wrappers, resources, definitions, the CLI,
+#: the instance plug-ins (run launcher, storages).
 DAGSTER_MODULES = (
     "phantora_assets.assets",
+    "phantora_assets.instance",
     "phantora_assets.definitions",
     "phantora_assets.resources",
     "phantora_assets.cli",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from phantora_assets.assets import analysis, dataset, flows, simulation, traces
-from phantora_assets.assets.common import Partitions
+from phantora_assets.assets.common import Partitions, quiet_skipped_check_warnings
 
 #: Per-run assets, in graph order.
 RUN_ASSET_NAMES = (
@@ -29,7 +29,10 @@ DATASET_ASSET_NAMES = ("phantora_v0", "dataset_duckdb", "dataset_plots")
 
 
 def build_assets(p: Partitions) -> dict[str, dg.AssetsDefinition]:
-    """Every asset of the graph for the partitions ``p``, by name."""
+    """Every asset of the graph for the partitions ``p``, by name. Also quiets Dagster's misleading
+    warnings about the checks of skipped steps (``common.quiet_skipped_check_warnings``: a run
+    that does not fit in GPU memory skips its assets below ``chrome_trace``)."""
+    quiet_skipped_check_warnings()
     out: dict[str, dg.AssetsDefinition] = {}
     for module in (simulation, traces, flows, dataset, analysis):
         for a in module.build(p):

@@ -1,11 +1,32 @@
 """Group ``simulation``: the perf DB of each GPU and the raw timeline of each run (``stages/simulation.py``)."""
 
+from typing import Any
+
 import dagster as dg
 import msgspec
 
 from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import simulation as stage
+from phantora_assets.stages.common import StageResult
+
+
+def memory_metadata(result: StageResult) -> dict[str, Any]:
+    """``fits_in_memory`` (bool), ``peak_memory_gib`` (the analytic estimate, or the peak run.log
+    reports; absent when it reports none), ``card_gib`` and ``outcome`` (plain words: ``fits: ...``
+    or ``does not fit: ...; not applicable: ...``) from the stage's fits_in_memory outcome."""
+    fits = next((o for o in result.outcomes if o.name == "fits_in_memory"), None)
+    if fits is None:
+        return {}
+    words = fits.message
+    if not fits.passed:
+        words += "; the run's assets from chrome_trace on are not applicable (skipped) and it is not in the dataset"
+    return {
+        "fits_in_memory": fits.passed,
+        "peak_memory_gib": fits.metadata.get("peak_gib"),
+        "card_gib": fits.metadata.get("card_gib"),
+        "outcome": words,
+    }
 
 
 def build(p: Partitions) -> list[dg.AssetsDefinition]:
@@ -38,8 +59,10 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "raw_timeline.parquet, one row per computation event and per ring flow (simulated ns). Docker "
         "(Phantora): timeline.bin, run.log and config/ in the run folder. Import: the registered run "
         "folder's timeline.bin, run.log and config/ copied in. run.log's per-iteration time and peak "
-        "memory become metadata. A run that does not fit in GPU memory fails the blocking fits_in_memory "
-        "check.",
+        "memory become metadata. A run that does not fit in GPU memory is an outcome, not an error: the "
+        "asset materializes with fits_in_memory false, the memory estimate and the card in its metadata, "
+        "the fits_in_memory check fails with WARN severity (the Dagster run succeeds; the run is kept out "
+        "of the dataset), and the run's assets from chrome_trace on are skipped as not applicable.",
     )
     def raw_timeline(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
         spec = p.spec_for(context)
@@ -47,7 +70,9 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         result = stage.raw_timeline(spec, data.paths, ctx)
         status = stage.perfdb_status(spec, data.paths)
         yield dg.MaterializeResult(
-            metadata=stage_metadata(result, run_id=spec.run_id, source=spec.source, perf_db=status)
+            metadata=stage_metadata(
+                result, run_id=spec.run_id, source=spec.source, perf_db=status, **memory_metadata(result)
+            )
         )
         yield from check_results(result, "raw_timeline")
 

@@ -15,14 +15,24 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         group_name="traces",
         deps=["raw_timeline"],
         kinds={"json"},
+        # a run that does not fit in GPU memory has no trace: nothing is materialized, and Dagster
+        # skips every step below this one in the run (their inputs were not produced)
+        output_required=False,
         description="timeline.json.gz in the Phantora visualizer schema (Communication and Computation "
         "complete events, hosts host-1..., microseconds), openable in ui.perfetto.dev. Written into the "
         "run folder data/traces/<gpu>/<workload>_<nodes>x<gpus>/: from the analytic raw timeline, by "
         "phantora_visualizer from timeline.bin (Docker), or copied from the imported folder (converted and "
-        "imported traces are parsed before they replace the previous file).",
+        "imported traces are parsed before they replace the previous file). Not applicable to a run that "
+        "does not fit in GPU memory (raw_timeline's fits_in_memory failed): nothing is materialized and "
+        "the run's assets below this one are skipped.",
     )
     def chrome_trace(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
-        result = stage.chrome_trace(p.spec_for(context), data.paths, simulator.context())
-        return dg.MaterializeResult(metadata=stage_metadata(result))
+        spec = p.spec_for(context)
+        why = stage.not_applicable(spec, data.paths)
+        if why is not None:
+            context.log.info(f"not applicable: {why}")
+            return
+        result = stage.chrome_trace(spec, data.paths, simulator.context())
+        yield dg.MaterializeResult(metadata=stage_metadata(result))
 
     return [chrome_trace]

@@ -1,62 +1,91 @@
-"""``phantora-assets build``: the in-process Dagster build (one run per partition, forked workers)."""
+"""``phantora-assets build``: Dagster runs of the code location on a persistent instance.
+
+The build is a client of Dagster's own machinery: for each GPU (job ``perf_dbs``), each run
+partition (job ``all_runs``, its steps in one process) and the dataset (job ``dataset``) it
+creates a run on the instance -- ``$DAGSTER_HOME``, or ``<data-dir>/dagster_home`` -- and starts
+it with :class:`~phantora_assets.instance.ForkRunLauncher` (``fork``: this process has the code
+imported already), at most ``--jobs`` at once, largest world size first. The runs are the same
+runs the UI shows and launches (same job, partition tag, code origin ``phantora_assets.definitions``
+with ``PHANTORA_ASSETS_DATA_DIR`` set to the data root).
+
+A run worker that dies (``kill -9``, the OOM killer) or Ctrl-C stops the build within seconds:
+the other workers are interrupted (SIGINT, then SIGKILL after :data:`GRACE_S`), their runs are
+marked failed or cancelled on the instance, and the exit code is non-zero. Outputs are written
+atomically, so what a killed worker was writing never replaces a previous file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import wait
 from pathlib import Path
+from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
+from phantora_assets.instance.launcher import PID_TAG
 from phantora_assets.lib.store.io import sweep_temp_files
-from phantora_assets.paths import DataPaths
+from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
-
-def _instance():
-    import dagster as dg
-
-    if os.environ.get("DAGSTER_HOME"):
-        return dg.DagsterInstance.get()
-    return dg.DagsterInstance.ephemeral()
-
-
+#: Seconds an interrupted worker gets to close its run before it is killed.
+GRACE_S = 5.0
+#: The code location the runs' workers load (as ``dagster dev`` and ``workspace.yaml`` do).
+CODE_MODULE = "phantora_assets.definitions"
+#: Run config of the build's runs: Dagster's console logger quiet (the event log keeps everything).
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+#: The instance ``<data-dir>/dagster_home`` gets when DAGSTER_HOME is unset: the storages of the
+#: project's dagster.yaml (``phantora_assets.instance``); copy the project's file over it for the
+#: run queue, launcher and monitoring settings of ``dagster dev``.
+HOME_YAML = """# written by `phantora-assets build` (DAGSTER_HOME was unset); see the project's dagster.yaml
+telemetry:
+  enabled: false
+run_storage:
+  module: phantora_assets.instance
+  class: PooledSqliteRunStorage
+  config:
+    base_dir: {env: DAGSTER_HOME}
+event_log_storage:
+  module: phantora_assets.instance
+  class: PooledSqliteEventLogStorage
+  config:
+    base_dir: {env: DAGSTER_HOME}
+compute_logs:
+  module: dagster._core.storage.noop_compute_log_manager
+  class: NoOpComputeLogManager
+"""
 
 
-def _build_defs(data_dir: str, matrix, plots: bool = True):
-    """Definitions bound to ``data_dir`` and ``matrix``, with the build's jobs resolved once
-    (resolving the asset graph for every partition, as ``dagster.materialize`` does, costs ~0.3 s
-    a call): ``build_perf_dbs``, ``build_runs`` (per-run assets) and ``build_dataset`` (the dataset
-    assets in one run; Dagster skips the ones below a failed asset or blocking check)."""
-    import dagster as dg
-
-    from phantora_assets import assets as a
-    from phantora_assets.assets.common import Partitions
-    from phantora_assets.resources import DataRoot, simulator_from_env
-
-    assets = a.build_assets(Partitions.of(matrix))
-    skip = set(a.PLOT_ASSET_NAMES) if not plots else set()
-    run_keys = [assets[n].key for n in a.RUN_ASSET_NAMES if n not in skip]
-    dataset_keys = [assets[n].key for n in a.DATASET_ASSET_NAMES if n not in skip]
-    jobs = [
-        dg.define_asset_job("build_runs", selection=dg.AssetSelection.assets(*run_keys)),
-        dg.define_asset_job("build_perf_dbs", selection=dg.AssetSelection.assets(assets["perf_db"].key)),
-        dg.define_asset_job("build_dataset", selection=dg.AssetSelection.assets(*dataset_keys)),
-    ]
-    resources = {"data": DataRoot(data_dir=data_dir), "simulator": simulator_from_env(matrix)}
-    return dg.Definitions(assets=list(assets.values()), jobs=jobs, resources=resources)
+class BuildAborted(Exception):
+    """A run worker died or the build was interrupted; the message says which and how."""
 
 
-def _run_partition(job, instance, run_id: str) -> tuple[str, bool, list[str]]:
-    """Materialize every asset and check of ``job`` for one run partition: (run_id, success, step errors)."""
-    res = job.execute_in_process(partition_key=run_id, instance=instance, raise_on_error=False, run_config=QUIET_LOGS)
-    errors = [
-        f"{e.step_key}: {_user_error(e.event_specific_data.error)}"
-        for e in res.all_events
-        if e.is_step_failure and e.event_specific_data and getattr(e.event_specific_data, "error", None)
-    ]
-    return run_id, res.success, errors
+@contextmanager
+def _build_env(data_dir: Path) -> Iterator[None]:
+    """While the build runs: ``PHANTORA_ASSETS_DATA_DIR`` = the data root (the run workers load the
+    code location from it) and, when unset, ``DAGSTER_HOME`` = ``<data_dir>/dagster_home`` (made,
+    with :data:`HOME_YAML`, on first use); both restored afterwards."""
+    old = {k: os.environ.get(k) for k in (DATA_DIR_ENV, "DAGSTER_HOME")}
+    os.environ[DATA_DIR_ENV] = str(data_dir.resolve())
+    if not old["DAGSTER_HOME"]:
+        home = (data_dir / "dagster_home").resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        if not (home / "dagster.yaml").exists():
+            (home / "dagster.yaml").write_text(HOME_YAML)
+        os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _user_error(err) -> str:
@@ -68,34 +97,114 @@ def _user_error(err) -> str:
     return lines[0] if lines else str(err.cls_name)
 
 
-#: What a forked build worker inherits from the parent: the resolved run job (set just before the
-#: pool forks; resolving it again per worker would redo the work) and its own instance (made lazily).
-_WORKER: dict = {}
+def step_errors(instance, run_id: str) -> list[str]:
+    """``"<step>: <root cause>"`` for every failed step of run ``run_id`` (from its event log)."""
+    from dagster import DagsterEventType
+
+    out = []
+    for rec in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        ev = rec.dagster_event
+        err = getattr(ev.event_specific_data, "error", None) if ev else None
+        if ev is not None and err is not None:
+            out.append(f"{ev.step_key}: {_user_error(err)}")
+    return out
 
 
-def _warm_imports() -> None:
-    """Import, before the workers fork, what every run imports lazily (plots, Parquet, inflate)."""
-    import matplotlib.backends.backend_agg
-    import matplotlib.figure
-    import matplotlib.lines
-    import matplotlib.patches
-    import matplotlib.ticker  # noqa: F401
-    import pyarrow.parquet  # noqa: F401
+class _Runs:
+    """The runs of one build on ``instance``: created from ``defs``' jobs, started by a
+    ForkRunLauncher, at most ``jobs`` at once."""
 
-    from phantora_assets.lib.phantora import trace_decode  # noqa: F401
+    def __init__(self, instance, defs, jobs: int) -> None:
+        from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+        from phantora_assets.instance import ForkRunLauncher
 
-def _worker_run(run_id: str) -> tuple[str, bool, list[str]]:
-    import dagster as dg
+        self.instance = instance
+        self.defs = defs
+        self.jobs = max(1, jobs)
+        self.repo = ReconstructableRepository.for_module(CODE_MODULE, "defs")
+        self.launcher = ForkRunLauncher(start_method="fork")
+        self.launcher.register_instance(instance)
+        self.running: dict[str, Any] = {}  # run_id -> DagsterRun
 
-    if "instance" not in _WORKER:
-        _WORKER["instance"] = dg.DagsterInstance.ephemeral()
-    return _run_partition(_WORKER["job"], _WORKER["instance"], run_id)
+    def create(self, job_name: str, partition: str | None, selection=None):
+        job = self.defs.resolve_job_def(job_name)
+        if selection is not None:
+            job = job.get_subset(asset_selection=selection)
+        tags = {"dagster/partition": partition} if partition else {}
+        return self.instance.create_run_for_job(
+            job_def=job,
+            run_config=QUIET_LOGS,
+            tags={**job.tags, **tags, "phantora/launched_by": "phantora-assets build"},
+            asset_selection=frozenset(selection) if selection is not None else None,
+            job_code_origin=self.repo.get_reconstructable_job(job_name).get_python_origin(),
+        )
+
+    def _start(self, run) -> None:
+        from dagster._core.events import DagsterEvent, DagsterEventType
+        from dagster._core.launcher import LaunchRunContext
+
+        self.instance.report_dagster_event(
+            DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+            run_id=run.run_id,
+        )
+        self.launcher.launch_run(LaunchRunContext(dagster_run=self.instance.get_run_by_id(run.run_id), workspace=None))
+        self.running[run.run_id] = run
+
+    def run_all(self, items: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
+        """Create and execute one run per ``(job, partition, selection)``; return the finished
+        runs by partition (or job name). Raises BuildAborted when a worker dies."""
+        todo = deque(items)
+        done: dict[str, Any] = {}
+        keys: dict[str, str] = {}
+        while todo or self.running:
+            while todo and len(self.running) < self.jobs:
+                job_name, partition, selection = todo.popleft()
+                run = self.create(job_name, partition, selection)
+                keys[run.run_id] = partition or job_name
+                self._start(run)
+            procs = {rid: self.launcher._processes[rid] for rid in self.running}
+            wait([p.sentinel for p in procs.values()], timeout=1.0)
+            for rid, proc in procs.items():
+                if proc.exitcode is None:
+                    continue
+                del self.running[rid]
+                run = self.instance.get_run_by_id(rid)
+                if not run.is_finished:
+                    self._worker_died(run, proc.exitcode)
+                done[keys[rid]] = run
+        return done
+
+    def _worker_died(self, run, code: int) -> None:
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
+        what = run.tags.get("dagster/partition", run.job_name)
+        msg = f"run worker of {what} (pid {run.tags.get(PID_TAG)}) was {how} before its run ended"
+        self.instance.report_run_failed(run, msg)
+        raise BuildAborted(msg)
+
+    def stop(self, why: str) -> None:
+        """Interrupt every running worker, kill those still alive after GRACE_S, and mark their
+        runs cancelled (or failed) on the instance."""
+        procs = {rid: self.launcher._processes[rid] for rid in self.running}
+        for p in procs.values():
+            if p.exitcode is None and p.pid is not None:
+                os.kill(p.pid, signal.SIGINT)
+        deadline = time.monotonic() + GRACE_S
+        for p in procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join(5)
+        for rid in procs:
+            run = self.instance.get_run_by_id(rid)
+            if run is not None and not run.is_finished:
+                self.instance.report_run_canceled(run, f"build stopped: {why}")
+        self.running.clear()
 
 
 def _cost_order(specs) -> list[str]:
-    """Run ids, largest world size first, so that a pool handing out one run at a time ends with
-    short runs on every worker (the cost of a run grows with its number of ranks)."""
+    """Run ids, largest world size first, so that runs handed out one at a time end with short
+    runs on every worker (the cost of a run grows with its number of ranks)."""
     return [s.run_id for s in sorted(specs, key=lambda s: -s.n_nodes * s.gpus_per_node)]
 
 
@@ -111,90 +220,76 @@ def cmd_build(args: argparse.Namespace) -> int:
     return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
 
 
+def _status(paths: DataPaths, spec, run, instance) -> str:
+    checks = read_checks(paths.run_folder(spec))
+    if checks.get("fits_in_memory", {}).get("status") == "failed":
+        return "out of memory: " + checks["fits_in_memory"]["message"]
+    if run.status.value == "SUCCESS":
+        warn = checks.get("matches_workload_model", {})
+        return "ok" + (" (warning: " + warn["message"][:200] + ")" if warn.get("status") == "warning" else "")
+    failed = [
+        f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items() if v["status"] == "failed"
+    ]
+    return "FAILED: " + "; ".join(step_errors(instance, run.run_id) + failed)[:300]
+
+
 def _build(
     data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
 ) -> int:
-    """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets.
+    """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets,
+    as Dagster runs on the build's instance (module docstring). ``plots=False`` leaves out the assets
+    that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed),
+    130 (interrupted) or 1 (a worker died)."""
+    from phantora_assets import assets as a
+    from phantora_assets.definitions import build_defs
 
-    ``plots=False`` skips the assets that only draw (``definitions.PLOT_ASSETS``). Partitions are
-    independent (own files, own run folder): with ``jobs > 1`` they are handed out one at a time,
-    largest first, to forked worker processes, each with its own ephemeral Dagster instance (a
-    DAGSTER_HOME instance is only used by a sequential build).
-    """
     paths = DataPaths(data_dir)
     specs = [s for s in matrix if not only or s.run_id in only]
     t0 = time.perf_counter()
     stale = sweep_temp_files(data_dir)  # left by a build that was killed mid-write
     if stale and not quiet:
         print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
-    defs = _build_defs(str(data_dir), matrix, plots)
-    instance = _instance()
-    perf_db_job = defs.resolve_job_def("build_perf_dbs")
-    for gpu in sorted({s.gpu for s in specs}):
-        perf_db_job.execute_in_process(
-            partition_key=gpu, instance=instance, raise_on_error=False, run_config=QUIET_LOGS
-        )
-    jobs = max(1, min(jobs, len(specs)))
-    use_home = bool(os.environ.get("DAGSTER_HOME"))
-    run_job = defs.resolve_job_def("build_runs")
-    if jobs > 1 and not use_home:
-        import gc
-        import multiprocessing as mp
+    import dagster as dg
 
-        _warm_imports()
-        _WORKER.clear()
-        _WORKER["job"] = run_job
-        # the forked workers share the parent's objects: frozen, their collections skip them
-        # (and do not copy their pages), a few % of a build
-        gc.freeze()
+    with _build_env(data_dir), dg.DagsterInstance.get() as instance:
+        home = os.environ["DAGSTER_HOME"]
+        defs = build_defs(data_dir, matrix)
+        skip = set() if plots else set(a.PLOT_ASSET_NAMES)
+        sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
+        run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}
+        data_sel = None if plots else {sel[n] for n in a.DATASET_ASSET_NAMES if n not in skip}
+        runs = _Runs(instance, defs, jobs)
         try:
-            with mp.get_context("fork").Pool(jobs) as pool:
-                done = {r[0]: r for r in pool.imap_unordered(_worker_run, _cost_order(specs), chunksize=1)}
-                pool.close()
-                pool.join()  # let the workers exit normally before the pool is torn down
-        finally:
-            gc.unfreeze()
-            _WORKER.clear()
-        results = [done[s.run_id] for s in specs]
-    else:
-        results = [_run_partition(run_job, instance, s.run_id) for s in specs]
-    failures = 0
-    rows = []
-    for (_run_id, success, errors), spec in zip(results, specs):
-        checks = read_checks(paths.run_folder(spec))
-        if checks.get("fits_in_memory", {}).get("status") == "failed":
-            status = "out of memory: " + checks["fits_in_memory"]["message"]
-        elif success:
-            status = "ok"
-            warn = checks.get("matches_workload_model", {})
-            if warn.get("status") == "warning":
-                status += " (warning: " + warn["message"][:200] + ")"
-        else:
+            runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs})])
+            done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
+            dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
+        except (BuildAborted, KeyboardInterrupt) as e:
+            why = str(e) if isinstance(e, BuildAborted) else "interrupted (Ctrl-C / SIGINT)"
+            runs.stop(why)
+            sweep_temp_files(data_dir)
+            print(f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)", file=sys.stderr)
+            return 130 if isinstance(e, KeyboardInterrupt) else 1
+        failures = 0
+        rows = []
+        for spec in specs:
+            status = _status(paths, spec, done[spec.run_id], instance)
+            failures += status.startswith("FAILED")
+            rows.append((spec.run_id, status))
+            if not quiet:
+                print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
+        if dataset.status.value != "SUCCESS":
             failures += 1
-            failed = [
-                f"{k}: {v['message']}"
-                for k, v in blocking_failures(paths.run_folder(spec)).items()
-                if v["status"] == "failed"
-            ]
-            status = "FAILED: " + "; ".join(errors + failed)[:300]
-        rows.append((spec.run_id, status))
-        if not quiet:
-            print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-    res = defs.resolve_job_def("build_dataset").execute_in_process(
-        instance=instance, raise_on_error=False, run_config=QUIET_LOGS
-    )
-    if not res.success:
-        failures += 1
-        failed = sorted({e.step_key for e in res.all_events if e.is_step_failure})
-        print(f"dataset: FAILED at {', '.join(failed) or 'a blocking check'} (see its checks)", file=sys.stderr)
-    elapsed = time.perf_counter() - t0
-    print(
-        f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
-        f"{sum(r[1].startswith('ok') for r in rows)} ok, "
-        f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
-        f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
-    )
-    print(f"dataset:     {paths.dataset_dir.resolve()}")
-    print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
-    print(f"run folders: {(paths.root / 'traces').resolve()}")
-    return 1 if failures else 0
+            errs = step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+            print(f"dataset: FAILED: {'; '.join(errs)[:300]}", file=sys.stderr)
+        elapsed = time.perf_counter() - t0
+        print(
+            f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({runs.jobs} worker{'s' if runs.jobs > 1 else ''}): "
+            f"{sum(r[1].startswith('ok') for r in rows)} ok, "
+            f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
+            f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
+        )
+        print(f"dataset:     {paths.dataset_dir.resolve()}")
+        print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
+        print(f"run folders: {(paths.root / 'traces').resolve()}")
+        print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")
+        return 1 if failures else 0

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phantora_assets.checks import blocking_failures, read_checks
+from phantora_assets.checks import NOT_EVALUATED, RUN_CHECKS, read_checks
 from phantora_assets.cli.build import _build
 from phantora_assets.paths import DataPaths
 
@@ -49,6 +49,30 @@ def cmd_import(args: argparse.Namespace) -> int:
     return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
 
 
+def check_status(checks: dict[str, dict]) -> str:
+    """One phrase for a run's ``checks.json`` (``read_checks``): ``all checks passed``, or the
+    gating checks that ``failed`` and those ``not run`` (never evaluated: their asset did not run
+    or did not apply, e.g. every check below a run that does not fit in GPU memory), then the
+    advisory ``warning``s."""
+    failed = [n for n in RUN_CHECKS if checks.get(n, {}).get("status") == "failed"]
+    not_run = [n for n in RUN_CHECKS if checks.get(n, {}).get("status", NOT_EVALUATED) == NOT_EVALUATED]
+    other = [
+        f"{n} ({checks[n]['status']})"
+        for n in RUN_CHECKS
+        if n in checks and checks[n]["status"] not in ("passed", "failed", NOT_EVALUATED)
+    ]
+    parts = []
+    if failed or other:
+        parts.append("failed: " + ", ".join(failed + other))
+    if not_run:
+        parts.append("not run: " + ", ".join(not_run))
+    out = "; ".join(parts) or "all checks passed"
+    warned = [k for k, v in checks.items() if v["status"] == "warning"]
+    if warned:
+        out += " (warning: " + ", ".join(warned) + ")"
+    return out
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from phantora_assets.imported_runs import matrix_for
     from phantora_assets.lib.sim.memory import estimate_memory
@@ -59,14 +83,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for spec in matrix_for(paths.root):
         mem = estimate_memory(WorkloadModel(spec)).as_dict()
         checks = read_checks(paths.run_folder(spec))
-        if not checks:
-            built = "-"
-        else:
-            bad = list(blocking_failures(paths.run_folder(spec)))
-            warned = [k for k, v in checks.items() if v["status"] == "warning"]
-            built = "all checks passed" if not bad else "not passed: " + ", ".join(bad)
-            if warned:
-                built += " (warning: " + ", ".join(warned) + ")"
+        built = check_status(checks) if checks else "-"
         fits = "yes" if mem["fits"] else "NO"
         print(
             f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "

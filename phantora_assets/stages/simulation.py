@@ -3,19 +3,24 @@
 
     perf_db      -> <root>/perfdb/<gpu>/perf_db.json (the validated perf DB summary)
     raw_timeline -> whatever the run's source writes (``sources/``), and run_log.json
+
+:func:`memory_verdict` reads back what ``raw_timeline`` recorded about GPU memory (a run that does
+not fit is an outcome: the assets from ``chrome_trace`` on do not apply to it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from phantora_assets import contracts
+from phantora_assets.checks import read_checks
 from phantora_assets.lib.phantora.perfdb import load_perfdb
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
-from phantora_assets.records import PerfDbRecord, RunSpecRecord, read_record_or_none, write_record
+from phantora_assets.records import PerfDbRecord, RunLogRecord, RunSpecRecord, read_record_or_none, write_record
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.stages.common import StageResult
@@ -75,6 +80,61 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
     return result
 
 
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """What ``raw_timeline`` recorded about the run's GPU memory.
+
+    Attributes:
+        fits: ``fits_in_memory`` is recorded as passed.
+        peak_gib: peak memory per GPU, GiB: the analytic estimate, or the peak Phantora's run.log
+            reports (None when it reports none, e.g. a bare CUDA out-of-memory error).
+        card_gib: memory of the simulated card, GiB.
+        message: the check's plain-words outcome, as recorded in ``checks.json``.
+    """
+
+    fits: bool
+    peak_gib: float | None
+    card_gib: float
+    message: str
+
+    def words(self, run_id: str) -> str:
+        """``<run_id> does not fit in GPU memory (49.70 GiB > 46.00 GiB)`` (or ``fits ... (16.55 GiB
+        <= 46.00 GiB)``); when the numbers are not what decided (no reported peak, or a CUDA
+        out-of-memory error below the card), the recorded reason instead of them."""
+        verb = "fits" if self.fits else "does not fit"
+        if self.peak_gib is None or (self.peak_gib <= self.card_gib) != self.fits:
+            why = self.message.removeprefix(f"{verb}: ")
+            return f"{run_id} {verb} in GPU memory ({why})"
+        sign = "<=" if self.fits else ">"
+        return f"{run_id} {verb} in GPU memory ({self.peak_gib:.2f} GiB {sign} {self.card_gib:.2f} GiB)"
+
+
+def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
+    """The ``fits_in_memory`` outcome ``raw_timeline`` recorded in the run folder, with its
+    numbers: the analytic memory estimate (``lib/sim/memory.py``, what the analytic source
+    compared) or the run's ``run_log.json`` peak (Phantora sources). None when the check was not
+    evaluated (``raw_timeline`` not materialized, or it stopped before recording).
+
+    Raises:
+        RecordError: ``checks.json`` or ``run_log.json`` is malformed (names the file).
+    """
+    rec = read_checks(paths.run_folder(spec)).get("fits_in_memory")
+    if rec is None or rec["status"] not in ("passed", "failed"):
+        return None
+    peak: float | None
+    card = float(spec.gpu_spec["memory_gb"])
+    if spec.source == "analytic":
+        from phantora_assets.lib.sim.memory import estimate_memory
+        from phantora_assets.lib.sim.workloads import workload_model
+
+        mem = estimate_memory(workload_model(spec)).as_dict()
+        peak, card = float(mem["peak_gib"]), float(mem["card_gib"])
+    else:
+        log = read_record_or_none(paths.partition_dir(spec.run_id) / "run_log.json", RunLogRecord)
+        peak = log.peak_memory_gib if log is not None else None
+    return MemoryVerdict(rec["status"] == "passed", peak, card, str(rec.get("message", "")))
+
+
 def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry
     (layout, source, topology, import path), the workload preset, the GPU's ``gpus.toml`` entry,
@@ -121,3 +181,25 @@ def stale_reason(spec: RunSpec, paths: DataPaths) -> str | None:
         return None
     changed = sorted(k for k in now.inputs if rec.inputs.get(k) != now.inputs[k])
     return f"stale: built from another {', '.join(changed) or 'input'} than the run matrix now gives; rebuild the run"
+
+
+def build_reason(spec: RunSpec, paths: DataPaths) -> str | None:
+    """Why partition ``spec`` needs a (re)build: ``missing`` (never simulated, or its last build
+    stopped before the run summary although the run fits), ``stale: ...`` (:func:`stale_reason`),
+    or None when its files are complete and current. A run that does not fit in GPU memory is
+    complete once its simulation recorded that (``fits_in_memory`` failed in ``checks.json``).
+
+    Raises:
+        RecordError: ``run_spec.json`` or ``checks.json`` is malformed (names the file).
+    """
+    if not (paths.partition_dir(spec.run_id) / "run_spec.json").is_file():
+        return "missing"
+    stale = stale_reason(spec, paths)
+    if stale:
+        return stale
+    fits = read_checks(paths.run_folder(spec)).get("fits_in_memory", {}).get("status")
+    if fits == "failed":
+        return None
+    if not (paths.partition_dir(spec.run_id) / "run_summary.parquet").is_file():
+        return "missing"
+    return None
