@@ -45,16 +45,9 @@ QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 HOME_YAML = """# written by `phantora-assets build` (DAGSTER_HOME was unset); see the project's dagster.yaml
 telemetry:
   enabled: false
-run_storage:
-  module: phantora_assets.instance
-  class: PooledSqliteRunStorage
-  config:
-    base_dir: {env: DAGSTER_HOME}
 event_log_storage:
   module: phantora_assets.instance
   class: PooledSqliteEventLogStorage
-  config:
-    base_dir: {env: DAGSTER_HOME}
 compute_logs:
   module: dagster._core.storage.noop_compute_log_manager
   class: NoOpComputeLogManager
@@ -157,13 +150,16 @@ class _Runs:
         todo = deque(items)
         done: dict[str, Any] = {}
         keys: dict[str, str] = {}
-        while todo or self.running:
-            while todo and len(self.running) < self.jobs:
-                job_name, partition, selection = todo.popleft()
-                run = self.create(job_name, partition, selection)
-                keys[run.run_id] = partition or job_name
+        ready: deque = deque()  # runs created ahead, while the workers compute
+        while todo or ready or self.running:
+            while (todo or ready) and len(self.running) < self.jobs:
+                run = ready.popleft() if ready else self._create_item(todo.popleft(), keys)
                 self._start(run)
+            if todo and not ready:
+                ready.append(self._create_item(todo.popleft(), keys))
             procs = {rid: self.launcher._processes[rid] for rid in self.running}
+            if not procs:
+                continue
             wait([p.sentinel for p in procs.values()], timeout=1.0)
             for rid, proc in procs.items():
                 if proc.exitcode is None:
@@ -174,6 +170,12 @@ class _Runs:
                     self._worker_died(run, proc.exitcode)
                 done[keys[rid]] = run
         return done
+
+    def _create_item(self, item: tuple[str, str | None, Any], keys: dict[str, str]):
+        job_name, partition, selection = item
+        run = self.create(job_name, partition, selection)
+        keys[run.run_id] = partition or job_name
+        return run
 
     def _worker_died(self, run, code: int) -> None:
         how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
@@ -259,6 +261,11 @@ def _build(
         run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}
         data_sel = None if plots else {sel[n] for n in a.DATASET_ASSET_NAMES if n not in skip}
         runs = _Runs(instance, defs, jobs)
+        import gc
+
+        import phantora_assets.instance.warm  # noqa: F401  (what every run imports, once, before the forks)
+
+        gc.freeze()  # the forked workers share the parent's objects: their collections skip them
         try:
             runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs})])
             done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
@@ -269,6 +276,8 @@ def _build(
             sweep_temp_files(data_dir)
             print(f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)", file=sys.stderr)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
+        finally:
+            gc.unfreeze()
         failures = 0
         rows = []
         for spec in specs:

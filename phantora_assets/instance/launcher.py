@@ -15,16 +15,17 @@ Configure it in ``dagster.yaml``::
       class: ForkRunLauncher
       config:
         start_method: forkserver        # or fork (from the launching process), spawn
-        preload: [phantora_assets.definitions]
+        preload: [phantora_assets.instance.warm]   # the code location and what its runs import
 
 Run workers record their pid (run tags ``phantora/run_worker_pid`` and ``.../run_worker_start``,
 the kernel's start time of that pid) so that run monitoring (``run_monitoring: enabled: true``)
 fails a run whose worker was killed (``kill -9``, the OOM killer) instead of leaving it STARTED
 forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run. Workers
-are forked from the forkserver, not from the daemon, so they finish their runs when the daemon is
-killed or restarted. Each worker re-executes ``phantora_assets.definitions`` (about 15 ms) so a
-changed run matrix or import registry is seen without restarting the daemon; a change to the
-package's own code needs a daemon restart (the forkserver holds the imported code).
+are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
+from the daemon, so they finish their runs when the daemon or its whole process group is killed.
+Each worker re-executes ``phantora_assets.definitions`` (about 15 ms) so a changed run
+matrix or import registry is seen without restarting the daemon; a change to the package's own
+code needs a daemon restart (the forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched
 (``DagsterLaunchFailedError``).
@@ -52,7 +53,7 @@ from dagster._serdes import ConfigurableClass, ConfigurableClassData
 #: reused pid is not taken for the worker).
 PID_TAG = "phantora/run_worker_pid"
 START_TAG = "phantora/run_worker_start"
-DEFAULT_PRELOAD = ("phantora_assets.definitions",)
+DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
 
 
@@ -77,10 +78,12 @@ def _refresh_definitions() -> None:
         importlib.reload(mod)
 
 
-def run_worker(run_id: str, instance_ref: str) -> None:
+def run_worker(run_id: str, instance_ref: str, inherited=None) -> None:
     """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
     serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
-    broke (a failed run is recorded in the instance, not in the exit code)."""
+    broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
+    launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
+    connections in the child), which saves re-creating it."""
     from dagster._cli.api import _execute_run_command_body
     from dagster._core.instance import DagsterInstance, InstanceRef
     from dagster._serdes import deserialize_value
@@ -89,8 +92,12 @@ def run_worker(run_id: str, instance_ref: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     _refresh_definitions()
-    with capture_interrupts(), DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef)) as instance:
-        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+    with capture_interrupts():
+        if inherited is not None:
+            _execute_run_command_body(run_id, inherited, lambda _event: None, set_exit_code_on_failure=False)
+            return
+        with DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef)) as instance:
+            _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
@@ -144,7 +151,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         if self._mp is None:
             ctx = multiprocessing.get_context(self.start_method)
             if self.start_method == "forkserver":
-                ctx.set_forkserver_preload(list(self.preload))
+                ctx.set_forkserver_preload(["phantora_assets.instance.forkserver", *self.preload])
             self._mp = ctx
         return self._mp
 
@@ -156,7 +163,10 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         if run.job_code_origin is None:
             raise DagsterLaunchFailedError(f"run {run.run_id} has no job code origin: ForkRunLauncher cannot start it")
         ref = serialize_value(self._instance.get_ref())
-        proc = self._context().Process(target=run_worker, args=(run.run_id, ref), name=f"dagster-run-{run.run_id[:8]}")
+        inherited = self._instance if self.start_method == "fork" else None
+        proc = self._context().Process(
+            target=run_worker, args=(run.run_id, ref, inherited), name=f"dagster-run-{run.run_id[:8]}"
+        )
         proc.start()
         # not one of this process's children for multiprocessing's exit handler: a daemon that
         # stops must neither wait for its runs nor terminate them (they finish on their own)

@@ -1,53 +1,40 @@
-"""Dagster's SQLite run and event-log storages with their connections kept open.
+"""Dagster's SQLite event-log storage with its connections kept open.
 
-Dagster's SQLite storages create a new SQLAlchemy engine and a new connection for every query
-and close it afterwards; in WAL mode each last close checkpoints the log into the database file.
-A run of ``all_runs`` writes ~80 events, each touching the run's file and the index file: on
-this project's 2-core machines that was 2-4 s of a 1 s run, and concurrent runs queued on each
-other's checkpoints. These subclasses change only how a connection is obtained: one engine per
-database file with one connection, kept open (``StaticPool``, serialized by the storage's lock
-for the event log), ``PRAGMA synchronous=NORMAL`` (in WAL mode: durable against a process crash,
-the last transactions may be lost on power loss, never corrupted). Schema, files and queries are
-Dagster's, so an instance can switch between these and ``storage: sqlite`` at any time.
+Dagster's default ``SqliteEventLogStorage`` keeps one database file per run, creates each with an
+alembic stamp (~0.15 s a run), and opens a new SQLAlchemy engine and connection for every query
+(in WAL mode each last close checkpoints the log into the file). A run of ``all_runs`` writes ~100
+events: on this project's 2-core machines that was 2-4 s of a 1 s run.
+:class:`PooledSqliteEventLogStorage` is Dagster's ``ConsolidatedSqliteEventLogStorage`` (one
+database for all runs, Dagster's schema and queries) with one connection kept open (``StaticPool``,
+serialized by a lock) and ``PRAGMA synchronous=NORMAL`` (in WAL mode: durable against a process
+crash; the last transactions may be lost on power loss, the file is never corrupted). Switching an
+instance back to the default storage starts an empty event log (the files differ).
 
-A process that forks (``ForkRunLauncher``) never reuses its parent's connections: each storage
-drops its engines when it finds itself in another process. At most :data:`MAX_OPEN` run
-databases stay open per storage (least recently used closed first).
+A process that forks (``ForkRunLauncher``) never reuses its parent's connection: the storage makes
+a new one when it finds itself in another process.
 
-Configure in ``dagster.yaml`` (paths as Dagster's default layout under ``$DAGSTER_HOME``)::
+Configure in ``dagster.yaml``; without ``base_dir`` the instance's root directory is used (the
+``$DAGSTER_HOME`` folder, or the temporary one ``dagster dev`` makes when it is unset)::
 
-    run_storage:
-      module: phantora_assets.instance
-      class: PooledSqliteRunStorage
-      config: {base_dir: {env: DAGSTER_HOME}}
     event_log_storage:
       module: phantora_assets.instance
       class: PooledSqliteEventLogStorage
-      config: {base_dir: {env: DAGSTER_HOME}}
-
-``base_dir`` is the instance root: run storage in ``<base_dir>/history/runs.db``, event logs in
-``<base_dir>/history/runs/*.db`` (the files ``storage: sqlite`` uses).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as db
-from dagster import StringSource
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
-from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
+from dagster import Field, StringSource
+from dagster._core.storage.event_log.sqlite.consolidated_sqlite_event_log import ConsolidatedSqliteEventLogStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy.pool import StaticPool
-
-#: Run databases a storage keeps open at once (the index database is always open).
-MAX_OPEN = 16
 
 
 def _engine(conn_string: str) -> db.engine.Engine:
@@ -65,22 +52,41 @@ def _engine(conn_string: str) -> db.engine.Engine:
     return engine
 
 
-class PooledSqliteEventLogStorage(SqliteEventLogStorage):
-    """``SqliteEventLogStorage`` with an open connection per shard (module docstring).
+class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
+    """Dagster's ``ConsolidatedSqliteEventLogStorage`` (one database for every run's events) with
+    one connection kept open (module docstring).
 
     Args:
-        base_dir: the instance root; event logs live in ``<base_dir>/history/runs``.
+        base_dir: the instance root; events live in ``<base_dir>/history/event_log/event_log.db``.
+            None: the root of the instance this storage is registered with (set up then).
     """
 
-    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
-        self._engines: OrderedDict[str, db.engine.Engine] = OrderedDict()
+    def __init__(self, base_dir: str | None = None, inst_data: ConfigurableClassData | None = None) -> None:
+        self._pooled: db.engine.Engine | None = None
         self._pid = os.getpid()
-        self._root = base_dir
-        super().__init__(os.path.join(base_dir, "history", "runs"), inst_data)
+        self._lock = threading.RLock()
+        self._depth = threading.local()
+        self._inst_data_ = inst_data
+        self._ready = False
+        if base_dir is not None:
+            self._set_up(base_dir)
+
+    def _set_up(self, root: str) -> None:
+        super().__init__(os.path.join(root, "history", "event_log"), self._inst_data_)
+        self._ready = True
+
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self._inst_data_
+
+    def register_instance(self, instance) -> None:
+        if not self._ready:
+            self._set_up(instance.root_directory)
+        super().register_instance(instance)
 
     @classmethod
     def config_type(cls) -> dict:
-        return {"base_dir": StringSource}
+        return {"base_dir": Field(StringSource, is_required=False)}
 
     @classmethod
     def from_config_value(
@@ -88,68 +94,14 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     ) -> PooledSqliteEventLogStorage:
         return cls(inst_data=inst_data, **config_value)
 
-    def _shard_engine(self, shard: str) -> db.engine.Engine:
-        if os.getpid() != self._pid:  # forked: the parent's connections are not ours
-            self._engines = OrderedDict()
-            self._pid = os.getpid()
-        engine = self._engines.get(shard)
-        if engine is None:
-            engine = _engine(self.conn_string_for_shard(shard))
-            if shard not in self._initialized_dbs:
-                self._initdb(engine)
-                self._initialized_dbs.add(shard)
-            self._engines[shard] = engine
-            while len(self._engines) > MAX_OPEN + 1:
-                old = next(k for k in self._engines if k != "index")
-                self._engines.pop(old).dispose()
-        else:
-            self._engines.move_to_end(shard)
-        return engine
-
     @contextmanager
-    def _connect(self, shard: str) -> Iterator[db.engine.Connection]:
-        with self._db_lock, self._shard_engine(shard).connect() as conn, conn.begin():
-            yield conn
-
-    def dispose(self) -> None:
-        for engine in self._engines.values():
-            engine.dispose()
-        self._engines.clear()
-        super().dispose()
-
-
-class PooledSqliteRunStorage(SqliteRunStorage):
-    """``SqliteRunStorage`` with one open connection (module docstring).
-
-    Args:
-        base_dir: the instance root; runs live in ``<base_dir>/history/runs.db``.
-    """
-
-    def __init__(self, conn_string: str, inst_data: ConfigurableClassData | None = None) -> None:
-        super().__init__(conn_string, inst_data)
-        self._lock = threading.RLock()
-        self._depth = threading.local()
-        self._pooled: db.engine.Engine | None = None
-        self._pid = os.getpid()
-
-    @classmethod
-    def config_type(cls) -> dict:
-        return {"base_dir": StringSource}
-
-    @classmethod
-    def from_config_value(
-        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
-    ) -> PooledSqliteRunStorage:
-        return cls.from_local(os.path.join(config_value["base_dir"], "history", ""), inst_data=inst_data)
-
-    @contextmanager
-    def connect(self) -> Iterator[db.engine.Connection]:
+    def _connect(self) -> Iterator[db.engine.Connection]:
         if getattr(self._depth, "n", 0):  # nested in this thread: a connection of its own, as Dagster does
-            with super().connect() as conn:
+            with super()._connect() as conn:
                 yield conn
             return
         with self._lock:
-            if self._pooled is None or os.getpid() != self._pid:
+            if self._pooled is None or os.getpid() != self._pid:  # forked: the parent's connection is not ours
                 self._pooled = _engine(self._conn_string)
                 self._pid = os.getpid()
             self._depth.n = 1
@@ -160,7 +112,7 @@ class PooledSqliteRunStorage(SqliteRunStorage):
                 self._depth.n = 0
 
     def dispose(self) -> None:
-        if self._pooled is not None:
+        if self._pooled is not None and os.getpid() == self._pid:
             self._pooled.dispose()
-            self._pooled = None
+        self._pooled = None
         super().dispose()
