@@ -40,11 +40,12 @@ def _build_cmd(root: Path) -> list[str]:
 
 def _files(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (a DuckDB file holds the same
-    tables after a rebuild but not the same bytes: it is left out, see ``_database_readable``)."""
+    tables after a rebuild but not the same bytes: it is left out, see ``_database_readable``; so
+    is the build's Dagster instance, ``dagster_home/``: run history, not outputs)."""
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.suffix != ".duckdb"
+        if p.is_file() and p.suffix != ".duckdb" and p.relative_to(folder).parts[0] != "dagster_home"
     }
 
 

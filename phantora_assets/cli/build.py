@@ -150,7 +150,8 @@ class _Runs:
         todo = deque(items)
         done: dict[str, Any] = {}
         keys: dict[str, str] = {}
-        ready: deque = deque()  # runs created ahead, while the workers compute
+        ready: deque = deque()
+        self.ready = ready  # runs created ahead, while the workers compute
         while todo or ready or self.running:
             while (todo or ready) and len(self.running) < self.jobs:
                 run = ready.popleft() if ready else self._create_item(todo.popleft(), keys)
@@ -197,11 +198,12 @@ class _Runs:
             if p.exitcode is None:
                 p.kill()
                 p.join(5)
-        for rid in procs:
+        for rid in [*procs, *(r.run_id for r in self.ready)]:
             run = self.instance.get_run_by_id(rid)
             if run is not None and not run.is_finished:
                 self.instance.report_run_canceled(run, f"build stopped: {why}")
         self.running.clear()
+        self.ready.clear()
 
 
 def _cost_order(specs) -> list[str]:

@@ -23,6 +23,7 @@ Configure in ``dagster.yaml``; without ``base_dir`` the instance's root director
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -78,6 +79,15 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
     @property
     def inst_data(self) -> ConfigurableClassData | None:
         return self._inst_data_
+
+    def _init_db(self) -> None:
+        """Dagster's schema set-up under an exclusive file lock (``<base_dir>/event_log.init.lock``):
+        without it, processes starting together on a fresh instance (the daemon, the webserver, a
+        build) each stamped the schema and left a database alembic refuses ("more than one head")."""
+        os.makedirs(self._base_dir, exist_ok=True)
+        with open(os.path.join(self._base_dir, "event_log.init.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            super()._init_db()
 
     def register_instance(self, instance) -> None:
         if not self._ready:

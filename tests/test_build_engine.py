@@ -1,0 +1,159 @@
+"""Issue 12: ``phantora-assets build`` is Dagster runs on a persistent instance, started by the
+project's run launcher; a killed run worker or Ctrl-C ends the build within seconds.
+
+Everything is real: the build runs as a subprocess (its own session), the instance is the SQLite
+one the build makes under the data root, workers are killed with real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from phantora_assets.instance.launcher import PID_TAG, ForkRunLauncher, process_start_time
+
+ROOT = Path(__file__).resolve().parent.parent
+FITS, NO_FIT = "phantora_l40s_W1_2x1", "phantora_l40s_W5_2x1"
+SLOW = ["phantora_a100_40g_W1_4x2", "phantora_a100_40g_W2_4x2", "phantora_a100_40g_W3_4x2", "phantora_a100_40g_W4_4x2"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PHANTORA_ASSETS_DATA_DIR")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _build(root: Path, runs: list[str], **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(root), "--no-plots"]
+    for r in runs:
+        cmd += ["--run", r]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def _instance(root: Path) -> dg.DagsterInstance:
+    return dg.DagsterInstance.from_config(str(root / "dagster_home"))
+
+
+def _first_worker(root: Path, proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, int]:
+    """(run_id, pid) of the first all_runs run whose worker has started."""
+    t0 = time.monotonic()
+    home = root / "dagster_home"
+    # Dagster's SQLite storages are not safe to create from two processes at once: open the
+    # instance only once the build has made all three databases
+    dbs = [home / "history" / "runs.db", home / "history" / "event_log" / "event_log.db", home / "schedules"]
+    while not all(p.exists() for p in dbs) and time.monotonic() - t0 < timeout:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, proc.communicate()
+        with _instance(root) as inst:
+            for r in inst.get_runs():
+                if r.job_name == "all_runs" and r.tags.get(PID_TAG) and not r.is_finished:
+                    return r.run_id, int(r.tags[PID_TAG])
+        time.sleep(0.1)
+    raise AssertionError("no run worker started")
+
+
+def test_build_records_its_runs_and_materializations_in_the_data_roots_instance(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    proc = _build(root, [FITS, NO_FIT])
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out + err
+    assert f"{NO_FIT:34s} analytic out of memory: does not fit: estimated peak" in out
+    with _instance(root) as inst:
+        runs = {(r.job_name, r.tags.get("dagster/partition")): r for r in inst.get_runs()}
+        assert set(runs) == {
+            ("perf_dbs", "l40s"),
+            ("all_runs", FITS),
+            ("all_runs", NO_FIT),
+            ("dataset", None),
+        }
+        # every run green: the configuration that does not fit is a successful run too
+        assert {r.status for r in runs.values()} == {dg.DagsterRunStatus.SUCCESS}
+        assert all(r.job_code_origin is not None for r in runs.values())  # re-executable from the UI
+        summary = inst.fetch_materializations(dg.AssetKey("run_summary"), limit=10).records
+        assert [m.partition_key for m in summary] == [FITS]
+        raw = {m.partition_key for m in inst.fetch_materializations(dg.AssetKey("raw_timeline"), limit=10).records}
+        assert raw == {FITS, NO_FIT}
+        assert inst.fetch_materializations(dg.AssetKey("phantora_v0"), limit=10).records
+        # the asset status the UI shows: materialized partitions of run_summary
+        assert inst.get_materialized_partitions(dg.AssetKey("run_summary")) == {FITS}
+
+
+def test_a_killed_run_worker_ends_the_build_within_seconds_with_a_message(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    proc = _build(root, SLOW, start_new_session=True)
+    try:
+        run_id, pid = _first_worker(root, proc)
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, out + err
+    assert elapsed < 15, elapsed
+    assert f"(pid {pid}) was killed by signal 9 (SIGKILL) before its run ended" in err
+    with _instance(root) as inst:
+        killed = inst.get_run_by_id(run_id)
+        assert killed is not None and killed.status == dg.DagsterRunStatus.FAILURE
+        # no run is left in progress: the others were interrupted and recorded
+        assert not [r for r in inst.get_runs() if not r.is_finished]
+
+
+def test_ctrl_c_ends_the_build_within_seconds_and_cancels_its_runs(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    proc = _build(root, SLOW, start_new_session=True)
+    try:
+        run_id, _pid = _first_worker(root, proc)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    assert elapsed < 15, elapsed
+    assert "build stopped: interrupted (Ctrl-C / SIGINT)" in err
+    with _instance(root) as inst:
+        assert not [r for r in inst.get_runs() if not r.is_finished]
+        assert inst.get_run_by_id(run_id).status in (dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.FAILURE)
+    # nothing half-written: no temporary file is left under the data root
+    assert not [p for p in root.rglob("*.tmp")]
+
+
+def test_worker_health_follows_the_pid_and_its_start_time(tmp_path: Path) -> None:
+    """check_run_worker_health (what run monitoring asks) for a run launched elsewhere: RUNNING while
+    the recorded pid is alive with the recorded start time, FAILED once it is gone or reused."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with dg.DagsterInstance.ephemeral() as inst:
+            launcher = ForkRunLauncher()
+            launcher.register_instance(inst)
+            start = process_start_time(child.pid)
+            assert start is not None
+            run = dg.DagsterRun(job_name="x", tags={PID_TAG: str(child.pid), "phantora/run_worker_start": start})
+            assert launcher.check_run_worker_health(run).status.value == "RUNNING"
+            reused = dg.DagsterRun(job_name="x", tags={PID_TAG: str(child.pid), "phantora/run_worker_start": "1"})
+            assert launcher.check_run_worker_health(reused).status.value == "FAILED"
+            child.kill()
+            child.wait()
+            assert launcher.check_run_worker_health(run).status.value == "FAILED"
+            assert launcher.check_run_worker_health(dg.DagsterRun(job_name="x")).status.value == "UNKNOWN"
+    finally:
+        child.kill()
+
+
+def test_launcher_refuses_an_unknown_start_method() -> None:
+    with pytest.raises(ValueError, match="start_method 'threads'"):
+        ForkRunLauncher(start_method="threads")
