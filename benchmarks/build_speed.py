@@ -5,6 +5,7 @@ Usage::
     python benchmarks/build_speed.py                      # floor, build --jobs 1, build (default jobs)
     python benchmarks/build_speed.py --baseline main      # also the build of another git ref
     python benchmarks/build_speed.py --stages             # also a per-stage profile of one build
+    python benchmarks/build_speed.py --baseline a86f02d --repeat 3   # alternate baseline/build 3 times
 
 Each measurement is a fresh subprocess timed end to end (interpreter start, imports, code
 location load, every asset and check of the 30 runs, the dataset), one after the other:
@@ -17,8 +18,10 @@ location load, every asset and check of the 30 runs, the dataset), one after the
   its default worker count.
 
 The machine is shared: the load average is printed before and after every measurement, and
-ratios are given against the floor measured in the same run. Target (issue 5): the default
-build <= 30 s wall on this 2-core machine. ``--stages`` adds an in-process build with every
+ratios are given against the floor measured in the same run. With ``--repeat N`` the baseline and
+the default build run alternately N times each (fresh data roots) and the ratio of their medians
+is printed: what issue 12's target (build <= 1.25x the baseline's wall time) is checked against.
+Target (issue 5): the default build <= 30 s wall on this 2-core machine. ``--stages`` adds an in-process build with every
 pipeline stage timed (simulation, trace write, trace read + checks, bins, windows, summary,
 export, fsync) and the rest attributed to Dagster.
 """
@@ -112,11 +115,46 @@ def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, 
     return wall, out.returncode, before, _load(), (out.stdout + out.stderr)
 
 
+def _export(ref: str, dest: Path) -> None:
+    dest.mkdir()
+    arch = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=arch, check=True)
+    _share_scanner(dest)
+
+
+def _alternate(args, tmp: Path, py: str, base_env: dict[str, str]) -> int:
+    """Baseline and this checkout's default build, alternately, ``args.repeat`` times each."""
+    import statistics
+
+    src = tmp / "baseline"
+    _export(args.baseline, src)
+    walls: dict[str, list[float]] = {"baseline": [], "build": []}
+    for i in range(args.repeat):
+        for name, where in (("baseline", src), ("build", ROOT)):
+            env = {**base_env, "PYTHONPATH": str(where)}
+            data = tmp / f"{name}{i}"
+            wall, rc, b, a, log = _timed(
+                [py, "-m", "phantora_assets.cli", "build", "--data-dir", str(data), "--quiet"], where, env
+            )
+            walls[name].append(wall)
+            print(f"{name:9s} #{i + 1}  {wall:6.1f} s  rc {rc}  load {b} -> {a}", flush=True)
+            if rc:
+                print(log[-2000:])
+                return 1
+            shutil.rmtree(data)
+    mb, mo = statistics.median(walls["baseline"]), statistics.median(walls["build"])
+    ratio = mo / mb
+    print(f"\nmedian baseline ({args.baseline}) {mb:.1f} s, median build {mo:.1f} s: build / baseline = {ratio:.2f}")
+    print(f"target (issue 12): build <= 1.25x the baseline: {'met' if ratio <= 1.25 else 'MISSED'}")
+    return 0 if ratio <= 1.25 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", help="git ref to build too (exported with git archive)")
     ap.add_argument("--stages", action="store_true", help="also a per-stage profile of one in-process build")
     ap.add_argument("--skip-sequential", action="store_true", help="skip the --jobs 1 build")
+    ap.add_argument("--repeat", type=int, default=1, help="with --baseline: alternate baseline/build N times")
     args = ap.parse_args(argv)
     py = sys.executable
     base_env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PHANTORA_ASSETS_RUN_MATRIX")}
@@ -136,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("dagster floor (trivial 1-asset materialize)", wall, rc, b, a))
         if rc:
             print(log[-2000:])
+        if args.baseline and args.repeat > 1:
+            return _alternate(args, tmp, py, base_env)
         if args.baseline:
             src = tmp / "baseline"
             src.mkdir()
