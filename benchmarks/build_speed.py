@@ -21,7 +21,8 @@ The machine is shared: the load average is printed before and after every measur
 ratios are given against the floor measured in the same run. With ``--repeat N`` the baseline and
 the default build run alternately N times each (fresh data roots) and the ratio of their medians
 is printed: what issue 12's target (build <= 1.25x the baseline's wall time) is checked against.
-Target (issue 5): the default build <= 30 s wall on this 2-core machine. ``--stages`` adds an in-process build with every
+Target (issue 5): the default build <= 30 s wall on this 2-core machine. ``--stages`` adds an
+in-process build with every
 pipeline stage timed (simulation, trace write, trace read + checks, bins, windows, summary,
 export, fsync) and the rest attributed to Dagster.
 """
