@@ -12,6 +12,7 @@ Environment (all optional):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -159,6 +160,15 @@ def build_defs(
     )
 
 
+def loaded_from() -> tuple:
+    """What :data:`defs` is built from: the ``PHANTORA_ASSETS_*`` environment and the run matrix
+    (with imports) of the data root. A run worker forked from a process that imported this module
+    re-executes it only when this differs from :data:`LOADED_FROM`."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PHANTORA_ASSETS_")))
+    return env, tuple(matrix_for(default_data_dir()))
+
+
+LOADED_FROM = loaded_from()
 defs = build_defs()
 
 #: The assets of ``defs`` by name (``ASSETS["validated_flows"]``), and the lists the CLI and tests

@@ -1,4 +1,4 @@
-"""``phantora-assets``: build the dataset, import run folders, list runs (the Dagster graph in one process).
+"""``phantora-assets``: build the dataset (Dagster runs of the code location), import run folders, list runs.
 
     phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build]
@@ -7,11 +7,11 @@
     phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
                            [--gpu h100] [--out sweep.csv]
 
-``build`` materializes every asset and check of every run (one in-process Dagster run per
-partition, split over ``--jobs N`` worker processes: a CLI call per partition would cost ~16 s
-each), then the dataset, the DuckDB
-database and the dataset plots. Runs that do not fit in GPU memory are reported as such; any
-other failure makes the exit code 1.
+``build`` materializes every asset and check of every run, then the dataset, the DuckDB database
+and the dataset plots, as Dagster runs on a persistent instance (``$DAGSTER_HOME``, else
+``<data-dir>/dagster_home``): one run per GPU, per run partition and for the dataset, started by
+the project's run launcher, at most ``--jobs N`` at once (``cli/build.py``). Runs that do not
+fit in GPU memory are reported as such; any other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
 in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
 is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).

@@ -242,8 +242,20 @@ def _build(
 ) -> int:
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets,
     as Dagster runs on the build's instance (module docstring). ``plots=False`` leaves out the assets
-    that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed),
-    130 (interrupted) or 1 (a worker died)."""
+    that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed or a worker
+    died) or 130 (interrupted)."""
+    from phantora_assets.instance.launcher import refresh_definitions
+
+    try:
+        return _build_in(data_dir, matrix, only, quiet, plots, jobs)
+    finally:
+        refresh_definitions()  # this process's code location module as the environment is again
+
+
+def _build_in(
+    data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
+) -> int:
+    """:func:`_build` in the build's environment (``_build_env``)."""
     from phantora_assets import assets as a
     from phantora_assets.definitions import build_defs
 
@@ -266,6 +278,9 @@ def _build(
         import gc
 
         import phantora_assets.instance.warm  # noqa: F401  (what every run imports, once, before the forks)
+        from phantora_assets.instance.launcher import refresh_definitions
+
+        refresh_definitions()  # the code location of this data root, inherited by every worker
 
         gc.freeze()  # the forked workers share the parent's objects: their collections skip them
         try:

@@ -23,8 +23,9 @@ fails a run whose worker was killed (``kill -9``, the OOM killer) instead of lea
 forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run. Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
-Each worker re-executes ``phantora_assets.definitions`` (about 15 ms) so a changed run
-matrix or import registry is seen without restarting the daemon; a change to the package's own
+Each worker re-executes ``phantora_assets.definitions`` when the run matrix, the import registry
+or the environment changed since it was imported (:func:`refresh_definitions`), so they are seen
+without restarting the daemon; a change to the package's own
 code needs a daemon restart (the forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched
@@ -70,11 +71,18 @@ def process_start_time(pid: int) -> str | None:
     return fields[19]
 
 
-def _refresh_definitions() -> None:
-    """Re-execute the code location module a worker inherited, so that it reads the run matrix,
-    the import registry and the environment as they are now, not as they were at preload."""
+def refresh_definitions() -> None:
+    """Re-execute the code location module this process imported when the run matrix, the import
+    registry or the ``PHANTORA_ASSETS_*`` environment changed since (``definitions.loaded_from``),
+    so that a forked worker sees them as they are now, not as they were at preload."""
     mod = sys.modules.get("phantora_assets.definitions")
-    if mod is not None:
+    if mod is None:
+        return
+    try:
+        current = mod.loaded_from() == mod.LOADED_FROM
+    except Exception:  # an invalid matrix now: re-executing the module reports it
+        current = False
+    if not current:
         importlib.reload(mod)
 
 
@@ -91,7 +99,7 @@ def run_worker(run_id: str, instance_ref: str, inherited=None) -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    _refresh_definitions()
+    refresh_definitions()
     with capture_interrupts():
         if inherited is not None:
             _execute_run_command_body(run_id, inherited, lambda _event: None, set_exit_code_on_failure=False)
