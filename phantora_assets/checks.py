@@ -255,6 +255,34 @@ def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str,
     _write(folder, data)
 
 
+#: Prefix of the checks.json entries that record a failed step (``step_failed:<asset>``).
+STEP_FAILED = "step_failed:"
+
+
+def record_step_error(folder: Path, asset: str, message: str) -> None:
+    """Record that ``asset``'s step raised (``message``: the error's type, file, rule and detail),
+    as ``checks.json`` entry ``step_failed:<asset>`` with status ``error``; ``checks.txt`` shows it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = read_checks(folder)
+    data[STEP_FAILED + asset] = {"status": "error", "asset": asset, "message": message}
+    _write(folder, data)
+
+
+def clear_step_error(folder: Path, asset: str) -> None:
+    """Forget a failure of ``asset``'s step recorded by an earlier materialization (no write when
+    there is none)."""
+    data = read_checks(folder)
+    if data.pop(STEP_FAILED + asset, None) is not None:
+        _write(folder, data)
+
+
+def step_errors(data: dict[str, dict]) -> list[str]:
+    """``"<asset>: <message>"`` of every failed step recorded in ``data`` (a ``read_checks`` result)."""
+    return [
+        f"{v.get('asset', k[len(STEP_FAILED) :])}: {v['message']}" for k, v in data.items() if k.startswith(STEP_FAILED)
+    ]
+
+
 def blocking_failures(folder: Path) -> dict[str, dict]:
     """Checks of RUN_CHECKS (the gating checks, blocking or not) not recorded as passed (missing
     ones as ``not evaluated``)."""

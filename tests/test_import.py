@@ -324,3 +324,10 @@ def test_cli_names_the_file_and_rule_of_a_failed_run(tmp_path, capsys):
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
     assert "FAILED: chrome_trace: " in line and f"{folder / 'timeline.json.gz'}: truncated gzip" in line
     assert "Error occurred while executing op" not in line
+    # the same root cause in the run folder's checks.txt and in `phantora-assets runs` (issue 12)
+    cause = f"TraceFormatError: {folder / 'timeline.json.gz'}: truncated gzip"
+    checks_txt = (DataPaths(tmp_path / "data").run_folder(spec) / "checks.txt").read_text()
+    assert f"[ERROR] step_failed:chrome_trace (chrome_trace): {cause}" in checks_txt
+    assert main(["runs", "--data-dir", str(tmp_path / "data")]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
+    assert f"error: chrome_trace: {cause}" in row and "not run: flows_exist" in row

@@ -4,7 +4,7 @@ import base64
 
 import dagster as dg
 
-from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
+from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
 from phantora_assets.resources import DataRoot
 from phantora_assets.stages import analysis as stage
 
@@ -37,7 +37,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "(network time no compute hides) and idle time, in us; plus the spans of the chosen steady step.",
     )
     def step_anatomy(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.step_anatomy_stage(p.spec_for(context), data.paths)
+        with failure_recorded(p, context, data, "step_anatomy") as spec:
+            result = stage.step_anatomy_stage(spec, data.paths)
         yield dg.MaterializeResult(metadata=stage_metadata(result))
         yield from check_results(result, "step_anatomy")
 
@@ -52,7 +53,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "top pairs), and the anatomy of one steady step (per host: compute and network spans).",
     )
     def run_plots(context: dg.AssetExecutionContext, data: DataRoot) -> dg.MaterializeResult:
-        return dg.MaterializeResult(metadata=plots_metadata(stage.run_plots_stage(p.spec_for(context), data.paths)))
+        with failure_recorded(p, context, data, "run_plots") as spec:
+            return dg.MaterializeResult(metadata=plots_metadata(stage.run_plots_stage(spec, data.paths)))
 
     @dg.asset(
         group_name="analysis",

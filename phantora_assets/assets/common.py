@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
-from phantora_assets.checks import BY_NAME, checks_of
+from phantora_assets.checks import BY_NAME, checks_of, clear_step_error, record_step_error
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.stages.common import StageResult
 
@@ -49,6 +50,23 @@ class Partitions:
         if spec is None:
             raise KeyError(f"partition {context.partition_key!r} is not a run of the run matrix")
         return spec
+
+
+@contextmanager
+def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any, asset: str) -> Iterator[RunSpec]:
+    """The partition's RunSpec, for the body of ``asset``'s step; an exception the body raises is
+    recorded in the run folder (``checks.record_step_error``: ``checks.json``/``checks.txt``, which
+    ``phantora-assets runs`` and ``build`` read) with its type and first line -- for our errors the
+    file, rule and detail -- then re-raised, so the run fails with the same root cause."""
+    spec = p.spec_for(context)
+    folder = data.paths.run_folder(spec)
+    clear_step_error(folder, asset)
+    try:
+        yield spec
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        record_step_error(folder, asset, f"{type(exc).__name__}: {first}"[:2000])
+        raise
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

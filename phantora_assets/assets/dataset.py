@@ -3,7 +3,7 @@ the DuckDB database assembled from every run that passed its checks (``stages/da
 
 import dagster as dg
 
-from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
+from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
 from phantora_assets.lib.store.database import views_markdown
 from phantora_assets.resources import DataRoot
 from phantora_assets.stages import dataset as stage
@@ -22,7 +22,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "(aligned to t = 0) computed from the run's 100 ms bins.",
     )
     def window_features(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.window_features(p.spec_for(context), data.paths)
+        with failure_recorded(p, context, data, "window_features") as spec:
+            result = stage.window_features(spec, data.paths)
         yield dg.MaterializeResult(metadata=stage_metadata(result))
         yield from check_results(result, "window_features")
 
@@ -37,7 +38,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "parallelism, NIC bandwidth (bytes/s), roofline figures where timing is a roofline.",
     )
     def run_summary(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.summarize_run(p.spec_for(context), data.paths)
+        with failure_recorded(p, context, data, "run_summary") as spec:
+            result = stage.summarize_run(spec, data.paths)
         yield dg.MaterializeResult(metadata=stage_metadata(result))
         yield from check_results(result, "run_summary")
 

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
+from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
 from phantora_assets.resources import DataRoot
 from phantora_assets.stages import flows as stage
 
@@ -21,7 +21,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "come from each communicator's repeating collective sequence; step time = median steady step.",
     )
     def validated_flows(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.validate_flows(p.spec_for(context), data.paths)
+        with failure_recorded(p, context, data, "validated_flows") as spec:
+            result = stage.validate_flows(spec, data.paths)
         yield dg.MaterializeResult(metadata=stage_metadata(result))
         yield from check_results(result, "validated_flows")
 
@@ -36,7 +37,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "traffic per node, seeded from run_id). int64 bytes.",
     )
     def binned_flows(context: dg.AssetExecutionContext, data: DataRoot):
-        result = stage.bin_flows(p.spec_for(context), data.paths)
+        with failure_recorded(p, context, data, "binned_flows") as spec:
+            result = stage.bin_flows(spec, data.paths)
         yield dg.MaterializeResult(metadata=stage_metadata(result))
         yield from check_results(result, "binned_flows")
 

@@ -5,7 +5,7 @@ from typing import Any
 import dagster as dg
 import msgspec
 
-from phantora_assets.assets.common import Partitions, check_results, check_specs, stage_metadata
+from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import simulation as stage
 from phantora_assets.stages.common import StageResult
@@ -65,9 +65,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "of the dataset), and the run's assets from chrome_trace on are skipped as not applicable.",
     )
     def raw_timeline(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
-        spec = p.spec_for(context)
-        ctx = simulator.context()
-        result = stage.raw_timeline(spec, data.paths, ctx)
+        with failure_recorded(p, context, data, "raw_timeline") as spec:
+            result = stage.raw_timeline(spec, data.paths, simulator.context())
         status = stage.perfdb_status(spec, data.paths)
         yield dg.MaterializeResult(
             metadata=stage_metadata(

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from phantora_assets.assets.common import Partitions, stage_metadata
+from phantora_assets.assets.common import Partitions, failure_recorded, stage_metadata
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import traces as stage
 
@@ -32,7 +32,8 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         if why is not None:
             context.log.info(f"not applicable: {why}")
             return
-        result = stage.chrome_trace(spec, data.paths, simulator.context())
+        with failure_recorded(p, context, data, "chrome_trace"):
+            result = stage.chrome_trace(spec, data.paths, simulator.context())
         yield dg.MaterializeResult(metadata=stage_metadata(result))
 
     return [chrome_trace]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phantora_assets.checks import NOT_EVALUATED, RUN_CHECKS, read_checks
+from phantora_assets.checks import NOT_EVALUATED, RUN_CHECKS, read_checks, step_errors
 from phantora_assets.cli.build import _build
 from phantora_assets.paths import DataPaths
 
@@ -53,7 +53,7 @@ def check_status(checks: dict[str, dict]) -> str:
     """One phrase for a run's ``checks.json`` (``read_checks``): ``all checks passed``, or the
     gating checks that ``failed`` and those ``not run`` (never evaluated: their asset did not run
     or did not apply, e.g. every check below a run that does not fit in GPU memory), then the
-    advisory ``warning``s."""
+    advisory ``warning``s; a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
     failed = [n for n in RUN_CHECKS if checks.get(n, {}).get("status") == "failed"]
     not_run = [n for n in RUN_CHECKS if checks.get(n, {}).get("status", NOT_EVALUATED) == NOT_EVALUATED]
     other = [
@@ -66,6 +66,9 @@ def check_status(checks: dict[str, dict]) -> str:
         parts.append("failed: " + ", ".join(failed + other))
     if not_run:
         parts.append("not run: " + ", ".join(not_run))
+    errors = step_errors(checks)
+    if errors:
+        parts.insert(0, "error: " + "; ".join(e[:300] for e in errors))
     out = "; ".join(parts) or "all checks passed"
     warned = [k for k, v in checks.items() if v["status"] == "warning"]
     if warned:
