@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({"DAGSTER_HOME": str(home)})
         import dagster as dg
 
+        # create the instance's databases here, before the daemon starts: Dagster's SQLite run
+        # storage is not safe to create from two processes at once (alembic_version gets two heads)
+        dg.DagsterInstance.get().dispose()
         log = open(tmp / "daemon.log", "w")
         daemon = subprocess.Popen(
             [py, "-m", "dagster._daemon", "run", "-w", str(ROOT / "workspace.yaml")],
