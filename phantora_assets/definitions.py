@@ -23,6 +23,7 @@ from phantora_assets.assets.common import Partitions
 from phantora_assets.imported_runs import matrix_for
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
+from phantora_assets.records import RecordError
 from phantora_assets.resources import DataRoot, simulator_from_env
 from phantora_assets.stages.simulation import build_reason
 
@@ -103,7 +104,7 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
         "partitions that are complete and current.",
     )
     def nightly_missing_runs(context: dg.ScheduleEvaluationContext):
-        reasons = {s.run_id: build_reason(s, paths) for s in parts.specs}
+        reasons = {s.run_id: _reason(s, paths) for s in parts.specs}
         todo = {k: v for k, v in reasons.items() if v}
         if not todo:
             return dg.SkipReason(f"all {len(parts.specs)} run partitions are complete and current")
@@ -114,6 +115,15 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
         ]
 
     return [dataset_sensor, nightly_missing_runs]
+
+
+def _reason(spec: RunSpec, paths: DataPaths) -> str | None:
+    """build_reason, with an unreadable record a reason to rebuild that one partition (named with
+    the file and rule) instead of an error that would fail the whole schedule tick."""
+    try:
+        return build_reason(spec, paths)
+    except RecordError as exc:
+        return f"stale: {exc}"
 
 
 def build_defs(

@@ -38,19 +38,22 @@ def _build(root: Path, runs: list[str], **popen) -> subprocess.Popen:
 
 
 def _instance(root: Path) -> dg.DagsterInstance:
-    return dg.DagsterInstance.from_config(str(root / "dagster_home"))
+    """The build's instance, opened under the lock the build creates it under (Dagster's SQLite
+    storages are not safe to set up from two processes at once)."""
+    import fcntl
+
+    home = root / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".phantora_init.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return dg.DagsterInstance.from_config(str(home))
 
 
 def _first_worker(root: Path, proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, int]:
     """(run_id, pid) of the first all_runs run whose worker has started."""
     t0 = time.monotonic()
-    home = root / "dagster_home"
-    # Dagster's SQLite storages are not safe to create from two processes at once: open the
-    # instance only once the build has made all three databases
-    dbs = [home / "history" / "runs.db", home / "history" / "event_log" / "event_log.db", home / "schedules"]
-    while not all(p.exists() for p in dbs) and time.monotonic() - t0 < timeout:
+    while not (root / "dagster_home" / "dagster.yaml").exists() and time.monotonic() - t0 < timeout:
         time.sleep(0.05)
-    time.sleep(0.5)
     while time.monotonic() - t0 < timeout:
         assert proc.poll() is None, proc.communicate()
         with _instance(root) as inst:
@@ -157,3 +160,46 @@ def test_worker_health_follows_the_pid_and_its_start_time(tmp_path: Path) -> Non
 def test_launcher_refuses_an_unknown_start_method() -> None:
     with pytest.raises(ValueError, match="start_method 'threads'"):
         ForkRunLauncher(start_method="threads")
+
+
+def test_sigterm_stops_the_build_like_ctrl_c(tmp_path: Path) -> None:
+    """``timeout``, systemd or a CI cancel send SIGTERM: the build stops its workers, records its
+    runs and exits 143, instead of dying and orphaning workers that keep writing."""
+    root = tmp_path / "data"
+    proc = _build(root, SLOW, start_new_session=True)
+    try:
+        _first_worker(root, proc)
+        proc.send_signal(signal.SIGTERM)  # the parent only
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out + err
+    assert "build stopped: terminated (SIGTERM)" in err
+    with _instance(root) as inst:
+        assert not [r for r in inst.get_runs() if not r.is_finished]
+
+
+def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Path) -> None:
+    """kill -9 of the whole build leaves runs STARTED / NOT_STARTED on the instance (they would
+    block the dataset automation and hold pool slots): the next build marks them failed."""
+    root = tmp_path / "data"
+    proc = _build(root, SLOW, start_new_session=True)
+    try:
+        _first_worker(root, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    time.sleep(0.5)
+    with _instance(root) as inst:
+        left = {r.run_id for r in inst.get_runs() if not r.is_finished}
+    assert left
+    again = _build(root, [FITS])
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, out + err
+    assert f"marked {len(left)} run(s) left unfinished by an interrupted build as failed" in out
+    with _instance(root) as inst:
+        for rid in left:
+            run = inst.get_run_by_id(rid)
+            assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+        assert not [r for r in inst.get_runs() if not r.is_finished]

@@ -35,6 +35,8 @@ from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
 #: Seconds an interrupted worker gets to close its run before it is killed.
 GRACE_S = 5.0
+#: Value of the run tag ``phantora/launched_by`` on the build's runs.
+BUILD_TAG = "phantora-assets build"
 #: The code location the runs' workers load (as ``dagster dev`` and ``workspace.yaml`` do).
 CODE_MODULE = "phantora_assets.definitions"
 #: Run config of the build's runs: Dagster's console logger quiet (the event log keeps everything).
@@ -51,6 +53,14 @@ event_log_storage:
 compute_logs:
   module: dagster._core.storage.noop_compute_log_manager
   class: NoOpComputeLogManager
+# for `DAGSTER_HOME=<data-dir>/dagster_home dagster dev`: the project's launcher and monitoring
+run_launcher:
+  module: phantora_assets.instance
+  class: ForkRunLauncher
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  free_slots_after_run_end_seconds: 5
 """
 
 
@@ -79,6 +89,47 @@ def _build_env(data_dir: Path) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def _open_instance() -> Iterator[Any]:
+    """``DagsterInstance.get()`` made under an exclusive lock on ``$DAGSTER_HOME/.phantora_init.lock``:
+    Dagster's SQLite storages set their databases up without one, and builds starting together on
+    a fresh instance left ``alembic_version`` with two heads (every later build then failed)."""
+    import fcntl
+
+    import dagster as dg
+
+    home = Path(os.environ["DAGSTER_HOME"])
+    with open(home / ".phantora_init.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        instance = dg.DagsterInstance.get()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    with instance:
+        yield instance
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled like Ctrl-C (the build stops its workers and records its runs)."""
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, systemd, a CI cancel) and SIGHUP (a closed terminal) stop the build
+    as Ctrl-C does, instead of killing it and orphaning its workers."""
+
+    def handler(signum, _frame):
+        raise _Terminated(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C raises KeyboardInterrupt, also when a shell started the build in the background with
+    # SIGINT ignored (its workers would take the signal, the build would not)
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _user_error(err) -> str:
@@ -117,8 +168,9 @@ class _Runs:
         self.jobs = max(1, jobs)
         self.repo = ReconstructableRepository.for_module(CODE_MODULE, "defs")
         self.launcher = ForkRunLauncher(start_method="fork")
+        self.launcher.prune = False  # this loop holds the handles and forgets each once it has seen it end
         self.launcher.register_instance(instance)
-        self.running: dict[str, Any] = {}  # run_id -> DagsterRun
+        self.running: dict[str, Any] = {}  # run_id -> the worker's process handle
 
     def create(self, job_name: str, partition: str | None, selection=None):
         job = self.defs.resolve_job_def(job_name)
@@ -128,7 +180,7 @@ class _Runs:
         return self.instance.create_run_for_job(
             job_def=job,
             run_config=QUIET_LOGS,
-            tags={**job.tags, **tags, "phantora/launched_by": "phantora-assets build"},
+            tags={**job.tags, **tags, "phantora/launched_by": BUILD_TAG},
             asset_selection=frozenset(selection) if selection is not None else None,
             job_code_origin=self.repo.get_reconstructable_job(job_name).get_python_origin(),
         )
@@ -142,7 +194,7 @@ class _Runs:
             run_id=run.run_id,
         )
         self.launcher.launch_run(LaunchRunContext(dagster_run=self.instance.get_run_by_id(run.run_id), workspace=None))
-        self.running[run.run_id] = run
+        self.running[run.run_id] = self.launcher._processes[run.run_id]
 
     def run_all(self, items: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
         """Create and execute one run per ``(job, partition, selection)``; return the finished
@@ -158,7 +210,7 @@ class _Runs:
                 self._start(run)
             if todo and not ready:
                 ready.append(self._create_item(todo.popleft(), keys))
-            procs = {rid: self.launcher._processes[rid] for rid in self.running}
+            procs = dict(self.running)
             if not procs:
                 continue
             wait([p.sentinel for p in procs.values()], timeout=1.0)
@@ -166,9 +218,11 @@ class _Runs:
                 if proc.exitcode is None:
                     continue
                 del self.running[rid]
+                code = proc.exitcode
+                self.launcher.forget(rid)
                 run = self.instance.get_run_by_id(rid)
                 if not run.is_finished:
-                    self._worker_died(run, proc.exitcode)
+                    self._worker_died(run, code)
                 done[keys[rid]] = run
         return done
 
@@ -183,12 +237,13 @@ class _Runs:
         what = run.tags.get("dagster/partition", run.job_name)
         msg = f"run worker of {what} (pid {run.tags.get(PID_TAG)}) was {how} before its run ended"
         self.instance.report_run_failed(run, msg)
+        _free_slots(self.instance, run.run_id)
         raise BuildAborted(msg)
 
     def stop(self, why: str) -> None:
         """Interrupt every running worker, kill those still alive after GRACE_S, and mark their
         runs cancelled (or failed) on the instance."""
-        procs = {rid: self.launcher._processes[rid] for rid in self.running}
+        procs = dict(self.running)
         for p in procs.values():
             if p.exitcode is None and p.pid is not None:
                 os.kill(p.pid, signal.SIGINT)
@@ -202,8 +257,46 @@ class _Runs:
             run = self.instance.get_run_by_id(rid)
             if run is not None and not run.is_finished:
                 self.instance.report_run_canceled(run, f"build stopped: {why}")
+            _free_slots(self.instance, rid)
+        for rid in procs:
+            self.launcher.forget(rid)
         self.running.clear()
         self.ready.clear()
+
+
+def _free_slots(instance, run_id: str) -> None:
+    """Give back the pool slots (``phantora_simulation``) a run that did not end by itself holds:
+    a killed worker never releases them, and two such runs would block every later simulation."""
+    try:
+        instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+    except Exception:  # storages without global concurrency support
+        pass
+
+
+#: Run statuses of runs that have not ended.
+UNFINISHED = ("NOT_STARTED", "QUEUED", "STARTING", "STARTED", "CANCELING")
+
+
+def reap_stale_runs(instance) -> list[str]:
+    """Close the runs an earlier build left unfinished (killed with SIGKILL, its terminal closed):
+    a run of ``phantora-assets build`` whose worker is gone (or never started) is marked failed
+    and its pool slots are freed, so that it neither blocks the dataset automation (which waits
+    for runs in progress) nor holds a simulation slot forever. Returns their run ids."""
+    import dagster as dg
+
+    from phantora_assets.instance import ForkRunLauncher
+
+    probe = ForkRunLauncher(start_method="fork")
+    probe.register_instance(instance)
+    reaped = []
+    statuses = [dg.DagsterRunStatus(s) for s in UNFINISHED]
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=statuses, tags={"phantora/launched_by": BUILD_TAG})):
+        if probe._alive(run):
+            continue
+        instance.report_run_failed(run, "left unfinished by an interrupted phantora-assets build (its worker is gone)")
+        _free_slots(instance, run.run_id)
+        reaped.append(run.run_id)
+    return reaped
 
 
 def _cost_order(specs) -> list[str]:
@@ -265,10 +358,12 @@ def _build_in(
     stale = sweep_temp_files(data_dir)  # left by a build that was killed mid-write
     if stale and not quiet:
         print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
-    import dagster as dg
 
-    with _build_env(data_dir), dg.DagsterInstance.get() as instance:
+    with _build_env(data_dir), _open_instance() as instance, _signals_interrupt():
         home = os.environ["DAGSTER_HOME"]
+        reaped = reap_stale_runs(instance)
+        if reaped and not quiet:
+            print(f"marked {len(reaped)} run(s) left unfinished by an interrupted build as failed", flush=True)
         defs = build_defs(data_dir, matrix)
         skip = set() if plots else set(a.PLOT_ASSET_NAMES)
         sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
@@ -288,10 +383,19 @@ def _build_in(
             done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
             dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
         except (BuildAborted, KeyboardInterrupt) as e:
-            why = str(e) if isinstance(e, BuildAborted) else "interrupted (Ctrl-C / SIGINT)"
+            if isinstance(e, BuildAborted):
+                why = str(e)
+            elif isinstance(e, _Terminated):
+                why = f"terminated ({e.args[0] if e.args else 'signal'})"
+            else:
+                why = "interrupted (Ctrl-C / SIGINT)"
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
+                signal.signal(sig, signal.SIG_IGN)  # clean-up short (restored by _signals_interrupt)
             runs.stop(why)
             sweep_temp_files(data_dir)
             print(f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)", file=sys.stderr)
+            if isinstance(e, _Terminated):
+                return 143
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         finally:
             gc.unfreeze()

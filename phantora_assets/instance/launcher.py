@@ -20,7 +20,8 @@ Configure it in ``dagster.yaml``::
 Run workers record their pid (run tags ``phantora/run_worker_pid`` and ``.../run_worker_start``,
 the kernel's start time of that pid) so that run monitoring (``run_monitoring: enabled: true``)
 fails a run whose worker was killed (``kill -9``, the OOM killer) instead of leaving it STARTED
-forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run. Workers
+forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run (a
+SIGTERM to the worker, e.g. a system shutdown, ends the run as failed, with its event log closed). Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
 Each worker re-executes ``phantora_assets.definitions`` when the run matrix, the import registry
@@ -109,8 +110,9 @@ def run_worker(run_id: str, instance_ref: str, inherited=None) -> None:
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (``docker stop``, a system shutdown) ends the run like SIGINT: cancelled, with its
-    event log closed, instead of the worker vanishing mid-step."""
+    """SIGTERM (``docker stop``, a system shutdown) interrupts the run like SIGINT -- it ends as
+    failed (no termination was requested), with its event log closed -- instead of the worker
+    vanishing mid-step."""
     os.kill(os.getpid(), signal.SIGINT)
 
 
@@ -137,6 +139,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self.start_method = start_method
         self.preload = tuple(preload)
         self._processes: dict[str, multiprocessing.process.BaseProcess] = {}
+        #: close the handles of finished workers at the next launch (False: the owner calls forget)
+        self.prune = True
         self._mp: Any = None
         super().__init__()
 
@@ -170,6 +174,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         run = context.dagster_run
         if run.job_code_origin is None:
             raise DagsterLaunchFailedError(f"run {run.run_id} has no job code origin: ForkRunLauncher cannot start it")
+        if self.prune:
+            self._prune()  # handles of finished workers hold two descriptors each
         ref = serialize_value(self._instance.get_ref())
         inherited = self._instance if self.start_method == "fork" else None
         proc = self._context().Process(
@@ -196,14 +202,27 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return None if proc is None else proc.exitcode
 
     def _alive(self, run: DagsterRun) -> bool | None:
+        """Whether the run's worker runs: this launcher's own process handle when it says so, else
+        the recorded pid with its recorded start time (a forkserver that died makes its handles
+        report exit code 255 for workers that still run)."""
         proc = self._processes.get(run.run_id)
-        if proc is not None:
-            return proc.is_alive()
+        if proc is not None and proc.is_alive():
+            return True
         pid = run.tags.get(PID_TAG)
         if not pid:
-            return None
+            return None if proc is None else False
         started = process_start_time(int(pid))
         return started is not None and started == run.tags.get(START_TAG, started)
+
+    def forget(self, run_id: str) -> None:
+        """Drop (and close) the process handle of a finished worker: its pipe and sentinel."""
+        proc = self._processes.pop(run_id, None)
+        if proc is not None and proc.exitcode is not None:
+            proc.close()
+
+    def _prune(self) -> None:
+        for run_id in [r for r, p in self._processes.items() if p.exitcode is not None]:
+            self.forget(run_id)
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
