@@ -21,26 +21,16 @@ import os
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
-from phantora_assets.instance.launcher import PID_TAG
+from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, step_errors
 from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
-#: Seconds an interrupted worker gets to close its run before it is killed.
-GRACE_S = 5.0
-#: Value of the run tag ``phantora/launched_by`` on the build's runs.
-BUILD_TAG = "phantora-assets build"
-#: The code location the runs' workers load (as ``dagster dev`` and ``workspace.yaml`` do).
-CODE_MODULE = "phantora_assets.definitions"
-#: Run config of the build's runs: Dagster's console logger quiet (the event log keeps everything).
-QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 #: The instance ``<data-dir>/dagster_home`` gets when DAGSTER_HOME is unset: the storages of the
 #: project's dagster.yaml (``phantora_assets.instance``); copy the project's file over it for the
 #: run queue, launcher and monitoring settings of ``dagster dev``.
@@ -62,10 +52,6 @@ run_monitoring:
   poll_interval_seconds: 5
   free_slots_after_run_end_seconds: 5
 """
-
-
-class BuildAborted(Exception):
-    """A run worker died or the build was interrupted; the message says which and how."""
 
 
 @contextmanager
@@ -130,173 +116,6 @@ def _signals_interrupt() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def _user_error(err) -> str:
-    """The first line of the outermost error that is not Dagster's wrapper (e.g. ``TraceFormatError:
-    <file>: <rule>: ...``): the file and rule the user needs, not "Error occurred while executing op"."""
-    while str(getattr(err, "cls_name", "")).startswith("Dagster") and getattr(err, "cause", None) is not None:
-        err = err.cause
-    lines = str(err.message).strip().splitlines()
-    return lines[0] if lines else str(err.cls_name)
-
-
-def step_errors(instance, run_id: str) -> list[str]:
-    """``"<step>: <root cause>"`` for every failed step of run ``run_id`` (from its event log)."""
-    from dagster import DagsterEventType
-
-    out = []
-    for rec in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
-        ev = rec.dagster_event
-        err = getattr(ev.event_specific_data, "error", None) if ev else None
-        if ev is not None and err is not None:
-            out.append(f"{ev.step_key}: {_user_error(err)}")
-    return out
-
-
-class _Runs:
-    """The runs of one build on ``instance``: created from ``defs``' jobs, started by a
-    ForkRunLauncher, at most ``jobs`` at once."""
-
-    def __init__(self, instance, defs, jobs: int) -> None:
-        from dagster._core.definitions.reconstruct import ReconstructableRepository
-
-        from phantora_assets.instance import ForkRunLauncher
-
-        self.instance = instance
-        self.defs = defs
-        self.jobs = max(1, jobs)
-        self.repo = ReconstructableRepository.for_module(CODE_MODULE, "defs")
-        self.launcher = ForkRunLauncher(start_method="fork")
-        self.launcher.prune = False  # this loop holds the handles and forgets each once it has seen it end
-        self.launcher.register_instance(instance)
-        self.running: dict[str, Any] = {}  # run_id -> the worker's process handle
-
-    def create(self, job_name: str, partition: str | None, selection=None):
-        job = self.defs.resolve_job_def(job_name)
-        if selection is not None:
-            job = job.get_subset(asset_selection=selection)
-        tags = {"dagster/partition": partition} if partition else {}
-        return self.instance.create_run_for_job(
-            job_def=job,
-            run_config=QUIET_LOGS,
-            tags={**job.tags, **tags, "phantora/launched_by": BUILD_TAG},
-            asset_selection=frozenset(selection) if selection is not None else None,
-            job_code_origin=self.repo.get_reconstructable_job(job_name).get_python_origin(),
-        )
-
-    def _start(self, run) -> None:
-        from dagster._core.events import DagsterEvent, DagsterEventType
-        from dagster._core.launcher import LaunchRunContext
-
-        self.instance.report_dagster_event(
-            DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
-            run_id=run.run_id,
-        )
-        self.launcher.launch_run(LaunchRunContext(dagster_run=self.instance.get_run_by_id(run.run_id), workspace=None))
-        self.running[run.run_id] = self.launcher._processes[run.run_id]
-
-    def run_all(self, items: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
-        """Create and execute one run per ``(job, partition, selection)``; return the finished
-        runs by partition (or job name). Raises BuildAborted when a worker dies."""
-        todo = deque(items)
-        done: dict[str, Any] = {}
-        keys: dict[str, str] = {}
-        ready: deque = deque()
-        self.ready = ready  # runs created ahead, while the workers compute
-        while todo or ready or self.running:
-            while (todo or ready) and len(self.running) < self.jobs:
-                run = ready.popleft() if ready else self._create_item(todo.popleft(), keys)
-                self._start(run)
-            if todo and not ready:
-                ready.append(self._create_item(todo.popleft(), keys))
-            procs = dict(self.running)
-            if not procs:
-                continue
-            wait([p.sentinel for p in procs.values()], timeout=1.0)
-            for rid, proc in procs.items():
-                if proc.exitcode is None:
-                    continue
-                del self.running[rid]
-                code = proc.exitcode
-                self.launcher.forget(rid)
-                run = self.instance.get_run_by_id(rid)
-                if not run.is_finished:
-                    self._worker_died(run, code)
-                done[keys[rid]] = run
-        return done
-
-    def _create_item(self, item: tuple[str, str | None, Any], keys: dict[str, str]):
-        job_name, partition, selection = item
-        run = self.create(job_name, partition, selection)
-        keys[run.run_id] = partition or job_name
-        return run
-
-    def _worker_died(self, run, code: int) -> None:
-        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
-        what = run.tags.get("dagster/partition", run.job_name)
-        msg = f"run worker of {what} (pid {run.tags.get(PID_TAG)}) was {how} before its run ended"
-        self.instance.report_run_failed(run, msg)
-        _free_slots(self.instance, run.run_id)
-        raise BuildAborted(msg)
-
-    def stop(self, why: str) -> None:
-        """Interrupt every running worker, kill those still alive after GRACE_S, and mark their
-        runs cancelled (or failed) on the instance."""
-        procs = dict(self.running)
-        for p in procs.values():
-            if p.exitcode is None and p.pid is not None:
-                os.kill(p.pid, signal.SIGINT)
-        deadline = time.monotonic() + GRACE_S
-        for p in procs.values():
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.exitcode is None:
-                p.kill()
-                p.join(5)
-        for rid in [*procs, *(r.run_id for r in self.ready)]:
-            run = self.instance.get_run_by_id(rid)
-            if run is not None and not run.is_finished:
-                self.instance.report_run_canceled(run, f"build stopped: {why}")
-            _free_slots(self.instance, rid)
-        for rid in procs:
-            self.launcher.forget(rid)
-        self.running.clear()
-        self.ready.clear()
-
-
-def _free_slots(instance, run_id: str) -> None:
-    """Give back the pool slots (``phantora_simulation``) a run that did not end by itself holds:
-    a killed worker never releases them, and two such runs would block every later simulation."""
-    try:
-        instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-    except Exception:  # storages without global concurrency support
-        pass
-
-
-#: Run statuses of runs that have not ended.
-UNFINISHED = ("NOT_STARTED", "QUEUED", "STARTING", "STARTED", "CANCELING")
-
-
-def reap_stale_runs(instance) -> list[str]:
-    """Close the runs an earlier build left unfinished (killed with SIGKILL, its terminal closed):
-    a run of ``phantora-assets build`` whose worker is gone (or never started) is marked failed
-    and its pool slots are freed, so that it neither blocks the dataset automation (which waits
-    for runs in progress) nor holds a simulation slot forever. Returns their run ids."""
-    import dagster as dg
-
-    from phantora_assets.instance import ForkRunLauncher
-
-    probe = ForkRunLauncher(start_method="fork")
-    probe.register_instance(instance)
-    reaped = []
-    statuses = [dg.DagsterRunStatus(s) for s in UNFINISHED]
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=statuses, tags={"phantora/launched_by": BUILD_TAG})):
-        if probe._alive(run):
-            continue
-        instance.report_run_failed(run, "left unfinished by an interrupted phantora-assets build (its worker is gone)")
-        _free_slots(instance, run.run_id)
-        reaped.append(run.run_id)
-    return reaped
 
 
 def _cost_order(specs) -> list[str]:
