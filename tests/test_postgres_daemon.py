@@ -290,4 +290,8 @@ def test_backfill_survives_daemon_sigkill(instance: dg.DagsterInstance, pg: PgSe
     spans = sorted(f"{s - first:.0f}+{e - s:.0f}" for s, e in intervals)
     overlap = _max_overlap(intervals)
     print(f"runs (start+duration, s): {' '.join(spans)}; most executing at once: {overlap}")
-    assert overlap >= CONCURRENCY, f"at most {overlap} runs executed at once (polled STARTING/STARTED: {observed})"
+    # CONCURRENCY runs in progress at once (STARTING/STARTED, what the queue's max_concurrent_runs
+    # counts), polled; and runs really executing side by side (the start-to-end overlap of 4 runs
+    # on 2 cores reached 3 or 4 from one CI run to the next, so the overlap bound is 2)
+    assert observed >= CONCURRENCY, f"at most {observed} runs in progress at once (executing: {overlap})"
+    assert overlap >= 2, f"at most {overlap} runs executed at once (in progress: {observed})"
