@@ -91,18 +91,25 @@ def test_build_records_its_runs_and_materializations_in_the_data_roots_instance(
         assert inst.get_materialized_partitions(dg.AssetKey("run_summary")) == {FITS}
 
 
-def test_a_killed_run_worker_ends_the_build_within_seconds_with_a_message(tmp_path: Path) -> None:
-    root = tmp_path / "data"
+def _signalled_build(root: Path, send) -> tuple[str, int, subprocess.Popen, str, str, float]:
+    """Start a build of SLOW in its own session, call ``send(proc, run_id, pid)`` once its first
+    run worker runs, and wait for the build to end: (run_id, pid, proc, stdout, stderr, seconds it
+    took to end after the signal). The session is killed if it outlives the 30 s timeout."""
     proc = _build(root, SLOW, start_new_session=True)
     try:
         run_id, pid = _first_worker(root, proc)
-        os.kill(pid, signal.SIGKILL)
+        send(proc, run_id, pid)
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
+        return run_id, pid, proc, out, err, time.monotonic() - t0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_run_worker_ends_the_build_within_seconds_with_a_message(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    run_id, pid, proc, out, err, elapsed = _signalled_build(root, lambda _p, _r, pid: os.kill(pid, signal.SIGKILL))
     assert proc.returncode == 1, out + err
     assert elapsed < 15, elapsed
     assert f"(pid {pid}) was killed by signal 9 (SIGKILL) before its run ended" in err
@@ -115,17 +122,12 @@ def test_a_killed_run_worker_ends_the_build_within_seconds_with_a_message(tmp_pa
 
 def test_ctrl_c_ends_the_build_within_seconds_and_cancels_its_runs(tmp_path: Path) -> None:
     root = tmp_path / "data"
-    proc = _build(root, SLOW, start_new_session=True)
-    try:
-        run_id, _pid = _first_worker(root, proc)
+
+    def ctrl_c(proc, _run_id, _pid):
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
-        t0 = time.monotonic()
-        out, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    run_id, _pid, proc, out, err, elapsed = _signalled_build(root, ctrl_c)
     assert proc.returncode == 130, out + err
     assert elapsed < 15, elapsed
     assert "build stopped: interrupted (Ctrl-C / SIGINT)" in err
@@ -167,14 +169,7 @@ def test_sigterm_stops_the_build_like_ctrl_c(tmp_path: Path) -> None:
     """``timeout``, systemd or a CI cancel send SIGTERM: the build stops its workers, records its
     runs and exits 143, instead of dying and orphaning workers that keep writing."""
     root = tmp_path / "data"
-    proc = _build(root, SLOW, start_new_session=True)
-    try:
-        _first_worker(root, proc)
-        proc.send_signal(signal.SIGTERM)  # the parent only
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _, _, proc, out, err, _ = _signalled_build(root, lambda p, _r, _pid: p.send_signal(signal.SIGTERM))  # parent only
     assert proc.returncode == 143, out + err
     assert "build stopped: terminated (SIGTERM)" in err
     with _instance(root) as inst:
