@@ -239,6 +239,24 @@ def reset_checks(folder: Path, asset: str, names: tuple[str, ...] = ()) -> None:
     _write(folder, data)
 
 
+def invalidate_checks(folder: Path, keep: tuple[str, ...], message: str) -> None:
+    """Mark every check the run folder records for an asset not in ``keep`` as not evaluated with
+    ``message``, and drop those assets' recorded step failures (called when an upstream asset is
+    rebuilt from other inputs, so the downstream outcomes no longer describe the run). No write
+    when the folder records nothing."""
+    data = read_checks(folder)
+    if not data:
+        return
+    for name, rec in list(data.items()):
+        if rec.get("asset") in keep:
+            continue
+        if name.startswith(STEP_FAILED):
+            del data[name]
+        else:
+            data[name] = {"status": NOT_EVALUATED, "asset": rec.get("asset", ""), "message": message}
+    _write(folder, data)
+
+
 def record_check(folder: Path, asset: str, name: str, passed: bool, message: str, *, warn: bool = False) -> None:
     """Record one outcome with its plain-words message: ``passed``, else ``failed`` (or
     ``warning`` for an advisory check, ``warn=True``)."""

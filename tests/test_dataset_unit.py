@@ -5,6 +5,7 @@ stale instead of being exported. Real Dagster runs of a two-run matrix, real fil
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -98,3 +99,50 @@ def dataset_stage_paths(root: Path):
     from phantora_assets.paths import DataPaths
 
     return DataPaths(root)
+
+
+def test_rebuilding_only_the_raw_timeline_from_a_changed_entry_does_not_pass_old_tables_as_current(root, tmp_path):
+    """raw_timeline rewrites run_spec.json; the flows, windows and run summary below it were built
+    from the old entry, so they are removed and their checks shown as not evaluated: the export
+    names the run instead of exporting the old tables under the new entry."""
+    import shutil
+
+    other = tmp_path / "upstream_only"
+    shutil.copytree(root, other)
+    changed = RunSpec("W4", "l40s", 2, 1, topology=(("host_bw_gbps", 100),))  # same run_id as A
+    defs = build_defs(other, [changed, B])
+    res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        partition_key=A.run_id,
+        asset_selection=[dg.AssetKey("raw_timeline")],
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config=QUIET,
+    )
+    assert res.success
+    pdir = other / "partitions" / A.run_id
+    assert sorted(p.name for p in pdir.iterdir()) == [
+        "raw_timeline.parquet",
+        "run_log.json",
+        "run_spec.json",
+        "simulation.json",
+    ]
+    assert not (other / A.trace_dir / "timeline.json.gz").exists()
+    checks = json.loads((other / A.trace_dir / "checks.json").read_text())
+    assert checks["fits_in_memory"]["status"] == "passed"
+    assert checks["ring_bytes_match"]["status"] == "not evaluated"
+    assert "raw_timeline was rebuilt" in checks["ring_bytes_match"]["message"]
+    result = dataset_stage.export_dataset([changed, B], dataset_stage_paths(other))
+    assert result.included == [B.run_id]
+    assert "ring_bytes_match: not evaluated" in result.excluded[A.run_id]
+    # the same entry again: nothing is invalidated (the tables below stay)
+    _build(other, [changed, B], runs=[changed])
+    before = {p.name: p.stat().st_mtime_ns for p in pdir.iterdir()}
+    res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        partition_key=A.run_id,
+        asset_selection=[dg.AssetKey("raw_timeline")],
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config=QUIET,
+    )
+    assert res.success
+    after = {p.name: p.stat().st_mtime_ns for p in pdir.iterdir()}
+    assert set(after) == set(before) and after["run_summary.parquet"] == before["run_summary.parquet"]
+    assert dataset_stage.export_dataset([changed, B], dataset_stage_paths(other)).included == sorted([A.run_id, B.run_id])

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
 from phantora_assets import contracts
-from phantora_assets.checks import read_checks
+from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.phantora.perfdb import load_perfdb
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
-from phantora_assets.records import PerfDbRecord, RunLogRecord, RunSpecRecord, read_record_or_none, write_record
+from phantora_assets.records import (
+    PerfDbRecord,
+    RecordError,
+    RunLogRecord,
+    RunSpecRecord,
+    read_record_or_none,
+    write_record,
+)
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.stages.common import StageResult
@@ -74,10 +82,46 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
     GPU's perf DB status filled in. Then ``run_spec.json`` (:func:`run_spec_record`): what the run
     was built from, which the dataset export checks."""
     ctx = SourceContext(perfdb_status=perfdb_status(spec, paths), docker=ctx.docker, log=ctx.log)
-    (paths.partition_dir(spec.run_id) / "run_spec.json").unlink(missing_ok=True)
+    spec_file = paths.partition_dir(spec.run_id) / "run_spec.json"
+    now = run_spec_record(spec)
+    try:
+        before = read_record_or_none(spec_file, RunSpecRecord)
+    except RecordError:
+        before = None
+    if before is None or before.fingerprint != now.fingerprint:
+        invalidate_downstream(spec, paths, before)
+    spec_file.unlink(missing_ok=True)
     result = get_source(spec.source).raw_timeline(spec, paths, ctx)
-    write_record(paths.partition_dir(spec.run_id) / "run_spec.json", run_spec_record(spec))
+    write_record(spec_file, now)
     return result
+
+
+#: What ``raw_timeline`` itself writes in ``partitions/<run_id>/`` (every source rewrites these).
+RAW_TIMELINE_FILES = frozenset({"raw_timeline.parquet", "simulation.json", "run_log.json", "run_spec.json"})
+
+
+def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord | None) -> None:
+    """Before ``raw_timeline`` rebuilds a run from other inputs than its files were built from
+    (``before``: the ``run_spec.json`` it had, None when absent or unreadable): remove what the
+    assets below it wrote (the partition's other tables and records, the run folder's
+    ``timeline.json.gz`` and ``plots/``) and mark their checks in ``checks.json`` as not evaluated.
+    Without this, rematerializing ``raw_timeline`` alone would leave the old flows, windows and
+    run summary beside a current ``run_spec.json``, and the dataset would export them as current.
+    """
+    pdir, folder = paths.partition_dir(spec.run_id), paths.run_folder(spec)
+    if pdir.is_dir():
+        for f in pdir.iterdir():
+            if f.name not in RAW_TIMELINE_FILES and (f.is_file() or f.is_symlink()):
+                f.unlink(missing_ok=True)
+    paths.chrome_trace(spec).unlink(missing_ok=True)
+    shutil.rmtree(paths.plots_dir(spec), ignore_errors=True)
+    why = "built without a run_spec.json" if before is None else "built from other inputs"
+    invalidate_checks(
+        folder,
+        ("raw_timeline", "perf_db"),
+        f"raw_timeline was rebuilt (the run's files were {why} than the run matrix now gives); "
+        "materialize this asset again",
+    )
 
 
 @dataclass(frozen=True)
