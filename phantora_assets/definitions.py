@@ -20,7 +20,8 @@ import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
-from phantora_assets.imported_runs import matrix_for
+from phantora_assets.imported_runs import IMPORT_DIR_ENV, env_import_dirs, matrix_for
+from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
@@ -114,7 +115,58 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
             for k, why in todo.items()
         ]
 
-    return [dataset_sensor, nightly_missing_runs]
+    return [dataset_sensor, nightly_missing_runs, _import_dir_sensor(parts, paths)]
+
+
+def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefinition:
+    """The sensor ``import_dir`` (on by default): every run folder under
+    ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
+    complete, current build gets one run of ``all_runs`` (run key: the run_id and the size and
+    mtime of the trace file, or of the folder for a run without trace, so a folder replaced by a
+    new trace is requested again and a failing one once).
+    Folders that appeared after the code location loaded are not partitions yet: the tick names
+    them; they become partitions when the code location reloads (``dagster-daemon run`` reloads its
+    code server every 60 s; in ``dagster dev`` the daemon shares the UI's code server: "Reload
+    definitions")."""
+
+    @dg.sensor(
+        job_name="all_runs",
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Materializes the run folders found under $PHANTORA_ASSETS_IMPORT_DIR that have no complete, "
+        "current build (one run of all_runs each).",
+    )
+    def import_dir(context: dg.SensorEvaluationContext):
+        dirs = env_import_dirs()
+        if not dirs:
+            return dg.SkipReason(f"${IMPORT_DIR_ENV} is not set")
+        requests, pending = [], []
+        for d in dirs:
+            if not d.is_dir():
+                return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+            for folder in discover(d)[0]:
+                loaded = parts.by_id.get(folder.spec.run_id)
+                if loaded is None or loaded.path != folder.spec.path:
+                    pending.append(f"{folder.spec.run_id} ({folder.path})")
+                    continue
+                why = _reason(loaded, paths)
+                if why:
+                    st = (folder.trace or folder.path).stat()  # a run without trace: its folder
+                    requests.append(
+                        dg.RunRequest(
+                            run_key=f"{loaded.run_id}@{st.st_size}.{st.st_mtime_ns}",
+                            partition_key=loaded.run_id,
+                            tags={"phantora/build_reason": why[:200]},
+                        )
+                    )
+        note = (
+            f"not partitions until the code location reloads: {', '.join(pending)}"
+            if pending
+            else "every imported run folder is built and current"
+        )
+        return dg.SensorResult(run_requests=requests, skip_reason=None if requests else note)
+
+    return import_dir
 
 
 def _reason(spec: RunSpec, paths: DataPaths) -> str | None:
@@ -162,11 +214,11 @@ def build_defs(
         assets[name] = assets[name].map_asset_specs(
             lambda spec: spec.replace_attributes(automation_condition=DATASET_AUTOMATION)
         )
-    sensor, schedule = _automation(assets, parts, root)
+    sensor, schedule, import_dir = _automation(assets, parts, root)
     return dg.Definitions(
         assets=list(assets.values()),
         jobs=_jobs(assets, parts),
-        sensors=[sensor],
+        sensors=[sensor, import_dir],
         schedules=[schedule],
         resources={"data": DataRoot(data_dir=str(root)), "simulator": simulator or simulator_from_env(specs)},
     )
