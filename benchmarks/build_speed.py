@@ -108,11 +108,20 @@ def _share_scanner(src: Path) -> None:
             print(f"baseline: using this checkout's compiled scanner for {c.relative_to(src)} (same source)")
 
 
+#: user and system CPU seconds of the last :func:`_timed` command (its whole process tree)
+LAST_CPU: dict[str, float] = {"user": 0.0, "sys": 0.0}
+
+
 def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str, str, str]:
+    import resource
+
     before = _load()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU.update(user=r1.ru_utime - r0.ru_utime, sys=r1.ru_stime - r0.ru_stime)
     return wall, out.returncode, before, _load(), (out.stdout + out.stderr)
 
 
@@ -138,7 +147,8 @@ def _alternate(args, tmp: Path, py: str, base_env: dict[str, str]) -> int:
                 [py, "-m", "phantora_assets.cli", "build", "--data-dir", str(data), "--quiet"], where, env
             )
             walls[name].append(wall)
-            print(f"{name:9s} #{i + 1}  {wall:6.1f} s  rc {rc}  load {b} -> {a}", flush=True)
+            cpu = f"cpu user {LAST_CPU['user']:5.1f} s sys {LAST_CPU['sys']:5.1f} s"
+            print(f"{name:9s} #{i + 1}  {wall:6.1f} s  rc {rc}  {cpu}  load {b} -> {a}", flush=True)
             if rc:
                 print(log[-2000:])
                 return 1

@@ -145,4 +145,5 @@ def test_rebuilding_only_the_raw_timeline_from_a_changed_entry_does_not_pass_old
     assert res.success
     after = {p.name: p.stat().st_mtime_ns for p in pdir.iterdir()}
     assert set(after) == set(before) and after["run_summary.parquet"] == before["run_summary.parquet"]
-    assert dataset_stage.export_dataset([changed, B], dataset_stage_paths(other)).included == sorted([A.run_id, B.run_id])
+    result = dataset_stage.export_dataset([changed, B], dataset_stage_paths(other))
+    assert result.included == sorted([A.run_id, B.run_id])

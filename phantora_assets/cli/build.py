@@ -217,6 +217,7 @@ def _build_in(
                 return 143
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         finally:
+            runs.launcher.shutdown()
             gc.unfreeze()
         failures = 0
         rows = []

@@ -49,12 +49,14 @@ from dagster import Array, Field, StringSource
 from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
 from dagster._core.storage.dagster_run import DagsterRun
-from dagster._serdes import ConfigurableClass, ConfigurableClassData
+from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
 #: Run tags the launcher writes: the worker's pid and the kernel's start time of that pid (so a
 #: reused pid is not taken for the worker).
 PID_TAG = "phantora/run_worker_pid"
 START_TAG = "phantora/run_worker_start"
+#: Signals the launcher holds while it forks a worker.
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
 
@@ -87,26 +89,69 @@ def refresh_definitions() -> None:
         importlib.reload(mod)
 
 
-def run_worker(run_id: str, instance_ref: str, inherited=None) -> None:
+def run_worker(run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1) -> None:
     """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
     serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
     broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
     launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
-    connections in the child), which saves re-creating it."""
-    from dagster._cli.api import _execute_run_command_body
+    connections in the child), which saves re-creating it.
+
+    With ``conn`` (one end of a pipe), the worker sends each run's id on it when the run has
+    ended and then, up to ``max_runs`` runs in all, receives the id of its next run (None, the
+    pipe closing or SIGINT while it waits: it exits)."""
     from dagster._core.instance import DagsterInstance, InstanceRef
     from dagster._serdes import deserialize_value
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the launcher while it forked
+    if inherited is not None:
+        instance = inherited
+    else:
+        instance = DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef))
+    done = 0
+    current: str | None = run_id
+    parent = os.getppid()
+    try:
+        while current is not None:
+            _execute_one(current, instance)
+            done += 1
+            if conn is None:
+                return
+            conn.send(current)
+            if done >= max_runs:
+                return
+            current = _next_run(conn, parent)
+    finally:
+        if inherited is None:
+            instance.dispose()
+
+
+def _next_run(conn, parent: int) -> str | None:
+    """The next run id from ``conn``; None when told to stop, when the pipe closes, on SIGINT or
+    when the launching process ``parent`` is gone (a sibling forked later holds a copy of the
+    pipe, so its closing alone may never be seen)."""
+    try:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:
+                return None
+        return conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+        return None
+
+
+def _execute_one(run_id: str, instance) -> None:
+    from dagster._cli.api import _execute_run_command_body
     from dagster._utils.interrupts import capture_interrupts
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     refresh_definitions()
     with capture_interrupts():
-        if inherited is not None:
-            _execute_run_command_body(run_id, inherited, lambda _event: None, set_exit_code_on_failure=False)
-            return
-        with DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef)) as instance:
-            _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+    # between runs SIGINT/SIGTERM end the worker (capture_interrupts leaves both on the SIGINT handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
@@ -125,6 +170,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             owned by a single-threaded process such as ``phantora-assets build``) or ``spawn``
             (a fresh interpreter per run, like Dagster's default).
         preload: modules the forkserver imports once.
+        runs_per_worker: runs one worker process executes, one after the other, before it exits
+            (1: a fresh fork per run). More saves the copy-on-write faults of a fresh fork (a
+            process that touches its parent's heap copies it page by page); it is for an owner
+            that collects ended runs with :meth:`wait_finished` and ends the workers with
+            :meth:`shutdown` (``phantora-assets build``), not for the daemon.
     """
 
     def __init__(
@@ -132,13 +182,19 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         inst_data: ConfigurableClassData | None = None,
         start_method: str = "forkserver",
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        runs_per_worker: int = 1,
     ) -> None:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method {start_method!r}: expected one of {', '.join(START_METHODS)}")
+        if runs_per_worker < 1:
+            raise ValueError(f"runs_per_worker must be >= 1, got {runs_per_worker}")
         self._inst_data = inst_data
         self.start_method = start_method
         self.preload = tuple(preload)
+        self.runs_per_worker = runs_per_worker
         self._processes: dict[str, multiprocessing.process.BaseProcess] = {}
+        self._busy: dict[str, _Worker] = {}  # run_id -> the worker executing it (owner-collected)
+        self._idle: list[_Worker] = []
         #: close the handles of finished workers at the next launch (False: the owner calls forget)
         self.prune = True
         self._mp: Any = None
@@ -169,31 +225,110 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
 
     def launch_run(self, context: LaunchRunContext) -> None:
         from dagster._core.events import EngineEventData
-        from dagster._serdes import serialize_value
 
         run = context.dagster_run
         if run.job_code_origin is None:
             raise DagsterLaunchFailedError(f"run {run.run_id} has no job code origin: ForkRunLauncher cannot start it")
         if self.prune:
             self._prune()  # handles of finished workers hold two descriptors each
-        ref = serialize_value(self._instance.get_ref())
-        inherited = self._instance if self.start_method == "fork" else None
-        proc = self._context().Process(
-            target=run_worker, args=(run.run_id, ref, inherited), name=f"dagster-run-{run.run_id[:8]}"
-        )
-        proc.start()
-        # not one of this process's children for multiprocessing's exit handler: a daemon that
-        # stops must neither wait for its runs nor terminate them (they finish on their own)
-        multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
+        worker = self._next_idle()
+        if worker is not None:
+            worker.conn.send(run.run_id)
+        else:
+            worker = self._fork(run.run_id)
+        worker.run_id, worker.runs = run.run_id, worker.runs + 1
+        proc = worker.proc
         pid = proc.pid
         assert pid is not None
         self._processes[run.run_id] = proc
+        self._busy[run.run_id] = worker
         self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
         self._instance.report_engine_event(
             f"Run worker started (pid {pid}, {self.start_method} from a pre-imported process).",
             run,
             EngineEventData.in_process(pid),
         )
+
+    def _fork(self, run_id: str) -> _Worker:
+        ref = serialize_value(self._instance.get_ref())
+        inherited = self._instance if self.start_method == "fork" else None
+        ctx = self._context()
+        conn = child = None
+        if self.runs_per_worker > 1:
+            conn, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=run_worker,
+            args=(run_id, ref, inherited, child, self.runs_per_worker),
+            name=f"dagster-run-{run_id[:8]}",
+        )
+        # a signal handler that raises (the build's Ctrl-C / SIGTERM) must not run inside fork's
+        # at-fork hooks, where Python prints and swallows the exception: held until the fork is done
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if child is not None:
+            child.close()
+        # not one of this process's children for multiprocessing's exit handler: a daemon that
+        # stops must neither wait for its runs nor terminate them (they finish on their own)
+        multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
+        return _Worker(proc, conn)
+
+    def _next_idle(self) -> _Worker | None:
+        while self._idle:
+            w = self._idle.pop()
+            if w.proc.exitcode is None:
+                return w
+            w.close()
+        return None
+
+    def wait_finished(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` s for runs this launcher started to end; return their run ids:
+        the worker reported the run ended, or the worker is gone (then :meth:`worker_exitcode`
+        says how). A reusable worker (``runs_per_worker`` > 1) with runs left becomes idle for
+        the next launch. For an owner that collects its runs (``prune = False``)."""
+        from multiprocessing.connection import wait
+
+        busy = list(self._busy.items())
+        if not busy:
+            return []
+        wait([w.conn for _, w in busy if w.conn is not None] + [w.proc.sentinel for _, w in busy], timeout)
+        ended = []
+        for rid, w in busy:
+            reported = False
+            if w.conn is not None and w.conn.poll():
+                try:
+                    reported = w.conn.recv() == rid
+                except (EOFError, OSError):
+                    reported = False
+            if not reported and w.proc.exitcode is None:
+                continue
+            ended.append(rid)
+            del self._busy[rid]
+            w.run_id = None
+            if reported and w.runs < self.runs_per_worker and w.proc.exitcode is None:
+                self._idle.append(w)
+        return ended
+
+    def workers(self) -> list[multiprocessing.process.BaseProcess]:
+        """Every worker process this launcher holds a handle of (busy, idle or ended)."""
+        procs = {id(p): p for p in self._processes.values()}
+        procs.update({id(w.proc): w.proc for w in self._idle})
+        return list(procs.values())
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """End the idle reusable workers (told to stop on their pipe) and wait for them."""
+        idle, self._idle = self._idle, []
+        for w in idle:
+            if w.conn is not None:
+                try:
+                    w.conn.send(None)
+                except OSError:  # it is gone already
+                    pass
+            w.close()
+        for w in idle:
+            w.proc.join(timeout)
 
     def worker_exitcode(self, run_id: str) -> int | None:
         """The exit code of the worker this launcher started for ``run_id`` (negative: killed by
@@ -215,13 +350,17 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return started is not None and started == run.tags.get(START_TAG, started)
 
     def forget(self, run_id: str) -> None:
-        """Drop (and close) the process handle of a finished worker: its pipe and sentinel."""
+        """Drop the process handle of run ``run_id`` (closed when the worker has exited and runs
+        no other run: its pipe and sentinel)."""
         proc = self._processes.pop(run_id, None)
-        if proc is not None and proc.exitcode is not None:
+        if proc is None or proc.exitcode is None or any(w.proc is proc for w in self._idle):
+            return
+        if all(p is not proc for p in self._processes.values()):
             proc.close()
 
     def _prune(self) -> None:
         for run_id in [r for r, p in self._processes.items() if p.exitcode is not None]:
+            self._busy.pop(run_id, None)
             self.forget(run_id)
 
     def terminate(self, run_id: str) -> bool:
@@ -255,4 +394,22 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker (pid {pid}) ended before the run did: {how}")
 
     def dispose(self) -> None:
+        self.shutdown(timeout=0)
         self._processes.clear()
+        self._busy.clear()
+
+
+class _Worker:
+    """A worker process of :class:`ForkRunLauncher`, its end of the pipe (None for one-run
+    workers), the run it executes and how many it was given."""
+
+    def __init__(self, proc: multiprocessing.process.BaseProcess, conn: Any) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.run_id: str | None = None
+        self.runs = 0
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
