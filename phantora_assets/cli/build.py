@@ -156,7 +156,7 @@ def _build(
     as Dagster runs on the build's instance (module docstring). ``plots=False`` leaves out the assets
     that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed or a worker
     died) or 130 (interrupted)."""
-    from phantora_assets.instance.launcher import refresh_definitions
+    from phantora_assets.instance.worker import refresh_definitions
 
     try:
         return _build_in(data_dir, matrix, only, quiet, plots, jobs)
@@ -192,7 +192,7 @@ def _build_in(
         import gc
 
         import phantora_assets.instance.warm  # noqa: F401  (what every run imports, once, before the forks)
-        from phantora_assets.instance.launcher import refresh_definitions
+        from phantora_assets.instance.worker import refresh_definitions
 
         refresh_definitions()  # the code location of this data root, inherited by every worker
 

@@ -24,10 +24,10 @@ forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cance
 SIGTERM to the worker, e.g. a system shutdown, ends the run as failed, with its event log closed). Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
-Each worker re-executes ``phantora_assets.definitions`` when the run matrix, the import registry
-or the environment changed since it was imported (:func:`refresh_definitions`), so they are seen
-without restarting the daemon; a change to the package's own
-code needs a daemon restart (the forkserver holds the imported code).
+Each worker (``instance/worker.py``) re-executes ``phantora_assets.definitions`` when the run
+matrix, the import registry or the environment changed since it was imported, so they are seen
+without restarting the daemon; a change to the package's own code needs a daemon restart (the
+forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched
 (``DagsterLaunchFailedError``).
@@ -35,12 +35,10 @@ Linux/macOS only (fork). Errors: a run without a job code origin cannot be launc
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import multiprocessing.process
 import os
 import signal
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,12 +49,12 @@ from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, 
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
+from phantora_assets.instance.worker import HELD_SIGNALS, run_worker
+
 #: Run tags the launcher writes: the worker's pid and the kernel's start time of that pid (so a
 #: reused pid is not taken for the worker).
 PID_TAG = "phantora/run_worker_pid"
 START_TAG = "phantora/run_worker_start"
-#: Signals the launcher holds while it forks a worker.
-_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
 
@@ -72,93 +70,6 @@ def process_start_time(pid: int) -> str | None:
     if fields[0] in ("Z", "X"):
         return None
     return fields[19]
-
-
-def refresh_definitions() -> None:
-    """Re-execute the code location module this process imported when the run matrix, the import
-    registry or the ``PHANTORA_ASSETS_*`` environment changed since (``definitions.loaded_from``),
-    so that a forked worker sees them as they are now, not as they were at preload."""
-    mod = sys.modules.get("phantora_assets.definitions")
-    if mod is None:
-        return
-    try:
-        current = mod.loaded_from() == mod.LOADED_FROM
-    except Exception:  # an invalid matrix now: re-executing the module reports it
-        current = False
-    if not current:
-        importlib.reload(mod)
-
-
-def run_worker(run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1) -> None:
-    """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
-    serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
-    broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
-    launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
-    connections in the child), which saves re-creating it.
-
-    With ``conn`` (one end of a pipe), the worker sends each run's id on it when the run has
-    ended and then, up to ``max_runs`` runs in all, receives the id of its next run (None, the
-    pipe closing or SIGINT while it waits: it exits)."""
-    from dagster._core.instance import DagsterInstance, InstanceRef
-    from dagster._serdes import deserialize_value
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the launcher while it forked
-    if inherited is not None:
-        instance = inherited
-    else:
-        instance = DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef))
-    done = 0
-    current: str | None = run_id
-    parent = os.getppid()
-    try:
-        while current is not None:
-            _execute_one(current, instance)
-            done += 1
-            if conn is None:
-                return
-            conn.send(current)
-            if done >= max_runs:
-                return
-            current = _next_run(conn, parent)
-    finally:
-        if inherited is None:
-            instance.dispose()
-
-
-def _next_run(conn, parent: int) -> str | None:
-    """The next run id from ``conn``; None when told to stop, when the pipe closes, on SIGINT or
-    when the launching process ``parent`` is gone (a sibling forked later holds a copy of the
-    pipe, so its closing alone may never be seen)."""
-    try:
-        while not conn.poll(1.0):
-            if os.getppid() != parent:
-                return None
-        return conn.recv()
-    except (EOFError, OSError, KeyboardInterrupt):
-        return None
-
-
-def _execute_one(run_id: str, instance) -> None:
-    from dagster._cli.api import _execute_run_command_body
-    from dagster._utils.interrupts import capture_interrupts
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    refresh_definitions()
-    with capture_interrupts():
-        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
-    # between runs SIGINT/SIGTERM end the worker (capture_interrupts leaves both on the SIGINT handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-
-
-def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (``docker stop``, a system shutdown) interrupts the run like SIGINT -- it ends as
-    failed (no termination was requested), with its event log closed -- instead of the worker
-    vanishing mid-step."""
-    os.kill(os.getpid(), signal.SIGINT)
 
 
 class ForkRunLauncher(RunLauncher, ConfigurableClass):
@@ -195,6 +106,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self._processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self._busy: dict[str, _Worker] = {}  # run_id -> the worker executing it (owner-collected)
         self._idle: list[_Worker] = []
+        self._retired: list[_Worker] = []  # ended (their last run, or died), not yet reaped
         #: close the handles of finished workers at the next launch (False: the owner calls forget)
         self.prune = True
         self._mp: Any = None
@@ -263,7 +175,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         )
         # a signal handler that raises (the build's Ctrl-C / SIGTERM) must not run inside fork's
         # at-fork hooks, where Python prints and swallows the exception: held until the fork is done
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         try:
             proc.start()
         finally:
@@ -309,6 +221,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             w.run_id = None
             if reported and w.runs < self.runs_per_worker and w.proc.exitcode is None:
                 self._idle.append(w)
+            else:
+                self._retired.append(w)
         return ended
 
     def workers(self) -> list[multiprocessing.process.BaseProcess]:
@@ -318,8 +232,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return list(procs.values())
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """End the idle reusable workers (told to stop on their pipe) and wait for them."""
+        """End the idle reusable workers (told to stop on their pipe) and wait for them and for
+        the workers that ended (reaped: no zombies, and their CPU time counts as this process's
+        children's)."""
         idle, self._idle = self._idle, []
+        retired, self._retired = self._retired, []
         for w in idle:
             if w.conn is not None:
                 try:
@@ -327,7 +244,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 except OSError:  # it is gone already
                     pass
             w.close()
-        for w in idle:
+        for w in idle + retired:
+            w.close()
             w.proc.join(timeout)
 
     def worker_exitcode(self, run_id: str) -> int | None:

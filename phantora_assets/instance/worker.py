@@ -1,0 +1,104 @@
+"""The body of a :class:`~phantora_assets.instance.launcher.ForkRunLauncher` run worker: execute
+one run (or, given a pipe, several one after the other) exactly as ``dagster api execute_run``
+does, with the code location re-executed when the environment it was loaded from changed.
+
+Signals: SIGINT interrupts the run (Dagster records it as cancelled when termination was
+requested); SIGTERM is turned into SIGINT; between runs either ends the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+
+#: Signals the launcher holds while it forks a worker (the worker releases them).
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def refresh_definitions() -> None:
+    """Re-execute the code location module this process imported when the run matrix, the import
+    registry or the ``PHANTORA_ASSETS_*`` environment changed since (``definitions.loaded_from``),
+    so that a forked worker sees them as they are now, not as they were at preload."""
+    mod = sys.modules.get("phantora_assets.definitions")
+    if mod is None:
+        return
+    try:
+        current = mod.loaded_from() == mod.LOADED_FROM
+    except Exception:  # an invalid matrix now: re-executing the module reports it
+        current = False
+    if not current:
+        importlib.reload(mod)
+
+
+def run_worker(run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1) -> None:
+    """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
+    serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
+    broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
+    launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
+    connections in the child), which saves re-creating it.
+
+    With ``conn`` (one end of a pipe), the worker sends each run's id on it when the run has
+    ended and then, up to ``max_runs`` runs in all, receives the id of its next run (None, the
+    pipe closing or SIGINT while it waits: it exits)."""
+    from dagster._core.instance import DagsterInstance, InstanceRef
+    from dagster._serdes import deserialize_value
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held by the launcher while it forked
+    if inherited is not None:
+        instance = inherited
+    else:
+        instance = DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef))
+    done = 0
+    current: str | None = run_id
+    parent = os.getppid()
+    try:
+        while current is not None:
+            _execute_one(current, instance)
+            done += 1
+            if conn is None:
+                return
+            conn.send(current)
+            if done >= max_runs:
+                return
+            current = _next_run(conn, parent)
+    finally:
+        if inherited is None:
+            instance.dispose()
+
+
+def _next_run(conn, parent: int) -> str | None:
+    """The next run id from ``conn``; None when told to stop, when the pipe closes, on SIGINT or
+    when the launching process ``parent`` is gone (a sibling forked later holds a copy of the
+    pipe, so its closing alone may never be seen)."""
+    try:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:
+                return None
+        return conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+        return None
+
+
+def _execute_one(run_id: str, instance) -> None:
+    from dagster._cli.api import _execute_run_command_body
+    from dagster._utils.interrupts import capture_interrupts
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    refresh_definitions()
+    with capture_interrupts():
+        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+    # between runs SIGINT/SIGTERM end the worker (capture_interrupts leaves both on the SIGINT handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """SIGTERM (``docker stop``, a system shutdown) interrupts the run like SIGINT -- it ends as
+    failed (no termination was requested), with its event log closed -- instead of the worker
+    vanishing mid-step."""
+    os.kill(os.getpid(), signal.SIGINT)
