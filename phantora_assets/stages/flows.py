@@ -77,7 +77,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         outcomes.append(_not_cross_checked(why))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
-    result = steps.detect_steps(flows, source=str(src))
+    result = steps.detect_steps(flows, source=str(src), compute=parsed.compute_events)
     run_log = read_record_or_none(paths.partition_dir(spec.run_id) / "run_log.json", RunLogRecord)
     logged = trace_checks.steps_match_run_log(
         result, run_log.iteration_s if run_log else [], run_log.precise if run_log else False

@@ -86,10 +86,13 @@ def _coarse_try(
     warmup_steps: int,
     min_repeats: int,
     src: str,
+    indivisible: bool = True,
 ) -> _Cut | str:
     """The cut with reference sequence ``r`` at period ``k * best[r]`` (module docstring,
     "Several repetitions per step on every communicator"), or the reason it does not hold.
-    ``same[i]``: the first sequence with the calls (tokens and start times) of sequence ``i``."""
+    ``same[i]``: the first sequence with the calls (tokens and start times) of sequence ``i``.
+    ``indivisible=False`` skips the last rule (no steady step splits into steps of its own): the
+    compute rhythm showed the steps of ``k`` periods (step_verify)."""
     slack = warmup_steps + 1
     q_r = k * best[r]
     n_r = per[r].full_periods(q_r)
@@ -134,6 +137,8 @@ def _coarse_try(
         return why
     if cut.n_steps - cut.first_steady < 2:
         return f"{cut.n_steps - cut.first_steady} steady step"
+    if not indivisible:
+        return cut
     mult = int(np.gcd.reduce(np.array([period[i] // best[i] for i in cut.anchors], dtype=np.int64)))
     for g in (d for d in range(2, mult + 1) if mult % d == 0 and all(d % f for f in range(2, d))):
         step = _split_step(cs, r, cut, g)
@@ -158,13 +163,7 @@ def _coarse_cut(
         StepDetectionError: ``"steps ambiguous"``: two such cuts hold, neither a grouping of
             the other.
     """
-    counts = {i: per[i].full_periods(best[i]) for i in repeating}
-    r = min(repeating, key=lambda j: counts[j])
-    same: dict[int, int] = {}
-    first_of: dict[tuple[int, bytes], int] = {}
-    for i in repeating:
-        calls = cs.call_rows[cs.seq_call_start[i] : cs.seq_call_start[i] + cs.seq_len[i]]
-        same[i] = first_of.setdefault((id(per[i]), cs.ts_s[calls].tobytes()), i)
+    counts, r, same = _reference(cs, per, best, repeating)
     chosen: tuple[int, _Cut] | None = None
     reason = None
     k_max = int(cs.seq_len[r]) // (max(1, min_repeats) * best[r])
@@ -201,3 +200,36 @@ def _coarse_cut(
 #: calls per step on every communicator). A step of more repetitions is refused with the reason,
 #: and a second, ambiguous cut beyond the bound is not looked for.
 MAX_REPETITIONS = 64
+
+
+def _reference(
+    cs: _Calls, per: list[_Periodicity], best: dict[int, int], repeating: list[int]
+) -> tuple[dict[int, int], int, dict[int, int]]:
+    """``(counts, r, same)``: full primitive periods of every sequence, the reference sequence
+    (fewest; the first on a tie) and, per sequence, the first sequence with the same calls."""
+    counts = {i: per[i].full_periods(best[i]) for i in repeating}
+    r = min(repeating, key=lambda j: counts[j])
+    same: dict[int, int] = {}
+    first_of: dict[tuple[int, bytes], int] = {}
+    for i in repeating:
+        calls = cs.call_rows[cs.seq_call_start[i] : cs.seq_call_start[i] + cs.seq_len[i]]
+        same[i] = first_of.setdefault((id(per[i]), cs.ts_s[calls].tobytes()), i)
+    return counts, r, same
+
+
+def _coarser(
+    cs: _Calls,
+    per: list[_Periodicity],
+    best: dict[int, int],
+    repeating: list[int],
+    cut: _Cut,
+    g: int,
+    warmup_steps: int,
+    min_repeats: int,
+    src: str,
+) -> _Cut | str:
+    """The cut whose steps hold ``g`` steps of ``cut`` on the reference sequence (its period
+    ``g * cut.period[r]``), divisible or not, or why it does not hold."""
+    _counts, r, same = _reference(cs, per, best, repeating)
+    k = g * cut.period.get(r, best[r]) // best[r]
+    return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)

@@ -83,7 +83,7 @@ class _Calls:
     Per call: ``call_rows`` (its first sorted row). Per sequence (length n_seq): ``seq_start`` and
     ``seq_end`` (sorted rows ``[seq_start, seq_end)``), ``seq_comm``, ``seq_rank``,
     ``seq_call_start`` (global number of its first call) and ``seq_len`` (calls). Per input row:
-    ``flow_arrays``.
+    ``flow_arrays``. Per call: ``call_tok``.
     """
 
     n_rows: int
@@ -99,6 +99,7 @@ class _Calls:
     seq_call_start: np.ndarray
     seq_len: np.ndarray
     flow_arrays: tuple[np.ndarray, ...]  # ts_us, dur_us, src_node, dst_node, bytes in input order
+    call_tok: np.ndarray  # token of every call (its kind: op, count, dtype, root, peer)
 
     def name(self, i: int) -> str:
         return f"communicator {self.seq_comm[i]} rank {self.seq_rank[i]}"
@@ -156,7 +157,7 @@ def _cut(
             apart, or the time check fails), ``"no steady step"``.
     """
     slack = warmup_steps + 1
-    seq_id, ts_s, n_rows = cs.seq_id, cs.ts_s, cs.n_rows
+    seq_id, ts_s = cs.seq_id, cs.ts_s
     anchors = [i for i in repeating if i in period]
     n_min, n_max = min(counts[i] for i in anchors), max(counts[i] for i in anchors)
     if n_max - n_min > slack:
@@ -196,36 +197,7 @@ def _cut(
             rows = seq_id == i
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
             period[i] = int(np.median(per_step[first_steady:n_complete]))
-    period_step = np.empty(n_rows, dtype=np.int64)
-    period_step[cs.order] = step_sorted
-
-    # ---- step table ----------------------------------------------------------------
-    ts, dur, sn, dn, nbytes = cs.flow_arrays
-    in_step = period_step >= 0
-    st = pd.DataFrame(
-        {
-            "step": period_step[in_step],
-            "ts": ts[in_step],
-            "end": ts[in_step] + dur[in_step],
-            "net": np.where(sn[in_step] != dn[in_step], nbytes[in_step], 0),
-        }
-    )
-    g = st.groupby("step").agg(start=("ts", "min"), end=("end", "max"), net=("net", "sum"), n=("ts", "size"))
-    g = g.reindex(np.arange(n_steps))
-    starts = g["start"].to_numpy(dtype=np.float64)
-    ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
-    steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
-    steps = pd.DataFrame(
-        {
-            "step": np.arange(n_steps, dtype=np.int64),
-            "start_us": starts,
-            "end_us": ends,
-            "duration_us": ends - starts,
-            "steady": steady,
-            "network_bytes": g["net"].fillna(0).to_numpy(dtype=np.int64),
-            "n_flows": g["n"].fillna(0).to_numpy(dtype=np.int64),
-        }
-    ).astype(STEP_COLUMNS)
+    steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_complete)
 
     # ---- consistency of the cut in time (steady steps) -----------------------------
     ss = pd.DataFrame({"seq": seq_id, "step": step_sorted, "ts": ts_s})
@@ -258,6 +230,44 @@ def _cut(
         steps=steps,
         starts=starts,
     )
+
+
+def _step_table(
+    cs: _Calls, step_sorted: np.ndarray, n_steps: int, first_steady: int, n_complete: int
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The step table (``STEP_COLUMNS``) of a step for every sorted row (-1: no step), and the
+    start (us) of every step, shape (n_steps,). A step starts with its first flow and ends where
+    the next starts (the last one: with the end of its last flow); steps ``first_steady ..
+    n_complete - 1`` are steady."""
+    period_step = np.empty(cs.n_rows, dtype=np.int64)
+    period_step[cs.order] = step_sorted
+    ts, dur, sn, dn, nbytes = cs.flow_arrays
+    in_step = period_step >= 0
+    st = pd.DataFrame(
+        {
+            "step": period_step[in_step],
+            "ts": ts[in_step],
+            "end": ts[in_step] + dur[in_step],
+            "net": np.where(sn[in_step] != dn[in_step], nbytes[in_step], 0),
+        }
+    )
+    g = st.groupby("step").agg(start=("ts", "min"), end=("end", "max"), net=("net", "sum"), n=("ts", "size"))
+    g = g.reindex(np.arange(n_steps))
+    starts = g["start"].to_numpy(dtype=np.float64)
+    ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
+    steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
+    steps = pd.DataFrame(
+        {
+            "step": np.arange(n_steps, dtype=np.int64),
+            "start_us": starts,
+            "end_us": ends,
+            "duration_us": ends - starts,
+            "steady": steady,
+            "network_bytes": g["net"].fillna(0).to_numpy(dtype=np.int64),
+            "n_flows": g["n"].fillna(0).to_numpy(dtype=np.int64),
+        }
+    ).astype(STEP_COLUMNS)
+    return steps, starts
 
 
 def _primary_periods(

@@ -36,7 +36,8 @@ Definitions used here (all documented choices):
   typical 20-iteration run: 20 steps, step 0 warm-up, steps 1..19 steady, i.e. 19 steady
   steps). The last step is steady but untimed: its end is the end of its last flow, not
   the next step's start, so ``step_time_us`` is the median over the steady steps except
-  the last (18 for a 20-iteration run), unless fewer than 2 would remain.
+  the last (18 for a 20-iteration run); a run whose only steady step is the last one is
+  refused (``"no steady step"``).
 * A communicator rank that never repeats is tolerated only if every one of its flows
   starts before the first steady step (e.g. a parameter broadcast on a group used only
   at start-up); its flows get step -1. Otherwise :class:`StepDetectionError` with rule
@@ -70,7 +71,22 @@ Definitions used here (all documented choices):
   "steps disagree" error with the reason the first ``k`` failed, and a cut above that overlaps
   is kept. A single communicator, or
   several whose primitive cut passes the check and does not overlap, keep their primitive
-  periods: nothing but gaps in time would show a longer step.
+  periods, unless the compute rhythm below shows a longer step.
+* **Start-up repeats**: a sequence whose last call comes in the first half of the run's time
+  span (e.g. a start-up barrier issued 4 times) is treated as never repeating (the rule above:
+  allowed inside the warm-up only), so it cannot make 1-us steps.
+* **Compute rhythm** (``compute`` given; :mod:`~phantora_assets.lib.traffic.step_verify`): each
+  host's Computation events, as a sequence of durations, have a period (the same longest-tail
+  rule); its length in time is the compute rhythm (none when a host's periods differ by more
+  than 5 % or hosts disagree). The steady steps must last it (within 10 %). Steps of a whole
+  ``g >= 2`` compute periods (an irregular collective, e.g. a logging all-reduce every 5th
+  iteration, made the period 5 iterations) are re-cut at the compute periods, the phase kept
+  (every communicators' step start is a step start): the extra collective then sits in some
+  steady steps only, and the blocking ``steps_match`` check names them. Steps of ``1/g`` compute
+  period (two equal gradient buckets per step read as two steps) are replaced by the steps of
+  ``g`` times as many calls of the reference sequence when those agree with the rhythm. Any
+  other disagreement, or a re-cut whose steady steps mostly differ, is
+  :class:`StepDetectionError` ``"steps disagree with compute"``.
 """
 
 from __future__ import annotations
@@ -83,8 +99,9 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _overlap
+from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap
 from phantora_assets.lib.traffic.step_cut import _Calls, _cut, _fail, _Periodicity, _primary_periods
+from phantora_assets.lib.traffic.step_verify import agree_with_compute, compute_rhythm
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
 MIN_REPEATS = 3
@@ -171,11 +188,14 @@ def detect_steps(
     warmup_steps: int = 1,
     source: str | Path | None = None,
     min_repeats: int = MIN_REPEATS,
+    compute: pd.DataFrame | None = None,
 ) -> StepResult:
     """Cut a run's flows (``FLOW_COLUMNS``, any row order) into steps.
 
     Args:
         flows: one row per Communication event, loopback included.
+        compute: the run's Computation events (``host``, ``ts_us``, ``dur_us``, one row each), or
+            None: the steps must then agree with their rhythm (module docstring, "Compute rhythm").
         warmup_steps: full leading periods dropped as warm-up, on top of the part before
             the first full period.
         source: file path or run label named in errors.
@@ -189,7 +209,8 @@ def detect_steps(
             (rule ``"steps never repeat"``), communicators that disagree on the number or
             the timing of steps (rule ``"steps disagree"``), every communicator repeating
             its pattern within a step with two incompatible steps ordered in time (rule
-            ``"steps ambiguous"``), or no steady step left (rule ``"no steady step"``).
+            ``"steps ambiguous"``), no steady step left (rule ``"no steady step"``), or steps
+            the compute rhythm contradicts (rule ``"steps disagree with compute"``).
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -269,6 +290,7 @@ def detect_steps(
         seq_call_start=seq_call_start,
         seq_len=seq_len,
         flow_arrays=(ts, dur, sn, dn, nbytes),
+        call_tok=call_tok,
     )
 
     # ---- period of each sequence ---------------------------------------------------
@@ -285,6 +307,11 @@ def detect_steps(
         per.append(pz)
         best.append(p)
 
+    # a sequence that repeats only in the first half of the run is start-up, not the step
+    t_lo, t_hi = float(ts_s.min()), float(ts_s.max())
+    for i in range(n_seq):
+        if best[i] is not None and float(ts_s[cs.seq_end[i] - 1]) < t_lo + 0.5 * (t_hi - t_lo):
+            best[i] = None
     repeating = [i for i in range(n_seq) if best[i] is not None]
     prim = {i: p for i, p in enumerate(best) if p is not None}  # primitive period of each repeating sequence
     if not repeating:
@@ -314,6 +341,9 @@ def detect_steps(
             coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
             if not isinstance(coarse, str):
                 cut = coarse
+    rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
+    coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
+    cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
     period, steps, starts = cut.period, cut.steps, cut.starts
     first_steady, n_complete = cut.first_steady, cut.n_complete
     period_step = np.empty(n_rows, dtype=np.int64)
@@ -340,7 +370,9 @@ def detect_steps(
     if cut.by_time:  # the last step is not steady, so every steady step ends at the next one's start
         timed = steady_steps
     else:
-        timed = steady_steps[:-1] if len(steady_steps) - 1 >= 2 else steady_steps
+        timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
+        if not timed:
+            raise _fail(src, "no steady step", "the only steady step is the last one, which has no next step to end it")
     step_time = float(np.median(steps["duration_us"].to_numpy()[timed]))
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])

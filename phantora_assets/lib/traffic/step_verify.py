@@ -1,0 +1,251 @@
+"""Step detection checked against the trace's compute rhythm (internal to
+:mod:`~phantora_assets.lib.traffic.steps`, whose docstring, "Compute rhythm", states the rule).
+
+Shapes: ``compute`` is one row per Computation event (``host``, ``ts_us``, ``dur_us``; what
+``chrome_trace.read_trace(compute_events=True)`` returns); times in microseconds. No Dagster import.
+
+:func:`compute_rhythm` finds the period of each host's sequence of compute durations (the same
+z-function rule as the communicators' periods) and its length in time; :func:`recut_by_compute`
+re-cuts the run when the communicators' step is a whole multiple of it (an irregular collective,
+e.g. a logging all-reduce every few steps, made the communicators' period several iterations).
+
+Raises :class:`~phantora_assets.lib.errors.StepDetectionError` (rule ``"steps disagree with
+compute"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _fail, _Periodicity, _step_table
+
+#: Hosts whose compute sequence is read (first, middle and last by name): enough to agree on one
+#: rhythm, and bounded work on a trace of thousands of hosts.
+MAX_HOSTS = 3
+#: A host's compute periods must last within this share of their median (else no rhythm).
+PERIOD_REL_TOL = 0.05
+#: Durations within this share of each other (chained) are one token: a kernel's time varies a
+#: little from iteration to iteration (0.2 % in the analytic simulator).
+TOKEN_REL_TOL = 0.01
+#: The communicators' step and the compute rhythm agree within this share.
+AGREE_REL_TOL = 0.10
+
+
+@dataclass(frozen=True)
+class ComputeRhythm:
+    """The compute rhythm of a run.
+
+    Attributes:
+        period_us: median time between the starts of consecutive compute periods, us.
+        starts_us: start (us) of every full compute period of the first host read, ascending,
+            shape (n_periods,).
+        events_per_period: compute events per period on that host.
+        host: that host.
+    """
+
+    period_us: float
+    starts_us: np.ndarray
+    events_per_period: int
+    host: str
+
+
+def compute_rhythm(compute: pd.DataFrame | None, min_repeats: int = 3) -> ComputeRhythm | None:
+    """The rhythm of the run's Computation events, or None when they show none.
+
+    Each host's events, ordered by (ts_us, dur_us), form a sequence of tokens (its duration;
+    durations within ``TOKEN_REL_TOL`` of each other, chained, are one token); its period is the
+    one with the longest periodic tail repeating at least ``min_repeats`` times. None when
+    ``compute`` is None or empty, a host read has no period, its periods' durations differ by
+    more than ``PERIOD_REL_TOL`` from their median, or the hosts' period
+    lengths differ by more than ``PERIOD_REL_TOL``.
+    """
+    if compute is None or len(compute) == 0:
+        return None
+    host = compute["host"].astype(str).to_numpy()
+    names = sorted(set(host.tolist()))
+    picked = sorted({names[0], names[len(names) // 2], names[-1]}, key=names.index)[:MAX_HOSTS]
+    found: list[ComputeRhythm] = []
+    for h in picked:
+        m = host == h
+        ts = compute["ts_us"].to_numpy(dtype=np.float64)[m]
+        dur = compute["dur_us"].to_numpy(dtype=np.float64)[m]
+        o = np.lexsort((dur, ts))
+        ts, dur = ts[o], dur[o]
+        tokens = _duration_tokens(dur)
+        pz = _Periodicity(tokens)
+        p = pz.best_period(min_repeats)
+        if p is None:
+            return None
+        n = pz.full_periods(p)
+        starts = ts[len(ts) - (np.arange(n, dtype=np.int64) + 1) * p][::-1]
+        d = np.diff(starts)
+        if len(d) == 0:
+            return None
+        med = float(np.median(d))
+        if med <= 0 or float(np.abs(d - med).max()) > PERIOD_REL_TOL * med:
+            return None
+        found.append(ComputeRhythm(med, starts, int(p), h))
+    lengths = np.array([r.period_us for r in found])
+    if float(lengths.max() - lengths.min()) > PERIOD_REL_TOL * float(lengths.min()):
+        return None
+    return found[0]
+
+
+def _duration_tokens(dur: np.ndarray) -> np.ndarray:
+    """One token per duration, shape like ``dur``: sorted durations that are within
+    ``TOKEN_REL_TOL`` of the previous one share its token."""
+    u = np.unique(dur)
+    new = np.ones(len(u), dtype=bool)
+    new[1:] = u[1:] > u[:-1] * (1.0 + TOKEN_REL_TOL) + 1e-6
+    return (np.cumsum(new) - 1)[np.searchsorted(u, dur)].astype(np.int64)
+
+
+def multiple_of(step_us: float, rhythm: ComputeRhythm) -> float:
+    """``step_us`` in compute periods (1.0: they agree)."""
+    return step_us / rhythm.period_us
+
+
+def agrees(ratio: float) -> bool:
+    """The communicators' step and the compute rhythm agree (ratio within ``AGREE_REL_TOL`` of 1)."""
+    return abs(ratio - 1.0) <= AGREE_REL_TOL
+
+
+def whole(ratio: float) -> int | None:
+    """``g`` when ``ratio`` is within ``AGREE_REL_TOL`` of a whole ``g >= 2``, else None."""
+    g = int(round(ratio))
+    return g if g >= 2 and abs(ratio - g) <= AGREE_REL_TOL * g else None
+
+
+def recut_by_compute(cs: _Calls, cut: _Cut, rhythm: ComputeRhythm, warmup_steps: int, src: str) -> _Cut:
+    """The steps of the compute rhythm, when the communicators' steps of ``cut`` last a whole
+    number ``g >= 2`` of compute periods.
+
+    Step boundaries are the compute period starts shifted by one phase: the median offset of the
+    steps of ``cut`` (from the latest compute period start at or before each), less half the
+    shortest quiet time before a step's first call, so every step of ``cut`` starts a step here
+    too. Every call goes to the step its start falls in (calls before
+    the first boundary: no step). The first ``warmup_steps`` steps are warm-up; the rest steady.
+    The new steps must hold the same collectives in most steady steps (the irregular ones are
+    then named by the ``steps_match`` check): otherwise the compute rhythm is not the step either.
+
+    Raises:
+        StepDetectionError: ``"steps disagree with compute"``: a step of the compute rhythm holds
+            no call, or the steady steps hold the same calls in fewer than half of them.
+    """
+    c = rhythm.starts_us
+    s = cut.starts[np.isfinite(cut.starts)]
+    j = np.searchsorted(c, s, side="right") - 1
+    ok = j >= 0
+    delta = float(np.median(s[ok] - c[j[ok]])) if ok.any() else 0.0
+    # boundaries half-way into the quiet time before each step's first call, not on it
+    ts_all = np.sort(cs.ts_s)
+    before = np.searchsorted(ts_all, s, side="left") - 1
+    gaps = s[before >= 0] - ts_all[before[before >= 0]]
+    bounds = c + delta - (0.5 * float(gaps.min()) if len(gaps) else 0.0)
+    # the periods before the first full compute period: extend the boundaries backwards
+    first_ts = float(cs.ts_s.min())
+    n_back = int(np.floor((bounds[0] - first_ts) / rhythm.period_us))
+    if n_back > 0:
+        bounds = np.concatenate([bounds[0] - rhythm.period_us * np.arange(n_back, 0, -1), bounds])
+    bounds = bounds[bounds <= float(cs.ts_s.max())]
+    step_sorted = np.searchsorted(bounds, cs.ts_s, side="right") - 1
+    n_steps = len(bounds)
+    held = np.bincount(step_sorted[step_sorted >= 0], minlength=n_steps)
+    why = _why(cut, rhythm)
+    if n_steps - warmup_steps < 2 or (held == 0).any():
+        empty = np.flatnonzero(held == 0)
+        raise _fail(
+            src,
+            "steps disagree with compute",
+            f"{why}, but cut at the compute rhythm, "
+            + (f"steps {', '.join(map(str, empty[:5]))} hold no call" if len(empty) else "fewer than 2 steps remain"),
+        )
+    # every steady step should issue the same calls: compare per-step call signatures
+    call_step = step_sorted[cs.call_rows]
+    code = cs.seq_id[cs.call_rows] * (int(cs.call_tok.max()) + 1) + cs.call_tok
+    sig = pd.DataFrame({"step": call_step, "code": code})
+    sig = sig[sig["step"] >= warmup_steps].sort_values(["step", "code"], kind="mergesort")
+    per_step = sig.groupby("step")["code"].agg(tuple)
+    counts = per_step.value_counts()
+    if int(counts.iloc[0]) * 2 <= len(per_step):
+        raise _fail(
+            src,
+            "steps disagree with compute",
+            f"{why}, but cut at the compute rhythm only {int(counts.iloc[0])} of {len(per_step)} steady steps "
+            "issue the same calls",
+        )
+    first_steady = warmup_steps
+    steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_steps)
+    call_seq = cs.seq_id[cs.call_rows]
+    period = {
+        i: int(np.median(np.bincount(call_step[(call_seq == i) & (call_step >= 0)], minlength=n_steps)))
+        for i in cut.anchors + cut.by_time
+    }
+    return _Cut(
+        period=period,
+        counts={i: n_steps for i in period},
+        anchors=list(period),
+        by_time=[],
+        n_steps=n_steps,
+        first_steady=first_steady,
+        n_complete=n_steps,
+        step_sorted=step_sorted,
+        steps=steps,
+        starts=starts,
+    )
+
+
+def _step_us(cut: _Cut) -> float:
+    """Median time between the starts of the steady steps of ``cut`` (us; 0 with one step)."""
+    s = cut.starts[cut.first_steady :]
+    d = np.diff(s[np.isfinite(s)])
+    return float(np.median(d)) if len(d) else 0.0
+
+
+def _why(cut: _Cut, rhythm: ComputeRhythm) -> str:
+    step = _step_us(cut)
+    return (
+        f"the communicators' steps ({cut.n_steps} of {step:.3f} us) last {multiple_of(step, rhythm):.2f} "
+        f"compute periods of {rhythm.period_us:.3f} us ({rhythm.events_per_period} Computation events on "
+        f"{rhythm.host}, {len(rhythm.starts_us)} periods)"
+    )
+
+
+def agree_with_compute(
+    cs: _Calls,
+    cut: _Cut,
+    rhythm: ComputeRhythm | None,
+    coarsen: Callable[[int], _Cut | str],
+    warmup_steps: int,
+    src: str,
+) -> _Cut:
+    """``cut`` when its steps agree with the compute rhythm (or there is none); the steps of the
+    compute rhythm when the communicators' step is a whole multiple of it
+    (:func:`recut_by_compute`); ``coarsen(g)`` (the communicators' steps of ``g`` times as many
+    calls) when it is a whole fraction ``1/g`` of it and those steps agree.
+
+    Raises:
+        StepDetectionError: ``"steps disagree with compute"``, naming both rhythms.
+    """
+    if rhythm is None:
+        return cut
+    ratio = multiple_of(_step_us(cut), rhythm)
+    if agrees(ratio):
+        return cut
+    g = whole(ratio)
+    if g is not None:
+        return recut_by_compute(cs, cut, rhythm, warmup_steps, src)
+    g = whole(1.0 / ratio) if ratio > 0 else None
+    if g is not None:
+        got = coarsen(g)
+        if not isinstance(got, str) and agrees(multiple_of(_step_us(got), rhythm)):
+            return got
+        reason = got if isinstance(got, str) else _why(got, rhythm)
+        raise _fail(
+            src, "steps disagree with compute", f"{_why(cut, rhythm)}; steps of {g} times as many calls: {reason}"
+        )
+    raise _fail(src, "steps disagree with compute", f"{_why(cut, rhythm)}, not a whole multiple or fraction")
