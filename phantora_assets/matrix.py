@@ -18,6 +18,7 @@ folders, is :func:`phantora_assets.imported_runs.matrix_for`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -38,6 +39,8 @@ MAX_WORLD_SIZE = 65536
 #: grow with racks x spines).
 MAX_NSPINES = 512
 PUBLISHED = ("ok", "out_of_memory", "")
+PROFILED_SOURCES = ("kineto",)  # no workload preset nor simulated GPU; the run_id is the entry's name
+_NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 #: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
 #: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
 #: LoadBalancerType, and the analytic simulator's ECMP modes.
@@ -53,7 +56,7 @@ TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
 #: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
 TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
 MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
-_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path")
+_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path", "name")
 _TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
@@ -86,8 +89,8 @@ class RunSpec:
         source: ``analytic`` | ``docker`` | ``import``.
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
-        path: for ``source = "import"``, the run folder the run is imported from
-            (``traces/<gpu>/<workload>_<layout>/`` of a Phantora dataset); else ``""``.
+        path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.
+        name: the run_id of a profiled run (:data:`PROFILED_SOURCES`; workload and gpu are ``""``).
     """
 
     workload: str
@@ -98,10 +101,11 @@ class RunSpec:
     published: str = ""
     topology: tuple[tuple[str, Any], ...] = field(default=())
     path: str = ""
+    name: str = ""
 
     @property
     def run_id(self) -> str:
-        return f"phantora_{self.gpu}_{self.workload}_{self.layout}"
+        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}"
 
     @property
     def layout(self) -> str:
@@ -113,7 +117,7 @@ class RunSpec:
 
     @property
     def preset(self) -> dict[str, Any]:
-        return presets()["workloads"][self.workload]
+        return presets()["workloads"].get(self.workload, {"framework": "", "model": ""})
 
     @property
     def framework(self) -> str:
@@ -121,7 +125,7 @@ class RunSpec:
 
     @property
     def gpu_spec(self) -> dict[str, Any]:
-        return gpu_specs()[self.gpu]
+        return gpu_specs().get(self.gpu, {})
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -147,7 +151,9 @@ class RunSpec:
 
     @property
     def parallelism(self) -> str:
-        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``."""
+        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``."""
+        if not self.workload:
+            return f"world={self.world_size}"
         if self.ep > 1:
             return f"ep={self.ep}"
         if self.tp > 1:
@@ -158,8 +164,8 @@ class RunSpec:
 
     @property
     def trace_dir(self) -> str:
-        """Run folder relative to the data root: ``traces/<gpu>/<workload>_<layout>``."""
-        return f"traces/{self.gpu}/{self.workload}_{self.layout}"
+        """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
+        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
 
 
 def _is_int(value: object) -> bool:
@@ -182,17 +188,21 @@ def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: objec
 
 def _check_fields(spec: RunSpec, entry: str) -> None:
     """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
-    strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source}
+    strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():
         if not isinstance(value, str):
             raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
     for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not _is_int(count):
             raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
-    wl = presets()["workloads"]
-    if spec.workload not in wl:
+    if spec.source in PROFILED_SOURCES:
+        if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
+            raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
+    elif spec.name:
+        raise RunMatrixError(f"{entry}: name is only allowed with source = {' | '.join(PROFILED_SOURCES)}")
+    elif spec.workload not in (wl := presets()["workloads"]):
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
-    if spec.gpu not in gpu_specs():
+    elif spec.gpu not in gpu_specs():
         raise RunMatrixError(f"{entry}: unknown GPU {spec.gpu!r} (known: {', '.join(sorted(gpu_specs()))})")
     if spec.source not in SOURCES:
         raise RunMatrixError(f"{entry}: unknown source {spec.source!r} (known: {', '.join(SOURCES)})")
@@ -255,7 +265,7 @@ def validate(spec: RunSpec, entry: str) -> None:
     Checks, in this order: the types of every field (no coercion), the known workload, GPU,
     source and published status, nodes and gpus_per_node >= 1, the largest layout
     (:data:`MAX_NODES`, :data:`MAX_WORLD_SIZE`), the workload's parallelism rules, ``path`` with
-    ``source = "import"`` only, then every topology key against ``presets.toml [cluster]``.
+    ``import`` and profiled sources only (``name`` with the latter), then every topology key.
     """
     _check_fields(spec, entry)
     world = spec.world_size
@@ -274,7 +284,7 @@ def validate(spec: RunSpec, entry: str) -> None:
             )
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
-    if spec.path and spec.source != "import":
+    if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
         raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
     _check_topology(spec, entry)
 
@@ -310,6 +320,7 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             published=raw.get("published", ""),
             topology=tuple(sorted(topology.items())),
             path=raw.get("path", ""),
+            name=raw.get("name", ""),
         )
         validate(spec, label)
         if spec.run_id in seen:
