@@ -273,6 +273,18 @@ def record_checks(folder: Path, asset: str, outcomes: list[tuple[str, bool, str,
     _write(folder, data)
 
 
+#: Status of a ``checks.json`` entry that is no check but a statement about the run's inputs.
+NOTE = "note"
+
+
+def record_note(folder: Path, asset: str, name: str, message: str) -> None:
+    """Record ``message`` (e.g. the assumptions a source made) as entry ``name`` with status
+    :data:`NOTE`: shown in ``checks.txt`` as ``[NOTE]``, never counted as a check."""
+    data = read_checks(folder)
+    data[name] = {"status": NOTE, "asset": asset, "message": message}
+    _write(folder, data)
+
+
 #: Prefix of the checks.json entries that record a failed step (``step_failed:<asset>``).
 STEP_FAILED = "step_failed:"
 

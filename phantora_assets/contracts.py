@@ -16,7 +16,8 @@ from phantora_assets.lib.traffic.periodicity import MIN_CYCLES
 from phantora_assets.lib.traffic.window_features import FEATURES
 from phantora_assets.sources import SOURCE_NAMES
 
-_RUN_ID = Check.str_matches(r"^phantora_[a-z0-9_]+_W\d+_\d+x\d+$")
+#: A simulated or imported Phantora run, or a profiled run named by its import (matrix.PROFILED_SOURCES).
+_RUN_ID = Check.str_matches(r"^(phantora_[a-z0-9_]+_W\d+_\d+x\d+|(?!phantora_)[a-z0-9][a-z0-9_]*)$")
 
 PERFDB_COMPUTE = DataFrameSchema(
     {
@@ -41,8 +42,12 @@ PERFDB_MEMCPY = DataFrameSchema(
 #: runs.csv: one row per run. The first 11 columns are the v1 contract, in order.
 RUNS = DataFrameSchema(
     {
-        "run_id": Column(str, _RUN_ID, unique=True, description="phantora_<gpu>_<workload>_<nodes>x<gpus>"),
-        "source": Column(str, description="where timing came from: phantora_v0 (Phantora traces) or phantora_analytic"),
+        "run_id": Column(
+            str, _RUN_ID, unique=True, description="phantora_<gpu>_<workload>_<nodes>x<gpus>, or a profiled run's name"
+        ),
+        "source": Column(
+            str, description="where timing came from: phantora_v0 (Phantora traces), phantora_analytic or kineto"
+        ),
         "layout": Column(str, Check.str_matches(r"^\d+x\d+$"), description="<nodes>x<gpus_per_node>"),
         "n_nodes": Column("int64", Check.ge(1), description="hosts"),
         "step_time_s": Column(float, Check.gt(0), description="median steady step, s"),
@@ -62,7 +67,7 @@ RUNS = DataFrameSchema(
         "alpha": Column(
             float, Check.in_range(0, 1), nullable=True, description="roofline matmul efficiency (roofline timing only)"
         ),
-        "workload": Column(str, Check.str_matches(r"^W\d+$")),
+        "workload": Column(str, Check.str_matches(r"^(W\d+)?$"), description="W1..W5; empty for a profiled run"),
         "framework": Column(str),
         "model": Column(str),
         "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),

@@ -2,7 +2,8 @@
 into the run matrix (no Dagster import).
 
 Imported runs are kept in a registry, ``<data root>/imports.toml`` (``[[run]]`` entries of the
-run-matrix format with ``source = "import"`` and ``path`` = the folder), written by
+run-matrix format with ``source = "import"`` and ``path`` = the folder, or ``source = "kineto"``,
+``path`` = a folder of PyTorch profiler traces and ``name`` = the run_id), written by
 ``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
 (``os.pathsep``-separated) are scanned as well (``lib/phantora/run_folder.discover``), without
 being written anywhere: that is how the Dagster UI gets imported runs without running the CLI.
@@ -35,6 +36,8 @@ from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
 
 IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
 REGISTRY_NAME = "imports.toml"
+#: The sources of registered runs: Phantora run folders, folders of PyTorch profiler traces.
+IMPORT_SOURCES = ("import", "kineto")
 
 
 def registry_path(data_root: str | Path) -> Path:
@@ -47,9 +50,11 @@ def _entry(spec: RunSpec) -> dict[str, Any]:
         "gpu": spec.gpu,
         "nodes": spec.n_nodes,
         "gpus_per_node": spec.gpus_per_node,
-        "source": "import",
+        "source": spec.source,
         "path": spec.path,
     }
+    if spec.name:
+        e["name"] = spec.name
     if spec.topology:
         e["topology"] = dict(spec.topology)
     return e
@@ -70,7 +75,7 @@ def read_registry(data_root: str | Path) -> list[RunSpec]:
         raise RunMatrixError(f"{path}: cannot read the imports registry ({exc})") from exc
     specs = parse_entries(data.get("run", []), str(path))
     for s in specs:
-        if s.source != "import":
+        if s.source not in IMPORT_SOURCES:
             raise RunMatrixError(f"{path}: entry {s.run_id} has source {s.source!r}; the registry holds imports only")
     return specs
 

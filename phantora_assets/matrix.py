@@ -1,14 +1,14 @@
 """The run matrix: which training configurations are simulated, one Dagster partition each.
 
-No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or a file the user names
-through ``PHANTORA_ASSETS_RUN_MATRIX``), validates every entry against ``presets.toml``,
-``gpus.toml`` and the source registry (``sources.REGISTRY``) and returns :class:`RunSpec`
-objects. Invalid entries raise :class:`~phantora_assets.lib.errors.RunMatrixError` naming the
-entry and the rule, before anything is simulated. The rules are strict (README "Runs are
-partitions"): every value has its TOML type (an integer is not a float or a boolean, nothing is
-coerced), counts and bandwidths are in range (> 0, finite), names are among the known ones and a
-layout is at most :data:`MAX_NODES` nodes and :data:`MAX_WORLD_SIZE` GPUs. :func:`validate`
-applies them to any RunSpec (matrix file, imports registry, run folders, sweep points, code).
+No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``),
+validates every entry against ``presets.toml``, ``gpus.toml`` and the source registry
+(``sources.REGISTRY``) and returns :class:`RunSpec` objects. Invalid entries raise
+:class:`~phantora_assets.lib.errors.RunMatrixError` naming the entry and the rule, before anything is
+simulated. The rules are strict (README "Runs are partitions"): every value has its TOML type (an
+integer is not a float or a boolean, nothing is coerced), counts and bandwidths are in range (> 0,
+finite), names are among the known ones and a layout is at most :data:`MAX_NODES` nodes and
+:data:`MAX_WORLD_SIZE` GPUs. :func:`validate` applies them to any RunSpec (matrix file, imports
+registry, run folders, sweep points, code).
 
 :func:`load_run_matrix` parses and validates the matrix file once per process and state of the
 file (path, inode, size, mtime and ctime). The run matrix of a data root, with its imported run
@@ -18,6 +18,7 @@ folders, is :func:`phantora_assets.imported_runs.matrix_for`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -34,10 +35,10 @@ SOURCES = SOURCE_NAMES
 #: Largest layout simulated: hosts, and GPUs in all (README "Runs are partitions" says why).
 MAX_NODES = 4096
 MAX_WORLD_SIZE = 65536
-#: Most spines of a TwoLayerMultiPath network (one ToR uplink port per spine; links and routes
-#: grow with racks x spines).
-MAX_NSPINES = 512
+MAX_NSPINES = 512  #: spines of a TwoLayerMultiPath network (a ToR port each; routes grow with racks x spines)
 PUBLISHED = ("ok", "out_of_memory", "")
+PROFILED_SOURCES = ("kineto",)  # no workload preset nor simulated GPU; the run_id is the entry's name
+_NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 #: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
 #: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
 #: LoadBalancerType, and the analytic simulator's ECMP modes.
@@ -53,13 +54,12 @@ TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
 #: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
 TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
 MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
-_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path")
+_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path", "name")
 _TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
 def _package_toml(name: str) -> dict[str, Any]:
-    with resources.files("phantora_assets").joinpath(name).open("rb") as fh:
-        return tomllib.load(fh)
+    return tomllib.loads(resources.files("phantora_assets").joinpath(name).read_text())
 
 
 @cache
@@ -83,11 +83,11 @@ class RunSpec:
         gpu: key of ``gpus.toml``.
         n_nodes: hosts, >= 1.
         gpus_per_node: GPUs per host, >= 1; rank r lives on host r // gpus_per_node.
-        source: ``analytic`` | ``docker`` | ``import``.
+        source: ``analytic`` | ``docker`` | ``import`` | ``kineto``.
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
-        path: for ``source = "import"``, the run folder the run is imported from
-            (``traces/<gpu>/<workload>_<layout>/`` of a Phantora dataset); else ``""``.
+        path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.
+        name: the run_id of a profiled run (:data:`PROFILED_SOURCES`; workload and gpu are ``""``).
     """
 
     workload: str
@@ -98,10 +98,11 @@ class RunSpec:
     published: str = ""
     topology: tuple[tuple[str, Any], ...] = field(default=())
     path: str = ""
+    name: str = ""
 
     @property
     def run_id(self) -> str:
-        return f"phantora_{self.gpu}_{self.workload}_{self.layout}"
+        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}"
 
     @property
     def layout(self) -> str:
@@ -113,6 +114,8 @@ class RunSpec:
 
     @property
     def preset(self) -> dict[str, Any]:
+        if self.source in PROFILED_SOURCES:  # no preset: a profiled run is what its traces show
+            return {"framework": "", "model": ""}
         return presets()["workloads"][self.workload]
 
     @property
@@ -121,7 +124,7 @@ class RunSpec:
 
     @property
     def gpu_spec(self) -> dict[str, Any]:
-        return gpu_specs()[self.gpu]
+        return {} if self.source in PROFILED_SOURCES else gpu_specs()[self.gpu]
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -147,7 +150,9 @@ class RunSpec:
 
     @property
     def parallelism(self) -> str:
-        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``."""
+        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``."""
+        if not self.workload:
+            return f"world={self.world_size}"
         if self.ep > 1:
             return f"ep={self.ep}"
         if self.tp > 1:
@@ -158,8 +163,8 @@ class RunSpec:
 
     @property
     def trace_dir(self) -> str:
-        """Run folder relative to the data root: ``traces/<gpu>/<workload>_<layout>``."""
-        return f"traces/{self.gpu}/{self.workload}_{self.layout}"
+        """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
+        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
 
 
 def _is_int(value: object) -> bool:
@@ -182,17 +187,21 @@ def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: objec
 
 def _check_fields(spec: RunSpec, entry: str) -> None:
     """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
-    strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source}
+    strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():
         if not isinstance(value, str):
             raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
     for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not _is_int(count):
             raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
-    wl = presets()["workloads"]
-    if spec.workload not in wl:
+    if spec.source in PROFILED_SOURCES:
+        if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
+            raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
+    elif spec.name:
+        raise RunMatrixError(f"{entry}: name is only allowed with source = {' | '.join(PROFILED_SOURCES)}")
+    elif spec.workload not in (wl := presets()["workloads"]):
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
-    if spec.gpu not in gpu_specs():
+    elif spec.gpu not in gpu_specs():
         raise RunMatrixError(f"{entry}: unknown GPU {spec.gpu!r} (known: {', '.join(sorted(gpu_specs()))})")
     if spec.source not in SOURCES:
         raise RunMatrixError(f"{entry}: unknown source {spec.source!r} (known: {', '.join(SOURCES)})")
@@ -255,7 +264,7 @@ def validate(spec: RunSpec, entry: str) -> None:
     Checks, in this order: the types of every field (no coercion), the known workload, GPU,
     source and published status, nodes and gpus_per_node >= 1, the largest layout
     (:data:`MAX_NODES`, :data:`MAX_WORLD_SIZE`), the workload's parallelism rules, ``path`` with
-    ``source = "import"`` only, then every topology key against ``presets.toml [cluster]``.
+    ``import`` and profiled sources only (``name`` with the latter), then every topology key.
     """
     _check_fields(spec, entry)
     world = spec.world_size
@@ -274,7 +283,7 @@ def validate(spec: RunSpec, entry: str) -> None:
             )
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
-    if spec.path and spec.source != "import":
+    if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
         raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
     _check_topology(spec, entry)
 
@@ -310,6 +319,7 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             published=raw.get("published", ""),
             topology=tuple(sorted(topology.items())),
             path=raw.get("path", ""),
+            name=raw.get("name", ""),
         )
         validate(spec, label)
         if spec.run_id in seen:

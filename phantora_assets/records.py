@@ -9,6 +9,7 @@ it (a missing or malformed file raises :class:`RecordError` naming the file).
     partitions/<run_id>/run_spec.json             RunSpecRecord     raw_timeline (every run)
     partitions/<run_id>/simulation.json           SimulationRecord  raw_timeline (analytic only)
     <run folder>/import.json                      ImportRecord      raw_timeline (import only)
+    partitions/<run_id>/kineto.json               KinetoRecord      raw_timeline (kineto only)
     partitions/<run_id>/trace_summary.json        TraceSummary      validated_flows
     partitions/<run_id>/cross_check.json          CrossCheckRecord  validated_flows
 
@@ -100,6 +101,35 @@ class ImportRecord(msgspec.Struct, kw_only=True):
     source: str
     trace: str | None
     copied: dict[str, int] = {}
+
+
+class KinetoRecord(msgspec.Struct, kw_only=True):
+    """``kineto.json``: what ``raw_timeline`` read from a folder of PyTorch profiler traces.
+
+    Attributes:
+        files: rank -> trace file name. world_size / ranks_present: of the job and of the folder.
+        device: the GPU the profiler saw (``deviceProperties``); device_gib its memory, GiB.
+        step_starts_us / step_last_end_us: the ``ProfilerStep#N`` steps on the timeline (us since
+            its start; empty: no markers, steps by the communicator rule); step_numbers their N.
+        timed_by_kernel / timed_by_cpu: collectives timed by their NCCL kernel / by the CPU op.
+        notes: the assumptions made, in plain words (also written to ``checks.txt``).
+    """
+
+    run_id: str
+    files: dict[str, str]
+    world_size: int
+    ranks_present: list[int]
+    backend: str
+    device: str
+    device_gib: float
+    step_numbers: list[int] = []
+    step_starts_us: list[float] = []
+    step_last_end_us: float = 0.0
+    n_collectives: int = 0
+    timed_by_kernel: int = 0
+    timed_by_cpu: int = 0
+    skipped: dict[str, int] = {}
+    notes: list[str] = []
 
 
 class TraceSummary(msgspec.Struct, kw_only=True):

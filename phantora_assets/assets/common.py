@@ -30,7 +30,8 @@ class Partitions:
 
     @classmethod
     def of(cls, specs: Sequence[RunSpec]) -> Partitions:
-        mapping = {gpu: {s.run_id for s in specs if s.gpu == gpu} for gpu in sorted({s.gpu for s in specs})}
+        gpus = sorted({s.gpu for s in specs} & set(gpu_specs()))  # a profiled run has no perf DB: gpu ""
+        mapping = {gpu: {s.run_id for s in specs if s.gpu == gpu} for gpu in gpus}
         return cls(
             tuple(specs),
             dg.StaticPartitionsDefinition([s.run_id for s in specs]),

@@ -1,7 +1,7 @@
 """``phantora-assets``: build the dataset (Dagster runs of the code location), import run folders, list runs.
 
     phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
-    phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build]
+    phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build] [--gpus-per-node N] [--run-id ID]
     phantora-assets runs   [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
     phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
@@ -13,8 +13,10 @@ and the dataset plots, as Dagster runs on a persistent instance (``$DAGSTER_HOME
 the project's run launcher, at most ``--jobs N`` at once (``cli/build.py``). Runs that do not
 fit in GPU memory are reported as such; any other failure makes the exit code 1.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
-in ``DIR/imports.toml`` and builds those runs, then the dataset. The run matrix of a data root
-is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).
+in ``DIR/imports.toml`` and builds those runs, then the dataset; a FOLDER of PyTorch profiler
+traces (one per rank) is one run (``sources/kineto.py``: rank r on host r // N + 1, partition ID,
+else ``<folder>_<nodes>x<N>``), declined with the file and the reason when it cannot give flows.
+The run matrix of a data root is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).
 ``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
 statement prints DuckDB's message and exits 2.
 """
@@ -70,12 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     w.add_argument("--quiet", action="store_true", help="print only the summary line")
     w.set_defaults(func=cmd_sweep)
-    i = sub.add_parser("import", help="register run folders of a Phantora dataset and build them")
+    i = sub.add_parser("import", help="register run folders of a Phantora dataset (or profiler traces) and build them")
     i.add_argument(
-        "folders", nargs="+", metavar="FOLDER", help="a dataset root, its traces/ folder, a GPU folder or a run folder"
+        "folders",
+        nargs="+",
+        metavar="FOLDER",
+        help="a dataset root, its traces/ folder, a GPU folder, a run folder, or a folder of PyTorch profiler traces",
     )
     i.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
     i.add_argument("--no-build", action="store_true", help="only register the folders in DIR/imports.toml")
+    i.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="profiler traces: rank r on host r // N + 1 (default 1)",
+    )
+    i.add_argument(
+        "--run-id", default=None, metavar="ID", help="profiler traces: the partition (default <folder>_<layout>)"
+    )
     i.add_argument("--quiet", action="store_true", help="print only the summary")
     i.set_defaults(func=cmd_import)
     r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")

@@ -198,7 +198,7 @@ def _build_in(
 
         gc.freeze()  # the forked workers share the parent's objects: their collections skip them
         try:
-            runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs})])
+            runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs if s.gpu})])
             done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
             dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
         except (BuildAborted, KeyboardInterrupt) as e:

@@ -18,12 +18,25 @@ if TYPE_CHECKING:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from phantora_assets.imported_runs import matrix_for, register
+    from phantora_assets.lib.errors import FileRuleError
     from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
+    from phantora_assets.sources import kineto
 
     data_dir = Path(args.data_dir)
     found: list[RunFolder] = []
     skipped: list[Skipped] = []
-    for folder in args.folders:
+    profiled = [f for f in args.folders if kineto.is_trace_folder(f)]
+    if args.run_id and len(profiled) != 1:
+        print("import: --run-id names one folder of PyTorch profiler traces", file=sys.stderr)
+        return 2
+    for folder in profiled:
+        try:
+            spec = kineto.spec_for(folder, args.gpus_per_node, args.run_id)
+        except FileRuleError as exc:
+            print(f"import: declined {exc}", file=sys.stderr)
+            return 2
+        found.append(RunFolder(Path(spec.path), spec, None))
+    for folder in [f for f in args.folders if f not in profiled]:
         try:
             got, missed = discover(folder)
         except FileNotFoundError as exc:
@@ -84,9 +97,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
     paths = DataPaths(Path(args.data_dir))
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
     for spec in matrix_for(paths.root):
-        mem = estimate_memory(WorkloadModel(spec)).as_dict()
         checks = read_checks(paths.run_folder(spec))
         built = check_status(checks) if checks else "-"
+        if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
+            print(f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} {'profiled':>11s} {'yes':5s} {built}")
+            continue
+        mem = estimate_memory(WorkloadModel(spec)).as_dict()
         fits = "yes" if mem["fits"] else "NO"
         print(
             f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "

@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "analytic": "phantora_assets.sources.analytic",  # the embedded analytic simulator (default)
     "docker": "phantora_assets.sources.phantora_docker",  # Phantora in Docker
     "import": "phantora_assets.sources.phantora_import",  # run folders of a Phantora dataset
+    "kineto": "phantora_assets.sources.kineto",  # a folder of PyTorch profiler traces, one per rank
 }
 
 #: The accepted ``source`` names, in registry order.

@@ -64,11 +64,17 @@ class Source(Protocol):
             and of the ``simulator`` column of ``runs.csv`` (``tests/test_sources.py`` checks it).
         DESCRIPTION: one line for the docs.
         DATASET_SOURCE: the ``source`` column of ``runs.csv`` (where the timing came from:
-            ``phantora_v0`` for Phantora's own traces, ``phantora_analytic`` for the roofline).
+            ``phantora_v0`` for Phantora's own traces, ``phantora_analytic`` for the roofline,
+            ``kineto`` for PyTorch profiler traces of a real job).
         ROOFLINE_TIMING: True if the source times kernels with a roofline model and writes
             ``simulation.json`` (``records.SimulationRecord``): ``runs.csv`` then carries
             ``flops_per_step``, ``mfu``, ``peak_flops`` and ``alpha``; False leaves them null and
             reads the peak memory from ``run_log.json``.
+
+    Optional, for sources of profiled runs (``matrix.PROFILED_SOURCES``: no workload preset):
+    ``run_fields(spec, paths) -> dict`` (the descriptive ``runs.csv`` columns: workload, framework,
+    model, parallelism, gpu) and ``profiler_steps(paths, spec) -> (starts_us, last_end_us) | None``
+    (step markers of the trace; ``validated_flows`` then cuts steps at them, ``lib/kineto/step_spans.py``).
     """
 
     NAME: str

@@ -70,7 +70,8 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
 
     Reads ``trace_summary.json`` (validated_flows) and, from raw_timeline, ``simulation.json``
     (sources with ``ROOFLINE_TIMING``: FLOPs, memory, compute) or ``run_log.json`` (Phantora
-    runs: peak memory). The ``source`` column is the run's source's ``DATASET_SOURCE``.
+    runs: peak memory). The ``source`` column is the run's source's ``DATASET_SOURCE``; a source
+    with ``run_fields(spec, paths)`` (``kineto``) gives the descriptive columns (workload, gpu, ...).
 
     Raises:
         RecordError: a sidecar record this run needs is missing or malformed (names the file).
@@ -118,6 +119,9 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "bin_s": BIN_S,
         "seed": binning.seed_from_run_id(spec.run_id),
     }
+    describe = getattr(src, "run_fields", None)  # a source whose runs have no workload preset describes them
+    if describe is not None:
+        row.update(describe(spec, paths))
     df = runs_frame([row])
     outcome = contract_outcome("runs_contract", contracts.RUNS, df)
     out = paths.table(spec.run_id, "run_summary")

@@ -15,6 +15,7 @@ import pandas as pd
 
 from phantora_assets.checks import TRACE_CHECKS, reset_checks
 from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
@@ -28,6 +29,7 @@ from phantora_assets.records import (
     read_record_or_none,
     write_record,
 )
+from phantora_assets.sources import get_source
 from phantora_assets.stages.common import (
     BIN_S,
     CONTROL_BYTES_PER_S,
@@ -77,7 +79,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         outcomes.append(_not_cross_checked(why))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
-    result = steps.detect_steps(flows, source=str(src), compute=parsed.compute_events)
+    result = _detect_steps(spec, paths, flows, src, parsed.compute_events)
     run_log = read_record_or_none(paths.partition_dir(spec.run_id) / "run_log.json", RunLogRecord)
     logged = trace_checks.steps_match_run_log(
         result, run_log.iteration_s if run_log else [], run_log.precise if run_log else False
@@ -123,6 +125,19 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     return StageResult(pdir / "flows.parquet", meta, outcomes)
 
 
+def _detect_steps(
+    spec: RunSpec, paths: DataPaths, flows: pd.DataFrame, src: Path, compute: pd.DataFrame
+) -> steps.StepResult:
+    """Steps from the run's step markers when its source has them (``profiler_steps``: a Kineto
+    run's ``ProfilerStep#N`` spans, ``lib/kineto/step_spans.py``), else the communicator rule
+    checked against the compute rhythm of ``compute`` (``lib/traffic/steps.py``)."""
+    marks = getattr(get_source(spec.source), "profiler_steps", None)
+    spans = marks(paths, spec) if marks is not None else None
+    if spans is None:
+        return steps.detect_steps(flows, source=str(src), compute=compute)
+    return steps_from_spans(flows, spans[0], spans[1], source=str(src))
+
+
 def _refuse_flows_longer_than_the_window(flows, src: Path) -> None:
     """A flow cannot outlast the 180 s window it would be binned into (a ``dur`` of 1e11 us passed
     every check, then the build spread it over millions of bins for minutes).
@@ -150,6 +165,9 @@ def _not_cross_checked(why: str) -> Outcome:
 def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResult) -> Outcome:
     """Advisory ``matches_workload_model`` (lib/traffic/cross_check.py); writes cross_check.json."""
     name = "matches_workload_model"
+    if not spec.workload:
+        why = f"not applicable: a profiled run (source {spec.source}) has no workload model to compare with"
+        return Outcome(name, True, why, severity="warn")
     try:
         cc = cross_check(spec, result.flows, list(result.steady_steps))
     except Exception as exc:  # the check is advisory: report, never fail the asset

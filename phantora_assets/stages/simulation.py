@@ -97,7 +97,9 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
 
 
 #: What ``raw_timeline`` itself writes in ``partitions/<run_id>/`` (every source rewrites these).
-RAW_TIMELINE_FILES = frozenset({"raw_timeline.parquet", "simulation.json", "run_log.json", "run_spec.json"})
+RAW_TIMELINE_FILES = frozenset(
+    {"raw_timeline.parquet", "simulation.json", "run_log.json", "run_spec.json", "kineto.json"}
+)
 
 
 def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord | None) -> None:
@@ -166,7 +168,7 @@ def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
     if rec is None or rec["status"] not in ("passed", "failed"):
         return None
     peak: float | None
-    card = float(spec.gpu_spec["memory_gb"])
+    card = float(spec.gpu_spec.get("memory_gb", "nan"))  # nan: a profiled run simulates no card
     if spec.source == "analytic":
         from phantora_assets.lib.sim.memory import estimate_memory
         from phantora_assets.lib.sim.workloads import workload_model
@@ -187,7 +189,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(folder.glob("*.csv")) + sorted(folder.glob("manifest.md"))
-        if f.is_file()
+        if f.is_file() and spec.gpu  # a profiled run (gpu "") replays no perf DB
     }
     inputs: dict[str, Any] = {
         "entry": {
@@ -198,6 +200,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "source": spec.source,
             "path": spec.path,
             "topology": dict(spec.topology),
+            **({"name": spec.name} if spec.name else {}),
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,

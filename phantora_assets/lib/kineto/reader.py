@@ -1,0 +1,305 @@
+"""Read one PyTorch profiler (Kineto) trace per rank: its placement, collectives, kernels and steps.
+
+A Kineto trace is one JSON object (``.json`` or ``.json.gz``): ``distributedInfo`` {``backend``,
+``rank``, ``world_size``, ``pg_config``}, ``deviceProperties`` [{``name``, ``totalGlobalMem``}] and
+``traceEvents`` (complete events ``"ph": "X"``, ``ts`` / ``dur`` in microseconds of the host
+clock). The file is decoded in batches of events (``stream.py``: bounded memory, at most
+``stream.MAX_INFLATED_BYTES`` of text); of each batch only this is kept:
+
+* collectives: the ``record_param_comms`` CPU ops with their args ``Collective name``, ``In msg
+  nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Ranks`` (or ``Global
+  rank start`` / ``Global rank stride``), ``In split size`` / ``Out split size``;
+* their timing: the NCCL kernel (``ncclKernel_*`` / ``ncclDevKernel_*``, RCCL's too) launched inside
+  the op, found through the CUDA runtime call on the op's thread whose ``correlation`` is the
+  kernel's; an op without such a kernel keeps its CPU span (:attr:`Collective.timed_by` says which).
+  A kernel carrying the size args itself gives them when its CPU op lacks them, and stands for the
+  collectives when no CPU op carries sizes at all (a trace of GPU activity only);
+* computation: every other GPU kernel (``cat: kernel``);
+* steps: the ``ProfilerStep#N`` CPU spans.
+
+Traces that cannot give flows are declined with a :class:`KinetoDeclined` naming the file and the
+reason (:data:`DECLINE_RULES`). Errors: :class:`~phantora_assets.lib.errors.TraceFormatError`
+(``invalid trace``, ``trace too large``). No Dagster import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.kineto.stream import Args, Device, Event, Meta, decode
+
+#: The reasons a trace is declined (rule names of :class:`KinetoDeclined`).
+DECLINE_RULES = ("no distributedInfo", "world size 1", "no message sizes")
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_NOT_DATA = ("wait", "barrier", "init", "coalesced")  # recorded, but move no data of their own
+
+
+class KinetoDeclined(TraceFormatError):
+    """A readable Kineto trace that cannot give network flows (rule: one of :data:`DECLINE_RULES`)."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One ``record_param_comms`` op of a rank.
+
+    Attributes:
+        name: the ``Collective name`` as recorded (``allreduce``, ``_allgather_base``, ...).
+        in_nelems, out_nelems: ``In msg nelems`` / ``Out msg nelems`` (elements).
+        dtype: the recorded ``dtype`` (PyTorch's ScalarType name: ``Float``, ``BFloat16``, ...).
+        group: the global ranks of its process group, in group-rank order.
+        pg: the group's key (``Process Group Name`` / ``ID`` and the ranks).
+        in_split, out_split: ``In split size`` / ``Out split size`` (rows of dim 0; () if none).
+        ts_us, dur_us: start and duration, host-clock microseconds (the kernel's, or the op's).
+        timed_by: ``kernel`` (the matched NCCL kernel) or ``cpu op`` (no kernel found).
+        stream: the kernel's CUDA stream (0 when timed by the CPU op).
+        cpu_ts_us: the CPU op's start (the step it was issued in).
+    """
+
+    name: str
+    in_nelems: int
+    out_nelems: int
+    dtype: str
+    group: tuple[int, ...]
+    pg: str
+    in_split: tuple[int, ...]
+    out_split: tuple[int, ...]
+    ts_us: float
+    dur_us: float
+    timed_by: str
+    stream: int
+    cpu_ts_us: float
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """What one rank's trace gives (:func:`read_rank_trace`).
+
+    Attributes:
+        path: the file. rank, world_size, backend: from ``distributedInfo``.
+        device: the first ``deviceProperties`` name ("" when none); device_bytes its memory.
+        collectives: in CPU issue order. kernels: ``(name, ts_us, dur_us, stream)`` of the
+        non-NCCL GPU kernels. steps: ``(N, ts_us, dur_us)`` of the ``ProfilerStep#N`` spans, by ts.
+        pid: the OS pid of the rank's process (its first CPU op; 0 when none).
+        skipped: ``Collective name`` -> ops recorded but not collectives of data (``wait``, ...).
+    """
+
+    path: Path
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    device_bytes: int
+    collectives: list[Collective]
+    kernels: list[tuple[str, float, float, int]]
+    steps: list[tuple[int, float, float]]
+    pid: int
+    skipped: dict[str, int]
+
+
+def _int(v: Any, path: Path, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TraceFormatError(path, "invalid trace", f"{what} is not an integer: {v!r}")
+    try:
+        out = int(v)
+    except ValueError:
+        raise TraceFormatError(path, "invalid trace", f"{what} is not an integer: {v!r}") from None
+    if out != float(v) or out < 0:
+        raise TraceFormatError(path, "invalid trace", f"{what} is not a count: {v!r}")
+    return out
+
+
+def _int_list(v: Any, path: Path, what: str) -> tuple[int, ...]:
+    """A list recorded as a list or as its text (``"[0, 1]"``); () for None or ``"[]"``."""
+    if v is None or v == "":
+        return ()
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise TraceFormatError(path, "invalid trace", f"{what} is not a list: {v!r}") from None
+    if not isinstance(v, list):
+        raise TraceFormatError(path, "invalid trace", f"{what} is not a list: {v!r}")
+    return tuple(_int(x, path, what) for x in v)
+
+
+def _group(a: Args, path: Path, rank: int, what: str) -> tuple[tuple[int, ...], str]:
+    """The op's group ranks (``Process Group Ranks``, else start/stride/size) and its key."""
+    size = _int(a.group_size, path, f"{what} Group size") if a.group_size is not None else None
+    ranks = _int_list(a.pg_ranks, path, f"{what} Process Group Ranks")
+    if not ranks and size is not None and a.rank_start is not None:
+        start = _int(a.rank_start, path, f"{what} Global rank start")
+        stride = _int(a.rank_stride if a.rank_stride is not None else 1, path, f"{what} Global rank stride")
+        ranks = tuple(start + i * stride for i in range(size))
+    if not ranks:
+        raise TraceFormatError(
+            path, "invalid trace", f"{what}: no Process Group Ranks nor Global rank start / Group size"
+        )
+    if size is not None and size != len(ranks):
+        raise TraceFormatError(path, "invalid trace", f"{what}: Group size {size} but {len(ranks)} Process Group Ranks")
+    if size != 1 and rank not in ranks:
+        raise TraceFormatError(path, "invalid trace", f"{what}: rank {rank} is not in its group {list(ranks)}")
+    name = a.pg_name if a.pg_name is not None else a.pg_id
+    return ranks, f"{name if name is not None else ''}:{','.join(map(str, ranks))}"
+
+
+def _placement(t: Meta, path: Path) -> tuple[int, int, str]:
+    info = t.distributedInfo
+    if not info or "rank" not in info or "world_size" not in info:
+        raise KinetoDeclined(
+            path,
+            "no distributedInfo",
+            "the trace does not say its rank and world size, so its ranks cannot be placed on hosts; "
+            "Kineto writes distributedInfo when torch.distributed is initialized before the profiler "
+            "starts: profile again that way (this import takes no --world-size or --rank)",
+        )
+    rank, world = _int(info["rank"], path, "distributedInfo.rank"), _int(info["world_size"], path, "world_size")
+    if world <= 1:
+        raise KinetoDeclined(
+            path, "world size 1", f"distributedInfo.world_size = {world}: a single-GPU job has no network traffic"
+        )
+    if rank >= world:
+        raise TraceFormatError(path, "invalid trace", f"distributedInfo.rank {rank} >= world_size {world}")
+    return rank, world, str(info.get("backend", ""))
+
+
+class _Kept:
+    """What :func:`read_rank_trace` keeps of the events, batch by batch (``stream.decode``)."""
+
+    def __init__(self) -> None:
+        self.nccl: dict[Any, Event] = {}  # NCCL kernels by correlation id
+        self.sized: list[Event] = []  # NCCL kernels that carry the size args themselves
+        self.launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}  # CUDA runtime calls per thread
+        self.ops: list[Event] = []  # record_param_comms
+        self.kernels: list[tuple[str, float, float, int]] = []
+        self.steps: dict[int, tuple[int, float, float]] = {}
+        self.unsized: Counter[str] = Counter()
+        self.pid = 0
+        self._names: dict[str, str] = {}
+
+    def add(self, events: list[Event]) -> None:
+        for e in events:
+            if e.ph != "X":
+                continue
+            name, args = str(e.name), e.args
+            if e.cat == "kernel":
+                if "nccl" in name.lower() or "rccl" in name.lower():
+                    if args is not None and args.correlation is not None:
+                        self.nccl[args.correlation] = e
+                    if args is not None and args.collective is not None and args.in_nelems is not None:
+                        self.sized.append(e)
+                else:
+                    stream = args.stream if args is not None and isinstance(args.stream, int) else 0
+                    self.kernels.append((self._names.setdefault(name, name), float(e.ts), float(e.dur), stream))
+            elif e.cat == "cuda_runtime":
+                if args is not None and args.correlation is not None:
+                    self.launches.setdefault((e.pid, e.tid), []).append((float(e.ts), args.correlation))
+            elif name == "record_param_comms":
+                self.ops.append(e)
+            elif (m := _STEP.match(name)) and e.cat in ("user_annotation", "cpu_op"):
+                self.steps.setdefault(int(m.group(1)), (int(m.group(1)), float(e.ts), float(e.dur)))
+            elif name.startswith(("gloo:", "nccl:")):
+                self.unsized[name] += 1
+            if e.cat == "cpu_op" and not self.pid and isinstance(e.pid, int):
+                self.pid = e.pid
+
+
+def read_rank_trace(path: str | Path) -> RankTrace:
+    """Read one rank's Kineto trace (module docstring: what is kept), streamed (``stream.decode``).
+
+    Raises:
+        KinetoDeclined: rule ``no distributedInfo``, ``world size 1`` or ``no message sizes`` (no
+            ``record_param_comms`` op nor NCCL kernel carries ``Collective name`` and ``In msg
+            nelems``: an older PyTorch, or a backend that records none, e.g. Gloo's
+            ``gloo:all_reduce`` annotations).
+        TraceFormatError: ``invalid trace`` (not JSON, a field of the wrong type), ``trace too large``.
+    """
+    path = Path(path)
+    meta, kept = decode(path, _Kept, _Kept.add)
+    rank, world, backend = _placement(meta, path)
+    launches = {k: sorted(v, key=lambda c: c[0]) for k, v in kept.launches.items()}
+    colls: list[Collective] = []
+    skipped: Counter[str] = Counter()
+    unsized = kept.unsized
+    for e in kept.ops:
+        a = e.args or Args()
+        k = _kernel_of(e, launches, kept.nccl)
+        if (a.collective is None or a.in_nelems is None) and k is not None and k.args is not None:
+            a = k.args if k.args.collective is not None else a
+        if a.collective is None or a.in_nelems is None:
+            unsized["record_param_comms"] += 1
+        elif str(a.collective) in _NOT_DATA:
+            skipped[str(a.collective)] += 1
+        else:
+            colls.append(_collective(a, e, k, path, rank))
+    if not colls and kept.sized:  # no sized CPU op (e.g. not recorded): the kernels' own args
+        for k in kept.sized:
+            if str(k.args.collective) in _NOT_DATA:  # type: ignore[union-attr]
+                skipped[str(k.args.collective)] += 1  # type: ignore[union-attr]
+            else:
+                colls.append(_collective(k.args, k, k, path, rank))  # type: ignore[arg-type]
+        colls.sort(key=lambda c: c.cpu_ts_us)
+    if not colls and not skipped:
+        seen = ", ".join(f"{n} x{c}" for n, c in sorted(unsized.items())) or "no collective at all"
+        raise KinetoDeclined(
+            path,
+            "no message sizes",
+            f"no record_param_comms op carries Collective name and In msg nelems ({seen}): traces of an "
+            "older PyTorch, or of a backend that records no sizes, cannot give bytes",
+        )
+    dev = meta.deviceProperties[0] if meta.deviceProperties else Device()
+    return RankTrace(
+        path=path,
+        rank=rank,
+        world_size=world,
+        backend=backend,
+        device=str(dev.name),
+        device_bytes=int(dev.totalGlobalMem or 0),
+        collectives=colls,
+        kernels=kept.kernels,
+        steps=[kept.steps[n] for n in sorted(kept.steps, key=lambda n: kept.steps[n][1])],
+        pid=kept.pid,
+        skipped=dict(skipped),
+    )
+
+
+def _collective(a: Args, op: Event, k: Event | None, path: Path, rank: int) -> Collective:
+    """The collective of CPU op ``op`` (or a kernel standing for it) with args ``a``, timed by kernel ``k``."""
+    name = str(a.collective)
+    what = f"{op.name} {name} at ts {op.ts}"
+    group, pg = _group(a, path, rank, what)
+    return Collective(
+        name=name,
+        in_nelems=_int(a.in_nelems, path, f"{what} In msg nelems"),
+        out_nelems=_int(a.in_nelems if a.out_nelems is None else a.out_nelems, path, f"{what} Out msg nelems"),
+        dtype=str(a.dtype),
+        group=group,
+        pg=pg,
+        in_split=_int_list(a.in_split, path, f"{what} In split size"),
+        out_split=_int_list(a.out_split, path, f"{what} Out split size"),
+        ts_us=float(k.ts if k is not None else op.ts),
+        dur_us=float(k.dur if k is not None else op.dur),
+        timed_by="kernel" if k is not None else "cpu op",
+        stream=int(k.args.stream) if k is not None and k.args and isinstance(k.args.stream, int) else 0,
+        cpu_ts_us=float(op.ts),
+    )
+
+
+def _kernel_of(op: Event, launches: dict[tuple[Any, Any], list[tuple[float, Any]]], by_corr: dict[Any, Event]):
+    """The NCCL kernel launched inside ``op`` on its thread (the first one), or None."""
+    calls = launches.get((op.pid, op.tid))
+    if not calls:
+        return None
+    end = float(op.ts) + float(op.dur)
+    for i in range(bisect_left(calls, float(op.ts), key=lambda c: c[0]), len(calls)):
+        if calls[i][0] > end:
+            break
+        if calls[i][1] in by_corr:
+            return by_corr[calls[i][1]]
+    return None
