@@ -3,7 +3,8 @@ into the run matrix (no Dagster import).
 
 Imported runs are kept in a registry, ``<data root>/imports.toml`` (``[[run]]`` entries of the
 run-matrix format with ``source = "import"`` and ``path`` = the folder, or ``source = "kineto"``,
-``path`` = a folder of PyTorch profiler traces and ``name`` = the run_id), written by
+``path`` = a folder of PyTorch profiler traces and ``name`` = the run_id, or ``source =
+"chakra"`` for a folder of Chakra ETs), written by
 ``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
 (``os.pathsep``-separated) are scanned as well (``lib/phantora/run_folder.discover``), without
 being written anywhere: that is how the Dagster UI gets imported runs without running the CLI.
@@ -37,7 +38,7 @@ from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
 IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
 REGISTRY_NAME = "imports.toml"
 #: The sources of registered runs: Phantora run folders, folders of PyTorch profiler traces.
-IMPORT_SOURCES = ("import", "kineto")
+IMPORT_SOURCES = ("import", "kineto", "chakra")
 
 
 def registry_path(data_root: str | Path) -> Path:

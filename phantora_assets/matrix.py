@@ -37,7 +37,7 @@ MAX_NODES = 4096
 MAX_WORLD_SIZE = 65536
 MAX_NSPINES = 512  #: spines of a TwoLayerMultiPath network (a ToR port each; routes grow with racks x spines)
 PUBLISHED = ("ok", "out_of_memory", "")
-PROFILED_SOURCES = ("kineto",)  # no workload preset nor simulated GPU; the run_id is the entry's name
+PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU; the run_id is the entry's name
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 #: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
 #: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
@@ -83,7 +83,7 @@ class RunSpec:
         gpu: key of ``gpus.toml``.
         n_nodes: hosts, >= 1.
         gpus_per_node: GPUs per host, >= 1; rank r lives on host r // gpus_per_node.
-        source: ``analytic`` | ``docker`` | ``import`` | ``kineto``.
+        source: ``analytic`` | ``docker`` | ``import`` | ``kineto`` | ``chakra``.
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
         path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.

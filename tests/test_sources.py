@@ -15,7 +15,7 @@ def test_registered_module_implements_the_source_interface(name):
     src = get_source(name)
     assert src.NAME == name
     assert isinstance(src.DESCRIPTION, str) and src.DESCRIPTION
-    assert src.DATASET_SOURCE in ("phantora_v0", "phantora_analytic", "kineto")
+    assert src.DATASET_SOURCE in ("phantora_v0", "phantora_analytic", "kineto", "chakra")
     assert isinstance(src.ROOFLINE_TIMING, bool)
     for fn in ("raw_timeline", "chrome_trace"):
         params = list(inspect.signature(getattr(src, fn)).parameters)

@@ -3,6 +3,7 @@
     phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build] [--gpus-per-node N] [--run-id ID]
     phantora-assets runs   [--data-dir DIR]
+    phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
     phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
                            [--gpu h100] [--out sweep.csv]
@@ -17,6 +18,9 @@ in ``DIR/imports.toml`` and builds those runs, then the dataset; a FOLDER of PyT
 traces (one per rank) is one run (``sources/kineto.py``: rank r on host r // N + 1, partition ID,
 else ``<folder>_<nodes>x<N>``), declined with the file and the reason when it cannot give flows.
 The run matrix of a data root is ``runs.toml`` merged with its imports (``imported_runs.matrix_for``).
+``chakra`` writes a built run's steady steps as Chakra execution traces, one per rank, and the
+comm groups ASTRA-sim reads (``cli/chakra.py``); ``import`` also takes a folder of such ETs
+(``sources/chakra.py``).
 ``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
 statement prints DuckDB's message and exits 2.
 """
@@ -28,10 +32,21 @@ import os
 import sys
 
 from phantora_assets.cli.build import cmd_build
+from phantora_assets.cli.chakra import cmd_chakra
 from phantora_assets.cli.commands import cmd_import, cmd_query, cmd_runs, cmd_sweep, format_rows
 from phantora_assets.paths import DATA_DIR_ENV
 
-__all__ = ["build_parser", "cmd_build", "cmd_import", "cmd_query", "cmd_runs", "cmd_sweep", "format_rows", "main"]
+__all__ = [
+    "build_parser",
+    "cmd_build",
+    "cmd_chakra",
+    "cmd_import",
+    "cmd_query",
+    "cmd_runs",
+    "cmd_sweep",
+    "format_rows",
+    "main",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")
     r.add_argument("--data-dir", default=default_dir)
     r.set_defaults(func=cmd_runs)
+    c = sub.add_parser("chakra", help="write a built run's steady steps as Chakra ETs (one per rank) for ASTRA-sim")
+    c.add_argument("run_id", metavar="RUN_ID")
+    c.add_argument("out_dir", metavar="OUT_DIR")
+    c.add_argument("--prefix", default=None, metavar="P", help="file prefix: P.<rank>.et (default: the run_id)")
+    c.add_argument("--data-dir", default=default_dir)
+    c.set_defaults(func=cmd_chakra)
     q = sub.add_parser("query", help="run one SQL statement against the DuckDB database and print the result")
     q.add_argument("sql", help='e.g. "select run_id, sum(bytes) from flows_100ms group by 1"')
     q.add_argument("--format", choices=["table", "csv", "json"], default="table")

@@ -20,18 +20,19 @@ def cmd_import(args: argparse.Namespace) -> int:
     from phantora_assets.imported_runs import matrix_for, register
     from phantora_assets.lib.errors import FileRuleError
     from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
-    from phantora_assets.sources import kineto
+    from phantora_assets.sources import chakra, kineto
 
     data_dir = Path(args.data_dir)
     found: list[RunFolder] = []
     skipped: list[Skipped] = []
-    profiled = [f for f in args.folders if kineto.is_trace_folder(f)]
+    profiled = [f for f in args.folders if kineto.is_trace_folder(f) or chakra.is_et_folder(f)]
     if args.run_id and len(profiled) != 1:
-        print("import: --run-id names one folder of PyTorch profiler traces", file=sys.stderr)
+        print("import: --run-id names one folder of PyTorch profiler traces or Chakra ETs", file=sys.stderr)
         return 2
     for folder in profiled:
+        source = chakra if chakra.is_et_folder(folder) else kineto
         try:
-            spec = kineto.spec_for(folder, args.gpus_per_node, args.run_id)
+            spec = source.spec_for(folder, args.gpus_per_node, args.run_id)
         except FileRuleError as exc:
             print(f"import: declined {exc}", file=sys.stderr)
             return 2

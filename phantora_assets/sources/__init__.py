@@ -20,6 +20,7 @@ REGISTRY: dict[str, str] = {
     "docker": "phantora_assets.sources.phantora_docker",  # Phantora in Docker
     "import": "phantora_assets.sources.phantora_import",  # run folders of a Phantora dataset
     "kineto": "phantora_assets.sources.kineto",  # a folder of PyTorch profiler traces, one per rank
+    "chakra": "phantora_assets.sources.chakra",  # a folder of Chakra execution traces, one per rank
 }
 
 #: The accepted ``source`` names, in registry order.

@@ -65,7 +65,7 @@ class Source(Protocol):
         DESCRIPTION: one line for the docs.
         DATASET_SOURCE: the ``source`` column of ``runs.csv`` (where the timing came from:
             ``phantora_v0`` for Phantora's own traces, ``phantora_analytic`` for the roofline,
-            ``kineto`` for PyTorch profiler traces of a real job).
+            ``kineto`` for PyTorch profiler traces of a real job, ``chakra`` for Chakra ETs).
         ROOFLINE_TIMING: True if the source times kernels with a roofline model and writes
             ``simulation.json`` (``records.SimulationRecord``): ``runs.csv`` then carries
             ``flops_per_step``, ``mfu``, ``peak_flops`` and ``alpha``; False leaves them null and

@@ -98,7 +98,7 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
 
 #: What ``raw_timeline`` itself writes in ``partitions/<run_id>/`` (every source rewrites these).
 RAW_TIMELINE_FILES = frozenset(
-    {"raw_timeline.parquet", "simulation.json", "run_log.json", "run_spec.json", "kineto.json"}
+    {"raw_timeline.parquet", "simulation.json", "run_log.json", "run_spec.json", "kineto.json", "chakra.json"}
 )
 
 

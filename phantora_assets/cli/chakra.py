@@ -1,0 +1,54 @@
+"""``phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir D]``: a built run as Chakra ETs.
+
+Writes ``OUT_DIR/P.<rank>.et`` for every rank and ``OUT_DIR/P.comm_groups.json``
+(``lib/chakra/export.py``; P defaults to the run_id), for a run of any source whose
+``validated_flows`` has been materialized (``phantora-assets build --run RUN_ID``). Exit 2 with a
+message naming the run or file: an unknown run_id, a run not built, ``mlc-chakra`` missing, or a
+trace that breaks a rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from phantora_assets.paths import DataPaths
+
+
+def cmd_chakra(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from phantora_assets.imported_runs import runs_by_id
+    from phantora_assets.lib.chakra.export import export_run
+    from phantora_assets.lib.errors import FileRuleError
+
+    paths = DataPaths(Path(args.data_dir))
+    spec = runs_by_id(paths.root).get(args.run_id)
+    if spec is None:
+        print(f"chakra: {args.run_id} is not a run of the matrix under {paths.root}", file=sys.stderr)
+        return 2
+    pdir = paths.partition_dir(spec.run_id)
+    needed = [pdir / "steps.parquet", pdir / "flows.parquet", paths.chrome_trace(spec)]
+    missing = [p for p in needed if not p.is_file()]
+    if missing:
+        print(
+            f"chakra: {spec.run_id} is not built ({missing[0]} missing): phantora-assets build --run {spec.run_id}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        summary = export_run(
+            paths.chrome_trace(spec), pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), Path(args.out_dir),
+            args.prefix or spec.run_id, spec.run_id, spec.gpus_per_node, spec.world_size,
+        )  # fmt: skip
+    except (ImportError, FileRuleError, ValueError) as exc:
+        print(f"chakra: {exc}", file=sys.stderr)
+        return 2
+    steps = summary.steady_steps
+    print(f"{spec.run_id}: steady steps {steps[0]}..{steps[-1]} ({len(steps)}) as Chakra ETs")
+    for f, (rank, n) in zip(summary.files, summary.nodes.items()):
+        kinds = ", ".join(f"{v} {k}" for k, v in n.items())
+        print(f"  {f}  rank {rank}: {kinds}")
+    print(f"  {summary.comm_groups}")
+    return 0
