@@ -140,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                     print((tmp / "daemon.log").read_text()[-3000:])
                     return 1
                 backfill_s = (ds.end_time or time.time()) - t0
+                workers = {r.dagster_run.tags.get("phantora/run_worker_pid") for r in recs}
                 statuses: dict[str, int] = {}
                 for r in recs:
                     statuses[r.dagster_run.status.value] = statuses.get(r.dagster_run.status.value, 0) + 1
                 print(
                     f"backfill: {backfill_s:7.1f} s  ({len(recs)} runs {statuses}, submitted in {submit_s:.1f} s, "
-                    f"at most {peak} in progress at once; dataset run {ds.dagster_run.run_id[:8]} "
+                    f"at most {peak} in progress at once, in {len(workers)} worker processes; "
+                    f"dataset run {ds.dagster_run.run_id[:8]} "
                     f"{ds.dagster_run.status.value}, launched by {ds.dagster_run.tags.get('dagster/sensor_name', '?')}"
                     f", ended {ds.end_time - last:.1f} s after the last backfill run)"
                 )

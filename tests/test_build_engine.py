@@ -199,3 +199,50 @@ def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Pat
             run = inst.get_run_by_id(rid)
             assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         assert not [r for r in inst.get_runs() if not r.is_finished]
+
+
+def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monkeypatch) -> None:
+    """The daemon's launcher (forkserver, runs_per_worker as in dagster.yaml): a worker whose run
+    ended takes the next launch (same pid), a fresh worker follows after runs_per_worker runs, and
+    a worker idle past idle_timeout_seconds is not handed a run (a new one is forked). Real runs of
+    the perf_dbs job on a real SQLite instance."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.launcher import LaunchRunContext
+
+    from phantora_assets.cli.engine import _Runs
+
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    import phantora_assets.definitions as d
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        runs = _Runs(inst, d.build_defs(data), 1)  # its run creation (code origin, tags) only
+        launcher = ForkRunLauncher(start_method="forkserver", runs_per_worker=2, idle_timeout_seconds=3)
+        launcher.register_instance(inst)
+
+        def run_one(gpu: str) -> dg.DagsterRun:
+            run = runs.create("perf_dbs", gpu)
+            inst.report_dagster_event(
+                DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+                run_id=run.run_id,
+            )
+            launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
+            t0 = time.monotonic()
+            while not inst.get_run_by_id(run.run_id).is_finished:
+                assert time.monotonic() - t0 < 60, f"run of {gpu} did not end"
+                time.sleep(0.1)
+            done = inst.get_run_by_id(run.run_id)
+            assert done.status == dg.DagsterRunStatus.SUCCESS, gpu
+            return done
+
+        try:
+            pids = [run_one(g).tags[PID_TAG] for g in ("l40s", "h100", "h200")]
+            assert pids[0] == pids[1] != pids[2]  # the second run in the first worker; two runs each
+            time.sleep(4.5)  # the third worker is idle past its timeout and has left
+            assert run_one("a100_40g").tags[PID_TAG] != pids[2]
+        finally:
+            launcher.dispose()
+    assert (data / "perfdb" / "a100_40g" / "perf_db.json").is_file()

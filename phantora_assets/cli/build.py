@@ -47,6 +47,8 @@ compute_logs:
 run_launcher:
   module: phantora_assets.instance
   class: ForkRunLauncher
+  config:
+    runs_per_worker: 8
 run_monitoring:
   enabled: true
   poll_interval_seconds: 5

@@ -39,11 +39,13 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dagster import Array, Field, StringSource
+from dagster import Array, Field, IntSource, StringSource
 from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
 from dagster._core.storage.dagster_run import DagsterRun
@@ -55,6 +57,10 @@ from phantora_assets.instance.worker import HELD_SIGNALS, run_worker
 #: reused pid is not taken for the worker).
 PID_TAG = "phantora/run_worker_pid"
 START_TAG = "phantora/run_worker_start"
+#: Seconds an idle worker has to acknowledge the run it is handed (else a new worker is forked).
+ACK_TIMEOUT_S = 2.0
+#: Seconds a launch waits for a busy reusable worker to report its run ended before it forks.
+REPORT_WAIT_S = 0.5
 DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
 
@@ -82,10 +88,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             (a fresh interpreter per run, like Dagster's default).
         preload: modules the forkserver imports once.
         runs_per_worker: runs one worker process executes, one after the other, before it exits
-            (1: a fresh fork per run). More saves the copy-on-write faults of a fresh fork (a
-            process that touches its parent's heap copies it page by page); it is for an owner
-            that collects ended runs with :meth:`wait_finished` and ends the workers with
-            :meth:`shutdown` (``phantora-assets build``), not for the daemon.
+            (1: a fresh fork per run). More saves a fork, a new instance and the copy-on-write
+            faults of a fresh process (it copies its parent's heap page by page as it touches
+            it) per run. A worker's next run is handed over at a launch, once the worker has
+            reported its last run ended (collected at every launch, or by :meth:`wait_finished`).
+        idle_timeout_seconds: a reusable worker without a run for this long exits.
     """
 
     def __init__(
@@ -94,6 +101,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         start_method: str = "forkserver",
         preload: Sequence[str] = DEFAULT_PRELOAD,
         runs_per_worker: int = 1,
+        idle_timeout_seconds: float = 60.0,
     ) -> None:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method {start_method!r}: expected one of {', '.join(START_METHODS)}")
@@ -103,6 +111,9 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self.start_method = start_method
         self.preload = tuple(preload)
         self.runs_per_worker = runs_per_worker
+        self.idle_timeout_seconds = float(idle_timeout_seconds)
+        self._lock = threading.RLock()  # the daemon's run queue may launch from threads
+        self._ended: list[str] = []  # runs seen ending at a launch, for wait_finished
         self._processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self._busy: dict[str, _Worker] = {}  # run_id -> the worker executing it (owner-collected)
         self._idle: list[_Worker] = []
@@ -121,6 +132,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return {
             "start_method": Field(StringSource, is_required=False, default_value="forkserver"),
             "preload": Field(Array(str), is_required=False, default_value=list(DEFAULT_PRELOAD)),
+            "runs_per_worker": Field(IntSource, is_required=False, default_value=1),
+            "idle_timeout_seconds": Field(IntSource, is_required=False, default_value=60),
         }
 
     @classmethod
@@ -143,17 +156,14 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             raise DagsterLaunchFailedError(f"run {run.run_id} has no job code origin: ForkRunLauncher cannot start it")
         if self.prune:
             self._prune()  # handles of finished workers hold two descriptors each
-        worker = self._next_idle()
-        if worker is not None:
-            worker.conn.send(run.run_id)
-        else:
-            worker = self._fork(run.run_id)
-        worker.run_id, worker.runs = run.run_id, worker.runs + 1
+        with self._lock:
+            worker = self._hand_over(run.run_id) or self._fork(run.run_id)
+            worker.run_id, worker.runs = run.run_id, worker.runs + 1
+            self._busy[run.run_id] = worker
         proc = worker.proc
         pid = proc.pid
         assert pid is not None
         self._processes[run.run_id] = proc
-        self._busy[run.run_id] = worker
         self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
         self._instance.report_engine_event(
             f"Run worker started (pid {pid}, {self.start_method} from a pre-imported process).",
@@ -170,7 +180,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             conn, child = ctx.Pipe()
         proc = ctx.Process(
             target=run_worker,
-            args=(run_id, ref, inherited, child, self.runs_per_worker),
+            args=(run_id, ref, inherited, child, self.runs_per_worker, self.idle_timeout_seconds),
             name=f"dagster-run-{run_id[:8]}",
         )
         # a signal handler that raises (the build's Ctrl-C / SIGTERM) must not run inside fork's
@@ -187,42 +197,65 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
         return _Worker(proc, conn)
 
-    def _next_idle(self) -> _Worker | None:
+    def _hand_over(self, run_id: str) -> _Worker | None:
+        """An idle worker that acknowledged ``run_id`` as its next run, or None (fork a new one).
+        With none idle, waits up to ``REPORT_WAIT_S`` for a busy one to report: a launch usually
+        follows a run's end (its slot freed), which its worker reports a moment later."""
+        self._collect(0)
+        if not self._idle and self.prune and self.runs_per_worker > 1:  # an owner that collects knows
+            self._collect(REPORT_WAIT_S)
         while self._idle:
             w = self._idle.pop()
-            if w.proc.exitcode is None:
-                return w
-            w.close()
+            try:
+                w.conn.send(run_id)
+                if w.conn.poll(ACK_TIMEOUT_S) and w.conn.recv() == ("ack", run_id):
+                    return w
+            except (EOFError, OSError):
+                pass
+            self._retired.append(w)  # gone, or timed out as the run came: never runs it
         return None
 
-    def wait_finished(self, timeout: float) -> list[str]:
-        """Wait up to ``timeout`` s for runs this launcher started to end; return their run ids:
-        the worker reported the run ended, or the worker is gone (then :meth:`worker_exitcode`
-        says how). A reusable worker (``runs_per_worker`` > 1) with runs left becomes idle for
-        the next launch. For an owner that collects its runs (``prune = False``)."""
+    def _collect(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for busy workers to report their run ended or to exit; their
+        runs go to ``_ended``, reusable workers with runs left to ``_idle``."""
         from multiprocessing.connection import wait
 
         busy = list(self._busy.items())
         if not busy:
-            return []
-        wait([w.conn for _, w in busy if w.conn is not None] + [w.proc.sentinel for _, w in busy], timeout)
-        ended = []
+            return
+        if timeout:
+            wait([w.conn for _, w in busy if w.conn is not None] + [w.proc.sentinel for _, w in busy], timeout)
         for rid, w in busy:
             reported = False
-            if w.conn is not None and w.conn.poll():
-                try:
-                    reported = w.conn.recv() == rid
-                except (EOFError, OSError):
-                    reported = False
+            try:
+                while w.conn is not None and w.conn.poll():
+                    msg = w.conn.recv()
+                    reported = reported or msg == ("done", rid)
+            except (EOFError, OSError):
+                pass
             if not reported and w.proc.exitcode is None:
                 continue
-            ended.append(rid)
+            self._ended.append(rid)
             del self._busy[rid]
-            w.run_id = None
+            w.run_id, w.idle_since = None, time.monotonic()
             if reported and w.runs < self.runs_per_worker and w.proc.exitcode is None:
                 self._idle.append(w)
             else:
                 self._retired.append(w)
+        # idle workers past their time have left by themselves (or will): not handed a run
+        late = time.monotonic() - max(self.idle_timeout_seconds - ACK_TIMEOUT_S, self.idle_timeout_seconds / 2)
+        self._retired += [w for w in self._idle if w.idle_since < late]
+        self._idle = [w for w in self._idle if w.idle_since >= late]
+
+    def wait_finished(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` s for runs this launcher started to end; return the run ids of
+        those that ended since the last call: the worker reported the run ended, or the worker
+        is gone (then :meth:`worker_exitcode` says how). For an owner that collects its runs
+        (``prune = False``)."""
+        with self._lock:
+            if not self._ended:
+                self._collect(timeout)
+            ended, self._ended = self._ended, []
         return ended
 
     def workers(self) -> list[multiprocessing.process.BaseProcess]:
@@ -245,8 +278,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                     pass
             w.close()
         for w in idle + retired:
-            w.close()
             w.proc.join(timeout)
+            w.close(process=w.proc.exitcode is not None)
 
     def worker_exitcode(self, run_id: str) -> int | None:
         """The exit code of the worker this launcher started for ``run_id`` (negative: killed by
@@ -268,18 +301,24 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         return started is not None and started == run.tags.get(START_TAG, started)
 
     def forget(self, run_id: str) -> None:
-        """Drop the process handle of run ``run_id`` (closed when the worker has exited and runs
-        no other run: its pipe and sentinel)."""
-        proc = self._processes.pop(run_id, None)
-        if proc is None or proc.exitcode is None or any(w.proc is proc for w in self._idle):
-            return
-        if all(p is not proc for p in self._processes.values()):
-            proc.close()
+        """Drop the process handle of run ``run_id`` (the worker's own handle is closed once it
+        has exited: at the next launch, or :meth:`shutdown`)."""
+        self._processes.pop(run_id, None)
 
     def _prune(self) -> None:
-        for run_id in [r for r, p in self._processes.items() if p.exitcode is not None]:
-            self._busy.pop(run_id, None)
-            self.forget(run_id)
+        """Forget the runs that ended (nobody collects them: ``prune = True``, the daemon) and
+        close the handles of workers that exited."""
+        with self._lock:
+            self._collect(0)
+            ended, self._ended = self._ended, []
+            for run_id in ended + [r for r, p in self._processes.items() if p.exitcode is not None]:
+                self._busy.pop(run_id, None)
+                self.forget(run_id)
+            left = [w for w in self._retired if w.proc.exitcode is None]
+            for w in self._retired:
+                if w.proc.exitcode is not None:
+                    w.close(process=True)
+            self._retired = left
 
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
@@ -326,8 +365,12 @@ class _Worker:
         self.conn = conn
         self.run_id: str | None = None
         self.runs = 0
+        self.idle_since = 0.0
 
-    def close(self) -> None:
+    def close(self, process: bool = False) -> None:
+        """Close this end of the pipe, and with ``process`` the process handle (it has exited)."""
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        if process:
+            self.proc.close()

@@ -12,6 +12,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 
 #: Signals the launcher holds while it forks a worker (the worker releases them).
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -32,16 +33,20 @@ def refresh_definitions() -> None:
         importlib.reload(mod)
 
 
-def run_worker(run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1) -> None:
+def run_worker(
+    run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1, idle_s: float = 60.0
+) -> None:
     """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
     serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
     broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
     launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
     connections in the child), which saves re-creating it.
 
-    With ``conn`` (one end of a pipe), the worker sends each run's id on it when the run has
-    ended and then, up to ``max_runs`` runs in all, receives the id of its next run (None, the
-    pipe closing or SIGINT while it waits: it exits)."""
+    With ``conn`` (one end of a pipe) the worker takes more runs, up to ``max_runs`` in all. On
+    the pipe: the worker sends ``("done", run_id)`` when a run has ended; the launcher sends the
+    next run id, which the worker answers with ``("ack", run_id)`` before running it, or None to
+    stop. The worker also stops when the pipe closes, on SIGINT while it waits, when the process
+    that forked it is gone, or after ``idle_s`` seconds without a run."""
     from dagster._core.instance import DagsterInstance, InstanceRef
     from dagster._serdes import deserialize_value
 
@@ -61,24 +66,35 @@ def run_worker(run_id: str, instance_ref: str, inherited=None, conn=None, max_ru
             done += 1
             if conn is None:
                 return
-            conn.send(current)
+            try:
+                conn.send(("done", current))
+            except OSError:  # the launcher is gone
+                return
             if done >= max_runs:
                 return
-            current = _next_run(conn, parent)
+            current = _next_run(conn, parent, idle_s)
     finally:
         if inherited is None:
             instance.dispose()
 
 
-def _next_run(conn, parent: int) -> str | None:
-    """The next run id from ``conn``; None when told to stop, when the pipe closes, on SIGINT or
-    when the launching process ``parent`` is gone (a sibling forked later holds a copy of the
-    pipe, so its closing alone may never be seen)."""
+def _next_run(conn, parent: int, idle_s: float) -> str | None:
+    """The next run id from ``conn``, acknowledged; None when told to stop, when the pipe closes,
+    on SIGINT, when the process that forked this one (``parent``) is gone (a sibling forked later
+    may hold a copy of the pipe, so its closing alone may never be seen), or after ``idle_s``
+    seconds without a run. A run id that arrives as the wait ends is still taken: the launcher
+    waits for the acknowledgement and forks a new worker when none comes."""
+    deadline = time.monotonic() + idle_s
     try:
         while not conn.poll(1.0):
-            if os.getppid() != parent:
+            if os.getppid() != parent or time.monotonic() > deadline:
+                if conn.poll(0):
+                    break
                 return None
-        return conn.recv()
+        rid = conn.recv()
+        if rid is not None:
+            conn.send(("ack", rid))
+        return rid
     except (EOFError, OSError, KeyboardInterrupt):
         return None
 
