@@ -6,6 +6,7 @@ Environment (all optional):
     PHANTORA_ASSETS_DATA_DIR            data root (default ./data)
     PHANTORA_ASSETS_RUN_MATRIX          run matrix file (default: the shipped runs.toml)
     PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders to import (os.pathsep-separated)
+    PHANTORA_ASSETS_MAX_TRACE_LINE_MIB, PHANTORA_ASSETS_MAX_TRACE_INFLATED_GIB   trace caps (resources.DataRoot)
     PHANTORA_ASSETS_SIMULATOR           docker | analytic (default: docker iff a run has source = "docker")
     PHANTORA_ASSETS_DOCKER_IMAGE, PHANTORA_ASSETS_PHANTORA_TESTS_DIR, PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT
 """
@@ -25,7 +26,7 @@ from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
-from phantora_assets.resources import DataRoot, simulator_from_env
+from phantora_assets.resources import data_root_from_env, simulator_from_env
 from phantora_assets.stages.simulation import build_reason
 
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
@@ -220,7 +221,7 @@ def build_defs(
         jobs=_jobs(assets, parts),
         sensors=[sensor, import_dir],
         schedules=[schedule],
-        resources={"data": DataRoot(data_dir=str(root)), "simulator": simulator or simulator_from_env(specs)},
+        resources={"data": data_root_from_env(root), "simulator": simulator or simulator_from_env(specs)},
     )
 
 

@@ -12,11 +12,14 @@ and the CLI, never at import).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 
+from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.phantora import trace_batches
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.sources import get_source
@@ -29,15 +32,69 @@ DOCKER_IMAGE_ENV = "PHANTORA_ASSETS_DOCKER_IMAGE"
 PHANTORA_TESTS_ENV = "PHANTORA_ASSETS_PHANTORA_TESTS_DIR"
 
 
+#: Environment defaults of :class:`DataRoot`'s trace caps (``definitions.build_defs`` reads them).
+MAX_LINE_MIB_ENV = "PHANTORA_ASSETS_MAX_TRACE_LINE_MIB"
+MAX_INFLATED_GIB_ENV = "PHANTORA_ASSETS_MAX_TRACE_INFLATED_GIB"
+
+
 class DataRoot(dg.ConfigurableResource):
     """The data root: run folders, partition tables, the dataset (``build_defs`` sets it from
-    ``$PHANTORA_ASSETS_DATA_DIR``, default ``data``)."""
+    ``$PHANTORA_ASSETS_DATA_DIR``, default ``data``), and the caps on the traces read there.
+
+    Attributes:
+        data_dir: the data root.
+        max_trace_line_mib: longest text without a line break a trace reader buffers, MiB
+            (``lib/phantora/trace_batches.MAX_LINE_BYTES``; rule "trace too large" beyond).
+        max_trace_inflated_gib: largest decompressed trace read, GiB (``MAX_INFLATED_BYTES``).
+
+    Set the caps in a run's config (``resources: data: config: {data_dir: ..., max_trace_line_mib:
+    1024}``, the launchpad) or by ``$PHANTORA_ASSETS_MAX_TRACE_LINE_MIB`` / ``..._INFLATED_GIB`` for every run.
+    """
 
     data_dir: str
+    max_trace_line_mib: int = trace_batches.MAX_LINE_BYTES >> 20
+    max_trace_inflated_gib: int = trace_batches.MAX_INFLATED_BYTES >> 30
 
     @property
     def paths(self) -> DataPaths:
         return DataPaths(Path(self.data_dir))
+
+    @contextmanager
+    def trace_limits(self) -> Iterator[None]:
+        """The caps of this resource in force while the block reads traces (restored after).
+
+        Raises:
+            ValueError: a cap is not a positive whole number (names the setting).
+        """
+        for name in ("max_trace_line_mib", "max_trace_inflated_gib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"resources.data.config.{name} must be a positive integer, got {value!r}")
+        before = trace_batches.MAX_LINE_BYTES, trace_batches.MAX_INFLATED_BYTES
+        trace_batches.MAX_LINE_BYTES = self.max_trace_line_mib << 20
+        trace_batches.MAX_INFLATED_BYTES = self.max_trace_inflated_gib << 30
+        try:
+            yield
+        finally:
+            trace_batches.MAX_LINE_BYTES, trace_batches.MAX_INFLATED_BYTES = before
+
+
+def data_root_from_env(root: str | Path) -> DataRoot:
+    """:class:`DataRoot` of ``root`` with the trace caps of ``$PHANTORA_ASSETS_MAX_TRACE_LINE_MIB``
+    and ``$PHANTORA_ASSETS_MAX_TRACE_INFLATED_GIB`` when set.
+
+    Raises:
+        RunMatrixError: a set variable is not a positive integer (names it).
+    """
+    caps: dict[str, int] = {}
+    for env, field in ((MAX_LINE_MIB_ENV, "max_trace_line_mib"), (MAX_INFLATED_GIB_ENV, "max_trace_inflated_gib")):
+        value = os.environ.get(env, "").strip()
+        if not value:
+            continue
+        if not value.isdigit() or int(value) <= 0:
+            raise RunMatrixError(f"${env} must be a positive integer, got {value!r}")
+        caps[field] = int(value)
+    return DataRoot(data_dir=str(root), **caps)
 
 
 class SimulatorResource(dg.ConfigurableResource):

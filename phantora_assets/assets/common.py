@@ -58,12 +58,14 @@ def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any
     """The partition's RunSpec, for the body of ``asset``'s step; an exception the body raises is
     recorded in the run folder (``checks.record_step_error``: ``checks.json``/``checks.txt``, which
     ``phantora-assets runs`` and ``build`` read) with its type and first line -- for our errors the
-    file, rule and detail -- then re-raised, so the run fails with the same root cause."""
+    file, rule and detail -- then re-raised, so the run fails with the same root cause. The
+    trace caps of ``data`` (``DataRoot.trace_limits``) hold for the body."""
     spec = p.spec_for(context)
     folder = data.paths.run_folder(spec)
     clear_step_error(folder, asset)
     try:
-        yield spec
+        with data.trace_limits():  # the caps of the run's config on every trace the step reads
+            yield spec
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         record_step_error(folder, asset, f"{type(exc).__name__}: {first}"[:2000])
