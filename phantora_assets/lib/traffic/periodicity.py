@@ -180,3 +180,56 @@ def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarr
     period[ok] = 1.0 / freqs[best]
     strength[ok] = np.clip(1.0 - best_theta, 0.0, 1.0)
     return period, strength
+
+
+# ---- periodic tails of token sequences (step detection: lib/traffic/step_cut.py) ----------------
+
+
+def _z_function(seq: list[int]) -> list[int]:
+    """Z-array: z[i] = length of the longest common prefix of seq and seq[i:]."""
+    n = len(seq)
+    z = [0] * n
+    if n:
+        z[0] = n
+    left = right = 0
+    for i in range(1, n):
+        zi = 0
+        if i < right:
+            zi = min(right - i, z[i - left])
+        while i + zi < n and seq[zi] == seq[i + zi]:
+            zi += 1
+        z[i] = zi
+        if i + zi > right:
+            left, right = i, i + zi
+    return z
+
+
+class _Periodicity:
+    """Periodic-tail lengths of one token sequence: m(q) = longest q-periodic suffix."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.n = len(tokens)
+        # A suffix of s with period q is a prefix of reversed(s) with period q, whose
+        # length is q + z[q] (z of the reversed sequence).
+        self.z = np.asarray(_z_function(tokens[::-1].tolist()), dtype=np.int64)
+
+    def tail(self, q: int) -> int:
+        if q >= self.n:
+            return self.n
+        return q + int(self.z[q])
+
+    def full_periods(self, q: int) -> int:
+        return self.tail(q) // q
+
+    def best_period(self, min_repeats: int) -> int | None:
+        if self.n < min_repeats:
+            return None
+        ps = np.arange(1, self.n // min_repeats + 1, dtype=np.int64)
+        if len(ps) == 0:
+            return None
+        m = ps + self.z[ps]
+        ok = m >= min_repeats * ps
+        if not ok.any():
+            return None
+        m_ok = np.where(ok, m, -1)
+        return int(ps[int(np.argmax(m_ok))])  # argmax: first (smallest p) of the longest

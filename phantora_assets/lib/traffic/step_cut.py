@@ -18,56 +18,9 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.lib.traffic.periodicity import _Periodicity
 
-
-def _z_function(seq: list[int]) -> list[int]:
-    """Z-array: z[i] = length of the longest common prefix of seq and seq[i:]."""
-    n = len(seq)
-    z = [0] * n
-    if n:
-        z[0] = n
-    left = right = 0
-    for i in range(1, n):
-        zi = 0
-        if i < right:
-            zi = min(right - i, z[i - left])
-        while i + zi < n and seq[zi] == seq[i + zi]:
-            zi += 1
-        z[i] = zi
-        if i + zi > right:
-            left, right = i, i + zi
-    return z
-
-
-class _Periodicity:
-    """Periodic-tail lengths of one token sequence: m(q) = longest q-periodic suffix."""
-
-    def __init__(self, tokens: np.ndarray) -> None:
-        self.n = len(tokens)
-        # A suffix of s with period q is a prefix of reversed(s) with period q, whose
-        # length is q + z[q] (z of the reversed sequence).
-        self.z = np.asarray(_z_function(tokens[::-1].tolist()), dtype=np.int64)
-
-    def tail(self, q: int) -> int:
-        if q >= self.n:
-            return self.n
-        return q + int(self.z[q])
-
-    def full_periods(self, q: int) -> int:
-        return self.tail(q) // q
-
-    def best_period(self, min_repeats: int) -> int | None:
-        if self.n < min_repeats:
-            return None
-        ps = np.arange(1, self.n // min_repeats + 1, dtype=np.int64)
-        if len(ps) == 0:
-            return None
-        m = ps + self.z[ps]
-        ok = m >= min_repeats * ps
-        if not ok.any():
-            return None
-        m_ok = np.where(ok, m, -1)
-        return int(ps[int(np.argmax(m_ok))])  # argmax: first (smallest p) of the longest
+__all__ = ["_Periodicity"]  # re-exported: the step modules read it from here
 
 
 def _fail(source: str, rule: str, detail: str) -> StepDetectionError:
@@ -123,6 +76,83 @@ class _Calls:
         return self.ts_s[self.call_rows[first + np.arange(q, dtype=np.int64)[None, :]]]
 
 
+def _sequences(flows: pd.DataFrame) -> _Calls:
+    """The calls of every sequence of ``flows`` (``FLOW_COLUMNS``, at least one row): rows sorted by
+    (comm_id, comm_rank, ts_us, flow_id), a broadcast root's same-``ts`` flows of one call merged
+    (steps module docstring, "Call")."""
+    n_rows = len(flows)
+    # ---- sort into sequences -------------------------------------------------------
+    comm = flows["comm_id"].astype(str).to_numpy()
+    rank = flows["comm_rank"].to_numpy(dtype=np.int64)
+    ts = flows["ts_us"].to_numpy(dtype=np.float64)
+    dur = flows["dur_us"].to_numpy(dtype=np.float64)
+    fid = flows["flow_id"].to_numpy(dtype=np.int64)
+    op = flows["op"].astype(str).to_numpy()
+    sn = flows["src_node"].to_numpy(dtype=np.int64)
+    dn = flows["dst_node"].to_numpy(dtype=np.int64)
+    nbytes = flows["bytes"].to_numpy(dtype=np.int64)
+
+    comm_codes, comm_names = pd.factorize(comm, sort=True)
+    order = np.lexsort((fid, ts, rank, comm_codes))
+    c_s, r_s, ts_s, op_s = comm_codes[order], rank[order], ts[order], op[order]
+
+    peer = np.where(op_s == "send", dn[order] - sn[order], np.where(op_s == "recv", sn[order] - dn[order], 0))
+    tok_frame = pd.DataFrame(
+        {
+            "op": op_s,
+            "count": flows["count"].to_numpy(dtype=np.int64)[order],
+            "dtype": flows["dtype"].astype(str).to_numpy()[order],
+            "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
+            "peer": peer,
+        }
+    )
+    token = tok_frame.groupby(list(tok_frame.columns), sort=False).ngroup().to_numpy(np.int64)
+
+    new_seq = np.ones(n_rows, dtype=bool)
+    new_seq[1:] = (c_s[1:] != c_s[:-1]) | (r_s[1:] != r_s[:-1])
+    seq_id = np.cumsum(new_seq) - 1
+    seq_start = np.flatnonzero(new_seq)
+    n_seq = len(seq_start)
+    seq_comm = comm_names[c_s[seq_start]]
+    seq_rank = r_s[seq_start]
+
+    # ---- calls: merge a broadcast root's same-ts flows of one call -----------------
+    new_call = np.ones(n_rows, dtype=bool)
+    is_b = op_s == "broadcast"
+    if is_b.any():
+        bidx = np.flatnonzero(is_b)
+        bf = pd.DataFrame({"seq": seq_id[bidx], "ts": ts_s[bidx], "tok": token[bidx], "comm": c_s[bidx]})
+        grp = bf.groupby(["seq", "ts", "tok"], sort=False)
+        pos = grp.cumcount().to_numpy()
+        sizes = grp["comm"].agg(["first", "size"])
+        fan = {int(c): int(np.gcd.reduce(s.to_numpy())) for c, s in sizes.groupby("first")["size"]}
+        fanout = np.array([fan[int(c)] for c in bf["comm"].to_numpy()], dtype=np.int64)
+        new_call[bidx] = pos % fanout == 0
+    new_call[seq_start] = True
+    call_no = np.cumsum(new_call) - 1  # global call number of each row
+    call_rows = np.flatnonzero(new_call)
+    call_tok = token[call_rows]
+    call_seq = seq_id[call_rows]
+    seq_call_start = np.searchsorted(call_seq, np.arange(n_seq))
+    seq_len = np.diff(np.append(seq_call_start, len(call_rows)))
+    return _Calls(
+        n_rows=n_rows,
+        order=order,
+        seq_id=seq_id,
+        ts_s=ts_s,
+        call_no=call_no,
+        call_rows=call_rows,
+        seq_start=seq_start,
+        seq_end=np.append(seq_start[1:], n_rows),
+        seq_comm=seq_comm,
+        seq_rank=seq_rank,
+        seq_call_start=seq_call_start,
+        seq_len=seq_len,
+        flow_arrays=(ts, dur, sn, dn, nbytes),
+        call_tok=call_tok,
+    )
+
+
 @dataclass(eq=False)
 class _Cut:
     """Steps of every call for one choice of periods (see :func:`_cut`)."""
@@ -147,10 +177,16 @@ def _cut(
     repeating: list[int],
     warmup_steps: int,
     src: str,
+    shift: dict[int, int] | None = None,
 ) -> _Cut:
-    """Number the full periods of every anchor sequence (aligned to its end), assign the
-    time-assigned sequences by the anchors' step starts, build the step table and check that
-    every anchor sequence's first call of a steady step comes before the next step starts.
+    """Number the full periods of every anchor sequence (aligned to its end, or ``shift[i]`` steps
+    before it: the trace ends inside that sequence's next ``shift[i]`` steps, which are then not
+    steady), assign the time-assigned sequences by the anchors' steps, build the step table and
+    check that every anchor sequence's first call of a steady step comes before the next step starts.
+
+    A time-assigned call between two steps of the anchors (after the last anchor call of one, before
+    the first of the next) goes to the later step when the sequence's first call precedes every
+    anchor call (its calls come first in a step, as the run's first step shows), else to the earlier.
 
     Raises:
         StepDetectionError: ``"steps disagree"`` (step counts more than ``warmup_steps + 1``
@@ -170,9 +206,10 @@ def _cut(
             f"{cs.name(lo)} has {counts[lo]} (period {period[lo]} calls)",
         )
     n_steps = n_max
-    first_steady = (n_max - n_min) + warmup_steps
+    sh = {i: (shift or {}).get(i, 0) for i in anchors}
+    first_steady = max(n_max - counts[i] - sh[i] for i in anchors) + warmup_steps
     # with time-assigned sequences the last step is cut short by the end of the trace
-    n_complete = n_steps - 1 if by_time else n_steps
+    n_complete = n_steps - max(sh.values()) - (1 if by_time else 0)
     if first_steady >= n_complete:
         raise _fail(src, "no steady step", f"{n_steps} steps, of which {first_steady} are warm-up")
 
@@ -180,19 +217,26 @@ def _cut(
     n_seq = len(cs.seq_start)
     q_arr = np.ones(n_seq, dtype=np.int64)
     nper = np.zeros(n_seq, dtype=np.int64)
+    lead = np.zeros(n_seq, dtype=np.int64)  # steps before a sequence's first full period
     for i in anchors:
-        q_arr[i], nper[i] = period[i], counts[i]
+        q_arr[i], nper[i], lead[i] = period[i], counts[i], n_steps - counts[i] - sh[i]
     local = cs.call_no - cs.seq_call_start[seq_id]  # call index within its sequence
     first_full = cs.seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
     rel = local - first_full
-    step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0), (n_steps - nper[seq_id]) + rel // q_arr[seq_id], -1)
+    step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0), lead[seq_id] + rel // q_arr[seq_id], -1)
     if by_time:
         anchor_rows = step_sorted >= 0
-        a_starts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows]).min()
-        a_starts = a_starts.reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
-        timed_rows = np.isin(seq_id, np.asarray(by_time))
-        k = np.searchsorted(a_starts, ts_s[timed_rows], side="right") - 1
-        step_sorted[timed_rows] = k
+        a_ts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows])
+        a_starts = a_ts.min().reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
+        a_lasts = a_ts.max().reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
+        first_anchor = float(ts_s[np.isin(seq_id, np.asarray(anchors))].min())
+        for i in by_time:
+            rows = seq_id == i
+            if float(ts_s[rows].min()) < first_anchor:  # its calls open a step: after the last anchor call
+                k = np.searchsorted(a_lasts, ts_s[rows], side="left")
+                step_sorted[rows] = np.where(k < n_steps, k, -1)
+            else:
+                step_sorted[rows] = np.searchsorted(a_starts, ts_s[rows], side="right") - 1
         for i in by_time:
             rows = seq_id == i
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
@@ -230,6 +274,30 @@ def _cut(
         steps=steps,
         starts=starts,
     )
+
+
+def _start_aligned(cs: _Calls, cut: _Cut, repeating: list[int], warmup_steps: int, src: str) -> _Cut:
+    """``cut`` renumbered when the trace ends inside its last step (steps module docstring, "A trace
+    cut short"): every anchor sequence with fewer full periods than the most and no call before its
+    first full period is numbered from step 0, so the steps it lacks are the last ones, which are not
+    steady. Kept only when that cut holds (the check of :func:`_cut`, steps ordered in time); else
+    ``cut``, unchanged."""
+    shift = {}
+    for i in cut.anchors:
+        missing = cut.n_steps - cut.counts[i]
+        if missing and int(cs.seq_len[i]) == cut.counts[i] * cut.period[i]:
+            shift[i] = missing
+    if not shift:
+        return cut
+    period = {i: cut.period[i] for i in cut.anchors}
+    try:
+        got = _cut(cs, period, dict(cut.counts), list(cut.by_time), repeating, warmup_steps, src, shift)
+    except StepDetectionError:
+        return cut
+    rows = (got.step_sorted >= 0) & np.isin(cs.seq_id, np.asarray(got.anchors))
+    span = pd.Series(cs.ts_s[rows]).groupby(got.step_sorted[rows]).agg(["min", "max"])
+    in_order = bool((span["max"].to_numpy()[:-1] <= span["min"].to_numpy()[1:]).all())
+    return got if in_order else cut
 
 
 def _step_table(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _fail, _Periodicity, _step_table
 
 #: Hosts whose compute sequence is read (first, middle and last by name): enough to agree on one
@@ -249,3 +250,71 @@ def agree_with_compute(
             src, "steps disagree with compute", f"{_why(cut, rhythm)}; steps of {g} times as many calls: {reason}"
         )
     raise _fail(src, "steps disagree with compute", f"{_why(cut, rhythm)}, not a whole multiple or fraction")
+
+
+def _regular_step_us(cs: _Calls, i: int, q: int, n: int, skip: int) -> float | None:
+    """Median time (us) between the starts of the last ``n`` periods of ``q`` calls of sequence ``i``
+    when they are a rhythm (every gap after the first ``skip`` within ``AGREE_REL_TOL`` of it), else None."""
+    d = np.diff(cs.step_bounds(i, q, n)[0][::-1])[skip:]
+    if len(d) < 2:
+        return None
+    med = float(np.median(d))
+    return med if med > 0 and float(np.abs(d - med).max()) <= AGREE_REL_TOL * med else None
+
+
+def occasional(
+    cs: _Calls,
+    per: list[_Periodicity],
+    best: dict[int, int],
+    repeating: list[int],
+    primary: Callable[[list[int]], tuple[dict[int, int], dict[int, int], list[int]]],
+    warmup_steps: int,
+) -> list[int]:
+    """The sequences that repeat only every ``g >= 2`` steps of the others (steps module docstring,
+    "Occasional collectives"), or ``[]``: those with the fewest full periods (within ``warmup_steps +
+    1``), when the others alone cut steps by ``primary`` (the sub-period rule; none assigned by time)
+    that are a rhythm in time (:func:`_regular_step_us`) with a pattern of at least 2 kinds of call on
+    one of them, and each of the few repeats every whole ``g >= 2`` of those steps."""
+    slack = warmup_steps + 1
+    counts = {i: per[i].full_periods(best[i]) for i in repeating}
+    c_ref = min(counts.values())
+    few = [i for i in repeating if counts[i] <= c_ref + slack]
+    rest = [i for i in repeating if i not in few]
+    if not rest:
+        return []
+    try:
+        period, n, by_time = primary(rest)
+    except StepDetectionError:
+        return []
+    if by_time:
+        return []
+    g0 = cs.seq_call_start
+    kinds = [len(set(cs.call_tok[g0[i] + cs.seq_len[i] - period[i] : g0[i] + cs.seq_len[i]].tolist())) for i in rest]
+    steps_us = [_regular_step_us(cs, i, period[i], n[i], slack) for i in rest]
+    if max(kinds) < 2 or any(s is None for s in steps_us):
+        return []
+    step_us = float(np.median([s for s in steps_us if s is not None]))
+    for i in few:
+        every = _regular_step_us(cs, i, best[i], counts[i], 1)  # its first period may hold the warm-up
+        if every is None or whole(every / step_us) is None:
+            return []
+    return few
+
+
+def repeated_block(cs: _Calls, per: list[_Periodicity], cut: _Cut) -> str | None:
+    """Why the steps of ``cut`` may be several iterations, or None: an anchor sequence whose period of
+    ``q`` calls ends with a block of ``b`` calls (2 <= b <= q / 3, at least 2 kinds of call) repeated 3
+    times or more, the sequence not ``b``-periodic as a whole (steps module docstring, "Occasional
+    collectives": a logging all-reduce every 5th iteration makes a 5-iteration period)."""
+    for i in cut.anchors:
+        q, pz = cut.period[i], per[i]
+        end = int(cs.seq_call_start[i] + cs.seq_len[i])
+        for b in range(2, q // 3 + 1):
+            run = pz.tail(b)
+            if run >= 3 * b and run < pz.tail(q) and len(set(cs.call_tok[end - b : end].tolist())) >= 2:
+                return (
+                    f"{cs.name(i)} repeats a period of {q} calls whose last {run} calls repeat a block of {b} "
+                    f"calls {run // b} times: steps of {q} calls, or of {b} calls with extra calls in some "
+                    "of them (an occasional collective); the trace has no compute rhythm to tell"
+                )
+    return None

@@ -75,6 +75,23 @@ Definitions used here (all documented choices):
 * **Start-up repeats**: a sequence whose last call comes in the first half of the run's time
   span (e.g. a start-up barrier issued 4 times) is treated as never repeating (the rule above:
   allowed inside the warm-up only), so it cannot make 1-us steps.
+* **A trace cut short** (:func:`~phantora_assets.lib.traffic.step_cut._start_aligned`): an anchor
+  sequence with fewer full periods than the most and no call before its first full period (every
+  communicator is used in the run's first step) lacks its LAST steps, not its first: it is numbered
+  from step 0 and the steps it lacks are not steady (the last steady step is then timed by the
+  next step's start). Kept only when that cut passes the time check and its steps are ordered in
+  time. Left open: a cut inside one communicator's pattern rotates its periods.
+* **Time-assigned calls between the anchors' steps** go to the later step when the sequence's first
+  call precedes every anchor call (its calls open a step, as the first step shows), else the earlier.
+* **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
+  sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
+  time) that are a rhythm in time (every gap within 10 % of the median, warm-up gaps left out) with
+  at least 2 kinds of call, and the few repeat every whole ``g >= 2`` of those steps (a logging
+  all-reduce on its own communicator every 5th step): the step is the others', the few are assigned
+  by time and occur in some steps only (the blocking ``steps_match`` names them). Without a compute
+  rhythm, a period of ``q`` calls that ends with a block of ``b`` calls (``2 <= b <= q/3``, 2 kinds)
+  repeated 3+ times (one communicator with an extra call every few steps) is refused:
+  ``"steps ambiguous"`` (:func:`~phantora_assets.lib.traffic.step_verify.repeated_block`).
 * **Compute rhythm** (``compute`` given; :mod:`~phantora_assets.lib.traffic.step_verify`): each
   host's Computation events, as a sequence of durations, have a period (the same longest-tail
   rule); its length in time is the compute rhythm (none when a host's periods differ by more
@@ -100,8 +117,8 @@ import pandas as pd
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap
-from phantora_assets.lib.traffic.step_cut import _Calls, _cut, _fail, _Periodicity, _primary_periods
-from phantora_assets.lib.traffic.step_verify import agree_with_compute, compute_rhythm
+from phantora_assets.lib.traffic.step_cut import _cut, _fail, _Periodicity, _primary_periods, _sequences, _start_aligned
+from phantora_assets.lib.traffic.step_verify import agree_with_compute, compute_rhythm, occasional, repeated_block
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
 MIN_REPEATS = 3
@@ -209,7 +226,8 @@ def detect_steps(
             (rule ``"steps never repeat"``), communicators that disagree on the number or
             the timing of steps (rule ``"steps disagree"``), every communicator repeating
             its pattern within a step with two incompatible steps ordered in time (rule
-            ``"steps ambiguous"``), no steady step left (rule ``"no steady step"``), or steps
+            ``"steps ambiguous"``; also a period of repeated blocks with no compute rhythm), no
+            steady step left (rule ``"no steady step"``), or steps
             the compute rhythm contradicts (rule ``"steps disagree with compute"``).
     """
     src = "<flows>" if source is None else str(source)
@@ -222,76 +240,10 @@ def detect_steps(
     if n_rows == 0:
         raise _fail(src, "steps never repeat", "no communication flows")
 
-    # ---- sort into sequences -------------------------------------------------------
-    comm = flows["comm_id"].astype(str).to_numpy()
-    rank = flows["comm_rank"].to_numpy(dtype=np.int64)
-    ts = flows["ts_us"].to_numpy(dtype=np.float64)
-    dur = flows["dur_us"].to_numpy(dtype=np.float64)
-    fid = flows["flow_id"].to_numpy(dtype=np.int64)
-    op = flows["op"].astype(str).to_numpy()
-    sn = flows["src_node"].to_numpy(dtype=np.int64)
-    dn = flows["dst_node"].to_numpy(dtype=np.int64)
-    nbytes = flows["bytes"].to_numpy(dtype=np.int64)
-
-    comm_codes, comm_names = pd.factorize(comm, sort=True)
-    order = np.lexsort((fid, ts, rank, comm_codes))
-    c_s, r_s, ts_s, op_s = comm_codes[order], rank[order], ts[order], op[order]
-
-    peer = np.where(op_s == "send", dn[order] - sn[order], np.where(op_s == "recv", sn[order] - dn[order], 0))
-    tok_frame = pd.DataFrame(
-        {
-            "op": op_s,
-            "count": flows["count"].to_numpy(dtype=np.int64)[order],
-            "dtype": flows["dtype"].astype(str).to_numpy()[order],
-            "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
-            "peer": peer,
-        }
-    )
-    token = tok_frame.groupby(list(tok_frame.columns), sort=False).ngroup().to_numpy(np.int64)
-
-    new_seq = np.ones(n_rows, dtype=bool)
-    new_seq[1:] = (c_s[1:] != c_s[:-1]) | (r_s[1:] != r_s[:-1])
-    seq_id = np.cumsum(new_seq) - 1
-    seq_start = np.flatnonzero(new_seq)
-    n_seq = len(seq_start)
-    seq_comm = comm_names[c_s[seq_start]]
-    seq_rank = r_s[seq_start]
-
-    # ---- calls: merge a broadcast root's same-ts flows of one call -----------------
-    new_call = np.ones(n_rows, dtype=bool)
-    is_b = op_s == "broadcast"
-    if is_b.any():
-        bidx = np.flatnonzero(is_b)
-        bf = pd.DataFrame({"seq": seq_id[bidx], "ts": ts_s[bidx], "tok": token[bidx], "comm": c_s[bidx]})
-        grp = bf.groupby(["seq", "ts", "tok"], sort=False)
-        pos = grp.cumcount().to_numpy()
-        sizes = grp["comm"].agg(["first", "size"])
-        fan = {int(c): int(np.gcd.reduce(s.to_numpy())) for c, s in sizes.groupby("first")["size"]}
-        fanout = np.array([fan[int(c)] for c in bf["comm"].to_numpy()], dtype=np.int64)
-        new_call[bidx] = pos % fanout == 0
-    new_call[seq_start] = True
-    call_no = np.cumsum(new_call) - 1  # global call number of each row
-    call_rows = np.flatnonzero(new_call)
-    call_tok = token[call_rows]
-    call_seq = seq_id[call_rows]
-    seq_call_start = np.searchsorted(call_seq, np.arange(n_seq))
-    seq_len = np.diff(np.append(seq_call_start, len(call_rows)))
-    cs = _Calls(
-        n_rows=n_rows,
-        order=order,
-        seq_id=seq_id,
-        ts_s=ts_s,
-        call_no=call_no,
-        call_rows=call_rows,
-        seq_start=seq_start,
-        seq_end=np.append(seq_start[1:], n_rows),
-        seq_comm=seq_comm,
-        seq_rank=seq_rank,
-        seq_call_start=seq_call_start,
-        seq_len=seq_len,
-        flow_arrays=(ts, dur, sn, dn, nbytes),
-        call_tok=call_tok,
-    )
+    cs = _sequences(flows)
+    n_seq, seq_start, seq_len = len(cs.seq_start), cs.seq_start, cs.seq_len
+    seq_comm, seq_rank, order, ts_s = cs.seq_comm, cs.seq_rank, cs.order, cs.ts_s
+    call_tok, seq_call_start = cs.call_tok, cs.seq_call_start
 
     # ---- period of each sequence ---------------------------------------------------
     cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
@@ -325,7 +277,10 @@ def detect_steps(
 
     # ---- steps: by the sub-period rule, else several periods on every sequence -------
     try:
-        period, counts, by_time = _primary_periods(cs, per, prim, repeating, warmup_steps, src)
+        primary = lambda seqs: _primary_periods(cs, per, prim, seqs, warmup_steps, src)
+        extra = occasional(cs, per, prim, repeating, primary, warmup_steps)
+        period, counts, by_time = primary([i for i in repeating if i not in extra])
+        by_time += extra
         cut = _cut(cs, period, counts, by_time, repeating, warmup_steps, src)
     except StepDetectionError as err:
         if err.rule != "steps disagree":
@@ -341,9 +296,13 @@ def detect_steps(
             coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
             if not isinstance(coarse, str):
                 cut = coarse
+    cut = _start_aligned(cs, cut, repeating, warmup_steps, src)
     rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
     coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
     cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
+    block = repeated_block(cs, per, cut) if rhythm is None else None
+    if block is not None:
+        raise _fail(src, "steps ambiguous", block)
     period, steps, starts = cut.period, cut.steps, cut.starts
     first_steady, n_complete = cut.first_steady, cut.n_complete
     period_step = np.empty(n_rows, dtype=np.int64)
@@ -367,7 +326,7 @@ def detect_steps(
 
     # ---- summary -------------------------------------------------------------------
     steady_steps = [int(k) for k in range(first_steady, n_complete)]
-    if cut.by_time:  # the last step is not steady, so every steady step ends at the next one's start
+    if n_complete < len(steps):  # the last step is not steady: every steady step ends at the next one's start
         timed = steady_steps
     else:
         timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
