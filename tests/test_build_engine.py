@@ -246,3 +246,174 @@ def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monk
         finally:
             launcher.dispose()
     assert (data / "perfdb" / "a100_40g" / "perf_db.json").is_file()
+
+
+def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Path, monkeypatch) -> None:
+    """A run folder dropped into $PHANTORA_ASSETS_IMPORT_DIR after a worker's first run of
+    all_runs: the same worker's next all_runs run is of the new partition. The worker re-executes
+    the code location, and Dagster's cached job definition (ReconstructableJob.get_definition, an
+    lru_cache keyed by the job's origin) must not outlive it: the run failed with "Nonexistent
+    partition keys"."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.launcher import LaunchRunContext
+    from run_folders import analytic, megatron_log, write_run_folder
+
+    from phantora_assets.cli.engine import _Runs, step_errors
+    from phantora_assets.matrix import RunSpec
+
+    home, data, imports = tmp_path / "home", tmp_path / "data", tmp_path / "imports"
+    home.mkdir()
+    imports.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    monkeypatch.setenv("PHANTORA_ASSETS_IMPORT_DIR", str(imports))
+    import phantora_assets.definitions as d
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        # fork (as the build does): a forkserver is one per process, with the environment of the
+        # test that started it
+        launcher = ForkRunLauncher(start_method="fork", runs_per_worker=2, idle_timeout_seconds=60)
+        launcher.register_instance(inst)
+
+        def run_one(partition: str) -> dg.DagsterRun:
+            run = _Runs(inst, d.build_defs(data), 1).create("all_runs", partition)
+            inst.report_dagster_event(
+                DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+                run_id=run.run_id,
+            )
+            launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
+            t0 = time.monotonic()
+            while not inst.get_run_by_id(run.run_id).is_finished:
+                assert time.monotonic() - t0 < 120, f"run of {partition} did not end"
+                time.sleep(0.1)
+            done = inst.get_run_by_id(run.run_id)
+            assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
+            return done
+
+        try:
+            first = run_one(FITS)
+            spec, raw, its = analytic(RunSpec("W4", "h100", 2, 2))
+            write_run_folder(imports, spec, raw, run_log=megatron_log(its, 4, 16000.0))
+            second = run_one("phantora_h100_W4_2x2")
+            assert first.tags[PID_TAG] == second.tags[PID_TAG]  # one worker, reused
+        finally:
+            launcher.dispose()
+
+
+def test_a_worker_too_slow_to_acknowledge_never_runs_the_run(tmp_path: Path, monkeypatch) -> None:
+    """An idle worker that does not acknowledge the run it is handed (here: stopped with SIGSTOP,
+    continued once the launch has forked another worker) is killed: before, it read the run id
+    waiting on its pipe when it woke and executed the run a second time (beside the worker whose
+    pid the run's tag names, which monitoring and terminate then follow)."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.launcher import LaunchRunContext
+
+    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.instance import launcher as launcher_mod
+
+    monkeypatch.setattr(launcher_mod, "ACK_TIMEOUT_S", 0.5)
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    import phantora_assets.definitions as d
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        runs = _Runs(inst, d.build_defs(data), 1)
+        launcher = ForkRunLauncher(start_method="fork", runs_per_worker=4, idle_timeout_seconds=60)
+        launcher.register_instance(inst)
+
+        def launch(gpu: str) -> str:
+            run = runs.create("perf_dbs", gpu)
+            inst.report_dagster_event(
+                DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+                run_id=run.run_id,
+            )
+            launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
+            return run.run_id
+
+        def wait(run_id: str) -> dg.DagsterRun:
+            t0 = time.monotonic()
+            while not inst.get_run_by_id(run_id).is_finished:
+                assert time.monotonic() - t0 < 60, "run did not end"
+                time.sleep(0.1)
+            return inst.get_run_by_id(run_id)
+
+        try:
+            slow = int(wait(launch("l40s")).tags[PID_TAG])
+            time.sleep(1.0)  # it has reported its run ended: idle
+            os.kill(slow, signal.SIGSTOP)
+            try:
+                run_id = launch("h100")
+            finally:
+                try:
+                    os.kill(slow, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            run = wait(run_id)
+            time.sleep(2.0)  # time for a woken worker to take the run id from its pipe
+            assert run.status == dg.DagsterRunStatus.SUCCESS
+            assert int(run.tags[PID_TAG]) != slow
+            started = [
+                r.user_message or r.dagster_event.message
+                for r in inst.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+                if "Started process for run" in (r.user_message or r.dagster_event.message or "")
+            ]
+            assert started == [f"Started process for run (pid: {run.tags[PID_TAG]})."], started
+        finally:
+            launcher.dispose()
+
+
+def test_a_signal_during_a_fork_is_handled_once_the_worker_is_recorded(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM arriving while the launcher forks (held, delivered when the fork is done): the
+    build's handler raises; the new worker must already be one the launcher holds, so that the
+    build's stop interrupts it. Before, the handler raised before it was recorded: the worker
+    ran its run on after "build stopped", and the build's exit waited for it (>30 s)."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.launcher import LaunchRunContext
+
+    from phantora_assets.cli.engine import _Runs
+
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    import phantora_assets.definitions as d
+
+    class Stop(Exception):
+        pass
+
+    def handler(_signum, _frame):
+        raise Stop
+
+    old = signal.signal(signal.SIGTERM, handler)
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        runs = _Runs(inst, d.build_defs(data), 1)
+        launcher = ForkRunLauncher(start_method="fork", runs_per_worker=2)
+        launcher.register_instance(inst)
+        start = launcher._context().Process.start
+
+        def start_then_signalled(self):
+            start(self)
+            os.kill(os.getpid(), signal.SIGTERM)  # pending: held while the launcher forks
+
+        monkeypatch.setattr(launcher._context().Process, "start", start_then_signalled)
+        run = runs.create("perf_dbs", "l40s")
+        inst.report_dagster_event(
+            DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+            run_id=run.run_id,
+        )
+        try:
+            with pytest.raises(Stop):
+                launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
+            workers = launcher.workers()
+            assert len(workers) == 1, "the forked worker is not recorded"
+        finally:
+            signal.signal(signal.SIGTERM, old)
+            for p in launcher.workers():
+                p.kill()
+                p.join(5)
+            launcher.dispose()

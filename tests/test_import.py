@@ -14,6 +14,7 @@ import dataclasses
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -331,3 +332,42 @@ def test_cli_names_the_file_and_rule_of_a_failed_run(tmp_path, capsys):
     assert main(["runs", "--data-dir", str(tmp_path / "data")]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
     assert f"error: chrome_trace: {cause}" in row and "not run: flows_exist" in row
+
+
+def test_a_folder_registered_in_place_keeps_its_trace(tmp_path):
+    """The data root's own run folder imported in place: its timeline.json.gz is the source trace
+    (the only copy). raw_timeline's invalidation of a first build (no run_spec.json yet) must not
+    remove it, nor a later one after the run matrix changed."""
+    data = tmp_path / "data"
+    spec, raw, its = analytic(W1)
+    folder = write_run_folder(data, spec, raw, run_log=megatron_log(its, 4, 16000.0))
+    trace = (folder / "timeline.json.gz").read_bytes()
+    assert main(["import", str(data / "traces"), "--data-dir", str(data), "--quiet"]) == 0
+    assert (folder / "timeline.json.gz").read_bytes() == trace
+    assert read_checks(folder)["fits_in_memory"]["status"] == "passed"
+    assert (data / "partitions" / W1 / "run_summary.parquet").is_file()
+    from phantora_assets.stages.simulation import build_reason
+
+    assert build_reason({s.run_id: s for s in effective_matrix(data)}[W1], DataPaths(data)) is None
+
+
+def test_a_replaced_trace_makes_the_imported_run_stale(tmp_path):
+    """The folder of an imported run replaced by one with another trace (same path, as the watched
+    folder's "write aside, then move in"): the build is no longer current. Before, build_reason
+    (the import_dir sensor, the nightly schedule) called it complete and current and the dataset
+    exported the old trace's tables."""
+    from phantora_assets.stages.simulation import build_reason, stale_reason
+
+    src, data = tmp_path / "src", tmp_path / "data"
+    spec, raw, its = analytic(W1)
+    folder = write_run_folder(src, spec, raw, run_log=megatron_log(its, 4, 16000.0))
+    assert main(["import", str(src), "--data-dir", str(data), "--quiet"]) == 0
+    imported = {s.run_id: s for s in effective_matrix(data)}[W1]
+    paths = DataPaths(data)
+    assert build_reason(imported, paths) is None
+    aside = write_run_folder(tmp_path / "aside", spec, raw.iloc[: len(raw) // 2], run_log=megatron_log(its, 4, 16000.0))
+    os.replace(aside / "timeline.json.gz", folder / "timeline.json.gz")
+    assert (build_reason(imported, paths) or "").startswith("stale:")
+    assert stale_reason(imported, paths)  # the dataset leaves it out until it is rebuilt
+    shutil.rmtree(src)  # the folder gone since: the data root's copies are what was built
+    assert stale_reason(imported, paths) is None

@@ -156,14 +156,21 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             raise DagsterLaunchFailedError(f"run {run.run_id} has no job code origin: ForkRunLauncher cannot start it")
         if self.prune:
             self._prune()  # handles of finished workers hold two descriptors each
-        with self._lock:
-            worker = self._hand_over(run.run_id) or self._fork(run.run_id)
-            worker.run_id, worker.runs = run.run_id, worker.runs + 1
-            self._busy[run.run_id] = worker
+        # signals held until the worker is recorded: a handler that raises (the build's Ctrl-C /
+        # SIGTERM) right after the fork would leave a worker no list holds, which a build's stop
+        # neither interrupts nor kills (it ran its run on, and the build's exit waited for it)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            with self._lock:
+                worker = self._hand_over(run.run_id) or self._fork(run.run_id)
+                worker.run_id, worker.runs = run.run_id, worker.runs + 1
+                self._busy[run.run_id] = worker
+                self._processes[run.run_id] = worker.proc
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         proc = worker.proc
         pid = proc.pid
         assert pid is not None
-        self._processes[run.run_id] = proc
         self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
         self._instance.report_engine_event(
             f"Run worker started (pid {pid}, {self.start_method} from a pre-imported process).",
@@ -212,7 +219,13 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                     return w
             except (EOFError, OSError):
                 pass
-            self._retired.append(w)  # gone, or timed out as the run came: never runs it
+            # gone, or too slow to acknowledge (stopped, starved): killed, so that it never takes the
+            # run id waiting on its pipe and runs it beside the worker forked for it (the run's pid
+            # tag would name the other one: run monitoring and terminate would miss it)
+            if w.proc.exitcode is None:
+                w.proc.kill()
+                w.proc.join(1.0)
+            self._retired.append(w)
         return None
 
     def _collect(self, timeout: float) -> None:

@@ -31,6 +31,18 @@ def refresh_definitions() -> None:
         current = False
     if not current:
         importlib.reload(mod)
+        _forget_job_definitions()
+
+
+def _forget_job_definitions() -> None:
+    """Drop the job and repository definitions Dagster keeps from the last run: ``ReconstructableJob``
+    caches them (``lru_cache``, global, keyed by the job's origin, equal for every run of a job), so a
+    worker's next run of the same job would otherwise use the definitions of before the reload (a run
+    of a partition added since fails with ``Nonexistent partition keys``)."""
+    from dagster._core.definitions.reconstruct import ReconstructableJob
+
+    ReconstructableJob.get_definition.cache_clear()
+    ReconstructableJob.get_repository_definition.cache_clear()
 
 
 def run_worker(

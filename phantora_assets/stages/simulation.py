@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.phantora.perfdb import load_perfdb
+from phantora_assets.lib.phantora.run_folder import IMPORT_FILES
+from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.records import (
@@ -115,8 +119,11 @@ def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord
         for f in pdir.iterdir():
             if f.name not in RAW_TIMELINE_FILES and (f.is_file() or f.is_symlink()):
                 f.unlink(missing_ok=True)
-    paths.chrome_trace(spec).unlink(missing_ok=True)
-    shutil.rmtree(paths.plots_dir(spec), ignore_errors=True)
+    # a folder registered in place (the data root's own run folder is the imported one): its
+    # timeline.json.gz is the source trace and its plots/ came with it, the only copies
+    if not (spec.path and same_path(Path(spec.path), folder)):
+        paths.chrome_trace(spec).unlink(missing_ok=True)
+        shutil.rmtree(paths.plots_dir(spec), ignore_errors=True)
     why = "built without a run_spec.json" if before is None else "built from other inputs"
     invalidate_checks(
         folder,
@@ -207,10 +214,28 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
         "network": spec.cluster,
         "perf_db": perfdb,
     }
+    if spec.source == "import" and spec.path:
+        inputs["source_files"] = _source_files(Path(spec.path))
     text = json.dumps(inputs, sort_keys=True, default=str)
     return RunSpecRecord(
         run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
     )
+
+
+def _source_files(folder: Path) -> dict[str, list[int]]:
+    """``name -> [size, mtime_ns]`` of the files an imported Phantora run folder's build reads
+    (``IMPORT_FILES``: the trace, run.log, timeline.bin), as ``lstat`` gives them (a stat, no
+    read: the import_dir sensor asks every tick). A folder replaced by another run's files (a new
+    trace moved in) is then built from other inputs: stale, rebuilt, and out of the dataset until
+    it is."""
+    out: dict[str, list[int]] = {}
+    for name in IMPORT_FILES:
+        try:
+            st = os.lstat(folder / name)
+        except OSError:
+            continue
+        out[name] = [st.st_size, st.st_mtime_ns]
+    return out
 
 
 def stale_reason(spec: RunSpec, paths: DataPaths) -> str | None:
@@ -227,6 +252,8 @@ def stale_reason(spec: RunSpec, paths: DataPaths) -> str | None:
     if rec.fingerprint == now.fingerprint:
         return None
     changed = sorted(k for k in now.inputs if rec.inputs.get(k) != now.inputs[k])
+    if changed == ["source_files"] and not Path(spec.path).is_dir():
+        return None  # the imported folder is gone since: what the data root copied is what was built
     return f"stale: built from another {', '.join(changed) or 'input'} than the run matrix now gives; rebuild the run"
 
 
