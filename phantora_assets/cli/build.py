@@ -106,13 +106,20 @@ def _signals_interrupt() -> Iterator[None]:
     """SIGTERM (``timeout``, systemd, a CI cancel) and SIGHUP (a closed terminal) stop the build
     as Ctrl-C does, instead of killing it and orphaning its workers."""
 
-    def handler(signum, _frame):
-        raise _Terminated(signal.Signals(signum).name)
+    from phantora_assets.instance.worker import defer_if_critical
+
+    def handler(signum, _frame):  # kept for later while the launcher forks and records a worker
+        if not defer_if_critical(signum):
+            raise _Terminated(signal.Signals(signum).name)
+
+    def interrupt(signum, _frame):
+        if not defer_if_critical(signum):
+            raise KeyboardInterrupt
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     # Ctrl-C raises KeyboardInterrupt, also when a shell started the build in the background with
     # SIGINT ignored (its workers would take the signal, the build would not)
-    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:

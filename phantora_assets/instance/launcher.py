@@ -51,7 +51,7 @@ from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, 
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
-from phantora_assets.instance.worker import HELD_SIGNALS, run_worker
+from phantora_assets.instance.worker import HELD_SIGNALS, run_worker, signals_deferred
 
 #: Run tags the launcher writes: the worker's pid and the kernel's start time of that pid (so a
 #: reused pid is not taken for the worker).
@@ -161,7 +161,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         # neither interrupts nor kills (it ran its run on, and the build's exit waited for it)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         try:
-            with self._lock:
+            with signals_deferred(), self._lock:
                 worker = self._hand_over(run.run_id) or self._fork(run.run_id)
                 worker.run_id, worker.runs = run.run_id, worker.runs + 1
                 self._busy[run.run_id] = worker
@@ -209,8 +209,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         With none idle, waits up to ``REPORT_WAIT_S`` for a busy one to report: a launch usually
         follows a run's end (its slot freed), which its worker reports a moment later."""
         self._collect(0)
-        if not self._idle and self.prune and self.runs_per_worker > 1:  # an owner that collects knows
-            self._collect(REPORT_WAIT_S)
+        if not self._idle and self.prune and self.runs_per_worker > 1 and self._a_busy_run_ended():
+            self._collect(REPORT_WAIT_S)  # its worker reports in a moment (an owner that collects knows)
         while self._idle:
             w = self._idle.pop()
             try:
@@ -227,6 +227,15 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 w.proc.join(1.0)
             self._retired.append(w)
         return None
+
+    def _a_busy_run_ended(self) -> bool:
+        """Whether the instance records a run of a busy worker as ended (that worker is about to
+        report and take the next run); one run-storage query per busy worker."""
+        for rid in list(self._busy):
+            run = self._instance.get_run_by_id(rid)
+            if run is None or run.is_finished:
+                return True
+        return False
 
     def _collect(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for busy workers to report their run ended or to exit; their

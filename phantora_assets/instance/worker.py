@@ -13,9 +13,38 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: Signals the launcher holds while it forks a worker (the worker releases them).
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_critical = [0]
+_deferred: list[int] = []
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A section a raising signal handler must not interrupt (the launcher forking a worker and
+    recording it): handlers that ask :func:`defer_if_critical` return at once, and the first
+    deferred signal is raised again when the outermost section ends. Blocking the signals does
+    not suffice: a signal delivered to another thread still runs its handler in this one."""
+    _critical[0] += 1
+    try:
+        yield
+    finally:
+        _critical[0] -= 1
+        if not _critical[0] and _deferred:
+            signum = _deferred[0]
+            _deferred.clear()
+            signal.raise_signal(signum)
+
+
+def defer_if_critical(signum: int) -> bool:
+    """For a signal handler: True (the signal is kept for later) inside :func:`signals_deferred`."""
+    if _critical[0]:
+        _deferred.append(signum)
+        return True
+    return False
 
 
 def refresh_definitions() -> None:
