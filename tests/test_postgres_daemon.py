@@ -68,7 +68,8 @@ def pg(tmp_path: Path) -> Iterator[PgServer]:
 
 
 def instance_config(pg: PgServer) -> dict[str, Any]:
-    """The project's dagster.yaml, storage on ``pg``, dequeued every second, >= CONCURRENCY runs at once."""
+    """The project's dagster.yaml, storage on ``pg``, dequeued every second, >= CONCURRENCY runs at once,
+    one run per worker process."""
     cfg = yaml.safe_load((ROOT / "dagster.yaml").read_text()) or {}
     for key in ("run_storage", "event_log_storage", "schedule_storage"):
         cfg.pop(key, None)
@@ -85,6 +86,13 @@ def instance_config(pg: PgServer) -> dict[str, Any]:
     for limits in (queue, cfg.get("concurrency", {}).get("runs", {})):
         if 0 <= limits.get("max_concurrent_runs", -1) < CONCURRENCY:
             limits["max_concurrent_runs"] = CONCURRENCY
+    # one run per worker process: a reused worker starts its next run in milliseconds, so these
+    # small runs seldom overlapped 4 deep on 2 loaded cores (a fresh-clone CI polled 3); the
+    # coordinator's concurrency and the SIGKILL recovery are what this test measures (worker
+    # reuse has its own test in tests/test_build_engine.py)
+    launcher = cfg.get("run_launcher", {})
+    if launcher.get("class") == "ForkRunLauncher":
+        launcher.setdefault("config", {})["runs_per_worker"] = 1
     return cfg
 
 
