@@ -206,8 +206,6 @@ def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monk
     ended takes the next launch (same pid), a fresh worker follows after runs_per_worker runs, and
     a worker idle past idle_timeout_seconds is not handed a run (a new one is forked). Real runs of
     the perf_dbs job on a real SQLite instance."""
-    from dagster._core.events import DagsterEvent, DagsterEventType
-    from dagster._core.launcher import LaunchRunContext
 
     from phantora_assets.cli.engine import _Runs
 
@@ -224,19 +222,7 @@ def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monk
         launcher.register_instance(inst)
 
         def run_one(gpu: str) -> dg.DagsterRun:
-            run = runs.create("perf_dbs", gpu)
-            inst.report_dagster_event(
-                DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
-                run_id=run.run_id,
-            )
-            launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
-            t0 = time.monotonic()
-            while not inst.get_run_by_id(run.run_id).is_finished:
-                assert time.monotonic() - t0 < 60, f"run of {gpu} did not end"
-                time.sleep(0.1)
-            done = inst.get_run_by_id(run.run_id)
-            assert done.status == dg.DagsterRunStatus.SUCCESS, gpu
-            return done
+            return _launch_to_end(inst, launcher, runs.create("perf_dbs", gpu), 60)
 
         try:
             pids = [run_one(g).tags[PID_TAG] for g in ("l40s", "h100", "h200")]
@@ -254,11 +240,9 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
     the code location, and Dagster's cached job definition (ReconstructableJob.get_definition, an
     lru_cache keyed by the job's origin) must not outlive it: the run failed with "Nonexistent
     partition keys"."""
-    from dagster._core.events import DagsterEvent, DagsterEventType
-    from dagster._core.launcher import LaunchRunContext
     from run_folders import analytic, megatron_log, write_run_folder
 
-    from phantora_assets.cli.engine import _Runs, step_errors
+    from phantora_assets.cli.engine import _Runs
     from phantora_assets.matrix import RunSpec
 
     home, data, imports = tmp_path / "home", tmp_path / "data", tmp_path / "imports"
@@ -277,19 +261,7 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
         launcher.register_instance(inst)
 
         def run_one(partition: str) -> dg.DagsterRun:
-            run = _Runs(inst, d.build_defs(data), 1).create("all_runs", partition)
-            inst.report_dagster_event(
-                DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
-                run_id=run.run_id,
-            )
-            launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
-            t0 = time.monotonic()
-            while not inst.get_run_by_id(run.run_id).is_finished:
-                assert time.monotonic() - t0 < 120, f"run of {partition} did not end"
-                time.sleep(0.1)
-            done = inst.get_run_by_id(run.run_id)
-            assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
-            return done
+            return _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(data), 1).create("all_runs", partition), 120)
 
         try:
             first = run_one(FITS)
@@ -420,3 +392,24 @@ def test_a_signal_during_a_fork_is_handled_once_the_worker_is_recorded(tmp_path:
                 p.kill()
                 p.join(5)
             launcher.dispose()
+
+
+def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.DagsterRun, timeout: float):
+    """Start ``run`` through ``launcher`` as the run queue does and wait for it to succeed."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.launcher import LaunchRunContext
+
+    from phantora_assets.cli.engine import step_errors
+
+    inst.report_dagster_event(
+        DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+        run_id=run.run_id,
+    )
+    launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(run.run_id), workspace=None))
+    t0 = time.monotonic()
+    while not inst.get_run_by_id(run.run_id).is_finished:
+        assert time.monotonic() - t0 < timeout, f"run {run.tags.get('dagster/partition')} did not end"
+        time.sleep(0.1)
+    done = inst.get_run_by_id(run.run_id)
+    assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
+    return done
