@@ -1,18 +1,14 @@
 """The run matrix: which training configurations are simulated, one Dagster partition each.
 
-No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``),
-validates every entry against ``presets.toml``, ``gpus.toml`` and the source registry
-(``sources.REGISTRY``) and returns :class:`RunSpec` objects. Invalid entries raise
-:class:`~phantora_assets.lib.errors.RunMatrixError` naming the entry and the rule, before anything is
-simulated. The rules are strict (README "Runs are partitions"): every value has its TOML type (an
-integer is not a float or a boolean, nothing is coerced), counts and bandwidths are in range (> 0,
-finite), names are among the known ones and a layout is at most :data:`MAX_NODES` nodes and
-:data:`MAX_WORLD_SIZE` GPUs. :func:`validate` applies them to any RunSpec (matrix file, imports
-registry, run folders, sweep points, code).
-
-:func:`load_run_matrix` parses and validates the matrix file once per process and state of the
-file (path, inode, size, mtime and ctime). The run matrix of a data root, with its imported run
-folders, is :func:`phantora_assets.imported_runs.matrix_for`.
+No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``)
+once per process and state of the file, validates every entry against ``presets.toml``, ``gpus.toml``
+and the source registry (``sources.REGISTRY``) and returns :class:`RunSpec` objects; an invalid entry
+raises :class:`~phantora_assets.lib.errors.RunMatrixError` naming it and the rule. The rules are strict
+(README "Runs are partitions"): every value has its TOML type (nothing is coerced), counts and
+bandwidths are in range (> 0, finite), names are among the known ones and a layout is at most
+:data:`MAX_NODES` nodes and :data:`MAX_WORLD_SIZE` GPUs. :func:`validate` applies them to any RunSpec
+(matrix file, imports registry, run folders, sweep points, code). The run matrix of a data root,
+with its imports, is :func:`phantora_assets.imported_runs.matrix_for`.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
 #: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
 TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
 MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
-_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path", "name")
+_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path", "name", "rank")
 _TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
@@ -88,6 +84,7 @@ class RunSpec:
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
         path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.
         name: the run_id of a profiled run (:data:`PROFILED_SOURCES`; workload and gpu are ``""``).
+        rank: the rank of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
     """
 
     workload: str
@@ -99,6 +96,7 @@ class RunSpec:
     topology: tuple[tuple[str, Any], ...] = field(default=())
     path: str = ""
     name: str = ""
+    rank: int | None = None
 
     @property
     def run_id(self) -> str:
@@ -209,10 +207,14 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: unknown published status {spec.published!r} (known: 'ok', 'out_of_memory', '')")
     if spec.n_nodes < 1 or spec.gpus_per_node < 1:
         raise RunMatrixError(f"{entry}: nodes and gpus_per_node must be >= 1")
-    if spec.n_nodes > MAX_NODES or spec.world_size > MAX_WORLD_SIZE:
+    if spec.n_nodes > MAX_NODES or (world := spec.world_size) > MAX_WORLD_SIZE:
         raise RunMatrixError(
             f"{entry}: layout {spec.layout} ({spec.world_size} GPUs) is larger than the simulator supports: at most "
             f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
+        )
+    if spec.rank is not None and not (spec.source == "kineto" and _is_int(spec.rank) and 0 <= spec.rank < world):
+        raise RunMatrixError(
+            f"{entry}: rank is a kineto run's traced rank, 0 to nodes * gpus_per_node - 1, {_got(spec.rank)}"
         )
 
 
@@ -320,6 +322,7 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             topology=tuple(sorted(topology.items())),
             path=raw.get("path", ""),
             name=raw.get("name", ""),
+            rank=raw.get("rank"),
         )
         validate(spec, label)
         if spec.run_id in seen:
@@ -331,11 +334,8 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
 
 def check_specs(specs: list[RunSpec], source_name: str) -> None:
     """Validate RunSpecs built in code (not parsed from a file): each entry's rules (:func:`validate`:
-    types, ranges, known values, layout bound, topology), unique run_ids.
-
-    Raises:
-        RunMatrixError: naming ``source_name``, the entry and the rule.
-    """
+    types, ranges, known values, layout bound, topology), unique run_ids; else ``RunMatrixError``
+    naming ``source_name``, the entry and the rule."""
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if not isinstance(spec, RunSpec):
