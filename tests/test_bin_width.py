@@ -58,6 +58,15 @@ def test_every_allowed_width_is_accepted_and_divides_the_windows():
     assert default.bin_s == 0.1
 
 
+def test_imports_registry_keeps_the_width(tmp_path):
+    from phantora_assets.imported_runs import _entry
+
+    (spec,) = parse_entries([{**ENTRY, "bin_s": 0.01}])
+    assert _entry(spec)["bin_s"] == 0.01 and parse_entries([_entry(spec)]) == [spec]
+    (default,) = parse_entries([ENTRY])
+    assert "bin_s" not in _entry(default)  # a 100 ms run's entry is written as before
+
+
 def test_build_bin_s_outside_the_rule_exits_2(tmp_path, capsys):
     root = tmp_path / "data"
     assert main(["build", "--data-dir", str(root), "--bin-s", "0.003", "--quiet"]) == 2
