@@ -31,6 +31,7 @@ from typing import Any
 
 import tomli_w
 
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_override
 from phantora_assets.lib.errors import FileRuleError, RunMatrixError
 from phantora_assets.lib.phantora.run_folder import TRACE_NAMES, RunFolder, Skipped, discover
 from phantora_assets.lib.store.io import atomic_write_text
@@ -61,6 +62,8 @@ def _entry(spec: RunSpec) -> dict[str, Any]:
         e["rank"] = spec.rank
     if spec.topology:
         e["topology"] = dict(spec.topology)
+    if spec.bin_s != DEFAULT_BIN_S:
+        e["bin_s"] = spec.bin_s
     return e
 
 
@@ -212,9 +215,19 @@ def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec
 def effective_matrix(data_root: str | Path, matrix: list[RunSpec] | None = None) -> list[RunSpec]:
     """The run matrix (default: :func:`~phantora_assets.matrix.load_run_matrix`, parsed once per
     state of its file) merged with the imports of ``data_root`` and ``$PHANTORA_ASSETS_IMPORT_DIR``
-    (read on every call: they are small, and a cache keyed on their files' stamps went stale)."""
+    (read on every call: they are small, and a cache keyed on their files' stamps went stale), with
+    every run's ``bin_s`` set to ``$PHANTORA_ASSETS_BIN_S`` when that is set (``build --bin-s``).
+
+    Raises:
+        RunMatrixError: an entry, an import or ``$PHANTORA_ASSETS_BIN_S`` is invalid (named).
+    """
     base = load_run_matrix() if matrix is None else matrix
-    return merge_imports(base, imported_specs(data_root))
+    merged = merge_imports(base, imported_specs(data_root))
+    try:
+        override = bin_s_override()
+    except ValueError as exc:
+        raise RunMatrixError(str(exc)) from exc
+    return merged if override is None else [dataclasses.replace(s, bin_s=override) for s in merged]
 
 
 def matrix_for(data_dir: str | Path) -> list[RunSpec]:

@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="print only the summary")
     b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
     b.add_argument(
+        "--bin-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="bin width of every run for this build, s (as a run entry's bin_s: 0.001 .. 1.0; default: the entry's)",
+    )
+    b.add_argument(
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),

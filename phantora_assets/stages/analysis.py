@@ -21,7 +21,7 @@ from phantora_assets.lib.store import plots
 from phantora_assets.lib.traffic import anatomy
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.stages.common import BIN_S, Outcome, StageResult, write_parquet
+from phantora_assets.stages.common import Outcome, StageResult, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"
@@ -114,7 +114,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
     step_row = steps[steps["step"] == chosen].iloc[0]
     files = {name: out / f"{name}.png" for name in RUN_PLOTS}
     plots.pair_heatmap(plots.pair_matrix(flows, steps, spec.n_nodes), spec.run_id, files["pair_heatmap"])
-    plots.timeseries(bins, spec.run_id, BIN_S, summary.step_time_us / 1e6, path=files["timeseries"])
+    plots.timeseries(bins, spec.run_id, spec.bin_s, summary.step_time_us / 1e6, path=files["timeseries"])
     plots.step_anatomy_chart(
         spans,
         table[table["step"] == chosen],

@@ -56,7 +56,7 @@ def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
     reset_checks(paths.run_folder(spec), "window_features")
     bins = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=BIN_S, window_s=WINDOW_S)
+    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=spec.bin_s, window_s=WINDOW_S)
     outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file
@@ -116,7 +116,7 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "perf_db_fraction": sim.perf_db_fraction if sim is not None else None,
         "exposed_comm_s": sim.exposed_comm_ms_per_step / 1e3 if sim is not None else None,
         "window_s": WINDOW_S,
-        "bin_s": BIN_S,
+        "bin_s": spec.bin_s,
         "seed": binning.seed_from_run_id(spec.run_id),
     }
     describe = getattr(src, "run_fields", None)  # a source whose runs have no workload preset describes them
@@ -189,8 +189,8 @@ def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
             continue
         included.append(spec.run_id)
         runs.append(pd.read_parquet(paths.table(spec.run_id, "run_summary")))
-        b = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-        bins.append(b)
+        if spec.bin_s == BIN_S:  # flows_100ms is v1's table: 100 ms runs only (all widths: DuckDB's flows_binned)
+            bins.append(pd.read_parquet(paths.table(spec.run_id, "flows_100ms")))
         wins.append(pd.read_parquet(paths.table(spec.run_id, "windows")))
     runs_df = runs_frame([]) if not runs else pd.concat(runs, ignore_index=True)
     bins_df = (
@@ -274,8 +274,18 @@ def database_tables() -> list[database.Table]:
             dict(BIN_COLUMNS),
             "flows_100ms.parquet",
             "Bytes sent src_node -> dst_node in the 100 ms bin starting at t (0 <= t < 180 s), "
-            "control traffic included.",
+            "control traffic included; the runs of 100 ms bins (v1; every width: flows_binned).",
             {"t": "bin start, s", "bytes": "bytes in the bin"},
+            run_filter="round(r.bin_s * 1000) = 100",
+        ),
+        database.Table(
+            "flows_binned",
+            {"run_id": "str", "bin_s": "float64", **{c: d for c, d in BIN_COLUMNS.items() if c != "run_id"}},
+            "flows_100ms.parquet",  # the per-run file keeps v1's name at any width
+            "Bytes sent src_node -> dst_node in the bin of bin_s seconds starting at t (0 <= t < 180 s), "
+            "control traffic included: every run at its own bin width (runs.bin_s).",
+            {"bin_s": "bin width of the run, s (runs.bin_s)", "t": "bin start, s", "bytes": "bytes in the bin"},
+            from_runs=("bin_s",),
         ),
         database.Table(
             "windows",

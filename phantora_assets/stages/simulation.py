@@ -21,6 +21,7 @@ from typing import Any
 
 from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.phantora.perfdb import load_perfdb
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
@@ -189,9 +190,9 @@ def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
 
 
 def run_spec_record(spec: RunSpec) -> RunSpecRecord:
-    """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry
-    (layout, source, topology, import path), the workload preset, the GPU's ``gpus.toml`` entry,
-    the effective network settings and the sha256 of the GPU's perf DB files."""
+    """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry (layout,
+    source, topology, import path, a bin width other than 0.1 s), the workload preset, the GPU's ``gpus.toml``
+    entry, the effective network settings and the sha256 of the GPU's perf DB files."""
     folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -209,6 +210,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "topology": dict(spec.topology),
             **({"name": spec.name} if spec.name else {}),
             **({"rank": spec.rank} if spec.rank is not None else {}),
+            **({"bin_s": spec.bin_s} if spec.bin_s != DEFAULT_BIN_S else {}),  # v1's width: as before it was a setting
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,

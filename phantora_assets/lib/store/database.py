@@ -7,7 +7,8 @@ one and renames it into place, so readers see the previous database or the new o
 a half-built one. The database holds copies (not views over the Parquet paths), so it can
 be moved or queried from any working directory.
 
-Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run, bin, directed pair),
+Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run of 100 ms bins, bin, directed pair),
+``flows_binned`` (run at its ``bin_s``, bin, directed pair),
 ``windows`` (run, window), ``flows`` (network flow), ``steps`` (step), ``step_anatomy``
 (step, host), ``run_status`` (run of the matrix, included or not, with the reason).
 Views: :data:`VIEWS`. Every table, view and documented column carries a ``COMMENT``
@@ -40,6 +41,8 @@ class Table:
     column_docs: Mapping[str, str] = field(default_factory=dict)
     add_run_id: bool = False  # the file has no run_id column: prepend it
     optional: bool = False  # a run without the file adds no rows (else: error)
+    from_runs: tuple[str, ...] = ()  # columns taken from the run's row of ``runs`` (r), not the file
+    run_filter: str | None = None  # SQL on ``runs`` (r): only the runs it holds for add rows
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ VIEWS: tuple[View, ...] = (
             FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
             WHERE s.steady GROUP BY ALL),
         window_pairs AS (
-            SELECT run_id, src_node, dst_node, sum(bytes) AS window_bytes FROM flows_100ms GROUP BY ALL)
+            SELECT run_id, src_node, dst_node, sum(bytes) AS window_bytes FROM flows_binned GROUP BY ALL)
         SELECT w.run_id, w.src_node, w.dst_node,
                coalesce(p.steady_bytes, 0) / n.n_steady AS bytes_per_step,
                coalesce(p.steady_flows, 0) / n.n_steady AS flows_per_step,
@@ -74,12 +77,12 @@ VIEWS: tuple[View, ...] = (
         LEFT JOIN step_pairs p USING (run_id, src_node, dst_node)
         ORDER BY run_id, src_node, dst_node
         """,
-        "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_100ms.",
+        "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_binned.",
         {
             "bytes_per_step": "network bytes of the pair in one steady step (mean over the steady steps), bytes",
             "flows_per_step": "network flows of the pair per steady step",
             "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
-            "window_bytes": "bytes of the pair over the 180 s window of flows_100ms, control traffic included",
+            "window_bytes": "bytes of the pair over the 180 s window (flows_binned), control traffic included",
         },
     ),
     View(
@@ -150,20 +153,20 @@ VIEWS: tuple[View, ...] = (
                    median(periodicity) AS median_periodicity, count(*) AS n_windows
             FROM windows WHERE window_s = 15 GROUP BY run_id)
         SELECT r.run_id, r.step_time_s, r.bin_s,
-               r.step_time_s < 2 * r.bin_s AS period_aliased,
-               CASE WHEN r.step_time_s >= 2 * r.bin_s THEN r.step_time_s
-                    ELSE 1 / nullif(abs(1 / r.step_time_s - round(r.bin_s / r.step_time_s) / r.bin_s), 0)
+               r.step_time_s < 2 * b.s AS period_aliased,
+               CASE WHEN r.step_time_s >= 2 * b.s THEN r.step_time_s
+                    ELSE 1 / nullif(abs(1 / r.step_time_s - round(b.s / r.step_time_s) / b.s), 0)
                END AS expected_period_s,
                w.median_period_s, w.median_periodicity, w.n_windows
-        FROM runs r LEFT JOIN w USING (run_id)
+        FROM runs r LEFT JOIN w USING (run_id), LATERAL (SELECT greatest(r.bin_s, 0.01) AS s) b
         ORDER BY run_id
         """,
         "The dominant_period_s feature against the step time, per run (15 s windows).",
         {
-            "period_aliased": "true when the step is shorter than two bins: dominant_period_s then reads the "
-            "step's alias, not the step time",
+            "period_aliased": "true when the step is shorter than two bins (of bin_s, at least 10 ms: finer bins "
+            "are folded in 10 ms sums): dominant_period_s then reads the step's alias, not the step time",
             "expected_period_s": "what dominant_period_s reads for this step: the step time, or its alias "
-            "1/|1/step - k/bin_s| (NULL: the step is a whole fraction of a bin)",
+            "1/|1/step - k/b| with b = max(bin_s, 10 ms) (NULL: the step is a whole fraction of a bin)",
             "median_period_s": "median of dominant_period_s over the run's 15 s windows",
             "median_periodicity": "median of periodicity over the run's 15 s windows",
         },
@@ -248,14 +251,17 @@ def build_database(
                             continue
                         files[str(f)] = run_id
                     if files:  # one statement per table: the file name gives the run_id
-                        sel = ", ".join(f"p.{_ident(c)}" for c in t.columns)
+                        sel = ", ".join(f"{'r' if c in t.from_runs else 'p'}.{_ident(c)}" for c in t.columns)
                         prefix = "m.run_id, " if t.add_run_id else ""
+                        joined = t.from_runs or t.run_filter  # after ``runs``, the first table
+                        runs = " JOIN runs r ON r.run_id = m.run_id" if joined else ""
+                        where = f" WHERE {t.run_filter}" if t.run_filter else ""
                         listing = ", ".join(_quote(f) for f in files)
                         mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
                         con.execute(
                             f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
                             f"FROM read_parquet([{listing}], filename = true) p "
-                            f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
+                            f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file{runs}{where} "
                             f"ORDER BY m.run_id"
                         )
                 _comment(con, "TABLE", t.name, t.description, t.column_docs)

@@ -118,7 +118,8 @@ def timeseries(
     zoom_s: float = 5.0,
     path: Path | None = None,
 ) -> bytes:
-    """Gbit/s per 100 ms bin: the total and the ``top`` busiest directed pairs; full window and a zoom."""
+    """Gbit/s per bin (``bin_s`` wide, named in the title): the total and the ``top`` busiest directed pairs; full
+    window and a zoom."""
     from matplotlib.ticker import MaxNLocator
 
     fig = _figure("timeseries")
