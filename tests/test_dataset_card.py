@@ -151,3 +151,41 @@ def test_datasets_load_dataset_reads_the_three_configs_offline(dataset, tmp_path
             }
         else:
             assert df["total_bytes"].sum() == pytest.approx(csv["total_bytes"].sum(), rel=1e-12)
+
+
+def test_csv_rows_are_what_pandas_writes_for_the_whole_table(tmp_path):
+    """Batches appended one by one give the bytes atomic_write_csv (pandas' to_csv) gives the whole
+    table: floats with %.10g (-0.0, NaN as empty), a string that needs quotes (pandas' fallback)."""
+    import pyarrow as pa
+
+    from phantora_assets.lib.store import export as ex
+    from phantora_assets.lib.store.io import atomic_write_csv
+
+    df = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "b", "b"],
+            "x": [0.1, -0.0, float("nan"), 1 / 3],
+            "n": [1, -2, 3, 2**62],
+            "s": ["p", "tp=2,dp=4", 'q"', "r"],
+        }
+    )
+    atomic_write_csv(df, tmp_path / "whole.csv")
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    text = ex.csv_header(table.schema) + b"".join(ex.csv_rows(b) for b in table.to_batches(max_chunksize=1))
+    assert text == (tmp_path / "whole.csv").read_bytes()
+
+
+def test_a_row_breaking_the_contract_publishes_nothing_and_names_the_file(dataset, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(dataset.parent, root)
+    before = _digests(root / "phantora_v0")
+    bad = DataPaths(root).table(RUNS[1], "flows_100ms")
+    df = pd.read_parquet(bad)
+    df.loc[5, "bytes"] = -1
+    df.to_parquet(bad, index=False)
+    specs = [s for s in load_run_matrix() if s.run_id in RUNS]
+    result = dataset_stage.export_dataset(specs, DataPaths(root))
+    assert not result.outcome.passed
+    assert str(bad) in result.outcome.message and "bytes" in result.outcome.message
+    assert _digests(root / "phantora_v0") == before
+    assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]
