@@ -49,9 +49,11 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         deps=["binned_flows", window_features, run_summary],
         check_specs=check_specs("phantora_v0"),
         kinds={"csv", "parquet", "pandera"},
-        description="data/phantora_v0/{runs,flows_100ms,windows}.csv (+ Parquet): every run whose checks all "
-        "passed. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, dst_node; windows: one "
-        "row per run_id, window_s, window_start_s. run_status.csv lists included and excluded runs with reasons.",
+        description="data/phantora_v0/: every run whose checks all passed, as Parquet (runs.parquet; "
+        "flows_100ms/ and windows/ one file per run, hive-partitioned by run_id) and the v1 CSVs "
+        "{runs,flows_100ms,windows}.csv. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, "
+        "dst_node; windows: one row per run_id, window_s, window_start_s. run_status.csv lists included and "
+        "excluded runs with reasons; README.md is the dataset card (data dictionary, build, limits, license).",
     )
     def phantora_v0(context: dg.AssetExecutionContext, data: DataRoot):
         result = stage.export_dataset(list(p.specs), data.paths)

@@ -14,7 +14,7 @@ its source (``sources/``).
     flows.bin_flows             -> partitions/<run_id>/flows_100ms.parquet
     dataset.window_features     -> partitions/<run_id>/windows.parquet
     dataset.summarize_run       -> partitions/<run_id>/run_summary.parquet
-    dataset.export_dataset      -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
+    dataset.export_dataset      -> phantora_v0/ (export.py: CSVs, runs.parquet, per-run Parquet, README.md card)
     dataset.dataset_duckdb_stage-> phantora.duckdb
     analysis.step_anatomy_stage -> partitions/<run_id>/{step_anatomy,step_spans}.parquet
     analysis.run_plots_stage    -> run folder plots/*.png

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: DuckDB's memory limit while building (beyond it, sorts and joins spill to a temporary folder beside
+#: the database; appends are written to the file as they go): the build of a 50 M-row flows_100ms
+#: stays within 2 GB of RSS (benchmarks/dataset_scale.py).
+MEMORY_LIMIT = "1GB"
 #: pandas dtype name -> DuckDB type.
 _SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "str": "VARCHAR", "bool": "BOOLEAN"}
 
@@ -218,7 +223,8 @@ def build_database(
     Args:
         out: the database file.
         tables: the base tables; each with a ``source`` is filled from
-            ``partition_dir[run_id] / source`` for every included run.
+            ``partition_dir[run_id] / source`` for every included run, one ``INSERT ... SELECT
+            FROM read_parquet(file)`` per run in run_id order (no table is held in memory).
         partition_dir: included run_id -> its partition folder.
         run_status: ``(run_id, status, reason)`` for every run of the matrix (the
             ``run_status`` table).
@@ -232,37 +238,33 @@ def build_database(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    spill = out.with_name(f".{out.name}.p{os.getpid()}.dir.tmp")
     rows: dict[str, int] = {}
     missing: dict[str, list[str]] = {}
     try:
         con = duckdb.connect(str(tmp))
         try:
             con.execute("SET threads TO 2")
+            con.execute(f"SET memory_limit = {_quote(MEMORY_LIMIT)}")
+            con.execute(f"SET temp_directory = {_quote(str(spill))}")  # spills there beyond the limit
             for t in tables:
                 cols = {"run_id": "str", **t.columns} if t.add_run_id else dict(t.columns)
                 ddl = ", ".join(f"{_ident(c)} {_sql_type(d)}" for c, d in cols.items())
                 con.execute(f"CREATE TABLE {_ident(t.name)} ({ddl})")
-                if t.source is not None:
-                    files: dict[str, str] = {}
+                if t.source is not None:  # run by run, in run_id order: DuckDB streams each file
                     for run_id in sorted(partition_dir):
                         f = Path(partition_dir[run_id]) / t.source
                         if t.optional and not f.exists():
                             missing.setdefault(t.name, []).append(run_id)
                             continue
-                        files[str(f)] = run_id
-                    if files:  # one statement per table: the file name gives the run_id
                         sel = ", ".join(f"{'r' if c in t.from_runs else 'p'}.{_ident(c)}" for c in t.columns)
-                        prefix = "m.run_id, " if t.add_run_id else ""
+                        prefix = f"{_quote(run_id)} AS run_id, " if t.add_run_id else ""
                         joined = t.from_runs or t.run_filter  # after ``runs``, the first table
-                        runs = " JOIN runs r ON r.run_id = m.run_id" if joined else ""
+                        runs = f" JOIN runs r ON r.run_id = {_quote(run_id)}" if joined else ""
                         where = f" WHERE {t.run_filter}" if t.run_filter else ""
-                        listing = ", ".join(_quote(f) for f in files)
-                        mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
                         con.execute(
-                            f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
-                            f"FROM read_parquet([{listing}], filename = true) p "
-                            f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file{runs}{where} "
-                            f"ORDER BY m.run_id"
+                            f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} FROM read_parquet(?) p{runs}{where}",
+                            [str(f)],
                         )
                 _comment(con, "TABLE", t.name, t.description, t.column_docs)
             con.execute("CREATE TABLE run_status (run_id VARCHAR, status VARCHAR, reason VARCHAR)")
@@ -282,6 +284,7 @@ def build_database(
         for p in (tmp, tmp.with_name(tmp.name + ".wal")):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        shutil.rmtree(spill, ignore_errors=True)
     included = sorted(partition_dir)
     excluded = {r: why for r, status, why in run_status if status != "included"}
     return BuildResult(out, rows, included, excluded, missing)
