@@ -72,9 +72,7 @@ def _pairs(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray, int]:
     return src, np.where(rest < src, rest, rest + 1), m
 
 
-def _bin_keys(
-    flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int, **bin_args
-) -> tuple[np.ndarray, int]:
+def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int, **bin_args) -> tuple[np.ndarray, int]:
     """Bytes per (bin, key) of the (flow, key) rows ``fi, keys``, placed by ``build_bins`` without
     control traffic: an ``(n_bins, n_keys)`` int64 array, and the placed bytes."""
     src, dst, m = _pairs(keys, n_keys)
@@ -147,7 +145,7 @@ def build_link_bins(
             per_link[:, fabric0 + g * s + j] += base + (j < rem)
     n_bins = per_link.shape[0]
     t = np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6)
-    rep = lambda col: np.tile(links[col].to_numpy(), n_bins)  # noqa: E731
+    rep = lambda col: np.tile(links[col].to_numpy(), n_bins)
     table = pd.DataFrame(
         {
             "run_id": pd.Series([run_id] * (n_bins * n_links), dtype=object),
