@@ -20,6 +20,7 @@ from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.net import link_bins, routes
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.sim.network import Topology
+from phantora_assets.lib.store import database
 from phantora_assets.lib.traffic.binning import exact_sum
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
@@ -116,3 +117,18 @@ def conservation_outcome(table: pd.DataFrame, expected: dict[str, int]) -> Outco
     ok, msg = link_bins.conservation(got, expected)
     meta = {f"table_{c}": v for c, v in got.items()} | {f"expected_{c}": v for c, v in expected.items()}
     return Outcome(CHECK, ok, msg, meta)
+
+
+def link_bins_table() -> database.Table:
+    """The ``link_bins`` table of ``phantora.duckdb`` (``stages/dataset.database_tables``): every included
+    run's ``link_bins.parquet`` (a run built before the asset existed adds no rows)."""
+    return database.Table(
+        "link_bins",
+        dict(link_bins.LINK_BIN_COLUMNS),
+        "link_bins.parquet",
+        "Bytes on each directed link of the run's leaf-spine in the bin starting at t (the link_bins asset): "
+        "every network flow on every link of its path, placed over the window as flows_100ms places it; "
+        "control traffic on no link.",
+        link_bins.LINK_BIN_DOCS,
+        optional=True,
+    )

@@ -51,6 +51,19 @@ LINK_BIN_COLUMNS: dict[str, str] = {
     "routes": "str",  # simulated | modelled (lib/net/routes.routes_kind)
 }
 
+#: What each column means (the DuckDB column comments).
+LINK_BIN_DOCS: dict[str, str] = {
+    "t": "bin start, s (0 <= t < 180 s)",
+    "bin_s": "bin width, s",
+    "link_id": "the link's number: host_up h, host_down H + h, leaf_spine 2H + r*S + j, spine_leaf 2H + R*S + r*S + j",
+    "link_class": "host_up | leaf_spine | spine_leaf | host_down",
+    "src": "sending end: host-k, leaf-k (the ToR of rack k) or spine-k",
+    "dst": "receiving end",
+    "bytes": "bytes on the link in the bin",
+    "capacity_bps": "link capacity in one direction, bit/s",
+    "routes": "simulated (the run's simulation used these paths) | modelled (the routing model assigned them)",
+}
+
 
 @dataclass(frozen=True)
 class LinkBins:
