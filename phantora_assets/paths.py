@@ -4,10 +4,11 @@
                                            run: traces/<source>/<run_id>/):
     timeline.json.gz  checks.txt  checks.json  run.log  config/...
     timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
-    plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
+    plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png  plots/link_utilisation.png
 <root>/partitions/<run_id>/                per-run intermediate tables (Parquet) and sidecar records
     raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet  compute_events.parquet
-    flows_100ms.parquet  windows.parquet  run_summary.parquet  step_anatomy.parquet  step_spans.parquet
+    flows_100ms.parquet  link_bins.parquet  windows.parquet  run_summary.parquet  step_anatomy.parquet
+    step_spans.parquet
     simulation.json (analytic)  kineto.json (kineto)  run_log.json  trace_summary.json  cross_check.json
 <root>/imports.toml                        imported run folders (phantora-assets import)
 <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)

@@ -204,12 +204,15 @@ def test_materialization_reports_checks_with_severity_and_run_log_metadata(impor
     res = materialize_run(imported, W3_NO_A2A)
     assert res.success  # the cross-check is advisory
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
-    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
+    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up", "link_bins_conserve_bytes"}
     cc = evals["matches_workload_model"]
     assert not cc.passed and cc.severity == dg.AssetCheckSeverity.WARN
     assert cc.metadata["trace_bytes_all_to_all"].value == 0
     assert "all_to_all" in cc.metadata["breakdown_md"].value
     assert all(e.passed for name, e in evals.items() if name != "matches_workload_model")
+    # an imported trace's links: the same routing model assigns them, and the table says so
+    links = pd.read_parquet(DataPaths(imported).table(W3_NO_A2A, "link_bins"), columns=["routes"])
+    assert set(links["routes"]) == {"modelled"}
     raw_meta = res.asset_materializations_for_node("raw_timeline")[0].metadata
     assert raw_meta["source"].value == "import" and raw_meta["run_log_iterations"].value == 20
     assert len(raw_meta["run_log_iteration_ms"].value) == 20 and raw_meta["run_log_peak_memory_gib"].value == 19.531

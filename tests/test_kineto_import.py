@@ -81,8 +81,11 @@ def test_materialization_reports_every_check(built):
     res = materialize_run(built, RUN)
     assert res.success
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
-    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
+    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up", "link_bins_conserve_bytes"}
     assert all(e.passed for e in evals.values())
+    links = pd.read_parquet(DataPaths(built).table(RUN, "link_bins"))  # 2 hosts in one rack: host links carry all
+    assert set(links["routes"]) == {"modelled"}
+    assert links.loc[links["link_class"] == "host_up", "bytes"].sum() == links["bytes"].sum() // 2
     raw_meta = res.asset_materializations_for_node("raw_timeline")[0].metadata
     assert raw_meta["ranks_traced"].value == 1 and raw_meta["n_collectives"].value == 18
     flows_meta = res.asset_materializations_for_node("validated_flows")[0].metadata

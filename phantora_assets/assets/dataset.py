@@ -78,13 +78,21 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
     @dg.asset(
         group_name="dataset",
         # rebuilt from the per-run tables of validated_flows, binned_flows, window_features, run_summary and
-        # step_anatomy, and compared with phantora_v0
-        deps=[phantora_v0, "validated_flows", "binned_flows", window_features, run_summary, "step_anatomy"],
+        # step_anatomy (and link_bins), and compared with phantora_v0
+        deps=[
+            phantora_v0,
+            "validated_flows",
+            "binned_flows",
+            window_features,
+            run_summary,
+            "step_anatomy",
+            "link_bins",
+        ],
         check_specs=check_specs("dataset_duckdb"),
         kinds={"duckdb"},
         description="data/phantora.duckdb, rebuilt atomically from the per-run Parquet files of every run that "
-        "passed its checks: tables runs, flows_100ms, windows, flows, steps, step_anatomy, run_status and the "
-        'documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
+        "passed its checks: tables runs, flows_100ms, windows, flows, steps, step_anatomy, link_bins, run_status "
+        'and the documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
     )
     def dataset_duckdb(context: dg.AssetExecutionContext, data: DataRoot):
         res = stage.dataset_duckdb_stage(list(p.specs), data.paths)

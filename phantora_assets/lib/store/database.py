@@ -10,7 +10,8 @@ be moved or queried from any working directory.
 Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run of 100 ms bins, bin, directed pair),
 ``flows_binned`` (run at its ``bin_s``, bin, directed pair),
 ``windows`` (run, window), ``flows`` (network flow), ``steps`` (step), ``step_anatomy``
-(step, host), ``run_status`` (run of the matrix, included or not, with the reason).
+(step, host), ``link_bins`` (run, bin, directed link), ``run_status`` (run of the matrix, included or
+not, with the reason).
 Views: :data:`VIEWS`. Every table, view and documented column carries a ``COMMENT``
 (``select * from duckdb_views()``, ``duckdb_columns()``).
 
@@ -178,6 +179,50 @@ VIEWS: tuple[View, ...] = (
     ),
 )
 
+
+#: Views over ``link_bins`` (per-link traffic, ``lib/net/``): added to :data:`VIEWS`.
+LINK_VIEWS: tuple[View, ...] = (
+    View(
+        "link_utilisation",
+        """
+        SELECT run_id, t, bin_s, link_id, link_class, src, dst, bytes, capacity_bps,
+               bytes * 8 / bin_s / capacity_bps AS utilisation, routes
+        FROM link_bins
+        ORDER BY run_id, t, link_id
+        """,
+        "Utilisation of every directed link in every bin: one row per (run_id, t, link_id) of link_bins.",
+        {
+            "utilisation": "bytes * 8 / bin_s / capacity_bps: the link's mean load in the bin as a share of its "
+            "capacity (above 1 where the window's repetitions overlap a step's flows, or modelled routes stack "
+            "connections the simulator timed on other spines)",
+            "routes": "simulated (the paths the run's simulation used) | modelled (the same routing model, "
+            "ECMP as configured, assigned them: imported traces, or hash ECMP between racks)",
+        },
+    ),
+    View(
+        "hottest_links",
+        """
+        WITH per AS (
+            SELECT run_id, link_id, link_class, src, dst, capacity_bps, any_value(routes) AS routes,
+                   max(utilisation) AS peak_utilisation, arg_max(t, utilisation) AS peak_t,
+                   avg(utilisation) AS mean_utilisation, sum(bytes)::BIGINT AS window_bytes
+            FROM link_utilisation GROUP BY ALL)
+        SELECT row_number() OVER (PARTITION BY run_id ORDER BY peak_utilisation DESC, link_id) AS rank, *
+        FROM per
+        QUALIFY rank <= 10
+        ORDER BY run_id, rank
+        """,
+        "The 10 links of each run with the highest peak utilisation: one row per (run_id, rank).",
+        {
+            "rank": "1 = the link with the highest peak utilisation in the run (ties: lower link_id first)",
+            "peak_utilisation": "largest utilisation of the link over the window's bins",
+            "peak_t": "start of the (first) bin where the peak is reached, s",
+            "mean_utilisation": "mean utilisation of the link over the window",
+            "window_bytes": "bytes on the link over the window",
+        },
+    ),
+)
+VIEWS += LINK_VIEWS
 
 RUN_STATUS_DOC = (
     "Every run of the run matrix: included in the dataset tables (all checks passed) or not, with the reason."
