@@ -22,7 +22,7 @@ import pandera.errors as pa_errors
 from phantora_assets import contracts
 from phantora_assets.checks import RUN_CHECKS, all_passed, blocking_failures, read_checks, reset_checks, run_passed
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
-from phantora_assets.lib.store import database
+from phantora_assets.lib.store import bin_table, database
 from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text, link_or_copy, swap_in_dir
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
@@ -55,8 +55,9 @@ def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
     reset_checks(paths.run_folder(spec), "window_features")
-    bins = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=BIN_S, window_s=WINDOW_S)
+    n_total = int(round(WINDOW_S / BIN_S))  # the matrix, read one row group at a time (bounded memory)
+    dense = bin_table.read_bin_matrix(paths.table(spec.run_id, "flows_100ms"), BIN_S, n_total)
+    feats = wf.matrix_window_features(*dense, spec.run_id, bin_s=BIN_S)
     outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file
