@@ -20,8 +20,10 @@ import pyarrow.parquet as pq
 from phantora_assets.columns import BIN_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
-#: Bins per written row group (x n_pairs rows: 16 k pairs -> 1.6 M rows, ~70 MB of columns).
+#: Bins per written row group (x n_pairs rows: 16 k pairs -> 1.6 M rows, ~70 MB of columns), at most
+#: CHUNK_ROWS rows (at least one bin).
 CHUNK_BINS = 100
+CHUNK_ROWS = 4_000_000
 
 
 def pair_nodes(n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,18 +54,26 @@ def bins_frame(matrix: np.ndarray, run_id: str, bin_s: float, n_nodes: int, firs
 
 
 def write_bins(matrix: np.ndarray, run_id: str, bin_s: float, n_nodes: int, path: Path) -> None:
-    """Write ``matrix`` as the ``BIN_COLUMNS`` table (zstd Parquet, the schema ``write_parquet`` gives
-    the same DataFrame), atomically, :data:`CHUNK_BINS` bins per row group."""
-    schema = pa.schema(
-        [("run_id", pa.string()), ("t", pa.float64()), ("src_node", pa.int64()), ("dst_node", pa.int64())]
-        + [("bytes", pa.int64())]
-    )
+    """Write ``matrix`` as the ``BIN_COLUMNS`` table (zstd Parquet, the types ``write_parquet`` gives
+    the same DataFrame), atomically, :data:`CHUNK_BINS` bins per row group. The file's metadata
+    records the dense layout (``phantora_dense_pairs``: the node count), so that
+    :func:`read_bin_matrix` reads only its ``bytes`` column back."""
+    n_bins, n_pairs = matrix.shape
+    meta = {b"phantora_dense_pairs": str(n_nodes).encode(), b"phantora_bins": str(n_bins).encode()}
+    fields = [("run_id", pa.string()), ("t", pa.float64()), ("src_node", pa.int64()), ("dst_node", pa.int64())]
+    schema = pa.schema([*fields, ("bytes", pa.int64())], metadata=meta)
+    src, dst = pair_nodes(n_nodes) if n_pairs else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    times, rid = bin_times(n_bins, bin_s), run_id.encode()
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        if not matrix.size:
-            writer.write_table(pa.Table.from_pandas(bins_frame(matrix, run_id, bin_s, n_nodes), schema, False))
-        for b0 in range(0, matrix.shape[0] if matrix.size else 0, CHUNK_BINS):
-            frame = bins_frame(matrix[b0 : b0 + CHUNK_BINS], run_id, bin_s, n_nodes, b0)
-            writer.write_table(pa.Table.from_pandas(frame, schema, preserve_index=False))
+        step = max(1, min(CHUNK_BINS, CHUNK_ROWS // max(n_pairs, 1)))
+        for b0 in range(0, max(n_bins, 1) if n_pairs else 1, step):
+            k = min(step, n_bins - b0) if n_pairs else 0
+            rows = k * n_pairs
+            offsets = pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * len(rid)).tobytes())
+            ids = pa.Array.from_buffers(pa.string(), rows, [None, offsets, pa.py_buffer(rid * rows)])
+            cols = [np.repeat(times[b0 : b0 + k], n_pairs), np.tile(src, k), np.tile(dst, k)]
+            arrays = [ids, *(pa.array(c) for c in cols), pa.array(matrix[b0 : b0 + k].reshape(-1))]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
 
 def read_bin_matrix(path: Path, bin_s: float, n_total: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
@@ -75,6 +85,13 @@ def read_bin_matrix(path: Path, bin_s: float, n_total: int) -> tuple[np.ndarray,
     """
     pf = pq.ParquetFile(path)
     groups = range(pf.metadata.num_row_groups)
+    meta = pf.schema_arrow.metadata or {}
+    n_nodes = int(meta.get(b"phantora_dense_pairs", 0))
+    if n_nodes > 1 and int(meta[b"phantora_bins"]) == n_total:  # written by write_bins: every bin, every pair
+        src, dst = pair_nodes(n_nodes)
+        flat = pf.read(columns=["bytes"]).column("bytes").to_numpy()
+        pairs = [(int(a), int(b)) for a, b in zip(src, dst)]
+        return flat.reshape(n_total, len(pairs)), np.ones(n_total, dtype=bool), pairs
     keys = [pf.read_row_group(g, columns=["src_node", "dst_node"]) for g in groups]
     src = np.concatenate([k.column("src_node").to_numpy() for k in keys] or [np.zeros(0, np.int64)])
     dst = np.concatenate([k.column("dst_node").to_numpy() for k in keys] or [np.zeros(0, np.int64)])
