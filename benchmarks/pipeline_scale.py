@@ -6,7 +6,7 @@
 
 Every stage of a run (raw_timeline, chrome_trace, validated_flows, binned_flows, window_features,
 run_summary, step_anatomy, run_plots, then phantora_v0 and dataset_duckdb of that one run) runs in
-its own forked child of this process (which has imported everything once), one after the other on
+its own forked child of this process (which imported the stages once, before), one after the other on
 one data root, exactly as the assets call them (``stages/``); each child reports its wall time and
 its peak RSS (``ru_maxrss``, which counts the pages it shares with the parent: about the
 interpreter with the package imported). The per-run chain's time is the sum over the stages from
@@ -21,6 +21,7 @@ the 64-node run's binned_flows and window_features each <= 1 s. Exit 1 when a ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import pickle
@@ -111,11 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--no-dataset", action="store_true", help="skip phantora_v0 and dataset_duckdb")
+    ap.add_argument(
+        "--ep", type=int, default=8, help="ep of the MoE runs (W2, W3) whose GPU count does not divide the experts"
+    )
     ap.add_argument("--data-dir", default=None, help="data root (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
 
     from phantora_assets.matrix import RunSpec, validate
     from phantora_assets.paths import DataPaths
+    from phantora_assets.stages import analysis, dataset, flows, simulation, traces  # noqa: F401 (imported once, before the forks)
 
     stages = RUN_STAGES + (() if args.no_dataset else DATASET_STAGES)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -131,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         for wl in args.workloads.split(","):
             for n in sizes:
                 spec = RunSpec(workload=wl, gpu=args.gpu, n_nodes=n, gpus_per_node=args.gpus_per_node)
+                experts = int(spec.preset.get("num_moe_experts", 0))
+                if spec.preset.get("expert_parallel") and experts % spec.world_size:
+                    spec = dataclasses.replace(spec, ep_size=args.ep)  # the preset rule (ep = GPUs) cannot hold
                 validate(spec, f"{wl} {n}x{args.gpus_per_node}")
                 res = {s: run_forked(s, spec, paths) for s in stages}
                 errs = [f"{spec.run_id} {s}: {e}" for s, (_, _, e) in res.items() if e]
@@ -138,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                 total = sum(res[s][0] for s in RUN_STAGES)
                 secs = " ".join(f"{res[s][0]:>10.2f}" for s in stages)
                 rss = " ".join(f"{res[s][1]:>10.0f}" for s in stages)
-                print(f"{spec.run_id:<28} {events:>9} {secs} {total:>8.2f}")
+                print(
+                    f"{spec.run_id + (f' ep={spec.ep}' if spec.ep_size else ''):<28} {events:>9} {secs} {total:>8.2f}"
+                )
                 print(f"{'  peak RSS MiB':<28} {'':>9} {rss}", flush=True)
                 failures += errs
                 failures += [

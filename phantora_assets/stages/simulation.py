@@ -208,6 +208,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "path": spec.path,
             "topology": dict(spec.topology),
             **({"name": spec.name} if spec.name else {}),
+            **({"ep": spec.ep_size} if spec.ep_size is not None else {}),
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,
