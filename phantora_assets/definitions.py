@@ -5,7 +5,7 @@ environment (data root, run matrix, simulator choice). ``defs`` below is what ``
 Environment (all optional):
     PHANTORA_ASSETS_DATA_DIR            data root (default ./data)
     PHANTORA_ASSETS_RUN_MATRIX          run matrix file (default: the shipped runs.toml)
-    PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders to import (os.pathsep-separated)
+    PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders (or of traces with import.toml) to import
     PHANTORA_ASSETS_MAX_TRACE_LINE_MIB, PHANTORA_ASSETS_MAX_TRACE_INFLATED_GIB   trace caps (resources.DataRoot)
     PHANTORA_ASSETS_SIMULATOR           docker | analytic (default: docker iff a run has source = "docker")
     PHANTORA_ASSETS_DOCKER_IMAGE, PHANTORA_ASSETS_PHANTORA_TESTS_DIR, PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT
@@ -21,13 +21,12 @@ import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
-from phantora_assets.imported_runs import IMPORT_DIR_ENV, env_import_dirs, matrix_for
-from phantora_assets.lib.phantora.run_folder import discover
+from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, env_import_dirs, matrix_for
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
-from phantora_assets.stages.simulation import build_reason
+from phantora_assets.stages.simulation import build_reason, run_spec_record
 
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
@@ -122,9 +121,11 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
 def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefinition:
     """The sensor ``import_dir`` (on by default): every run folder under
     ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
-    complete, current build gets one run of ``all_runs`` (run key: the run_id and the size and
-    mtime of the trace file, or of the folder for a run without trace, so a folder replaced by a
-    new trace is requested again and a failing one once).
+    complete, current build gets one run of ``all_runs`` (run key: the run_id and its fingerprint,
+    ``run_spec_record``, which covers the size and mtime of the folder's files, so a folder whose
+    trace is replaced is requested again and a failing one once). A folder of profiler traces or
+    Chakra ETs counts when it has an ``import.toml`` (``imported_runs.discover_imports``); the
+    folders that cannot be imported are named in the skip message.
     Folders that appeared after the code location loaded are not partitions yet: the tick names
     them; they become partitions when the code location reloads (``dagster-daemon run`` reloads its
     code server every 60 s; in ``dagster dev`` the daemon shares the UI's code server: "Reload
@@ -141,21 +142,22 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
         dirs = env_import_dirs()
         if not dirs:
             return dg.SkipReason(f"${IMPORT_DIR_ENV} is not set")
-        requests, pending = [], []
+        requests, pending, declined = [], [], []
         for d in dirs:
             if not d.is_dir():
                 return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
-            for folder in discover(d)[0]:
+            found, skipped = discover_imports(d)
+            declined += [f"{s.path}: {s.reason}" for s in skipped]
+            for folder in found:
                 loaded = parts.by_id.get(folder.spec.run_id)
                 if loaded is None or loaded.path != folder.spec.path:
                     pending.append(f"{folder.spec.run_id} ({folder.path})")
                     continue
                 why = _reason(loaded, paths)
                 if why:
-                    st = (folder.trace or folder.path).stat()  # a run without trace: its folder
                     requests.append(
                         dg.RunRequest(
-                            run_key=f"{loaded.run_id}@{st.st_size}.{st.st_mtime_ns}",
+                            run_key=f"{loaded.run_id}@{run_spec_record(loaded).fingerprint}",
                             partition_key=loaded.run_id,
                             tags={"phantora/build_reason": why[:200]},
                         )
@@ -164,7 +166,7 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
             f"not partitions until the code location reloads: {', '.join(pending)}"
             if pending
             else "every imported run folder is built and current"
-        )
+        ) + "".join(f"; declined {s}" for s in declined)
         return dg.SensorResult(run_requests=requests, skip_reason=None if requests else note)
 
     return import_dir
