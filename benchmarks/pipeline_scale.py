@@ -4,8 +4,8 @@
     python benchmarks/pipeline_scale.py --workloads W5,W1 --sizes 16,128 --gpu h100
     python benchmarks/pipeline_scale.py --workloads W4 --sizes 16 --no-dataset   # a quick look
 
-Every stage of a run (raw_timeline, chrome_trace, validated_flows, binned_flows, window_features,
-run_summary, step_anatomy, run_plots, then phantora_v0 and dataset_duckdb of that one run) runs in
+Every stage of a run (raw_timeline, chrome_trace, validated_flows, binned_flows, link_bins,
+window_features, run_summary, step_anatomy, run_plots, then phantora_v0 and dataset_duckdb of that one run) runs in
 its own forked child of this process (which imported the stages once, before), one after the other on
 one data root, exactly as the assets call them (``stages/``); each child reports its wall time and
 its peak RSS (``ru_maxrss``, which counts the pages it shares with the parent: about the
@@ -39,6 +39,7 @@ RUN_STAGES = (
     "chrome_trace",
     "validated_flows",
     "binned_flows",
+    "link_bins",
     "window_features",
     "run_summary",
     "step_anatomy",
@@ -49,13 +50,14 @@ DATASET_STAGES = ("phantora_v0", "dataset_duckdb")
 
 def _stage(name: str, spec, paths):
     from phantora_assets.sources.base import SourceContext
-    from phantora_assets.stages import analysis, dataset, flows, simulation, traces
+    from phantora_assets.stages import analysis, dataset, flows, links, simulation, traces
 
     calls = {
         "raw_timeline": lambda: simulation.raw_timeline(spec, paths, SourceContext()),
         "chrome_trace": lambda: traces.chrome_trace(spec, paths, SourceContext()),
         "validated_flows": lambda: flows.validate_flows(spec, paths),
         "binned_flows": lambda: flows.bin_flows(spec, paths),
+        "link_bins": lambda: links.link_bins_stage(spec, paths),
         "window_features": lambda: dataset.window_features(spec, paths),
         "run_summary": lambda: dataset.summarize_run(spec, paths),
         "step_anatomy": lambda: analysis.step_anatomy_stage(spec, paths),
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from phantora_assets.matrix import RunSpec, validate
     from phantora_assets.paths import DataPaths
-    from phantora_assets.stages import analysis, dataset, flows, simulation, traces  # noqa: F401 (imported once, before the forks)
+    from phantora_assets.stages import analysis, dataset, flows, links, simulation, traces  # noqa: F401 (imported once, before the forks)
 
     stages = RUN_STAGES + (() if args.no_dataset else DATASET_STAGES)
     sizes = [int(s) for s in args.sizes.split(",")]
