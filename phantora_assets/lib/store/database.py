@@ -204,7 +204,7 @@ LINK_VIEWS: tuple[View, ...] = (
         """
         WITH per AS (
             SELECT run_id, link_id, link_class, src, dst, capacity_bps, any_value(routes) AS routes,
-                   max(utilisation) AS peak_utilisation, arg_max(t, utilisation) AS peak_t,
+                   max(utilisation) AS peak_utilisation, arg_max(t, [utilisation, -t]) AS peak_t,
                    avg(utilisation) AS mean_utilisation, sum(bytes)::BIGINT AS window_bytes
             FROM link_utilisation GROUP BY ALL)
         SELECT row_number() OVER (PARTITION BY run_id ORDER BY peak_utilisation DESC, link_id) AS rank, *
