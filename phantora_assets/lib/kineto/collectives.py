@@ -225,7 +225,8 @@ def group_sequences(ranks: list[RankTrace]) -> dict[str, tuple[RankTrace, list[C
 
     Raises:
         TraceFormatError: rule ``ranks disagree``: two present members of a group issued different
-            sequences (names both files, the group and the first difference).
+            sequences (names both files, the group and the first difference), or a present member
+            issued none of the group's collectives (under that group's key).
     """
     seqs: dict[str, dict[int, tuple[RankTrace, list[Collective]]]] = {}
     for rt in sorted(ranks, key=lambda r: r.rank):
@@ -233,9 +234,18 @@ def group_sequences(ranks: list[RankTrace]) -> dict[str, tuple[RankTrace, list[C
             if len(c.group) > 1:
                 seqs.setdefault(c.pg, {}).setdefault(rt.rank, (rt, []))[1].append(c)
     out: dict[str, tuple[RankTrace, list[Collective], dict[int, list]]] = {}
+    present = {rt.rank: rt for rt in ranks}
     for pg, members in seqs.items():
         first = min(members)
         ref_rt, ref = members[first]
+        silent = [r for r in ref[0].group if r in present and r not in members]
+        if silent:  # a traced member issued nothing on this group: its hops would come twice
+            raise TraceFormatError(
+                present[silent[0]].path,
+                "ranks disagree",
+                f"group {pg}: rank {silent[0]} is a member and is traced, but issues none of its {len(ref)} "
+                f"collectives (rank {first}, {ref_rt.path.name}, does; another group name or key in this file?)",
+            )
         for r, (rt, seq) in members.items():
             a, b = [_signature(c) for c in ref], [_signature(c) for c in seq]
             if a != b:
