@@ -60,33 +60,47 @@ def test_a_group_inside_one_host_is_loopback_only(tmp_path):
 
 
 # ---- Kineto: defects ----------------------------------------------------------------------------
-TRUNCATED = (
-    "PyTorch truncates Process Group Ranks of >30 ranks to '[0, .., 29, ...]': refused as 'invalid trace' "
-    "though Global rank start/stride and distributedInfo.pg_config give them"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=TRUNCATED)
-def test_a_group_of_more_than_30_ranks_as_pytorch_writes_it_imports(tmp_path):
+@pytest.mark.parametrize("source", ["pg_config", "start/stride"])
+def test_a_group_of_more_than_30_ranks_as_pytorch_writes_it_imports(tmp_path, source):
+    # PyTorch writes Process Group Ranks of > 30 ranks as "[0, 1, ..., 29, ...]": the ranks come from
+    # distributedInfo.pg_config (by Process Group Name) or Global rank start / stride
     group = tuple(range(32))
     trunc = '"[' + ", ".join(map(str, range(30))) + ', ...]"'
     c = Coll("allreduce", 1024, 1024, "Float", group,
              extra={"Process Group Ranks": "@RANKS@", "Global rank start": 0, "Global rank stride": 1})  # fmt: skip
     t = rank_trace(0, 32, [c], steps=2)
+    if source == "start/stride":
+        t["distributedInfo"]["pg_config"] = []
+    else:
+        t["traceEvents"] = [
+            {**e, "args": {k: v for k, v in e["args"].items() if "Global" not in k}} for e in t["traceEvents"]
+        ]
     text = json.dumps(t).replace('"@RANKS@"', json.dumps(json.loads(trunc)))
     (tmp_path / "rank-0.json").write_text(text)
     hops = _comm(tmp_path, gpn=8)
     assert len(hops) == 2 * 32  # two steps, one hop per group rank
-    assert {b for *_, b in hops} == {4096 * 2 * 31 // 32}
+    assert {b for *_, b in hops} == {4096 * 2 * 31 // 32}  # S = 1024 * 4, floor(S * 2 * 31 / 32) = 7936
 
 
-@pytest.mark.xfail(strict=True, reason="no 'Global rank stride' (PyTorch omits it for a group not evenly strided) "
-                   "is taken as stride 1: group [0, 1, 2] is built for the real [0, 1, 3], silently")  # fmt: skip
+def test_a_truncated_group_without_other_source_is_refused(tmp_path):
+    c = Coll("allreduce", 1024, 1024, "Float", tuple(range(32)),
+             extra={"Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, "
+                    "20, 21, 22, 23, 24, 25, 26, 27, 28, 29, ...]"})  # fmt: skip
+    t = rank_trace(0, 32, [c], steps=2)
+    t["distributedInfo"]["pg_config"] = []
+    write_traces(tmp_path, {0: t})
+    with pytest.raises(TraceFormatError, match="Process Group Ranks truncated") as exc:
+        _comm(tmp_path)
+    assert exc.value.rule == "invalid trace" and "rank-0.pt.trace.json.gz" in exc.value.path
+
+
 def test_a_group_without_stride_nor_ranks_is_not_guessed(tmp_path):
+    # the group [0, 1, 3] (no stride, no ranks); pg_config's group "0" has 4 ranks, not Group size 3
     c = Coll("allreduce", 100, 100, "Float", (0, 1, 3), extra={"Process Group Ranks": None, "Global rank start": 0})
     write_traces(tmp_path, {0: rank_trace(0, 4, [c], steps=2)})
-    with pytest.raises(TraceFormatError, match="rank"):
+    with pytest.raises(TraceFormatError, match="a stride is not guessed") as exc:
         _comm(tmp_path)
+    assert exc.value.rule == "invalid trace"
 
 
 def test_a_present_member_missing_from_a_group_sequence_is_refused(tmp_path):
