@@ -114,8 +114,6 @@ def test_a_present_member_missing_from_a_group_sequence_is_refused(tmp_path):
     assert "rank-1.pt.trace.json.gz" in exc.value.path
 
 
-@pytest.mark.xfail(strict=True, reason="one rank's all-to-all: what the others send it is taken from its In split "
-                   "size, not its own Out split size, which records exactly that")  # fmt: skip
 def test_all_to_all_inbound_bytes_follow_the_traced_ranks_out_split(tmp_path):
     # rank 0 sends 1 row (4 B) to rank 1 and receives 3 rows (12 B) from it (Out split size [1, 3])
     c = Coll("all_to_all", 2, 4, "Float", (0, 1), in_split=(1, 1), out_split=(1, 3))

@@ -18,7 +18,9 @@ Ranks``), hop i from group rank i to (i+1) mod n, on the hosts those ranks live 
   grouped send/recv (section 3, ``NcclSend``), so each group rank i sends to every other rank j
   ``In split size[j]`` rows of ``In msg nelems / sum(In split size)`` elements (with no split sizes:
   ``In msg nelems / n`` elements), one flow each, ``S`` = those elements x d (section 4, send/recv);
-  with several ranks' traces, j's ``Out split size`` must agree with what i sends it;
+  with several ranks' traces, j's ``Out split size`` must agree with what i sends it; an untraced
+  rank i sends a traced rank j what j's ``Out split size[i]`` rows of ``Out msg nelems / sum(Out
+  split size)`` elements record, and other untraced ranks what the traced record's In split says;
 * send / recv on a group of two: S = ``In msg nelems`` x d, one flow to / from the other rank
   (section 4, send/recv). A send and its peer's matching recv are one flow: the group's sequence
   (of its lowest present rank, below) gives each once.
@@ -155,9 +157,12 @@ def flows_of(
         count, dt = call(c.in_nelems)
         out = [Flow(g[0], g[j], c.in_nelems * size, "NcclBcast", count, dt, 0, 0) for j in range(1, n)]
     elif op == "all_to_all":
+        own = own or {rank if rank in g else g[0]: c}
+        got = {r: _a2a_bytes(rec, n, size, path, "Out") for r, rec in own.items()}
         for i in range(n):
-            rec = (own or {}).get(g[i], c)
-            for j, b in enumerate(_a2a_bytes(rec, n, size, path)):
+            sent = _a2a_bytes(own.get(g[i], c), n, size, path)
+            for j in range(n):  # an untraced sender: what a traced receiver's Out split size records
+                b = sent[j] if g[i] in own or g[j] not in got else got[g[j]][i]
                 if j != i and b:
                     out.append(Flow(g[i], g[j], b, "NcclSend", b, "U8", i))
     else:
