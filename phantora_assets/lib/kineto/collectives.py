@@ -134,7 +134,7 @@ def flows_of(
     ``own`` maps group members to their own record of the same collective (all-to-all splits per
     rank); members without one use ``c``. ``rank``: the rank whose record ``c`` is (send/recv:
     the sender / the receiver; default the group's first rank). Raises TraceFormatError (``unknown dtype``, ``no ring
-    rule``, ``all-to-all sizes``, ``send/recv peer``) naming ``path``.
+    rule``, ``all-to-all sizes``, ``send/recv peer``, ``invalid trace``: bytes beyond int64) naming ``path``.
     """
     if c.dtype not in DTYPES:
         raise TraceFormatError(str(path), "unknown dtype", f"{c.name}: dtype {c.dtype!r} (known: {', '.join(DTYPES)})")
@@ -173,6 +173,11 @@ def flows_of(
         me = g.index(rank) if rank in g else 0
         src, dst = (g[me], g[1 - me]) if op == "send" else (g[1 - me], g[me])
         out = [Flow(src, dst, c.in_nelems * size, "NcclSend", c.in_nelems * size, "U8", g.index(src))]
+    big = next((f for f in out if max(f.bytes, f.count) >= 1 << 63), None)
+    if big is not None:
+        raise TraceFormatError(
+            str(path), "invalid trace", f"{c.name}: In msg nelems {c.in_nelems} gives {big.bytes} bytes, beyond int64"
+        )
     return [f for f in out if f.bytes > 0]
 
 

@@ -209,10 +209,18 @@ def _placement(t: Meta, path: Path, world_size: int | None, rank: int | None) ->
     return rank, world, backend, placed
 
 
+def _time(v: Any, path: Path, name: str, what: str) -> float:
+    """An event's ``ts`` / ``dur`` (us) as a finite float. Raises TraceFormatError ``invalid trace``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300:
+        return float(v)
+    raise TraceFormatError(path, "invalid trace", f"event {name[:80]!r}: {what} {v!r} is not a number of us")
+
+
 class _Kept:
     """What :func:`read_rank_trace` keeps of the events, batch by batch (``stream.decode``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.nccl: dict[Any, Event] = {}  # NCCL kernels by correlation id
         self.sized: list[Event] = []  # NCCL kernels that carry the size args themselves
         self.launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}  # CUDA runtime calls per thread
@@ -228,6 +236,8 @@ class _Kept:
             if e.ph != "X":
                 continue
             name, args = str(e.name), e.args
+            if e.cat in ("kernel", "cuda_runtime", "cpu_op", "user_annotation"):
+                e.ts, e.dur = _time(e.ts, self.path, name, "ts"), _time(e.dur, self.path, name, "dur")
             if e.cat == "kernel":
                 if "nccl" in name.lower() or "rccl" in name.lower():
                     if args is not None and args.correlation is not None:
@@ -263,7 +273,7 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
         TraceFormatError: ``invalid trace`` (not JSON, a field of the wrong type), ``trace too large``.
     """
     path = Path(path)
-    meta, kept = decode(path, _Kept, _Kept.add)
+    meta, kept = decode(path, lambda: _Kept(path), _Kept.add)
     rank, world, backend, placed = _placement(meta, path, world_size, rank)
     pgs = _pg_config(meta)
     launches = {k: sorted(v, key=lambda c: c[0]) for k, v in kept.launches.items()}

@@ -158,16 +158,18 @@ def _stream(path: Path, add: Callable[[list[Event]], None]) -> Meta:
 def _add(batch: bytes, add: Callable[[list[Event]], None]) -> None:
     try:
         events = _BATCH.decode(batch)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         raise _Layout from None
     add(events)
 
 
-def _meta(text: bytes, path: Path) -> Meta:
+def _meta(text: bytes | bytearray, path: Path) -> Meta:
     try:
         return _META.decode(text)
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "invalid trace", f"not a PyTorch profiler JSON object: {exc}") from exc
+    except RecursionError:
+        raise TraceFormatError(path, "invalid trace", "JSON nested too deep for a PyTorch profiler trace") from None
 
 
 def decode(path: str | Path, make: Callable[[], S], add: Callable[[S, list[Event]], None]) -> tuple[Meta, S]:
