@@ -23,7 +23,14 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.sim.network import ECMP_MODES
+from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
+    MAX_BW_GBPS,
+    MIN_BW_GBPS,
+    TOPOLOGY_BANDWIDTHS,
+    TOPOLOGY_COUNTS,
+    TOPOLOGY_NAMES,
+    topology_rule,
+)
 from phantora_assets.sources import SOURCE_NAMES
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
@@ -35,21 +42,8 @@ MAX_NSPINES = 512  #: spines of a TwoLayerMultiPath network (a ToR port each; ro
 PUBLISHED = ("ok", "out_of_memory", "")
 PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU; the run_id is the entry's name
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
-#: Values of the name-valued ``[cluster]`` keys: the simulators' network, Phantora's enums, the analytic ECMP modes.
-TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
-    "topology": ("TwoLayerMultiPath",),
-    "fairness": ("PerFlowMaxMin", "PerVmPairMaxMin", "TenantFlowMaxMin"),
-    "load_balancer": ("EcmpEverything", "EcmpSourcePort"),
-    "ecmp": ECMP_MODES,
-}
-#: Count-valued ``[cluster]`` keys and their largest value.
-TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
-#: Bandwidth-valued ``[cluster]`` keys, Gbps from 1 Mb/s to 1 Pb/s: the network simulator's float
-#: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
-TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
-MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
 _ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
-_ENTRY_KEYS += ("path", "name", "rank", "bin_s")
+_ENTRY_KEYS += ("path", "name", "rank", "bin_s", "ep")
 _TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
@@ -85,6 +79,7 @@ class RunSpec:
         name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), and the rank
             of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
         bin_s: width of the run's bins, s (``lib/bins/width.py``: 0.001 .. 1.0; v1's 0.1 by default).
+        ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the GPU count); EDP = world / ep.
     """
 
     workload: str
@@ -98,6 +93,7 @@ class RunSpec:
     name: str = ""
     rank: int | None = None
     bin_s: float = DEFAULT_BIN_S
+    ep_size: int | None = None
 
     @property
     def run_id(self) -> str:
@@ -136,7 +132,9 @@ class RunSpec:
 
     @property
     def ep(self) -> int:
-        return self.world_size if self.preset.get("expert_parallel") else 1
+        if not self.preset.get("expert_parallel"):
+            return 1
+        return self.world_size if self.ep_size is None else self.ep_size
 
     @property
     def dp(self) -> int:
@@ -153,7 +151,7 @@ class RunSpec:
         if not self.workload:
             return f"world={self.world_size}"
         if self.ep > 1:
-            return f"ep={self.ep}"
+            return f"ep={self.ep}" if self.ep == self.world_size else f"ep={self.ep},dp={self.dp}"
         if self.tp > 1:
             return f"tp={self.tp},dp={self.dp}"
         if self.zero_stage:
@@ -219,31 +217,6 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {_got(spec.rank)}")
 
 
-def _topology_rule(key: str, value: object, preset: object, source: str) -> str | None:
-    """What is wrong with ``topology.<key> = value`` (None when it is allowed)."""
-    if key in TOPOLOGY_NAMES:
-        known = TOPOLOGY_NAMES[key]
-        if not isinstance(value, str):
-            return f"must be a string, {_got(value)}"
-        if value not in known:
-            return f"{value!r} is not supported (known: {', '.join(known)})"
-        if key == "fairness" and source == "analytic" and value != "PerFlowMaxMin":
-            return f"{value!r} is not simulated by the analytic simulator (PerFlowMaxMin only; use source = 'docker')"
-    elif key in TOPOLOGY_COUNTS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer, {_got(value)}"
-        if not 1 <= value <= TOPOLOGY_COUNTS[key]:
-            return f"must be between 1 and {TOPOLOGY_COUNTS[key]}, got {value}"
-    elif key in TOPOLOGY_BANDWIDTHS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"must be a number (Gbps), {_got(value)}"
-        if not MIN_BW_GBPS <= value <= MAX_BW_GBPS:  # also refuses nan and inf
-            return f"must be a number from {MIN_BW_GBPS} to {MAX_BW_GBPS} (Gbps), got {value}"
-    elif type(value) is not type(preset):
-        return f"must be of the type of presets.toml's {preset!r}, {_got(value)}"
-    return None
-
-
 def _check_topology(spec: RunSpec, entry: str) -> None:
     topo = spec.topology
     pairs = isinstance(topo, tuple) and all(
@@ -256,7 +229,7 @@ def _check_topology(spec: RunSpec, entry: str) -> None:
     if unknown:
         raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
     for key, value in topo:
-        rule = _topology_rule(key, value, cluster[key], spec.source)
+        rule = topology_rule(key, value, cluster[key], spec.source, _got)
         if rule:
             raise RunMatrixError(f"{entry}: topology.{key} {rule}")
 
@@ -277,18 +250,30 @@ def validate(spec: RunSpec, entry: str) -> None:
             f"{entry}: layout {spec.layout} has {world} GPU(s); {spec.workload} needs tensor_parallel_size={tp} "
             f"to divide the GPU count"
         )
-    if spec.preset.get("expert_parallel"):
-        experts = int(spec.preset["num_moe_experts"])
-        if experts % world:
-            raise RunMatrixError(
-                f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} sets expert_model_parallel_size = "
-                f"GPU count, which must divide num_moe_experts={experts}"
-            )
+    _check_ep(spec, entry)
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
         raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
     _check_topology(spec, entry)
+
+
+def _check_ep(spec: RunSpec, entry: str) -> None:
+    """``ep``: an integer from 1 to the GPU count that divides the GPU count and the experts, MoE only."""
+    world, ep, experts = spec.world_size, spec.ep_size, int(spec.preset.get("num_moe_experts", 0))
+    if ep is None and spec.preset.get("expert_parallel") and experts % world:
+        why = f"sets expert_model_parallel_size = GPU count, which must divide num_moe_experts={experts} (or set ep)"
+    elif ep is None:
+        return
+    elif not _is_int(ep):
+        raise RunMatrixError(f"{entry}: ep must be an integer, {_got(ep)}")
+    elif not spec.preset.get("expert_parallel"):
+        raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
+    elif not 1 <= ep <= world or world % ep or experts % ep:
+        why = f"needs ep from 1 to {world} dividing the GPU count and num_moe_experts={experts}, got {ep}"
+    else:
+        return
+    raise RunMatrixError(f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} {why}")
 
 
 def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSpec]:
@@ -325,6 +310,7 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             name=raw.get("name", ""),
             rank=raw.get("rank"),
             bin_s=raw.get("bin_s", DEFAULT_BIN_S),
+            ep_size=raw.get("ep"),
         )
         validate(spec, label)
         if spec.run_id in seen:

@@ -17,11 +17,11 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.checks import record_check, reset_checks
-from phantora_assets.lib.store import plots
+from phantora_assets.lib.store import bin_table, plots
 from phantora_assets.lib.traffic import anatomy
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.stages.common import Outcome, StageResult, write_parquet
+from phantora_assets.stages.common import WINDOW_S, Outcome, StageResult, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"
@@ -107,7 +107,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet")
-    bins = pd.read_parquet(pdir / "flows_100ms.parquet")
+    bins = bin_table.read_bin_matrix(pdir / "flows_100ms.parquet", spec.bin_s, int(round(WINDOW_S / spec.bin_s)))
     table = pd.read_parquet(pdir / "step_anatomy.parquet")
     spans = pd.read_parquet(pdir / "step_spans.parquet")
     chosen = int(summary.chosen_step)

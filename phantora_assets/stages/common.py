@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from phantora_assets.checks import record_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
@@ -51,9 +53,17 @@ class StageResult:
     outcomes: list[Outcome] = field(default_factory=list)
 
 
-def write_parquet(df: pd.DataFrame, path: Path, durable: bool = False) -> None:
+def write_parquet(df: pd.DataFrame, path: Path, durable: bool = False, chunk_rows: int = 0) -> None:
+    """``df`` as zstd Parquet, atomically; with ``chunk_rows``, converted to Arrow and written that
+    many rows at a time (one row group each: a large table is not copied whole into Arrow)."""
     with atomic_path(path, durable) as tmp:
-        df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+        if not chunk_rows or len(df) <= chunk_rows:
+            df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+            return
+        schema = pa.Schema.from_pandas(df.iloc[:chunk_rows], preserve_index=False)
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for a in range(0, len(df), chunk_rows):
+                writer.write_table(pa.Table.from_pandas(df.iloc[a : a + chunk_rows], schema, preserve_index=False))
 
 
 def record(paths: DataPaths, spec: RunSpec, asset: str, outcomes: list[Outcome]) -> None:

@@ -19,7 +19,7 @@ import pandas as pd
 from phantora_assets import contracts
 from phantora_assets.checks import RUN_CHECKS, all_passed, read_checks, reset_checks
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
-from phantora_assets.lib.store import database
+from phantora_assets.lib.store import bin_table, database
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
@@ -37,8 +37,9 @@ from phantora_assets.stages.simulation import stale_reason
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
     reset_checks(paths.run_folder(spec), "window_features")
-    bins = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=spec.bin_s, window_s=WINDOW_S)
+    n_total = int(round(WINDOW_S / spec.bin_s))  # the matrix, read one row group at a time (bounded memory)
+    dense = bin_table.read_bin_matrix(paths.table(spec.run_id, "flows_100ms"), spec.bin_s, n_total)
+    feats = wf.matrix_window_features(*dense, spec.run_id, bin_s=spec.bin_s)
     outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from phantora_assets.checks import TRACE_CHECKS, reset_checks
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.phantora import chrome_trace
+from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
 from phantora_assets.matrix import RunSpec
@@ -201,9 +201,8 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
         bin_s=spec.bin_s,
         control_bytes_per_s=CONTROL_BYTES_PER_S,
     )
-    bins = built.bins
     # exact sums (Python ints): an int64 sum of wrapped bins would equal a wrapped expected sum
-    total = binning.exact_sum(bins["bytes"].to_numpy(np.int64))
+    total = binning.exact_sum(built.matrix.reshape(-1))
     expected = int(built.placed_flow_bytes + built.control_bytes)
     fits = expected < trace_checks.INT64_LIMIT  # then no bin (nor any sum of bins) wrapped either
     ok = fits and total == expected
@@ -228,11 +227,11 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
         },
     )
     out = paths.table(spec.run_id, "flows_100ms")
-    if ok:  # a failed blocking check writes no data file
-        write_parquet(bins, out)
+    if ok:  # a failed blocking check writes no data file; the table is written in chunks of bins
+        bin_table.write_bins(built.matrix, spec.run_id, spec.bin_s, spec.n_nodes, out)
     record(paths, spec, "binned_flows", [outcome])
     meta = {
-        "rows": len(bins),
+        "rows": int(built.matrix.size),
         "bytes": total,
         "n_repetitions": int(built.n_repetitions),
         "phase_s": float(built.phase_s),

@@ -8,67 +8,145 @@ decimals). The file is byte-for-byte deterministic (gzip level :data:`GZIP_LEVEL
 file name in the gzip header) and written atomically. The reader of this layout is
 ``chrome_trace.read_trace``.
 
-Errors: ``ValueError`` naming the first offending row (missing columns, unknown kind, negative
-time or duration, non-integer value in an int64 column, communicator id that is not hex).
+Memory: the text is assembled and written :data:`CHUNK_ROWS` rows at a time, holding only integer
+columns of the whole table (about 40 bytes a row): memory does not grow with the trace's text. A
+raw timeline given as its Parquet file is read in record batches, its strings as dictionary codes.
 
-This module does not import dagster.
+Errors: ``ValueError`` naming the first offending row (missing columns, unknown kind, negative
+time or duration, non-integer value in an int64 column, communicator id that is not hex), raised
+before anything is written. No Dagster import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from phantora_assets.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
-__all__ = ["GZIP_LEVEL", "write_chrome_trace"]
+__all__ = ["CHUNK_ROWS", "GZIP_LEVEL", "write_chrome_trace"]
 
 _enc = msgspec.json.Encoder()
 #: gzip level of written traces: 3 deflates ~3x faster than the default 9 for ~1.6x the size.
 GZIP_LEVEL = 3
+#: Rows whose text is assembled at once (~800 bytes of text each).
+CHUNK_ROWS = 65_536
 _FLOW_TAIL = ',"token":null,"tenant_id":null,"vsrc":null,"vdst":null,"udp_src_port":null},'
 
 
-def _p2p_peers(raw: pd.DataFrame) -> dict[int, int]:
-    """Best-effort peer rank of NcclSend/NcclRecv rows (the raw timeline has no peer column).
+class _Columns:
+    """Whole-table access to a raw timeline (a DataFrame or its Parquet file) and its row chunks."""
+
+    def __init__(self, raw: Any) -> None:  # a DataFrame, or the path of a Parquet file
+        self.df: Any = None  # one of df and pf is None
+        self.pf: Any = None
+        if isinstance(raw, pd.DataFrame):
+            self.df = raw.reset_index(drop=True)
+        else:
+            self.pf = pq.ParquetFile(raw)
+        names = list(self.df.columns) if self.pf is None else self.pf.schema_arrow.names
+        self.n: int = len(self.df) if self.pf is None else self.pf.metadata.num_rows
+        if missing := [c for c in RAW_TIMELINE_COLUMNS if c not in names]:
+            raise ValueError(f"raw timeline lacks columns {missing}")
+
+    def _series(self, c: str) -> pd.Series:
+        return self.df[c] if self.df is not None else self.pf.read(columns=[c]).column(c).to_pandas()
+
+    def int_errors(self) -> list[tuple[int, str]]:
+        """A non-integer value in an int64 column (e.g. a float with a NaN): (row, message)."""
+        errors = []
+        for c, dtype in RAW_TIMELINE_COLUMNS.items():
+            if dtype != "int64" or (self.df is None and pa.types.is_integer(self.pf.schema_arrow.field(c).type)):
+                continue
+            if (col := self._series(c)).dtype.kind in "iu":
+                continue
+            vals = pd.to_numeric(col, errors="coerce")
+            bad = (vals.isna() | (vals != vals.round())).to_numpy()
+            if bad.any():
+                i = int(np.argmax(bad))
+                errors.append((i, f"row {i}: {c} is not an integer: {col.iat[i]!r}"))
+        return errors
+
+    def ints(self, c: str) -> np.ndarray:
+        return np.asarray(self._series(c) if self.df is not None else self.pf.read(columns=[c]).column(c), np.int64)
+
+    def codes(self, c: str) -> tuple[np.ndarray, list[str]]:
+        """Integer code per row and the distinct texts (``str`` of each value, as the lines have them)."""
+        if self.df is not None:
+            codes, uniques = pd.factorize(self.df[c].astype(str), sort=False, use_na_sentinel=False)
+            return codes.astype(np.int64), [str(u) for u in uniques]
+        seen: dict[str, int] = {}
+        parts = []
+        for g in range(self.pf.metadata.num_row_groups):
+            arr = self.pf.read_row_group(g, columns=[c]).column(c)
+            for chunk in arr.chunks:
+                d = chunk.dictionary_encode() if not pa.types.is_dictionary(chunk.type) else chunk
+                lut = np.array([seen.setdefault(str(v), len(seen)) for v in d.dictionary.to_pylist()], np.int64)
+                idx = d.indices.to_numpy(zero_copy_only=False)
+                parts.append(lut[idx] if len(lut) else idx.astype(np.int64))
+        return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), list(seen)
+
+    def chunks(self, rows: int) -> Iterator[tuple[int, pd.DataFrame]]:
+        if self.df is not None:
+            for a in range(0, self.n, rows):
+                yield a, self.df.iloc[a : a + rows]
+            return
+        a = 0
+        for batch in self.pf.iter_batches(batch_size=rows, columns=list(RAW_TIMELINE_COLUMNS)):
+            df = batch.to_pandas()
+            df.index = pd.RangeIndex(a, a + len(df))
+            yield a, df
+            a += len(df)
+
+
+def _p2p_peers(cols: _Columns, is_comm: np.ndarray, host: dict[str, np.ndarray], call: np.ndarray) -> np.ndarray:
+    """Best-effort peer rank of every NcclSend/NcclRecv row (the raw timeline has no peer column).
 
     The caller's host is the flow source for a send and the destination for a recv; the peer is
-    the smallest other rank of the same communicator seen on the other end's host. Falls back to
-    ``comm_rank ^ 1`` (the other rank of a 2-rank communicator).
+    the smallest other rank of the same communicator seen on the other end's host (a rank's host is
+    the one of its first row in the table). Falls back to ``comm_rank ^ 1`` (the other rank of a
+    2-rank communicator). Returns an int64 array over all rows (0 where not p2p).
     """
-    comm = raw[raw["kind"] == "communication"]
-    rank_host: dict[str, dict[int, str]] = {}
-    # first (communicator, rank) occurrence in row order decides the rank's host
-    firsts = comm[["call", "comm_id_hex", "comm_rank", "src_host", "dst_host"]].drop_duplicates()
-    for call, cid, rank, src, dst in zip(
-        firsts["call"], firsts["comm_id_hex"], firsts["comm_rank"], firsts["src_host"], firsts["dst_host"]
-    ):
-        host = dst if call == "NcclRecv" else src
-        rank_host.setdefault(cid, {}).setdefault(int(rank), host)
-    peers: dict[int, int] = {}
-    p2p = comm[comm["call"].isin(("NcclSend", "NcclRecv"))]
-    memo: dict[tuple, int] = {}
-    for idx, call, cid, rank, src, dst in zip(
-        p2p.index, p2p["call"], p2p["comm_id_hex"], p2p["comm_rank"], p2p["src_host"], p2p["dst_host"]
-    ):
-        other_host = dst if call == "NcclSend" else src
-        key = (cid, int(rank), other_host)
-        peer = memo.get(key)
-        if peer is None:
-            cands = sorted(r for r, h in rank_host.get(cid, {}).items() if h == other_host and r != rank)
-            peer = memo[key] = cands[0] if cands else int(rank) ^ 1
-        peers[idx] = peer
+    peers = np.zeros(cols.n, np.int64)
+    send, recv = call == 1, call == 2
+    p2p = (send | recv) & is_comm
+    if not p2p.any():
+        return peers
+    rank = cols.ints("comm_rank")
+    cid, _ = cols.codes("comm_id_hex")
+    ci = np.flatnonzero(is_comm)
+    own = np.where(recv, host["dst"], host["src"])
+    width = int(rank[ci].max()) + 2
+    key = cid[ci] * width + (rank[ci] + 1)
+    uniq, first = np.unique(key, return_index=True)
+    ranks_on: dict[tuple[int, int], list[int]] = {}
+    for k, h in zip(uniq.tolist(), own[ci[first]].tolist()):  # keys sorted: each list's ranks ascend
+        ranks_on.setdefault((k // width, h), []).append(k % width - 1)
+    pi = np.flatnonzero(p2p)
+    other = np.where(send, host["dst"], host["src"])[pi]
+    n_hosts = int(max(host["src"].max(), host["dst"].max())) + 1
+    u3, inv = np.unique((cid[pi] * width + rank[pi] + 1) * n_hosts + other, return_inverse=True)
+    out = np.empty(len(u3), np.int64)
+    for j, k in enumerate(u3.tolist()):
+        (c, r), h = divmod(k // n_hosts, width), k % n_hosts
+        cands = [x for x in ranks_on.get((c, h), ()) if x != r - 1]
+        out[j] = cands[0] if cands else (r - 1) ^ 1
+    peers[pi] = out[inv.reshape(-1)]
     return peers
 
 
-def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
+def write_chrome_trace(raw: pd.DataFrame | str | Path, path: str | Path, *, chunk_rows: int = CHUNK_ROWS) -> dict:
     """Write a raw timeline as a Phantora visualizer Chrome trace.
 
     Rows are written in the order given (the visualizer's order is arbitrary too).
@@ -81,14 +159,17 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
     ``null`` and ``tid`` as 0 (upstream p2p calls carry no stream); their ``peer`` is inferred
     (see ``_p2p_peers``).
 
-    The lines are assembled column-wise (pyarrow string kernels): every JSON fragment that only
-    depends on repeated values (names, hosts, calls with their communicator and stream, meta) is
-    encoded once per distinct value, numbers are formatted by array casts.
+    The lines are assembled column-wise (pyarrow string kernels), ``chunk_rows`` rows at a time
+    (the output does not depend on it): every JSON fragment that only depends on repeated values
+    (names, hosts, calls with communicator and stream, meta) is encoded once per distinct value in
+    a chunk, numbers are formatted by array casts.
 
     Args:
-        raw: DataFrame with ``RAW_TIMELINE_COLUMNS`` (times in ns, ``end_ns >= start_ns >= 0``).
+        raw: DataFrame with ``RAW_TIMELINE_COLUMNS`` (times in ns, ``end_ns >= start_ns >= 0``),
+            or the path of such a table's Parquet file (read in batches: bounded memory).
         path: output file; gzip-compressed when the name ends in ``.gz``. Written atomically;
             identical input gives a byte-identical file.
+        chunk_rows: rows assembled at once (>= 1).
 
     Returns:
         ``{"n_events", "n_communication", "n_computation", "bytes_written"}``; bytes_written is
@@ -96,77 +177,83 @@ def write_chrome_trace(raw: pd.DataFrame, path: str | Path) -> dict:
 
     Raises:
         ValueError: missing columns, unknown kind, negative time or duration, or a
-            communicator id that is not hex (the first offending row is named).
+            communicator id that is not hex (the first offending row is named); nothing is written.
     """
-    missing = [c for c in RAW_TIMELINE_COLUMNS if c not in raw.columns]
-    if missing:
-        raise ValueError(f"raw timeline lacks columns {missing}")
-    raw = raw.reset_index(drop=True)
-    n = len(raw)
-    kind = raw["kind"].to_numpy(object)
-    is_comm = kind == "communication"
-    is_comp = kind == "computation"
-    errors: list[tuple[int, str]] = []
-    for c, dtype in RAW_TIMELINE_COLUMNS.items():
-        if dtype == "int64" and raw[c].dtype.kind not in "iu":  # e.g. float with a NaN
-            vals = pd.to_numeric(raw[c], errors="coerce")
-            bad_int = (vals.isna() | (vals != vals.round())).to_numpy()
-            if bad_int.any():
-                i = int(np.argmax(bad_int))
-                errors.append((i, f"row {i}: {c} is not an integer: {raw[c].iat[i]!r}"))
+    cols = _Columns(raw)
+    n = cols.n
+    errors = cols.int_errors()
     if errors:
         raise ValueError(min(errors)[1])
-    start = raw["start_ns"].to_numpy(np.int64)
-    end = raw["end_ns"].to_numpy(np.int64)
+    kind, kinds = cols.codes("kind")
+    is_comm = np.isin(kind, [i for i, k in enumerate(kinds) if k == "communication"])
+    is_comp = np.isin(kind, [i for i, k in enumerate(kinds) if k == "computation"])
+    start, end = cols.ints("start_ns"), cols.ints("end_ns")
     unknown = ~(is_comm | is_comp)
     if unknown.any():
         i = int(np.argmax(unknown))
-        errors.append((i, f"row {i}: unknown kind {kind[i]!r}"))
+        errors.append((i, f"row {i}: unknown kind {kinds[kind[i]]!r}"))
     bad = (start < 0) | (end < start)
     if bad.any():
         i = int(np.argmax(bad))
-        errors.append(
-            (i, f"row {i} (event {int(raw['event_id'].iat[i])}): bad span [{int(start[i])}, {int(end[i])}] ns")
-        )
-    comm = raw[is_comm]
-    comp = raw[is_comp]
-    comm_parts, comm_errors = _comm_line_parts(comm, _p2p_peers(raw)) if len(comm) else ([], [])
-    errors += comm_errors
+        eid = int(cols.ints("event_id")[i])
+        errors.append((i, f"row {i} (event {eid}): bad span [{int(start[i])}, {int(end[i])}] ns"))
+    pid, peers = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if is_comm.any():
+        cid, cids = cols.codes("comm_id_hex")
+        bad_cid = np.isin(cid, [i for i, c in enumerate(cids) if not _is_hex(c)]) & is_comm
+        if bad_cid.any():
+            i = int(np.argmax(bad_cid))
+            errors.append((i, f"row {i}: comm_id_hex is not hex: {cids[cid[i]][:40]!r}"))
+        host: dict[str, np.ndarray] = {}
+        names: dict[str, int] = {}
+        for end_ in ("src", "dst"):
+            codes, texts = cols.codes(f"{end_}_host")
+            host[end_] = np.array([names.setdefault(t, len(names)) for t in texts], np.int64)[codes]
+        pid[is_comm] = pd.factorize(host["src"][is_comm], sort=False)[0]
+        call_codes, calls = cols.codes("call")
+        call = np.array([{"NcclSend": 1, "NcclRecv": 2}.get(c, 0) for c in calls], np.int64)[call_codes]
+        peers = _p2p_peers(cols, is_comm, host, call) if not errors else peers
     if errors:
         raise ValueError(min(errors)[1])
+    path = Path(path)
+    gz = path.name.endswith(".gz")
+    with (
+        atomic_path(path) as tmp,
+        open(tmp, "wb") as fh,
+        gzip.GzipFile("", "wb", GZIP_LEVEL, fh, mtime=0) if gz else contextlib.nullcontext(fh) as out,
+    ):
+        out.write(b"[\n")
+        for a, chunk in cols.chunks(max(1, int(chunk_rows))):
+            b = a + len(chunk)
+            out.write(_chunk_text(chunk, is_comm[a:b], is_comp[a:b], pid[a:b], peers[a:b], last=b == n))
+        out.write(b"]" if n else b"\n]")
+    counts = {"n_events": n, "n_communication": int(is_comm.sum()), "n_computation": int(is_comp.sum())}
+    return {**counts, "bytes_written": path.stat().st_size}
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        return bytes.fromhex(text) is not None
+    except ValueError:
+        return False
+
+
+def _chunk_text(chunk: pd.DataFrame, is_comm, is_comp, pid, peers, *, last: bool) -> memoryview:
+    """The lines of ``chunk``'s rows in their order, each followed by ``,\\n`` (``\\n`` after the table's last)."""
     lines: list[pa.Array] = []
     rows: list[np.ndarray] = []
-    if len(comm):
-        lines.append(_join(comm_parts))
+    if is_comm.any():
+        lines.append(_join(_comm_line_parts(chunk[is_comm], pid[is_comm], peers[is_comm])))
         rows.append(np.flatnonzero(is_comm))
-    if len(comp):
-        lines.append(_join(_comp_line_parts(comp)))
+    if is_comp.any():
+        lines.append(_join(_comp_line_parts(chunk[is_comp])))
         rows.append(np.flatnonzero(is_comp))
-    if n:
-        order = np.argsort(np.concatenate(rows), kind="stable")
-        text = pa.concat_arrays(lines).take(pa.array(order))
-        text = _join([text, pa.array([",\n"] * (n - 1) + ["\n"], _TEXT)])
-        offsets = np.frombuffer(text.buffers()[1], np.int64, n + 1, text.offset * 8)
-        body = text.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
-        data = b"[\n" + body + b"]"
-    else:
-        data = b"[\n\n]"
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.name.endswith(".gz"):
-            with (
-                open(tmp, "wb") as fh,
-                gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=GZIP_LEVEL) as gz,
-            ):
-                gz.write(data)
-        else:
-            tmp.write_bytes(data)
-    return {
-        "n_events": n,
-        "n_communication": int(is_comm.sum()),
-        "n_computation": int(is_comp.sum()),
-        "bytes_written": path.stat().st_size,
-    }
+    text = pa.concat_arrays(lines).take(pa.array(np.argsort(np.concatenate(rows), kind="stable")))
+    text = _join([text, ",\n"])
+    offsets = np.frombuffer(text.buffers()[1], np.int64, len(text) + 1, text.offset * 8)
+    size = int(offsets[-1] - offsets[0]) - (2 if last else 0)
+    body = memoryview(text.buffers()[2].slice(int(offsets[0]), size))
+    return memoryview(bytes(body) + b"\n") if last else body  # the table's last line ends with "\n"
 
 
 #: Type of the text arrays the writer assembles (64-bit offsets: a trace may pass 2 GiB).
@@ -197,8 +284,9 @@ def _js(v) -> str:
     return _enc.encode(str(v)).decode()
 
 
-def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, list[tuple[int, str]]]:
-    """The pieces of the Communication lines of ``comm`` (rows of the whole table), and errors."""
+def _comm_line_parts(comm: pd.DataFrame, pid_codes: np.ndarray, peers: np.ndarray) -> list:
+    """The pieces of the Communication lines of ``comm``; ``pid_codes`` (the source host's index in
+    order of first appearance in the table) and ``peers`` (see ``_p2p_peers``) per row."""
     call = comm["call"].astype(str).to_numpy(object)
     p2p = (call == "NcclSend") | (call == "NcclRecv")
     dev = comm["stream_device"].to_numpy(np.int64)
@@ -206,7 +294,6 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
     null_stream = p2p & (sid < 0)
     tid = np.where(null_stream, 0, (dev << 32) | sid)
     src = comm["src_host"].astype(str)
-    pid_codes, _ = pd.factorize(src, sort=False)  # hosts in order of first appearance
     root = np.where(call == "NcclBcast", comm["root"].to_numpy(np.int64), 0)
     key = pd.DataFrame(
         {
@@ -221,14 +308,9 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         }
     )
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(key), sort=False)
-    pre, mid, post, errors = [], [], [], []
-    for k, (c, dtype, op, rt, cid, nul, d, sd) in enumerate(uniques):
-        try:
-            ids = _enc.encode(list(bytes.fromhex(cid))).decode()
-        except ValueError:
-            row = int(comm.index[int(np.argmax(codes == k))])
-            errors.append((row, f"row {row}: comm_id_hex is not hex: {cid[:40]!r}"))
-            ids = "[]"
+    pre, mid, post = [], [], []
+    for c, dtype, op, rt, cid, nul, d, sd in uniques:
+        ids = _enc.encode(list(bytes.fromhex(cid))).decode()  # hex: write_chrome_trace checked it
         m = ',"dtype":' + _js(dtype)
         if c in ("NcclAllReduce", "NcclReduceScatter"):
             m += ',"op":' + _js(op or "Sum")
@@ -241,12 +323,9 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         mid.append(m)
         post.append(',"id":' + ids + "}" + ',"stream":' + stream + "}}]}}")
     take = pa.array(codes)
-    peer = np.array([peers.get(int(i), 0) for i in comm.index[p2p]], np.int64)
     peer_text = pa.array([""] * len(comm), _TEXT)
     if p2p.any():
-        full = np.zeros(len(comm), np.int64)
-        full[p2p] = peer
-        peer_text = pc.if_else(pa.array(p2p), _num(full), peer_text)
+        peer_text = pc.if_else(pa.array(p2p), _num(np.where(p2p, peers, 0)), peer_text)
     start = comm["start_ns"].to_numpy(np.int64)
     dur = comm["end_ns"].to_numpy(np.int64) - start
     parts = [
@@ -277,7 +356,7 @@ def _comm_line_parts(comm: pd.DataFrame, peers: dict[int, int]) -> tuple[list, l
         _num(comm["comm_rank"].to_numpy(np.int64)),
         pa.array(post, _TEXT).take(take),
     ]
-    return parts, errors
+    return parts
 
 
 def _meta_json(text) -> str:

@@ -33,12 +33,56 @@ No Dagster import.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 ECMP_MODES = ("hash", "split", "first")
+
+#: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
+#: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
+#: LoadBalancerType, and the analytic simulator's ECMP modes.
+TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
+    "topology": ("TwoLayerMultiPath",),
+    "fairness": ("PerFlowMaxMin", "PerVmPairMaxMin", "TenantFlowMaxMin"),
+    "load_balancer": ("EcmpEverything", "EcmpSourcePort"),
+    "ecmp": ECMP_MODES,
+}
+#: Count-valued ``[cluster]`` keys and their largest value.
+TOPOLOGY_COUNTS = {"rack_size": 4096, "nspines": 512}  # matrix.MAX_NODES, MAX_NSPINES
+#: Bandwidth-valued ``[cluster]`` keys, Gbps from 1 Mb/s to 1 Pb/s: the network simulator's float
+#: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
+TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
+MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
+
+
+def topology_rule(key: str, value: object, preset: object, source: str, got: Callable[[object], str]) -> str | None:
+    """What is wrong with ``topology.<key> = value`` (None when it is allowed); ``got`` words a value."""
+    if key in TOPOLOGY_NAMES:
+        known = TOPOLOGY_NAMES[key]
+        if not isinstance(value, str):
+            return f"must be a string, {got(value)}"
+        if value not in known:
+            return f"{value!r} is not supported (known: {', '.join(known)})"
+        if key == "fairness" and source == "analytic" and value != "PerFlowMaxMin":
+            return f"{value!r} is not simulated by the analytic simulator (PerFlowMaxMin only; use source = 'docker')"
+    elif key in TOPOLOGY_COUNTS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, {got(value)}"
+        if not 1 <= value <= TOPOLOGY_COUNTS[key]:
+            return f"must be between 1 and {TOPOLOGY_COUNTS[key]}, got {value}"
+    elif key in TOPOLOGY_BANDWIDTHS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number (Gbps), {got(value)}"
+        if not MIN_BW_GBPS <= value <= MAX_BW_GBPS:  # also refuses nan and inf
+            return f"must be a number from {MIN_BW_GBPS} to {MAX_BW_GBPS} (Gbps), got {value}"
+    elif type(value) is not type(preset):
+        return f"must be of the type of presets.toml's {preset!r}, {got(value)}"
+    return None
+
+
 _EPS_BYTES = 1e-3  # a flow with less left than this is complete
 
 

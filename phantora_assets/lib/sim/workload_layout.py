@@ -173,8 +173,11 @@ class WorkloadLayout:
             comms["dp"] = [Communicator(f"dp{t}", "dp", tuple(range(t, world, tp))) for t in range(tp)]
         else:
             comms["dp"] = [Communicator("dp0", "dp", tuple(range(world)))]
-        if self.spec.ep > 1:
-            comms["ep"] = [Communicator("ep0", "ep", tuple(range(world)))]
+        ep = self.spec.ep
+        if ep > 1:  # Megatron (tp = 1): EP groups of consecutive ranks, EDP groups strided by ep
+            comms["ep"] = [Communicator(f"ep{g}", "ep", tuple(range(g * ep, (g + 1) * ep))) for g in range(world // ep)]
+        if self.experts and self.spec.framework == "megatron" and world // max(ep, 1) > 1:
+            comms["edp"] = [Communicator(f"edp{i}", "edp", tuple(range(i, world, ep))) for i in range(ep)]
         return comms
 
     def param_shape(self, p: Param) -> tuple[int, ...]:
@@ -225,7 +228,12 @@ class WorkloadLayout:
                 a, b = max(lo, off), min(hi, off + k)
                 if b > a:
                     (decay if len(self.param_shape(p)) >= 2 else nodecay).append(b - a)
-        experts = [k for _, members in self.megatron_expert_buckets() for _, _, k in members]
+        experts: list[int] = []
+        edp = max(1, self.spec.world_size // self.spec.ep)
+        for padded, members in self.megatron_expert_buckets():
+            for _, off, k in members:  # rank 0's EDP shard of the bucket (all of it when edp = 1)
+                if min(padded // edp, off + k) > off:
+                    experts.append(min(padded // edp, off + k) - off)
         return [(True, decay), (False, nodecay), (True, experts)]
 
     # ------------------------------------------------------------------ ZeRO-3

@@ -118,6 +118,7 @@ class WorkloadModel(WorkloadLayout):
         a2a = (s * self.topk // self.experts) * (self.experts // self.spec.ep) * h if ep_on else 0
         buckets = self.megatron_dense_buckets() if dp > 1 else []
         ebuckets = self.megatron_expert_buckets()
+        edp = self.spec.world_size // self.spec.ep if ep_on else 1
         bucket_of: dict[str, int] = {p.name: b for b, (_, mem) in enumerate(buckets) for p, _, _ in mem}
         by_module: dict[str, list[Param]] = {}
         for p in self.params:
@@ -151,6 +152,9 @@ class WorkloadModel(WorkloadLayout):
 
         if buckets:
             ag(len(buckets) - 1)
+        for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):  # expert params, gathered over EDP
+            tag = f"ddp.expert_bucket{b}.all_gather"
+            items.append(Collective("edp", "all_gather", padded // edp, "Bf16", tag, blocking=False))
         need("embedding")
         comp("embedding.fwd", "fwd", ops.megatron_embedding("fwd"))
         tp_ar("embedding.fwd.all_reduce")
@@ -161,6 +165,8 @@ class WorkloadModel(WorkloadLayout):
             need(f"layers.{i}.mlp")
             if ep_on:
                 comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
+                if i == 0 and edp > 1:
+                    pending_waits.extend(f"ddp.expert_bucket{b}.all_gather" for b in range(len(ebuckets)))
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
                 comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
                 items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
@@ -200,6 +206,10 @@ class WorkloadModel(WorkloadLayout):
                 if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
                     elaunched.add(b)
                     comp(f"ddp.expert_bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
+                    if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
+                        tag = f"ddp.expert_bucket{b}.reduce_scatter"
+                        items.append(Collective("edp", "reduce_scatter", padded // edp, "Bf16", tag, blocking=False))
+                        rs_tags.append(tag)
 
         comp("output_layer.bwd", "bwd", ops.megatron_head("bwd"))
         tp_ar("output_layer.bwd.all_reduce")

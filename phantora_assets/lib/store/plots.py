@@ -113,7 +113,7 @@ def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> b
 
 
 def timeseries(
-    bins: pd.DataFrame,
+    bins: pd.DataFrame | tuple,
     run_id: str,
     bin_s: float,
     step_time_s: float | None = None,
@@ -129,13 +129,19 @@ def timeseries(
     ax = fig.add_axes((0.07, 0.55, 0.76, 0.36))
     az = fig.add_axes((0.07, 0.09, 0.76, 0.33))
     to_gbps = 8 / bin_s / 1e9
-    t = bins["t"].to_numpy(np.float64)
-    b = bins["bytes"].to_numpy(np.float64) * to_gbps
-    grid, ti = np.unique(t, return_inverse=True)
-    pair = bins["src_node"].to_numpy(np.int64) * (1 << 20) + bins["dst_node"].to_numpy(np.int64)
-    keys, pi = np.unique(pair, return_inverse=True)
-    per_pair = np.zeros((len(keys), len(grid)))
-    np.add.at(per_pair, (pi.reshape(-1), ti.reshape(-1)), b)
+    if isinstance(bins, tuple):  # (matrix, present, pairs) of bin_table.read_bin_matrix: bins of the window
+        X, present, pairs = bins
+        grid = np.round(np.flatnonzero(present) * bin_s, 6)
+        per_pair = X[present].T * to_gbps
+        keys = np.array([s * (1 << 20) + d for s, d in pairs], np.int64)
+    else:
+        t = bins["t"].to_numpy(np.float64)
+        b = bins["bytes"].to_numpy(np.float64) * to_gbps
+        grid, ti = np.unique(t, return_inverse=True)
+        pair = bins["src_node"].to_numpy(np.int64) * (1 << 20) + bins["dst_node"].to_numpy(np.int64)
+        keys, pi = np.unique(pair, return_inverse=True)
+        per_pair = np.zeros((len(keys), len(grid)))
+        np.add.at(per_pair, (pi.reshape(-1), ti.reshape(-1)), b)
     order = np.argsort(-per_pair.sum(axis=1), kind="stable")[:top]
     series = [("all pairs", per_pair.sum(axis=0), "black", 1.0)]
     for k, j in enumerate(order):

@@ -311,24 +311,56 @@ def compute_window_features(
     if missing:
         raise ValueError(f"bins lacks columns {missing} (BIN_COLUMNS)")
     n_total = _bins_in(window_s, bin_s, "window_s")
-    per_window = [(float(w), _bins_in(w, bin_s, "window size")) for w in window_sizes_s]
-
+    for w in window_sizes_s:  # refused before any run is read
+        _bins_in(w, bin_s, "window size")
     if run_id is not None:
         groups = [(run_id, bins[bins["run_id"] == run_id])]
     else:
         groups = [(str(r), g) for r, g in bins.groupby("run_id", sort=True)]
 
+    frames = [
+        matrix_window_features(
+            *_dense_matrix(run_bins, bin_s, n_total),
+            rid,
+            window_sizes_s,
+            bin_s,
+            control_bytes_per_pair_bin,
+            control_bytes_per_s,
+        )
+        for rid, run_bins in groups
+    ]
+    return _table(frames)
+
+
+def matrix_window_features(
+    X: np.ndarray,
+    present: np.ndarray,
+    pairs: list[tuple[int, int]],
+    run_id: str,
+    window_sizes_s: Sequence[float] = (1.0, 15.0),
+    bin_s: float = 0.1,
+    control_bytes_per_pair_bin: int | Mapping[tuple[int, int], int] | None = None,
+    control_bytes_per_s: float = 5000,
+) -> pd.DataFrame:
+    """:func:`compute_window_features` of one run given as its ``(n_bins, n_pairs)`` bytes matrix
+    ``X`` over the whole binned run, the mask of the bins present and the sorted ``(src, dst)`` pairs
+    (``lib/store/bin_table.read_bin_matrix``), so a large run is never a table in memory."""
+    n_total = X.shape[0]
+    per_window = [(float(w), _bins_in(w, bin_s, "window size")) for w in window_sizes_s]
+    control = _control_vector(pairs, control_bytes_per_pair_bin, bin_s, control_bytes_per_s, n_total)
     frames: list[pd.DataFrame] = []
-    for rid, run_bins in groups:
-        X, present, pairs = _dense_matrix(run_bins, bin_s, n_total)
-        control = _control_vector(pairs, control_bytes_per_pair_bin, bin_s, control_bytes_per_s, n_total)
-        for w, nb in sorted(per_window):
-            k = n_total // nb
-            if k == 0:
-                continue
-            cols = _windows_of(X, present, control, nb, bin_s)
-            starts = np.round(np.arange(k) * nb * bin_s, 6)
-            frames.append(pd.DataFrame({"run_id": rid, "window_s": w, "window_start_s": starts, **cols}))
+    for w, nb in sorted(per_window):
+        k = n_total // nb
+        if k == 0:
+            continue
+        cols = _windows_of(X, present, control, nb, bin_s)
+        starts = np.round(np.arange(k) * nb * bin_s, 6)
+        frames.append(pd.DataFrame({"run_id": run_id, "window_s": w, "window_start_s": starts, **cols}))
+    return _table(frames)
+
+
+def _table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
     if frames:
         out = pd.concat(frames, ignore_index=True)[list(WINDOW_FEATURE_COLUMNS)]
     else:

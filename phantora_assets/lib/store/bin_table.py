@@ -1,0 +1,130 @@
+"""A run's binned flows as a dense matrix and as its ``flows_100ms.parquet`` table, in bounded memory.
+
+The binned build (``lib/traffic/binning.py``) holds ``bytes[bin, pair]``, an int64 matrix of
+``(n_bins, n_pairs)`` with the ordered pairs ``src != dst`` in ``(src, dst)`` order
+(:func:`pair_nodes`): 8 bytes a row, where the ``BIN_COLUMNS`` table in pandas takes 40 (a 128-node
+run has 29 M rows). :func:`write_bins` writes the table from the matrix :data:`CHUNK_BINS` bins at a
+time (one Parquet row group each); :func:`read_bin_matrix` reads such a file (or any table with
+``t, src_node, dst_node, bytes``) back into the matrix one row group at a time. No Dagster import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from phantora_assets.columns import BIN_COLUMNS
+from phantora_assets.lib.store.io import atomic_path
+
+#: Bins per written row group (x n_pairs rows: 16 k pairs -> 1.6 M rows, ~70 MB of columns), at most
+#: CHUNK_ROWS rows (at least one bin).
+CHUNK_BINS = 100
+CHUNK_ROWS = 4_000_000
+
+
+def pair_nodes(n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) int64 of the ordered pairs ``src != dst`` in ``(src, dst)`` order: the matrix columns."""
+    src, dst = np.nonzero(~np.eye(n_nodes, dtype=bool))
+    return src.astype(np.int64), dst.astype(np.int64)
+
+
+def bin_times(n_bins: int, bin_s: float) -> np.ndarray:
+    """``t`` (s) of bins ``0 .. n_bins - 1``: ``round(i * bin_ns / 1e9, 6)`` from integer ns."""
+    bin_ns = int(round(float(bin_s) * 1_000_000_000))
+    return np.round(np.arange(n_bins, dtype=np.int64) * bin_ns / 1_000_000_000, 6).astype(np.float64)
+
+
+def bins_frame(matrix: np.ndarray, run_id: str, bin_s: float, n_nodes: int, first_bin: int = 0) -> pd.DataFrame:
+    """``matrix`` (rows: bins ``first_bin ..``) as ``BIN_COLUMNS`` rows sorted by ``(t, src_node, dst_node)``."""
+    n_bins, n_pairs = matrix.shape
+    src, dst = pair_nodes(n_nodes) if n_pairs else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    t = bin_times(first_bin + n_bins, bin_s)[first_bin:]
+    data = {
+        "run_id": pd.Series([run_id] * (n_bins * n_pairs), dtype=object),
+        "t": np.repeat(t, n_pairs),
+        "src_node": np.tile(src, n_bins),
+        "dst_node": np.tile(dst, n_bins),
+        "bytes": matrix.reshape(-1),
+    }
+    return pd.DataFrame(data, columns=list(BIN_COLUMNS))
+
+
+def write_bins(matrix: np.ndarray, run_id: str, bin_s: float, n_nodes: int, path: Path) -> None:
+    """Write ``matrix`` as the ``BIN_COLUMNS`` table (zstd Parquet, the types ``write_parquet`` gives
+    the same DataFrame), atomically, :data:`CHUNK_BINS` bins per row group. The file's metadata
+    records the dense layout (``phantora_dense_pairs``: the node count), so that
+    :func:`read_bin_matrix` reads only its ``bytes`` column back."""
+    n_bins, n_pairs = matrix.shape
+    meta = {b"phantora_dense_pairs": str(n_nodes).encode(), b"phantora_bins": str(n_bins).encode()}
+    fields = [("run_id", pa.string()), ("t", pa.float64()), ("src_node", pa.int64()), ("dst_node", pa.int64())]
+    schema = pa.schema([*fields, ("bytes", pa.int64())], metadata=meta)
+    src, dst = pair_nodes(n_nodes) if n_pairs else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    times, rid = bin_times(n_bins, bin_s), run_id.encode()
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        step = max(1, min(CHUNK_BINS, CHUNK_ROWS // max(n_pairs, 1)))
+        for b0 in range(0, max(n_bins, 1) if n_pairs else 1, step):
+            k = min(step, n_bins - b0) if n_pairs else 0
+            rows = k * n_pairs
+            offsets = pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * len(rid)).tobytes())
+            ids = pa.Array.from_buffers(pa.string(), rows, [None, offsets, pa.py_buffer(rid * rows)])
+            cols = [np.repeat(times[b0 : b0 + k], n_pairs), np.tile(src, k), np.tile(dst, k)]
+            arrays = [ids, *(pa.array(c) for c in cols), pa.array(matrix[b0 : b0 + k].reshape(-1))]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+
+def read_bin_matrix(path: Path, bin_s: float, n_total: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The ``(n_total, n_pairs)`` int64 matrix of a binned table, the mask of the bins present and
+    the sorted ``(src, dst)`` pairs present, one row group at a time.
+
+    Raises:
+        ValueError: ``t`` off the bin grid or outside ``[0, n_total * bin_s)``.
+    """
+    pf = pq.ParquetFile(path)
+    groups = range(pf.metadata.num_row_groups)
+    meta = pf.schema_arrow.metadata or {}
+    n_nodes = int(meta.get(b"phantora_dense_pairs", 0))
+    if n_nodes > 1 and int(meta[b"phantora_bins"]) == n_total:  # written by write_bins: every bin, every pair
+        src, dst = pair_nodes(n_nodes)
+        flat = pf.read(columns=["bytes"]).column("bytes").to_numpy()
+        pairs = [(int(a), int(b)) for a, b in zip(src, dst)]
+        return flat.reshape(n_total, len(pairs)), np.ones(n_total, dtype=bool), pairs
+    keys = [pf.read_row_group(g, columns=["src_node", "dst_node"]) for g in groups]
+    src = np.concatenate([k.column("src_node").to_numpy() for k in keys] or [np.zeros(0, np.int64)])
+    dst = np.concatenate([k.column("dst_node").to_numpy() for k in keys] or [np.zeros(0, np.int64)])
+    del keys
+    width = 1 + int(max(dst.max(initial=0), src.max(initial=0)))
+    code = src * width + dst
+    del src, dst
+    if width * width <= 64 * 2**20:  # pairs by a count table: no sort of the rows
+        lut = np.cumsum(np.bincount(code, minlength=width * width) > 0) - 1
+        uniq = np.flatnonzero(np.bincount(code, minlength=width * width))
+        pidx = lut[code]
+    else:
+        uniq, pidx = np.unique(code, return_inverse=True)
+    del code
+    n_pairs = len(uniq)
+    flat = np.zeros(n_total * n_pairs, dtype=np.int64)
+    present = np.zeros(n_total, dtype=bool)
+    a = 0
+    for g in groups:
+        rg = pf.read_row_group(g, columns=["t", "bytes"])
+        ratio = rg.column("t").to_numpy() / bin_s
+        idx = np.rint(ratio).astype(np.int64)
+        if len(idx) and (np.abs(ratio - idx) > 1e-6).any():
+            raise ValueError("bins has t values off the bin grid")
+        if len(idx) and ((idx < 0) | (idx >= n_total)).any():
+            raise ValueError(f"bins has t outside [0, {n_total * bin_s:g}) s")
+        f = idx * n_pairs + pidx[a : a + len(idx)]
+        vals = rg.column("bytes").to_numpy()
+        lo = int(f.min(initial=0))
+        if len(f) and np.bincount(f - lo).max() <= 1:  # no (bin, pair) twice: a plain indexed add
+            flat[f] += vals
+        else:
+            np.add.at(flat, f, vals)
+        present[idx] = True
+        a += len(idx)
+    return flat.reshape(n_total, n_pairs), present, [(int(u // width), int(u % width)) for u in uniq]
