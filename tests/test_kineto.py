@@ -120,8 +120,11 @@ def test_ring_rules_by_hand():
     # all-to-all, splits [1, 2, 3, 0] rows of 12 / 6 = 2 Int (8 B): 8, 16, 24, 0 bytes to group ranks 0..3
     a2a = _flows(_coll("alltoall_base", 12, 12, "Int", g4, (1, 2, 3, 0)))
     assert [f for f in a2a if f[0] == 0] == [(0, 1, 16), (0, 2, 24)]  # not to itself, no 0-byte flow
-    assert [f for f in a2a if f[0] == 3] == [(3, 0, 8), (3, 1, 16), (3, 2, 24)]
-    assert sum(b for *_, b in a2a) == 4 * 48 - (8 + 16 + 24 + 0)  # each rank's 48 B but its own chunk
+    # untraced rank 3 -> traced rank 0: rank 0's Out split size [1, 2, 3, 0] records 0 rows from rank 3
+    assert [f for f in a2a if f[0] == 3] == [(3, 1, 16), (3, 2, 24)]
+    # rank 0 sends 16 + 24; rank 1: 16 to 0 (Out split), 24 to 2, 0 to 3; rank 2: 24 to 0, 16 to 1, 0 to 3;
+    # rank 3: 0 to 0, 16 to 1, 24 to 2: 40 each
+    assert sum(b for *_, b in a2a) == 4 * 40
     # all-to-all without splits: 8 Char / 4 ranks = 2 B to every other rank
     assert {b for *_, b in _flows(_coll("all_to_all", 8, 8, "Char", g4))} == {2}
     # send / recv on a pair: S = 10 x 1 B from the sender, 5 x 1 B to the receiver

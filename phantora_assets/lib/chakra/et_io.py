@@ -191,7 +191,8 @@ def et_files(folder: str | Path) -> dict[int, Path]:
 
     Raises:
         FileNotFoundError: ``folder`` is not a directory.
-        FileRuleError: ``ET names`` (two prefixes, or a rank twice), ``symlink in run folder``.
+        FileRuleError: ``ET names`` (two prefixes; a rank twice, e.g. ``t.1.et`` and ``t.01.et``: a
+            TraceFormatError), ``symlink in run folder``.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -205,6 +206,8 @@ def et_files(folder: str | Path) -> dict[int, Path]:
         if p.is_symlink():
             raise FileRuleError(p, "symlink in run folder", "the import does not follow links")
         prefixes.add(stem)
+        if int(rank) in out:
+            raise TraceFormatError(p, "ET names", f"rank {int(rank)} again (also {out[int(rank)].name})")
         out[int(rank)] = p
     if len(prefixes) > 1:
         raise FileRuleError(folder, "ET names", f"one <prefix>.<rank>.et set per folder, found {sorted(prefixes)}")

@@ -20,7 +20,11 @@ CPU op (``is_cpu_op`` false or absent) is a Computation event of its rank.
 
 Errors (each names the file and the rule): ``invalid ET``, ``no ET`` (no ``*.<rank>.et``),
 ``missing rank``, ``layout`` (``gpus_per_node`` does not divide the world size), ``comm groups``
-(the JSON is not ``{"<id>": [ranks]}`` or a node's rank is not in its group), ``no ring rule``
+(the JSON is not ``{"<id>": [ranks]}`` of distinct ranks of the world, a node's rank is not in its
+group, a broadcast root outside it), ``invalid ET`` (a node's ``comm_type``, ``comm_size``,
+``comm_src`` or ``comm_dst`` missing, not an integer, negative or beyond the world), ``ranks
+disagree`` (the members of a group issue different collectives on it: count, kind, ``comm_size``;
+all-to-all: kind; every rank's ET is present, so every group is cross-checked), ``no ring rule``
 (REDUCE, GATHER, SCATTER, REDUCE_SCATTER_BLOCK: Phantora has no ring rule for them).
 """
 
@@ -40,6 +44,7 @@ from phantora_assets.lib.chakra.et_io import (
     COMM_TYPE_OPS,
     COMP_NODE,
     EtFile,
+    EtNode,
     et_files,
     read_et,
 )
@@ -107,11 +112,7 @@ def read_folder(folder: str | Path, gpus_per_node: int) -> ChakraRun:
     gfile = _groups_file(folder)
     groups: dict[str, list[int]] = {}
     if gfile is not None:
-        try:
-            data = json.loads(gfile.read_text())
-            groups = {str(k): [int(r) for r in v] for k, v in data.items()}
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise TraceFormatError(gfile, "comm groups", f'not {{"<id>": [ranks]}}: {exc}') from None
+        groups = _read_groups(gfile, world)
     else:
         for r, et in ets.items():
             for n in et.nodes:
@@ -121,6 +122,55 @@ def read_folder(folder: str | Path, gpus_per_node: int) -> ChakraRun:
                         groups[str(n.attrs["pg_name"])].append(r)
     groups.setdefault(WORLD, list(range(world)))
     return ChakraRun(folder, ets, groups, gpus_per_node, gfile)
+
+
+def _read_groups(gfile: Path, world: int) -> dict[str, list[int]]:
+    """``{"<id>": [ranks]}`` of the comm-groups file: each a list of distinct integer ranks of the
+    world (0..world-1), in group-rank order. Raises TraceFormatError ``comm groups``."""
+    try:
+        data = json.loads(gfile.read_text())
+    except (ValueError, OSError, RecursionError) as exc:
+        raise TraceFormatError(gfile, "comm groups", f'not {{"<id>": [ranks]}} JSON: {exc}') from None
+    if not isinstance(data, dict):
+        raise TraceFormatError(gfile, "comm groups", f'not {{"<id>": [ranks]}}: a {type(data).__name__}')
+    groups: dict[str, list[int]] = {}
+    for k, v in data.items():
+        if not isinstance(v, list) or not v or not all(isinstance(r, int) and not isinstance(r, bool) for r in v):
+            raise TraceFormatError(gfile, "comm groups", f"group {k!r}: not a list of integer ranks: {v!r}")
+        if len(set(v)) != len(v) or not all(0 <= r < world for r in v):
+            raise TraceFormatError(
+                gfile, "comm groups", f"group {k!r}: {v} lists a rank twice or outside the {world} ranks' ETs"
+            )
+        groups[str(k)] = list(v)
+    return groups
+
+
+def _int_attr(n: EtNode, et: EtFile, key: str, lo: int = 0, hi: int = 1 << 62) -> int:
+    """Attribute ``key`` of node ``n``: an integer in [lo, hi). Raises TraceFormatError ``invalid ET``."""
+    v = n.attrs.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v < hi:
+        what = "missing" if v is None else f"{v!r} is not an integer in [{lo}, {hi})"
+        raise TraceFormatError(et.path, "invalid ET", f"node {n.id} {n.name!r}: {key} {what}")
+    return v
+
+
+def _cross_check(run: ChakraRun, seqs: dict[str, dict[int, list[tuple]]]) -> None:
+    """Every member of a group issues the same collectives on it (count, kind, comm_size; all-to-all:
+    kind only). Raises TraceFormatError ``ranks disagree`` naming both files."""
+    for pg, per in sorted(seqs.items()):
+        first = run.groups[pg][0]
+        ref = per.get(first, [])
+        for r in run.groups[pg]:
+            seq = per.get(r, [])
+            if seq != ref:
+                k = next((i for i, (x, y) in enumerate(zip(ref, seq, strict=False)) if x != y), min(len(ref), len(seq)))
+                raise TraceFormatError(
+                    run.ets[r].path,
+                    "ranks disagree",
+                    f"group {pg!r}: rank {r} issues {len(seq)} collectives, rank {first} "
+                    f"({run.ets[first].path.name}) {len(ref)}; first difference at #{k}: "
+                    f"{seq[k] if k < len(seq) else 'none'} vs {ref[k] if k < len(ref) else 'none'}",
+                )
 
 
 def _stream(attrs: dict, default: int) -> int:
@@ -133,7 +183,10 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
     ``sends``, ``compute``, ``skipped`` CPU-side or barrier nodes).
 
     Raises:
-        TraceFormatError: ``no ring rule``, ``comm groups`` (names the ET file).
+        TraceFormatError: ``no ring rule``, ``comm groups`` (names the ET file; also a broadcast
+            root outside its group), ``invalid ET`` (``comm_type``, ``comm_size``, ``comm_src`` or
+            ``comm_dst`` missing where needed, not an integer, negative, beyond the world or
+            2**62), ``ranks disagree`` (:func:`_cross_check`).
     """
     cols = [c for c in RAW_TIMELINE_COLUMNS if c != "event_id"]
     gpn = run.gpus_per_node
@@ -144,6 +197,8 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
     def host(r: int) -> str:
         return f"host-{r // gpn + 1}"
 
+    seqs: dict[str, dict[int, list[tuple]]] = {}  # pg -> rank -> (op, comm_size) in issue order
+    world = run.world_size
     for rank, et in sorted(run.ets.items()):
         for n in et.nodes:
             start, end = n.start_us * 1000, (n.start_us + n.dur_us) * 1000
@@ -155,9 +210,10 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
             if n.type == COMM_SEND_NODE:
                 op = "send"
             elif n.is_collective:
-                ctype = int(n.attrs["comm_type"])
+                ctype = _int_attr(n, et, "comm_type", 0, 1 << 31)
                 if ctype == BARRIER:
                     counts["skipped"] += 1
+                    seqs.setdefault(str(n.attrs.get("pg_name", WORLD)), {}).setdefault(rank, []).append(("barrier",))
                     continue
                 if ctype not in COMM_TYPE_OPS:
                     raise TraceFormatError(et.path, "no ring rule", f"node {n.id} {n.name!r}: comm_type {ctype}")
@@ -169,8 +225,10 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
             group = run.groups.get(pg)
             if group is None or rank not in group:
                 raise TraceFormatError(et.path, "comm groups", f"node {n.id}: rank {rank} is not in group {pg!r}")
-            size, g, k = int(n.attrs.get("comm_size", 0)), len(group), group.index(rank)
+            size, g, k = _int_attr(n, et, "comm_size"), len(group), group.index(rank)
             counts["sends" if op == "send" else "collectives"] += 1
+            if op != "send":
+                seqs.setdefault(pg, {}).setdefault(rank, []).append((op,) if op == "all_to_all" else (op, size))
             if g <= 1:
                 continue
             flows: list[tuple[int, int, int, int]] = []  # (dst rank, bytes, count, root)
@@ -181,13 +239,15 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
             elif op == "reduce_scatter":
                 flows = [(group[(k + 1) % g], (g - 1) * (size // g), size // g, -1)]
             elif op == "broadcast":
-                root = int(n.attrs.get("comm_src", group[0]))
+                root = _int_attr(n, et, "comm_src", 0, world) if "comm_src" in n.attrs else group[0]
+                if root not in group:
+                    raise TraceFormatError(et.path, "comm groups", f"node {n.id}: broadcast root {root} not in {pg!r}")
                 if rank == root:
                     flows = [(r, size, size, k) for r in group if r != rank]
             elif op == "all_to_all":
                 flows = [(r, size // g, size // g, -1) for r in group if r != rank]
             else:
-                flows = [(int(n.attrs["comm_dst"]), size, size, -1)]
+                flows = [(_int_attr(n, et, "comm_dst", 0, world), size, size, -1)]
             cid = comm_hex(f"chakra:{pg}")
             for dst, nbytes, count, root in flows:
                 if nbytes <= 0:
@@ -198,6 +258,7 @@ def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
                      "Sum" if op in ("all_reduce", "reduce_scatter") else "", root, cid, k, rank % gpn,
                      _stream(n.attrs, 13), 0, "")
                 )  # fmt: skip
+    _cross_check(run, seqs)
     parts = [pd.DataFrame.from_records(rows, columns=cols)]
     if comp:
         c = pd.DataFrame.from_records(comp, columns=["name", "start_ns", "end_ns", "src_host", "stream_device",

@@ -18,7 +18,9 @@ Ranks``), hop i from group rank i to (i+1) mod n, on the hosts those ranks live 
   grouped send/recv (section 3, ``NcclSend``), so each group rank i sends to every other rank j
   ``In split size[j]`` rows of ``In msg nelems / sum(In split size)`` elements (with no split sizes:
   ``In msg nelems / n`` elements), one flow each, ``S`` = those elements x d (section 4, send/recv);
-  with several ranks' traces, j's ``Out split size`` must agree with what i sends it;
+  with several ranks' traces, j's ``Out split size`` must agree with what i sends it; an untraced
+  rank i sends a traced rank j what j's ``Out split size[i]`` rows of ``Out msg nelems / sum(Out
+  split size)`` elements record, and other untraced ranks what the traced record's In split says;
 * send / recv on a group of two: S = ``In msg nelems`` x d, one flow to / from the other rank
   (section 4, send/recv). A send and its peer's matching recv are one flow: the group's sequence
   (of its lowest present rank, below) gives each once.
@@ -132,7 +134,7 @@ def flows_of(
     ``own`` maps group members to their own record of the same collective (all-to-all splits per
     rank); members without one use ``c``. ``rank``: the rank whose record ``c`` is (send/recv:
     the sender / the receiver; default the group's first rank). Raises TraceFormatError (``unknown dtype``, ``no ring
-    rule``, ``all-to-all sizes``, ``send/recv peer``) naming ``path``.
+    rule``, ``all-to-all sizes``, ``send/recv peer``, ``invalid trace``: bytes beyond int64) naming ``path``.
     """
     if c.dtype not in DTYPES:
         raise TraceFormatError(str(path), "unknown dtype", f"{c.name}: dtype {c.dtype!r} (known: {', '.join(DTYPES)})")
@@ -155,9 +157,12 @@ def flows_of(
         count, dt = call(c.in_nelems)
         out = [Flow(g[0], g[j], c.in_nelems * size, "NcclBcast", count, dt, 0, 0) for j in range(1, n)]
     elif op == "all_to_all":
+        own = own or {rank if rank in g else g[0]: c}
+        got = {r: _a2a_bytes(rec, n, size, path, "Out") for r, rec in own.items()}
         for i in range(n):
-            rec = (own or {}).get(g[i], c)
-            for j, b in enumerate(_a2a_bytes(rec, n, size, path)):
+            sent = _a2a_bytes(own.get(g[i], c), n, size, path)
+            for j in range(n):  # an untraced sender: what a traced receiver's Out split size records
+                b = sent[j] if g[i] in own or g[j] not in got else got[g[j]][i]
                 if j != i and b:
                     out.append(Flow(g[i], g[j], b, "NcclSend", b, "U8", i))
     else:
@@ -168,6 +173,11 @@ def flows_of(
         me = g.index(rank) if rank in g else 0
         src, dst = (g[me], g[1 - me]) if op == "send" else (g[1 - me], g[me])
         out = [Flow(src, dst, c.in_nelems * size, "NcclSend", c.in_nelems * size, "U8", g.index(src))]
+    big = next((f for f in out if max(f.bytes, f.count) >= 1 << 63), None)
+    if big is not None:
+        raise TraceFormatError(
+            str(path), "invalid trace", f"{c.name}: In msg nelems {c.in_nelems} gives {big.bytes} bytes, beyond int64"
+        )
     return [f for f in out if f.bytes > 0]
 
 
@@ -225,7 +235,8 @@ def group_sequences(ranks: list[RankTrace]) -> dict[str, tuple[RankTrace, list[C
 
     Raises:
         TraceFormatError: rule ``ranks disagree``: two present members of a group issued different
-            sequences (names both files, the group and the first difference).
+            sequences (names both files, the group and the first difference), or a present member
+            issued none of the group's collectives (under that group's key).
     """
     seqs: dict[str, dict[int, tuple[RankTrace, list[Collective]]]] = {}
     for rt in sorted(ranks, key=lambda r: r.rank):
@@ -233,9 +244,18 @@ def group_sequences(ranks: list[RankTrace]) -> dict[str, tuple[RankTrace, list[C
             if len(c.group) > 1:
                 seqs.setdefault(c.pg, {}).setdefault(rt.rank, (rt, []))[1].append(c)
     out: dict[str, tuple[RankTrace, list[Collective], dict[int, list]]] = {}
+    present = {rt.rank: rt for rt in ranks}
     for pg, members in seqs.items():
         first = min(members)
         ref_rt, ref = members[first]
+        silent = [r for r in ref[0].group if r in present and r not in members]
+        if silent:  # a traced member issued nothing on this group: its hops would come twice
+            raise TraceFormatError(
+                present[silent[0]].path,
+                "ranks disagree",
+                f"group {pg}: rank {silent[0]} is a member and is traced, but issues none of its {len(ref)} "
+                f"collectives (rank {first}, {ref_rt.path.name}, does; another group name or key in this file?)",
+            )
         for r, (rt, seq) in members.items():
             a, b = [_signature(c) for c in ref], [_signature(c) for c in seq]
             if a != b:

@@ -7,8 +7,9 @@ clock). The file is decoded in batches of events (``stream.py``: bounded memory,
 ``stream.MAX_INFLATED_BYTES`` of text); of each batch only this is kept:
 
 * collectives: the ``record_param_comms`` CPU ops with their args ``Collective name``, ``In msg
-  nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Ranks`` (or ``Global
-  rank start`` / ``Global rank stride``), ``In split size`` / ``Out split size``;
+  nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Ranks`` (truncated by
+  PyTorch beyond 30 ranks, or absent: ``distributedInfo.pg_config`` by ``Process Group Name``, or
+  ``Global rank start`` / ``Global rank stride``; :func:`_group`), ``In split size`` / ``Out split size``;
 * their timing: the NCCL kernel (``ncclKernel_*`` / ``ncclDevKernel_*``, RCCL's too) launched inside
   the op, found through the CUDA runtime call on the op's thread whose ``correlation`` is the
   kernel's; an op without such a kernel keeps its CPU span (:attr:`Collective.timed_by` says which).
@@ -132,17 +133,43 @@ def _int_list(v: Any, path: Path, what: str) -> tuple[int, ...]:
     return tuple(_int(x, path, what) for x in v)
 
 
-def _group(a: Args, path: Path, rank: int, what: str) -> tuple[tuple[int, ...], str]:
-    """The op's group ranks (``Process Group Ranks``, else start/stride/size) and its key."""
+def _pg_config(meta: Meta) -> dict[str, tuple[int, ...]]:
+    """``distributedInfo.pg_config``: process group name -> its ranks (entries whose ``ranks`` is
+    not a list of integers, e.g. truncated, are left out)."""
+    cfg = (meta.distributedInfo or {}).get("pg_config")
+    out: dict[str, tuple[int, ...]] = {}
+    for e in cfg if isinstance(cfg, list) else []:
+        ranks = e.get("ranks") if isinstance(e, dict) else None
+        if isinstance(ranks, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            out[str(e.get("pg_name"))] = tuple(ranks)
+    return out
+
+
+def _group(a: Args, path: Path, rank: int, what: str, pgs: dict[str, tuple[int, ...]]) -> tuple[tuple[int, ...], str]:
+    """The op's group ranks and its key. Ranks from ``Process Group Ranks``; when PyTorch truncated
+    it (``"[0, 1, ..., 29, ...]"``, groups of more than 30 ranks) or left it out: the
+    ``distributedInfo.pg_config`` entry of its ``Process Group Name`` (else ``ID``) of ``Group
+    size`` ranks, else ``Global rank start`` / ``Global rank stride`` / ``Group size`` (no stride
+    recorded: refused, it is not guessed). Raises TraceFormatError ``invalid trace``."""
     size = _int(a.group_size, path, f"{what} Group size") if a.group_size is not None else None
-    ranks = _int_list(a.pg_ranks, path, f"{what} Process Group Ranks")
-    if not ranks and size is not None and a.rank_start is not None:
-        start = _int(a.rank_start, path, f"{what} Global rank start")
-        stride = _int(a.rank_stride if a.rank_stride is not None else 1, path, f"{what} Global rank stride")
-        ranks = tuple(start + i * stride for i in range(size))
+    truncated = isinstance(a.pg_ranks, str) and a.pg_ranks.rstrip().endswith("...]")
+    ranks = () if truncated else _int_list(a.pg_ranks, path, f"{what} Process Group Ranks")
+    if not ranks:
+        by_name = [pgs[str(k)] for k in (a.pg_name, a.pg_id) if k is not None and str(k) in pgs]
+        if by_name and (size is None or len(by_name[0]) == size):
+            ranks = by_name[0]
+        elif size is not None and a.rank_start is not None and a.rank_stride is not None:
+            start = _int(a.rank_start, path, f"{what} Global rank start")
+            stride = _int(a.rank_stride, path, f"{what} Global rank stride")
+            ranks = tuple(start + i * stride for i in range(size))
     if not ranks:
         raise TraceFormatError(
-            path, "invalid trace", f"{what}: no Process Group Ranks nor Global rank start / Group size"
+            path,
+            "invalid trace",
+            f"{what}: its group's ranks are not recorded: Process Group Ranks "
+            f"{'truncated' if truncated else 'absent'} ({a.pg_ranks!r}), no distributedInfo.pg_config entry of "
+            f"{size} ranks for Process Group Name {a.pg_name!r} / ID {a.pg_id!r}, and no Global rank start and "
+            "stride (a stride is not guessed)",
         )
     if size is not None and size != len(ranks):
         raise TraceFormatError(path, "invalid trace", f"{what}: Group size {size} but {len(ranks)} Process Group Ranks")
@@ -182,10 +209,18 @@ def _placement(t: Meta, path: Path, world_size: int | None, rank: int | None) ->
     return rank, world, backend, placed
 
 
+def _time(v: Any, path: Path, name: str, what: str) -> float:
+    """An event's ``ts`` / ``dur`` (us) as a finite float. Raises TraceFormatError ``invalid trace``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300:
+        return float(v)
+    raise TraceFormatError(path, "invalid trace", f"event {name[:80]!r}: {what} {v!r} is not a number of us")
+
+
 class _Kept:
     """What :func:`read_rank_trace` keeps of the events, batch by batch (``stream.decode``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.nccl: dict[Any, Event] = {}  # NCCL kernels by correlation id
         self.sized: list[Event] = []  # NCCL kernels that carry the size args themselves
         self.launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}  # CUDA runtime calls per thread
@@ -201,6 +236,8 @@ class _Kept:
             if e.ph != "X":
                 continue
             name, args = str(e.name), e.args
+            if e.cat in ("kernel", "cuda_runtime", "cpu_op", "user_annotation"):
+                e.ts, e.dur = _time(e.ts, self.path, name, "ts"), _time(e.dur, self.path, name, "dur")
             if e.cat == "kernel":
                 if "nccl" in name.lower() or "rccl" in name.lower():
                     if args is not None and args.correlation is not None:
@@ -236,8 +273,9 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
         TraceFormatError: ``invalid trace`` (not JSON, a field of the wrong type), ``trace too large``.
     """
     path = Path(path)
-    meta, kept = decode(path, _Kept, _Kept.add)
+    meta, kept = decode(path, lambda: _Kept(path), _Kept.add)
     rank, world, backend, placed = _placement(meta, path, world_size, rank)
+    pgs = _pg_config(meta)
     launches = {k: sorted(v, key=lambda c: c[0]) for k, v in kept.launches.items()}
     colls: list[Collective] = []
     skipped: Counter[str] = Counter()
@@ -252,13 +290,13 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
         elif str(a.collective) in _NOT_DATA:
             skipped[str(a.collective)] += 1
         else:
-            colls.append(_collective(a, e, k, path, rank))
+            colls.append(_collective(a, e, k, path, rank, pgs))
     if not colls and kept.sized:  # no sized CPU op (e.g. not recorded): the kernels' own args
         for k in kept.sized:
             if str(k.args.collective) in _NOT_DATA:  # type: ignore[union-attr]
                 skipped[str(k.args.collective)] += 1  # type: ignore[union-attr]
             else:
-                colls.append(_collective(k.args, k, k, path, rank))  # type: ignore[arg-type]
+                colls.append(_collective(k.args, k, k, path, rank, pgs))  # type: ignore[arg-type]
         colls.sort(key=lambda c: c.cpu_ts_us)
     if not colls and not skipped:
         seen = ", ".join(f"{n} x{c}" for n, c in sorted(unsized.items())) or "no collective at all"
@@ -285,11 +323,13 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
     )
 
 
-def _collective(a: Args, op: Event, k: Event | None, path: Path, rank: int) -> Collective:
+def _collective(
+    a: Args, op: Event, k: Event | None, path: Path, rank: int, pgs: dict[str, tuple[int, ...]]
+) -> Collective:
     """The collective of CPU op ``op`` (or a kernel standing for it) with args ``a``, timed by kernel ``k``."""
     name = str(a.collective)
     what = f"{op.name} {name} at ts {op.ts}"
-    group, pg = _group(a, path, rank, what)
+    group, pg = _group(a, path, rank, what, pgs)
     return Collective(
         name=name,
         in_nelems=_int(a.in_nelems, path, f"{what} In msg nelems"),

@@ -8,12 +8,16 @@ PyTorch's profiler writes one JSON object: the metadata (``distributedInfo``, ``
 ``add`` sees each batch once and keeps what it needs, so memory is one chunk and its events plus what
 ``add`` keeps. The metadata (header and trailer around the array) is decoded last. A file in any
 other JSON layout (one line, other indentation) is decoded as one document, which needs memory for
-its whole text and events. At most :data:`MAX_INFLATED_BYTES` of text is read either way. Times
+its whole text and events: it, and any one event of the streamed layout, is refused (``trace too
+large``) beyond ``lib/phantora/trace_batches.MAX_LINE_BYTES`` (the cap of one decoded-whole
+document of Phantora's traces, set by ``$PHANTORA_ASSETS_MAX_TRACE_LINE_MIB``), so a compressed
+file of whitespace cannot inflate into memory. At most :data:`MAX_INFLATED_BYTES` of text is read
+either way. Times
 are float64 microseconds of the host clock: at epoch-scale values (~1.7e15 us) that is about
 0.25 us resolution, finer than any collective of interest.
 
 Errors: :class:`~phantora_assets.lib.errors.TraceFormatError` rules ``invalid trace`` (cannot be
-read, not JSON, a field of the wrong type) and ``trace too large``.
+read, not JSON, a field of the wrong type, nested too deep) and ``trace too large``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import IO, Any, TypeVar, cast
 import msgspec
 
 from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.phantora import trace_batches
 
 #: Largest decompressed trace read.
 MAX_INFLATED_BYTES = 4 << 30
@@ -35,7 +40,7 @@ CHUNK = 8 << 20
 _START = b'"traceEvents": ['
 _SEP = b"\n  },\n  {"
 _END = re.compile(rb"\n  \}\s*\]")
-_HEADER_LIMIT = 64 << 20  # the array must start within this much text to be streamed
+_HEADER_LIMIT = 16 << 20  # the array must start within this much text to be streamed
 
 
 def _f(name: str) -> Any:
@@ -129,15 +134,18 @@ def _reader(path: Path) -> Callable[[int], bytes]:
 def _stream(path: Path, add: Callable[[list[Event]], None]) -> Meta:
     """The streamed decode (module docstring). Raises _Layout when the text is laid out otherwise."""
     read = _reader(path)
-    buf = b""
-    while (i := buf.find(_START)) < 0:
+    head = bytearray()
+    while (i := head.find(_START)) < 0:
         data = read(CHUNK)
-        if not data or len(buf) > _HEADER_LIMIT:
+        if not data or len(head) + len(data) > _HEADER_LIMIT:
             raise _Layout
-        buf += data
-    header, buf = buf[:i], buf[i + len(_START) :]
+        head += data
+    header, buf = bytes(head[:i]), bytes(head[i + len(_START) :])
+    del head
     while True:
         data = read(CHUNK)
+        if len(buf) + len(data) > trace_batches.MAX_LINE_BYTES:
+            raise TraceFormatError(path, "trace too large", _too_large("one event of"))
         buf += data
         p = buf.rfind(_SEP) if data else -1
         if p >= 0:
@@ -158,16 +166,26 @@ def _stream(path: Path, add: Callable[[list[Event]], None]) -> Meta:
 def _add(batch: bytes, add: Callable[[list[Event]], None]) -> None:
     try:
         events = _BATCH.decode(batch)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         raise _Layout from None
     add(events)
 
 
-def _meta(text: bytes, path: Path) -> Meta:
+def _meta(text: bytes | bytearray, path: Path) -> Meta:
     try:
         return _META.decode(text)
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, "invalid trace", f"not a PyTorch profiler JSON object: {exc}") from exc
+    except RecursionError:
+        raise TraceFormatError(path, "invalid trace", "JSON nested too deep for a PyTorch profiler trace") from None
+
+
+def _too_large(what: str) -> str:
+    cap = trace_batches.MAX_LINE_BYTES
+    return (
+        f"{what} more than {cap} bytes, decoded whole (MAX_LINE_BYTES, $PHANTORA_ASSETS_MAX_TRACE_LINE_MIB): "
+        "write it as torch.profiler does (one event per block)"
+    )
 
 
 def decode(path: str | Path, make: Callable[[], S], add: Callable[[S, list[Event]], None]) -> tuple[Meta, S]:
@@ -186,10 +204,12 @@ def decode(path: str | Path, make: Callable[[], S], add: Callable[[S, list[Event
         pass
     sink = make()
     read = _reader(path)
-    chunks = []
+    text = bytearray()
     while data := read(CHUNK):
-        chunks.append(data)
-    meta = _meta(b"".join(chunks), path)
+        if len(text) + len(data) > trace_batches.MAX_LINE_BYTES:
+            raise TraceFormatError(path, "trace too large", _too_large("a text not in the profiler's layout of"))
+        text += data
+    meta = _meta(text, path)
     add(sink, meta.traceEvents)
     meta.traceEvents = []
     return meta, sink
