@@ -176,6 +176,20 @@ def test_sigterm_stops_the_build_like_ctrl_c(tmp_path: Path) -> None:
         assert not [r for r in inst.get_runs() if not r.is_finished]
 
 
+def test_sighup_stops_the_build_with_exit_129(tmp_path: Path) -> None:
+    """A closed terminal sends SIGHUP: the build stops like on SIGTERM (workers interrupted, runs
+    recorded, nothing half-written) and exits 128 + 1 = 129, with a message naming the signal.
+    Before, it exited 143 as if terminated."""
+    root = tmp_path / "data"
+    _, _, proc, out, err, elapsed = _signalled_build(root, lambda p, _r, _pid: p.send_signal(signal.SIGHUP))
+    assert proc.returncode == 129, out + err
+    assert elapsed < 15, elapsed
+    assert "build stopped: hung up (SIGHUP: its terminal closed)" in err
+    with _instance(root) as inst:
+        assert not [r for r in inst.get_runs() if not r.is_finished]
+    assert not [p for p in root.rglob("*.tmp")]
+
+
 def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Path) -> None:
     """kill -9 of the whole build leaves runs STARTED / NOT_STARTED on the instance (they would
     block the dataset automation and hold pool slots): the next build marks them failed."""
