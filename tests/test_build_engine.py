@@ -215,6 +215,41 @@ def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Pat
         assert not [r for r in inst.get_runs() if not r.is_finished]
 
 
+def test_a_build_leaves_the_runs_of_a_build_that_still_runs_alone(tmp_path: Path, monkeypatch) -> None:
+    """Two builds on one data root: the second one's start (reap_stale_runs) must not fail the
+    first one's run that is created ahead but not launched yet (NOT_STARTED, no worker pid). Here
+    this test process is the first build (its run made by the build's own _Runs.create), a real
+    ``phantora-assets build`` the second. Before, the second build marked that run failed. A run
+    whose build is gone (a pid that has exited) is still reaped."""
+    from phantora_assets.cli.build import HOME_YAML
+    from phantora_assets.cli.engine import _Runs, reap_stale_runs
+
+    root = tmp_path / "data"
+    home = root / "dagster_home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text(HOME_YAML)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(root))
+    import phantora_assets.definitions as d
+
+    with _instance(root) as inst:
+        runs = _Runs(inst, d.build_defs(root), 1)
+        ahead = runs.create("perf_dbs", "h100")  # created ahead, not launched: no worker pid tag
+        orphan = runs.create("perf_dbs", "h200")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with _instance(root) as inst:  # the orphan's build has exited
+        inst.add_run_tags(orphan.run_id, {"phantora/build_pid": str(gone.pid), "phantora/build_start": "1"})
+    other = _build(root, [FITS])
+    out, err = other.communicate(timeout=600)
+    assert other.returncode == 0, out + err
+    assert "marked 1 run(s) left unfinished by an interrupted build as failed" in out, out + err
+    with _instance(root) as inst:
+        assert inst.get_run_by_id(ahead.run_id).status == dg.DagsterRunStatus.NOT_STARTED
+        assert inst.get_run_by_id(orphan.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert reap_stale_runs(inst) == []  # this build still runs: its run is left alone
+
+
 def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monkeypatch) -> None:
     """The daemon's launcher (forkserver, runs_per_worker as in dagster.yaml): a worker whose run
     ended takes the next launch (same pid), a fresh worker follows after runs_per_worker runs, and
