@@ -22,12 +22,13 @@ import dagster as dg
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, env_import_dirs, matrix_for
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
-from phantora_assets.stages.simulation import build_reason
+from phantora_assets.stages.simulation import build_reason, run_spec_record
 
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
@@ -122,9 +123,11 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
 def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefinition:
     """The sensor ``import_dir`` (on by default): every run folder under
     ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
-    complete, current build gets one run of ``all_runs`` (run key: the run_id and the size and
-    mtime of the trace file, or of the folder for a run without trace, so a folder replaced by a
-    new trace is requested again and a failing one once).
+    complete, current build gets one run of ``all_runs``. Its run key is the run_id and the
+    fingerprint of what the build reads (``run_spec_record``: the matrix entry as the folder now
+    gives it, netconfig included, and the size and mtime of the trace, ``run.log``,
+    ``timeline.bin`` and every file under ``config/`` and ``perfdb_missing/``), so a folder whose
+    files change is requested again and a failing one once per state of its files.
     Folders that appeared after the code location loaded are not partitions yet: the tick names
     them; they become partitions when the code location reloads (``dagster-daemon run`` reloads its
     code server every 60 s; in ``dagster dev`` the daemon shares the UI's code server: "Reload
@@ -141,22 +144,29 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
         dirs = env_import_dirs()
         if not dirs:
             return dg.SkipReason(f"${IMPORT_DIR_ENV} is not set")
-        requests, pending = [], []
         for d in dirs:
             if not d.is_dir():
                 return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+        try:
+            now = {s.run_id: s for s in matrix_for(paths.root)}  # the folders as they are now
+        except RunMatrixError as exc:
+            return dg.SkipReason(str(exc))
+        requests, pending = [], []
+        for d in dirs:
             for folder in discover(d)[0]:
                 loaded = parts.by_id.get(folder.spec.run_id)
+                spec = now.get(folder.spec.run_id)
+                if spec is None or spec.path != folder.spec.path:
+                    continue  # shadowed by a later import directory of the same run_id
                 if loaded is None or loaded.path != folder.spec.path:
                     pending.append(f"{folder.spec.run_id} ({folder.path})")
                     continue
-                why = _reason(loaded, paths)
+                why = _reason(spec, paths)
                 if why:
-                    st = (folder.trace or folder.path).stat()  # a run without trace: its folder
                     requests.append(
                         dg.RunRequest(
-                            run_key=f"{loaded.run_id}@{st.st_size}.{st.st_mtime_ns}",
-                            partition_key=loaded.run_id,
+                            run_key=f"{spec.run_id}@{run_spec_record(spec).fingerprint}",
+                            partition_key=spec.run_id,
                             tags={"phantora/build_reason": why[:200]},
                         )
                     )

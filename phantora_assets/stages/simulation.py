@@ -21,7 +21,7 @@ from typing import Any
 from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.phantora.perfdb import load_perfdb
-from phantora_assets.lib.phantora.run_folder import IMPORT_FILES
+from phantora_assets.lib.phantora.run_folder import IMPORT_DIRS, IMPORT_FILES
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
@@ -224,12 +224,19 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
 
 def _source_files(folder: Path) -> dict[str, list[int]]:
     """``name -> [size, mtime_ns]`` of the files an imported Phantora run folder's build reads
-    (``IMPORT_FILES``: the trace, run.log, timeline.bin), as ``lstat`` gives them (a stat, no
-    read: the import_dir sensor asks every tick). A folder replaced by another run's files (a new
-    trace moved in) is then built from other inputs: stale, rebuilt, and out of the dataset until
-    it is."""
+    (``IMPORT_FILES``: the trace, run.log, timeline.bin; and every entry under ``IMPORT_DIRS``:
+    ``config/...``, ``perfdb_missing/...``, which ``raw_timeline`` copies), as ``lstat`` gives them
+    (a stat, no read: the import_dir sensor asks every tick; links are not followed). A folder
+    replaced by another run's files (a new trace moved in, an edited run.log or netconfig) is then
+    built from other inputs: stale, rebuilt, and out of the dataset until it is."""
     out: dict[str, list[int]] = {}
-    for name in IMPORT_FILES:
+    names = list(IMPORT_FILES)
+    for sub in IMPORT_DIRS:
+        for dirpath, dirnames, files in os.walk(folder / sub):
+            dirnames.sort()
+            rel = Path(dirpath).relative_to(folder)
+            names += [str(rel / f) for f in sorted(files + [d for d in dirnames if (Path(dirpath) / d).is_symlink()])]
+    for name in names:
         try:
             st = os.lstat(folder / name)
         except OSError:
