@@ -462,3 +462,95 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
     done = inst.get_run_by_id(run.run_id)
     assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
     return done
+
+
+def _reuse_launcher(tmp_path: Path, monkeypatch):
+    """(instance, _Runs for run creation, a fork ForkRunLauncher reusing its workers) on a SQLite
+    instance with the project's dagster.yaml; the caller disposes of the launcher."""
+    from phantora_assets.cli.engine import _Runs
+
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    import phantora_assets.definitions as d
+
+    inst = dg.DagsterInstance.from_config(str(home))
+    launcher = ForkRunLauncher(start_method="fork", runs_per_worker=4, idle_timeout_seconds=60)
+    launcher.register_instance(inst)
+    return inst, _Runs(inst, d.build_defs(data), 1), launcher
+
+
+def _starting(inst: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun:
+    """``run`` marked STARTING, as the run queue does before it calls the launcher."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    inst.report_dagster_event(
+        DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+        run_id=run.run_id,
+    )
+    return inst.get_run_by_id(run.run_id)
+
+
+def _until_finished(inst: dg.DagsterInstance, run_id: str, timeout: float = 120) -> dg.DagsterRun:
+    t0 = time.monotonic()
+    while not inst.get_run_by_id(run_id).is_finished:
+        assert time.monotonic() - t0 < timeout, "run did not end"
+        time.sleep(0.1)
+    return inst.get_run_by_id(run_id)
+
+
+def test_a_run_terminated_as_a_reused_worker_takes_it_is_canceled_and_never_runs(tmp_path, monkeypatch) -> None:
+    """terminate of a run the queue has marked STARTING but whose worker is not recorded yet (the
+    hand-over to a reused worker, or the fork): the run ends CANCELED without a step executed, and
+    the worker takes the next run. Before, terminate found no worker pid and returned False: the
+    run was not cancelled and ran to SUCCESS."""
+    from dagster._core.launcher import LaunchRunContext
+
+    inst, runs, launcher = _reuse_launcher(tmp_path, monkeypatch)
+    try:
+        first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
+        time.sleep(0.5)  # its worker has reported the run ended: idle, reused by the next launch
+        doomed = _starting(inst, runs.create("perf_dbs", "h100"))
+        assert launcher.terminate(doomed.run_id)
+        launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(doomed.run_id), workspace=None))
+        done = _until_finished(inst, doomed.run_id)
+        assert done.status == dg.DagsterRunStatus.CANCELED
+        assert done.tags[PID_TAG] == first.tags[PID_TAG]  # the reused worker took it
+        assert not inst.all_logs(doomed.run_id, of_type=dg.DagsterEventType.STEP_START)
+        assert not (tmp_path / "data" / "perfdb" / "h100").exists()
+        after = _launch_to_end(inst, launcher, runs.create("perf_dbs", "h200"), 60)
+        assert after.tags[PID_TAG] == first.tags[PID_TAG]  # and takes the next one
+    finally:
+        launcher.dispose()
+        inst.dispose()
+
+
+def test_a_late_terminate_of_a_workers_last_run_spares_its_next_run(tmp_path, monkeypatch) -> None:
+    """terminate of a run that read the run as unfinished just before its reused worker moved on
+    to its next run (here: the launcher is shown the run as it was while it ran): the next run
+    must not be interrupted. Before, terminate sent SIGINT to the worker's pid, which interrupted
+    whatever run it executed: the next run ended FAILURE."""
+    inst, runs, launcher = _reuse_launcher(tmp_path, monkeypatch)
+    try:
+        first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
+        as_it_ran = first.with_status(dg.DagsterRunStatus.STARTED)
+        time.sleep(0.5)
+        from dagster._core.launcher import LaunchRunContext
+
+        nxt = _starting(inst, runs.create("all_runs", FITS))
+        launcher.launch_run(LaunchRunContext(dagster_run=nxt, workspace=None))
+        t0 = time.monotonic()
+        while not inst.all_logs(nxt.run_id, of_type=dg.DagsterEventType.STEP_START):
+            assert time.monotonic() - t0 < 60, "the next run did not start a step"
+            time.sleep(0.05)
+        assert inst.get_run_by_id(nxt.run_id).tags[PID_TAG] == first.tags[PID_TAG]  # same worker
+        real = inst.get_run_by_id
+        monkeypatch.setattr(inst, "get_run_by_id", lambda rid: as_it_ran if rid == first.run_id else real(rid))
+        launcher.terminate(first.run_id)
+        monkeypatch.setattr(inst, "get_run_by_id", real)
+        assert _until_finished(inst, nxt.run_id).status == dg.DagsterRunStatus.SUCCESS
+    finally:
+        launcher.dispose()
+        inst.dispose()

@@ -20,8 +20,11 @@ Configure it in ``dagster.yaml``::
 Run workers record their pid (run tags ``phantora/run_worker_pid`` and ``.../run_worker_start``,
 the kernel's start time of that pid) so that run monitoring (``run_monitoring: enabled: true``)
 fails a run whose worker was killed (``kill -9``, the OOM killer) instead of leaving it STARTED
-forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run (a
-SIGTERM to the worker, e.g. a system shutdown, ends the run as failed, with its event log closed). Workers
+forever. ``terminate`` marks the run CANCELING and sends its worker SIGUSR1: the worker
+interrupts the run it executes only when that run is one whose termination was requested (a reused
+worker's next run is never hit by a late terminate of its last one), and a run terminated before its
+worker started it ends CANCELED without running (a SIGTERM to the worker, e.g. a system shutdown,
+ends the run as failed, with its event log closed). Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
 Each worker (``instance/worker.py``) re-executes ``phantora_assets.definitions`` when the run
@@ -42,40 +45,30 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from dagster import Array, Field, IntSource, StringSource
 from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
-from phantora_assets.instance.worker import HELD_SIGNALS, run_worker, signals_deferred
+from phantora_assets.instance.worker import (  # PID_TAG, START_TAG: the run tags this launcher writes
+    CANCEL_SIGNAL,
+    HELD_SIGNALS,
+    PID_TAG,
+    START_TAG,
+    process_start_time,
+    run_worker,
+    signals_deferred,
+)
 
-#: Run tags the launcher writes: the worker's pid and the kernel's start time of that pid (so a
-#: reused pid is not taken for the worker).
-PID_TAG = "phantora/run_worker_pid"
-START_TAG = "phantora/run_worker_start"
 #: Seconds an idle worker has to acknowledge the run it is handed (else a new worker is forked).
 ACK_TIMEOUT_S = 2.0
 #: Seconds a launch waits for a busy reusable worker to report its run ended before it forks.
 REPORT_WAIT_S = 0.5
 DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
-
-
-def process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or
-    None when there is no such process or no ``/proc``; a zombie counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
 
 
 class ForkRunLauncher(RunLauncher, ConfigurableClass):
@@ -168,10 +161,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 self._processes[run.run_id] = worker.proc
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        proc = worker.proc
-        pid = proc.pid
+        pid = worker.proc.pid
         assert pid is not None
         self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
+        if (self._instance.get_run_by_id(run.run_id) or run).status == DagsterRunStatus.CANCELING:
+            os.kill(pid, CANCEL_SIGNAL)  # terminated while it was handed over: its terminate saw no pid
         self._instance.report_engine_event(
             f"Run worker started (pid {pid}, {self.start_method} from a pre-imported process).",
             run,
@@ -343,14 +337,20 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             self._retired = left
 
     def terminate(self, run_id: str) -> bool:
+        """Request the termination of run ``run_id``: mark it CANCELING and send its worker
+        ``CANCEL_SIGNAL``, which interrupts the run the worker executes if that is a run whose
+        termination was requested. A run STARTING whose worker is not recorded yet (being handed
+        over or forked) is marked too: its worker, or this launcher's ``launch_run``, sees it and
+        cancels it before it runs. False: the run has ended, or its worker is gone."""
         run = self._instance.get_run_by_id(run_id)
-        if run is None or run.is_finished or not run.tags.get(PID_TAG):
-            return False
-        if not self._alive(run):
+        alive = None if run is None else self._alive(run)  # None: no worker recorded (yet)
+        if run is None or run.is_finished or alive is False or (alive is None and run.status.value != "STARTING"):
             return False
         self._instance.report_run_canceling(run)
+        pid = (self._instance.get_run_by_id(run_id) or run).tags.get(PID_TAG)  # tagged since?
         try:
-            os.kill(int(run.tags[PID_TAG]), signal.SIGINT)
+            if pid:
+                os.kill(int(pid), CANCEL_SIGNAL)
         except ProcessLookupError:
             return False
         return True

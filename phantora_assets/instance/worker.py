@@ -3,7 +3,10 @@ one run (or, given a pipe, several one after the other) exactly as ``dagster api
 does, with the code location re-executed when the environment it was loaded from changed.
 
 Signals: SIGINT interrupts the run (Dagster records it as cancelled when termination was
-requested); SIGTERM is turned into SIGINT; between runs either ends the worker.
+requested); SIGTERM is turned into SIGINT; between runs either ends the worker. SIGUSR1
+(:data:`CANCEL_SIGNAL`, from ``ForkRunLauncher.terminate``) interrupts the run only if it is one
+whose termination was requested, and is dropped otherwise; a run already CANCELING when the worker
+takes it is recorded as cancelled without running.
 """
 
 from __future__ import annotations
@@ -12,14 +15,41 @@ import importlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-#: Signals the launcher holds while it forks a worker (the worker releases them).
-HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+#: Run tags ``ForkRunLauncher`` writes: the worker's pid and the kernel's start time of that pid (so a
+#: reused pid is not taken for the worker).
+PID_TAG = "phantora/run_worker_pid"
+START_TAG = "phantora/run_worker_start"
+#: Seconds a worker waits for the launcher to record it on a run it cancels before running it.
+TAG_WAIT_S = 2.0
+#: What ``ForkRunLauncher.terminate`` sends a worker: "interrupt your run if its termination was
+#: requested" (a worker keeps it blocked and waits for it in a thread of its own, :func:`_watch_cancel`).
+CANCEL_SIGNAL = signal.SIGUSR1
+#: Signals the launcher holds while it forks a worker (the worker releases them, but CANCEL_SIGNAL).
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, CANCEL_SIGNAL}
 _critical = [0]
 _deferred: list[int] = []
+#: The run this worker executes (None between runs); switched under ``_switch``.
+_current: list[str | None] = [None]
+_switch = threading.Lock()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or
+    None when there is no such process or no ``/proc``; a zombie counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 @contextmanager
@@ -93,11 +123,14 @@ def run_worker(
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held by the launcher while it forked
+    # held by the launcher while it forked; CANCEL_SIGNAL stays blocked, for _watch_cancel's sigwait
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS - {CANCEL_SIGNAL})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {CANCEL_SIGNAL})
     if inherited is not None:
         instance = inherited
     else:
         instance = DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef))
+    threading.Thread(target=_watch_cancel, args=(instance,), name="phantora-cancel", daemon=True).start()
     done = 0
     current: str | None = run_id
     parent = os.getppid()
@@ -141,14 +174,25 @@ def _next_run(conn, parent: int, idle_s: float) -> str | None:
 
 
 def _execute_one(run_id: str, instance) -> None:
+    from dagster import DagsterRunStatus
     from dagster._cli.api import _execute_run_command_body
     from dagster._utils.interrupts import capture_interrupts
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     refresh_definitions()
-    with capture_interrupts():
-        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+    with capture_interrupts():  # from here a SIGINT of _watch_cancel is kept for the run, not raised
+        with _switch:
+            _current[0] = run_id
+        try:
+            run = instance.get_run_by_id(run_id)
+            if run is not None and run.status == DagsterRunStatus.CANCELING:  # terminated before it ran
+                _cancel_unstarted(instance, run)
+            else:
+                _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+        finally:
+            with _switch:
+                _current[0] = None
     # between runs SIGINT/SIGTERM end the worker (capture_interrupts leaves both on the SIGINT handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -159,3 +203,35 @@ def _sigterm_as_interrupt(signum, frame) -> None:
     failed (no termination was requested), with its event log closed -- instead of the worker
     vanishing mid-step."""
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def _cancel_unstarted(instance, run) -> None:
+    """Record ``run`` (CANCELING, not started) as cancelled, once the launcher has recorded this
+    worker on it (up to :data:`TAG_WAIT_S`): the run storage rewrites a run's record on a status
+    change, and a change racing the launcher's ``add_run_tags`` lost the worker's pid tag."""
+    deadline = time.monotonic() + TAG_WAIT_S
+    while not run.tags.get(PID_TAG) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        run = instance.get_run_by_id(run.run_id) or run
+    instance.report_run_canceled(run, "Run terminated before its worker started it.")
+
+
+def _watch_cancel(instance) -> None:
+    """Thread of a run worker: on each ``CANCEL_SIGNAL``, interrupt (SIGINT to the main thread,
+    which Dagster records as a cancelled run) the run this worker executes if its termination
+    was requested (status CANCELING or CANCELED); otherwise the signal was for a run that has
+    ended (a late terminate of this worker's last run) and is dropped."""
+    from dagster import DagsterRunStatus
+
+    main = threading.main_thread().ident
+    assert main is not None
+    while True:
+        signal.sigwait({CANCEL_SIGNAL})
+        with _switch:  # the main thread does not move to another run meanwhile
+            rid = _current[0]
+            try:
+                run = instance.get_run_by_id(rid) if rid is not None else None
+            except Exception:  # the storage failing: the run's own end reports it
+                continue
+            if run is not None and run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED):
+                signal.pthread_kill(main, signal.SIGINT)
