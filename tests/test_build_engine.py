@@ -554,3 +554,36 @@ def test_a_late_terminate_of_a_workers_last_run_spares_its_next_run(tmp_path, mo
     finally:
         launcher.dispose()
         inst.dispose()
+
+
+@pytest.mark.parametrize(("start_method", "runs_per_worker"), [("fork", 2), ("forkserver", 1)])
+def test_a_run_sees_the_launchers_environment_as_of_its_launch(
+    tmp_path: Path, monkeypatch, start_method: str, runs_per_worker: int
+) -> None:
+    """A PHANTORA_ASSETS_* setting changed in the launching process after a first launch (here
+    the data root): the next run, in a reused worker or forked from the forkserver that the first
+    launch started, runs with the new value. Before, it ran with the environment of the first
+    launch and wrote into the old data root."""
+    from phantora_assets.cli.engine import _Runs
+
+    home, old, new = tmp_path / "home", tmp_path / "old", tmp_path / "new"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(old))
+    import phantora_assets.definitions as d
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        launcher = ForkRunLauncher(start_method=start_method, runs_per_worker=runs_per_worker)
+        launcher.register_instance(inst)
+        try:
+            first = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(old), 1).create("perf_dbs", "l40s"), 60)
+            time.sleep(0.5)  # its worker has reported the run ended
+            monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(new))
+            second = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(new), 1).create("perf_dbs", "h100"), 60)
+            assert (first.tags[PID_TAG] == second.tags[PID_TAG]) == (runs_per_worker > 1)
+        finally:
+            launcher.dispose()
+    assert (old / "perfdb" / "l40s" / "perf_db.json").is_file()
+    assert (new / "perfdb" / "h100" / "perf_db.json").is_file()
+    assert not (old / "perfdb" / "h100").exists()

@@ -27,10 +27,12 @@ worker started it ends CANCELED without running (a SIGTERM to the worker, e.g. a
 ends the run as failed, with its event log closed). Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
-Each worker (``instance/worker.py``) re-executes ``phantora_assets.definitions`` when the run
-matrix, the import registry or the environment changed since it was imported, so they are seen
-without restarting the daemon; a change to the package's own code needs a daemon restart (the
-forkserver holds the imported code).
+Each run executes with the launching process's environment as of its launch (handed to the
+worker with the run: a forkserver started at the first launch, or a reused worker, does not keep
+the environment of then), and its worker (``instance/worker.py``) re-executes
+``phantora_assets.definitions`` when the run matrix, the import registry or the ``PHANTORA_ASSETS_*``
+environment changed since it was imported, so they are seen without restarting the daemon; a
+change to the package's own code needs a daemon restart (the forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched
 (``DagsterLaunchFailedError``).
@@ -181,7 +183,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             conn, child = ctx.Pipe()
         proc = ctx.Process(
             target=run_worker,
-            args=(run_id, ref, inherited, child, self.runs_per_worker, self.idle_timeout_seconds),
+            args=(run_id, ref, inherited, child, self.runs_per_worker, self.idle_timeout_seconds, dict(os.environ)),
             name=f"dagster-run-{run_id[:8]}",
         )
         # a signal handler that raises (the build's Ctrl-C / SIGTERM) must not run inside fork's
@@ -208,7 +210,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         while self._idle:
             w = self._idle.pop()
             try:
-                w.conn.send(run_id)
+                w.conn.send((run_id, dict(os.environ)))  # the run sees this environment, not the worker's
                 if w.conn.poll(ACK_TIMEOUT_S) and w.conn.recv() == ("ack", run_id):
                     return w
             except (EOFError, OSError):

@@ -105,18 +105,25 @@ def _forget_job_definitions() -> None:
 
 
 def run_worker(
-    run_id: str, instance_ref: str, inherited=None, conn=None, max_runs: int = 1, idle_s: float = 60.0
+    run_id: str,
+    instance_ref: str,
+    inherited=None,
+    conn=None,
+    max_runs: int = 1,
+    idle_s: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> None:
     """Body of a forked run worker: execute run ``run_id`` of the instance ``instance_ref`` (a
     serialized ``InstanceRef``) like ``dagster api execute_run``; exit 0 unless the worker itself
     broke (a failed run is recorded in the instance, not in the exit code). ``inherited``: the
     launching process's own ``DagsterInstance`` (``fork`` only: its storages open their own
-    connections in the child), which saves re-creating it.
+    connections in the child), which saves re-creating it. ``env``: the environment the run
+    executes with (``os.environ`` is replaced by it; None: this process's).
 
     With ``conn`` (one end of a pipe) the worker takes more runs, up to ``max_runs`` in all. On
     the pipe: the worker sends ``("done", run_id)`` when a run has ended; the launcher sends the
-    next run id, which the worker answers with ``("ack", run_id)`` before running it, or None to
-    stop. The worker also stops when the pipe closes, on SIGINT while it waits, when the process
+    next ``(run_id, environment)``, which the worker answers with ``("ack", run_id)`` before
+    running it, or None to stop. The worker also stops when the pipe closes, on SIGINT while it waits, when the process
     that forked it is gone, or after ``idle_s`` seconds without a run."""
     from dagster._core.instance import DagsterInstance, InstanceRef
     from dagster._serdes import deserialize_value
@@ -136,6 +143,7 @@ def run_worker(
     parent = os.getppid()
     try:
         while current is not None:
+            _use_environment(env)
             _execute_one(current, instance)
             done += 1
             if conn is None:
@@ -146,31 +154,41 @@ def run_worker(
                 return
             if done >= max_runs:
                 return
-            current = _next_run(conn, parent, idle_s)
+            current, env = _next_run(conn, parent, idle_s)
     finally:
         if inherited is None:
             instance.dispose()
 
 
-def _next_run(conn, parent: int, idle_s: float) -> str | None:
-    """The next run id from ``conn``, acknowledged; None when told to stop, when the pipe closes,
-    on SIGINT, when the process that forked this one (``parent``) is gone (a sibling forked later
-    may hold a copy of the pipe, so its closing alone may never be seen), or after ``idle_s``
-    seconds without a run. A run id that arrives as the wait ends is still taken: the launcher
-    waits for the acknowledgement and forks a new worker when none comes."""
+def _next_run(conn, parent: int, idle_s: float) -> tuple[str | None, dict[str, str] | None]:
+    """The next ``(run_id, environment)`` from ``conn``, acknowledged; ``(None, None)`` when told
+    to stop, when the pipe closes, on SIGINT, when the process that forked this one (``parent``)
+    is gone (a sibling forked later may hold a copy of the pipe, so its closing alone may never
+    be seen), or after ``idle_s`` seconds without a run. A run id that arrives as the wait ends
+    is still taken: the launcher waits for the acknowledgement and forks a new worker when none
+    comes."""
     deadline = time.monotonic() + idle_s
     try:
         while not conn.poll(1.0):
             if os.getppid() != parent or time.monotonic() > deadline:
                 if conn.poll(0):
                     break
-                return None
-        rid = conn.recv()
-        if rid is not None:
-            conn.send(("ack", rid))
-        return rid
+                return None, None
+        msg = conn.recv()
+        if msg is None:
+            return None, None
+        conn.send(("ack", msg[0]))
+        return msg
     except (EOFError, OSError, KeyboardInterrupt):
-        return None
+        return None, None
+
+
+def _use_environment(env: dict[str, str] | None) -> None:
+    """Make ``os.environ`` (and the C environment) exactly ``env``, the launching process's
+    environment at the run's launch; None keeps this process's."""
+    if env is not None and env != dict(os.environ):
+        os.environ.clear()
+        os.environ.update(env)
 
 
 def _execute_one(run_id: str, instance) -> None:
