@@ -448,7 +448,7 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.launcher import LaunchRunContext
 
-    from phantora_assets.cli.engine import step_errors
+    from phantora_assets.cli.engine import run_step_errors
 
     inst.report_dagster_event(
         DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
@@ -460,7 +460,7 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
         assert time.monotonic() - t0 < timeout, f"run {run.tags.get('dagster/partition')} did not end"
         time.sleep(0.1)
     done = inst.get_run_by_id(run.run_id)
-    assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
+    assert done.status == dg.DagsterRunStatus.SUCCESS, run_step_errors(inst, run.run_id)
     return done
 
 

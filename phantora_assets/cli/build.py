@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
-from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, step_errors
+from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, run_step_errors
 from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
@@ -160,7 +160,7 @@ def _status(paths: DataPaths, spec, run, instance) -> str:
     failed = [
         f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items() if v["status"] == "failed"
     ]
-    return "FAILED: " + "; ".join(step_errors(instance, run.run_id) + failed)[:300]
+    return "FAILED: " + "; ".join(run_step_errors(instance, run.run_id) + failed)[:300]
 
 
 def _build(
@@ -249,7 +249,7 @@ def _build_in(
                 print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
         if dataset.status.value != "SUCCESS":
             failures += 1
-            errs = step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+            errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
             print(f"dataset: FAILED: {'; '.join(errs)[:300]}", file=sys.stderr)
         elapsed = time.perf_counter() - t0
         print(

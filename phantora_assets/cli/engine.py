@@ -43,7 +43,7 @@ def _user_error(err) -> str:
     return lines[0] if lines else str(err.cls_name)
 
 
-def step_errors(instance, run_id: str) -> list[str]:
+def run_step_errors(instance, run_id: str) -> list[str]:
     """``"<step>: <root cause>"`` for every failed step of run ``run_id`` (from its event log)."""
     from dagster import DagsterEventType
 
