@@ -129,8 +129,9 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
     ``timeline.bin`` and every file under ``config/`` and ``perfdb_missing/``), so a folder whose
     files change is requested again and a failing one once per state of its files.
     Folders that appeared after the code location loaded are not partitions yet: the tick names
-    them; they become partitions when the code location reloads (``dagster-daemon run`` reloads its
-    code server every 60 s; in ``dagster dev`` the daemon shares the UI's code server: "Reload
+    them; they become partitions when the code location reloads (``dagster-daemon run`` and
+    ``dagster dev --use-legacy-code-server-behavior`` reload the daemon's code server every 60 s;
+    plain ``dagster dev`` shares one code server between the UI and the daemon: "Reload
     definitions")."""
 
     @dg.sensor(
