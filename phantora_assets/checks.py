@@ -137,6 +137,14 @@ CHECKS: tuple[CheckDef, ...] = (
         True,
         "Sum of binned bytes = placed flow bytes + control bytes, exactly.",
     ),
+    CheckDef(
+        "link_bins_conserve_bytes",
+        "link_bins",
+        True,
+        False,
+        "Per link class (host_up, leaf_spine, spine_leaf, host_down): the bytes of link_bins over its links and "
+        "bins = the in-window bytes of the network flows x the links of that class on their paths, exactly.",
+    ),
     CheckDef("windows_contract", "window_features", True, True, "The rows satisfy the windows.csv pandera model."),
     CheckDef("runs_contract", "run_summary", True, True, "The row satisfies the runs.csv (v1) pandera model."),
     CheckDef(

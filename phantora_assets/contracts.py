@@ -19,6 +19,55 @@ from phantora_assets.sources import SOURCE_NAMES
 #: A simulated or imported Phantora run, or a profiled run named by its import (matrix.PROFILED_SOURCES).
 _RUN_ID = Check.str_matches(r"^(phantora_[a-z0-9_]+_W\d+_\d+x\d+|(?!phantora_)[a-z0-9][a-z0-9_]*)$")
 
+#: Unit of every column of the published tables, kept in each pandera Column's ``metadata["unit"]``
+#: (the dataset card's data dictionary reads it there; "" = no unit: an id, a name or a label).
+_UNITS = {
+    "run_id": "",
+    "source": "",
+    "layout": "",
+    "n_nodes": "hosts",
+    "step_time_s": "s",
+    "inter_node_bytes_per_step": "bytes",
+    "nic_bw": "bytes/s",
+    "flops_per_step": "FLOP",
+    "mfu": "1",
+    "peak_flops": "FLOP/s",
+    "alpha": "1",
+    "workload": "",
+    "framework": "",
+    "model": "",
+    "parallelism": "",
+    "gpu": "",
+    "gpus_per_node": "GPUs",
+    "world_size": "GPUs",
+    "simulator": "",
+    "n_steady_steps": "steps",
+    "peak_memory_gib": "GiB",
+    "perf_db_fraction": "1",
+    "exposed_comm_s": "s",
+    "window_s": "s",
+    "bin_s": "s",
+    "seed": "",
+    "t": "s",
+    "src_node": "node index",
+    "dst_node": "node index",
+    "bytes": "bytes",
+    "window_start_s": "s",
+    "n_bins": "bins",
+    **{f.name: f.unit for f in FEATURES},
+}
+
+
+def _with_units(schema: DataFrameSchema) -> DataFrameSchema:
+    """``schema`` with ``metadata={"unit": ...}`` on every column (KeyError: a column without a unit)."""
+    return schema.update_columns({c: {"metadata": {"unit": _UNITS[c]}} for c in schema.columns})
+
+
+def unit(column: Column) -> str:
+    """The unit of a published column (``metadata["unit"]``; "" for ids, names and labels)."""
+    return str((column.metadata or {}).get("unit", ""))
+
+
 PERFDB_COMPUTE = DataFrameSchema(
     {
         "op": Column(str, Check.str_length(min_value=1), description="torch op name (the key's top-level name)"),
@@ -40,82 +89,94 @@ PERFDB_MEMCPY = DataFrameSchema(
 )
 
 #: runs.csv: one row per run. The first 11 columns are the v1 contract, in order.
-RUNS = DataFrameSchema(
-    {
-        "run_id": Column(
-            str, _RUN_ID, unique=True, description="phantora_<gpu>_<workload>_<nodes>x<gpus>, or a profiled run's name"
-        ),
-        "source": Column(
-            str, description="where timing came from: phantora_v0 (Phantora traces), phantora_analytic or kineto"
-        ),
-        "layout": Column(str, Check.str_matches(r"^\d+x\d+$"), description="<nodes>x<gpus_per_node>"),
-        "n_nodes": Column("int64", Check.ge(1), description="hosts"),
-        "step_time_s": Column(float, Check.gt(0), description="median steady step, s"),
-        "inter_node_bytes_per_step": Column(
-            "int64", Check.ge(0), description="network bytes of one steady step, both directions"
-        ),
-        "nic_bw": Column(float, Check.gt(0), description="simulated host link, bytes/s (800 Gbps = 1e11)"),
-        "flops_per_step": Column(
-            float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"
-        ),
-        "mfu": Column(
-            float, Check.in_range(0, 1), nullable=True, description="model FLOP utilisation (roofline timing only)"
-        ),
-        "peak_flops": Column(
-            float, Check.gt(0), nullable=True, description="per-GPU BF16 peak, FLOP/s (roofline timing only)"
-        ),
-        "alpha": Column(
-            float, Check.in_range(0, 1), nullable=True, description="roofline matmul efficiency (roofline timing only)"
-        ),
-        "workload": Column(str, Check.str_matches(r"^(W\d+)?$"), description="W1..W5; empty for a profiled run"),
-        "framework": Column(str),
-        "model": Column(str),
-        "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),
-        "gpu": Column(str),
-        "gpus_per_node": Column("int64", Check.ge(1)),
-        "world_size": Column("int64", Check.ge(1)),
-        "simulator": Column(
-            str, Check.isin(list(SOURCE_NAMES)), description="which simulation source produced the trace"
-        ),
-        "n_steady_steps": Column("int64", Check.ge(1)),
-        "peak_memory_gib": Column(float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"),
-        "perf_db_fraction": Column(
-            float,
-            Check.in_range(0, 1),
-            nullable=True,
-            description="share of the analytic simulator's compute time timed by the GPU's perf DB "
-            "(the rest by the roofline); null for Phantora traces",
-        ),
-        "exposed_comm_s": Column(
-            float,
-            Check.ge(0),
-            nullable=True,
-            description="analytic simulator: steady step time minus rank 0's compute-stream busy "
-            "time, s; null for Phantora traces",
-        ),
-        "window_s": Column(float, Check.gt(0), description="length of the flows_100ms window, s"),
-        "bin_s": Column(float, Check.gt(0), description="bin length, s"),
-        "seed": Column("int64", description="seed of the build's randomness (from run_id)"),
-    },
-    strict=True,
-    ordered=True,
-    name="runs",
+RUNS = _with_units(
+    DataFrameSchema(
+        {
+            "run_id": Column(
+                str,
+                _RUN_ID,
+                unique=True,
+                description="phantora_<gpu>_<workload>_<nodes>x<gpus>, or a profiled run's name",
+            ),
+            "source": Column(
+                str, description="where timing came from: phantora_v0 (Phantora traces), phantora_analytic or kineto"
+            ),
+            "layout": Column(str, Check.str_matches(r"^\d+x\d+$"), description="<nodes>x<gpus_per_node>"),
+            "n_nodes": Column("int64", Check.ge(1), description="hosts"),
+            "step_time_s": Column(float, Check.gt(0), description="median steady step, s"),
+            "inter_node_bytes_per_step": Column(
+                "int64", Check.ge(0), description="network bytes of one steady step, both directions"
+            ),
+            "nic_bw": Column(float, Check.gt(0), description="simulated host link, bytes/s (800 Gbps = 1e11)"),
+            "flops_per_step": Column(
+                float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"
+            ),
+            "mfu": Column(
+                float, Check.in_range(0, 1), nullable=True, description="model FLOP utilisation (roofline timing only)"
+            ),
+            "peak_flops": Column(
+                float, Check.gt(0), nullable=True, description="per-GPU BF16 peak, FLOP/s (roofline timing only)"
+            ),
+            "alpha": Column(
+                float,
+                Check.in_range(0, 1),
+                nullable=True,
+                description="roofline matmul efficiency (roofline timing only)",
+            ),
+            "workload": Column(str, Check.str_matches(r"^(W\d+)?$"), description="W1..W5; empty for a profiled run"),
+            "framework": Column(str, description="Megatron | DeepSpeed (the preset), or what a profiled run used"),
+            "model": Column(str, description="the model of the workload preset (a 4-layer slice)"),
+            "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),
+            "gpu": Column(str, description="GPU model: a key of gpus.toml, or the profiled device"),
+            "gpus_per_node": Column("int64", Check.ge(1), description="GPUs per host"),
+            "world_size": Column("int64", Check.ge(1), description="GPUs (ranks) in all"),
+            "simulator": Column(
+                str, Check.isin(list(SOURCE_NAMES)), description="which simulation source produced the trace"
+            ),
+            "n_steady_steps": Column("int64", Check.ge(1), description="steps of the trace after warm-up"),
+            "peak_memory_gib": Column(
+                float, Check.ge(0), nullable=True, description="per-GPU peak memory estimate, GiB"
+            ),
+            "perf_db_fraction": Column(
+                float,
+                Check.in_range(0, 1),
+                nullable=True,
+                description="share of the analytic simulator's compute time timed by the GPU's perf DB "
+                "(the rest by the roofline); null for Phantora traces",
+            ),
+            "exposed_comm_s": Column(
+                float,
+                Check.ge(0),
+                nullable=True,
+                description="analytic simulator: steady step time minus rank 0's compute-stream busy "
+                "time, s; null for Phantora traces",
+            ),
+            "window_s": Column(float, Check.gt(0), description="length of the flows_100ms window, s"),
+            "bin_s": Column(float, Check.gt(0), description="bin length, s"),
+            "seed": Column("int64", description="seed of the build's randomness (from run_id)"),
+        },
+        strict=True,
+        ordered=True,
+        name="runs",
+    )
 )
 
 #: flows_100ms.csv: bytes sent src_node -> dst_node in the bin starting at t.
-FLOWS_100MS = DataFrameSchema(
-    {
-        "run_id": Column(str, _RUN_ID),
-        "t": Column(float, [Check.ge(0), Check.lt(180.0)], description="bin start, s"),
-        "src_node": Column("int64", Check.ge(0)),
-        "dst_node": Column("int64", Check.ge(0)),
-        "bytes": Column("int64", Check.ge(0), description="bytes in the bin"),
-    },
-    checks=[Check(lambda df: (df["src_node"] != df["dst_node"]).all(), error="src_node == dst_node")],
-    unique=["run_id", "t", "src_node", "dst_node"],
-    strict=True,
-    ordered=True,
-    name="flows_100ms",
+FLOWS_100MS = _with_units(
+    DataFrameSchema(
+        {
+            "run_id": Column(str, _RUN_ID, description="the run (runs.run_id)"),
+            "t": Column(float, [Check.ge(0), Check.lt(180.0)], description="bin start, s"),
+            "src_node": Column("int64", Check.ge(0), description="sending host: host-k is node k-1"),
+            "dst_node": Column("int64", Check.ge(0), description="receiving host (!= src_node)"),
+            "bytes": Column("int64", Check.ge(0), description="bytes in the bin"),
+        },
+        checks=[Check(lambda df: (df["src_node"] != df["dst_node"]).all(), error="src_node == dst_node")],
+        unique=["run_id", "t", "src_node", "dst_node"],
+        strict=True,
+        ordered=True,
+        name="flows_100ms",
+    )
 )
 
 
@@ -129,7 +190,7 @@ def windows_schema() -> DataFrameSchema:
     """
 
     cols: dict[str, Column] = {
-        "run_id": Column(str, _RUN_ID),
+        "run_id": Column(str, _RUN_ID, description="the run (runs.run_id)"),
         "window_s": Column(float, Check.isin([1.0, 15.0]), description="window length, s"),
         "window_start_s": Column(float, Check.ge(0), description="window start, s"),
         "n_bins": Column("int64", Check.ge(1), description="100 ms bins in the window"),
@@ -188,11 +249,13 @@ def windows_schema() -> DataFrameSchema:
             error="spectral_peak_hz above the Nyquist frequency",
         ),
     ]
-    return DataFrameSchema(
-        cols,
-        checks=frame_checks,
-        strict=True,
-        ordered=True,
-        unique=["run_id", "window_s", "window_start_s"],
-        name="windows",
+    return _with_units(
+        DataFrameSchema(
+            cols,
+            checks=frame_checks,
+            strict=True,
+            ordered=True,
+            unique=["run_id", "window_s", "window_start_s"],
+            name="windows",
+        )
     )

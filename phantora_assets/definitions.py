@@ -5,7 +5,7 @@ environment (data root, run matrix, simulator choice). ``defs`` below is what ``
 Environment (all optional):
     PHANTORA_ASSETS_DATA_DIR            data root (default ./data)
     PHANTORA_ASSETS_RUN_MATRIX          run matrix file (default: the shipped runs.toml)
-    PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders to import (os.pathsep-separated)
+    PHANTORA_ASSETS_IMPORT_DIR          folders of Phantora run folders (or of traces with import.toml) to import
     PHANTORA_ASSETS_MAX_TRACE_LINE_MIB, PHANTORA_ASSETS_MAX_TRACE_INFLATED_GIB   trace caps (resources.DataRoot)
     PHANTORA_ASSETS_SIMULATOR           docker | analytic (default: docker iff a run has source = "docker")
     PHANTORA_ASSETS_DOCKER_IMAGE, PHANTORA_ASSETS_PHANTORA_TESTS_DIR, PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT
@@ -21,9 +21,8 @@ import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
-from phantora_assets.imported_runs import IMPORT_DIR_ENV, env_import_dirs, matrix_for
+from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, env_import_dirs, matrix_for
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
@@ -124,10 +123,13 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
     """The sensor ``import_dir`` (on by default): every run folder under
     ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
     complete, current build gets one run of ``all_runs``. Its run key is the run_id and the
-    fingerprint of what the build reads (``run_spec_record``: the matrix entry as the folder now
-    gives it, netconfig included, and the size and mtime of the trace, ``run.log``,
-    ``timeline.bin`` and every file under ``config/`` and ``perfdb_missing/``), so a folder whose
-    files change is requested again and a failing one once per state of its files.
+    fingerprint of what the build reads (``run_spec_record`` of the matrix entry as the folder now
+    gives it, netconfig included, which covers the size and mtime of the folder's files: for a
+    Phantora run folder the trace, ``run.log``, ``timeline.bin`` and every file under ``config/``
+    and ``perfdb_missing/``), so a folder whose files change is requested again and a failing one
+    once per state of its files. A folder of profiler traces or Chakra ETs counts when it has an
+    ``import.toml`` (``imported_runs.discover_imports``); the folders that cannot be imported are
+    named in the skip message.
     Folders that appeared after the code location loaded are not partitions yet: the tick names
     them; they become partitions when the code location reloads (``dagster-daemon run`` and
     ``dagster dev --use-legacy-code-server-behavior`` reload the daemon's code server every 60 s;
@@ -148,13 +150,15 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
         for d in dirs:
             if not d.is_dir():
                 return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
-        try:
-            now = {s.run_id: s for s in matrix_for(paths.root)}  # the folders as they are now
+        try:  # the entries as the folders give them now (the code location's may be older: netconfig)
+            now = {s.run_id: s for s in matrix_for(paths.root)}
         except RunMatrixError as exc:
             return dg.SkipReason(str(exc))
-        requests, pending = [], []
+        requests, pending, declined = [], [], []
         for d in dirs:
-            for folder in discover(d)[0]:
+            found, skipped = discover_imports(d)
+            declined += [f"{s.path}: {s.reason}" for s in skipped]
+            for folder in found:
                 loaded = parts.by_id.get(folder.spec.run_id)
                 spec = now.get(folder.spec.run_id)
                 if spec is None or spec.path != folder.spec.path:
@@ -175,7 +179,7 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
             f"not partitions until the code location reloads: {', '.join(pending)}"
             if pending
             else "every imported run folder is built and current"
-        )
+        ) + "".join(f"; declined {s}" for s in declined)
         return dg.SensorResult(run_requests=requests, skip_reason=None if requests else note)
 
     return import_dir

@@ -6,8 +6,9 @@ run-matrix format with ``source = "import"`` and ``path`` = the folder, or ``sou
 ``path`` = a folder of PyTorch profiler traces and ``name`` = the run_id, or ``source =
 "chakra"`` for a folder of Chakra ETs), written by
 ``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
-(``os.pathsep``-separated) are scanned as well (``lib/phantora/run_folder.discover``), without
-being written anywhere: that is how the Dagster UI gets imported runs without running the CLI.
+(``os.pathsep``-separated) are scanned as well (:func:`discover_imports`: Phantora run folders,
+and folders of profiler traces or Chakra ETs with an ``import.toml``), without being written
+anywhere: that is how the Dagster UI gets imported runs without running the CLI.
 
 :func:`effective_matrix` (alias :func:`matrix_for`) merges both into the run matrix. Replacement
 rule: an imported run whose run_id equals a matrix entry replaces that entry's source (analytic or
@@ -30,8 +31,9 @@ from typing import Any
 
 import tomli_w
 
-from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.phantora.run_folder import discover
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_override
+from phantora_assets.lib.errors import FileRuleError, RunMatrixError
+from phantora_assets.lib.phantora.run_folder import TRACE_NAMES, RunFolder, Skipped, discover
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
 
@@ -56,8 +58,12 @@ def _entry(spec: RunSpec) -> dict[str, Any]:
     }
     if spec.name:
         e["name"] = spec.name
+    if spec.rank is not None:
+        e["rank"] = spec.rank
     if spec.topology:
         e["topology"] = dict(spec.topology)
+    if spec.bin_s != DEFAULT_BIN_S:
+        e["bin_s"] = spec.bin_s
     return e
 
 
@@ -108,10 +114,85 @@ def imported_specs(data_root: str | Path) -> list[RunSpec]:
     for d in env_import_dirs():
         if not d.is_dir():
             raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
-        folders, _ = discover(d)
+        folders, _ = discover_imports(d)
         for f in folders:
             out[f.spec.run_id] = f.spec
     return list(out.values())
+
+
+def _profiled_candidates(root: Path) -> list[Path]:
+    """The folders under ``root`` (``root`` too) that hold PyTorch profiler traces or Chakra ETs
+    directly; hidden folders, Phantora run folders and what lies below a candidate are not searched."""
+    from phantora_assets.sources import chakra, kineto
+
+    out: list[Path] = []
+    for dirpath, dirnames, _files in os.walk(root):
+        here = Path(dirpath)
+        if kineto.is_trace_folder(here) or chakra.is_et_folder(here):
+            out.append(here)
+            dirnames.clear()
+            continue
+        if any((here / n).exists() for n in (*TRACE_NAMES, "run.log")):
+            dirnames.clear()  # a Phantora run folder: its config/ and perfdb_missing/ hold no traces
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return out
+
+
+def profiled_folder(folder: Path) -> RunFolder | Skipped:
+    """A watched folder of PyTorch profiler traces or Chakra ETs as a partition, from its
+    ``import.toml`` (``sources/profiled.py``; nothing else is read: the sensor asks every tick), or
+    why not: no ``import.toml``, a broken one, no ``world_size`` for profiler traces (a Chakra
+    folder: its number of ``*.<rank>.et``), a layout or run_id the matrix rules refuse. The traces
+    themselves are read by the run's ``raw_timeline`` (a trace that cannot give flows fails it,
+    naming the file and the reason)."""
+    from phantora_assets.lib.chakra.et_io import et_files
+    from phantora_assets.sources import chakra, kineto
+    from phantora_assets.sources.profiled import SIDECAR, make_spec, read_sidecar
+
+    folder = folder.resolve()
+    source = chakra if chakra.is_et_folder(folder) else kineto
+    try:
+        opts = read_sidecar(folder)
+        world = opts.get("world_size") if opts else None
+        if opts is not None and world is None and source is chakra:
+            world = len(et_files(folder))
+    except FileRuleError as exc:
+        return Skipped(folder, str(exc))
+    if opts is None:
+        what = "Chakra ETs" if source is chakra else "PyTorch profiler traces"
+        return Skipped(folder, f"a folder of {what} needs an {SIDECAR} (gpus_per_node, world_size; run_id, rank)")
+    if world is None:
+        return Skipped(folder, f"{SIDECAR} gives no world_size (the job's GPU count)")
+    gpn = opts.get("gpus_per_node", 1)
+    if gpn < 1 or world % gpn:
+        return Skipped(folder, f"{SIDECAR}: gpus_per_node {gpn} does not divide world_size {world}")
+    try:
+        spec = make_spec(source.NAME, folder, world, gpn, opts.get("run_id"), opts.get("rank"))
+    except RunMatrixError as exc:
+        return Skipped(folder, f"{SIDECAR}: {str(exc).split(': ', 1)[-1]}")
+    return RunFolder(folder, spec, None)
+
+
+def discover_imports(root: str | Path) -> tuple[list[RunFolder], list[Skipped]]:
+    """Every importable folder under ``root``: the Phantora run folders (``run_folder.discover``)
+    and the folders of profiler traces or Chakra ETs (:func:`profiled_folder`), sorted by run_id,
+    with the folders that cannot be imported and why (a run_id found twice: the later one).
+
+    Raises:
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    found, skipped = discover(root)
+    seen = {f.spec.run_id: f.path for f in found}
+    for c in _profiled_candidates(Path(root)):
+        r = profiled_folder(c)
+        if isinstance(r, RunFolder) and r.spec.run_id in seen:
+            r = Skipped(r.path, f"run_id {r.spec.run_id} also found at {seen[r.spec.run_id]}")
+        if isinstance(r, Skipped):
+            skipped.append(r)
+        else:
+            seen[r.spec.run_id] = r.path
+            found.append(r)
+    return sorted(found, key=lambda r: r.spec.run_id), skipped
 
 
 def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec]:
@@ -134,9 +215,19 @@ def merge_imports(matrix: list[RunSpec], imports: list[RunSpec]) -> list[RunSpec
 def effective_matrix(data_root: str | Path, matrix: list[RunSpec] | None = None) -> list[RunSpec]:
     """The run matrix (default: :func:`~phantora_assets.matrix.load_run_matrix`, parsed once per
     state of its file) merged with the imports of ``data_root`` and ``$PHANTORA_ASSETS_IMPORT_DIR``
-    (read on every call: they are small, and a cache keyed on their files' stamps went stale)."""
+    (read on every call: they are small, and a cache keyed on their files' stamps went stale), with
+    every run's ``bin_s`` set to ``$PHANTORA_ASSETS_BIN_S`` when that is set (``build --bin-s``).
+
+    Raises:
+        RunMatrixError: an entry, an import or ``$PHANTORA_ASSETS_BIN_S`` is invalid (named).
+    """
     base = load_run_matrix() if matrix is None else matrix
-    return merge_imports(base, imported_specs(data_root))
+    merged = merge_imports(base, imported_specs(data_root))
+    try:
+        override = bin_s_override()
+    except ValueError as exc:
+        raise RunMatrixError(str(exc)) from exc
+    return merged if override is None else [dataclasses.replace(s, bin_s=override) for s in merged]
 
 
 def matrix_for(data_dir: str | Path) -> list[RunSpec]:

@@ -1,18 +1,13 @@
 """The run matrix: which training configurations are simulated, one Dagster partition each.
 
-No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``),
-validates every entry against ``presets.toml``, ``gpus.toml`` and the source registry
-(``sources.REGISTRY``) and returns :class:`RunSpec` objects. Invalid entries raise
-:class:`~phantora_assets.lib.errors.RunMatrixError` naming the entry and the rule, before anything is
-simulated. The rules are strict (README "Runs are partitions"): every value has its TOML type (an
-integer is not a float or a boolean, nothing is coerced), counts and bandwidths are in range (> 0,
-finite), names are among the known ones and a layout is at most :data:`MAX_NODES` nodes and
-:data:`MAX_WORLD_SIZE` GPUs. :func:`validate` applies them to any RunSpec (matrix file, imports
-registry, run folders, sweep points, code).
-
-:func:`load_run_matrix` parses and validates the matrix file once per process and state of the
-file (path, inode, size, mtime and ctime). The run matrix of a data root, with its imported run
-folders, is :func:`phantora_assets.imported_runs.matrix_for`.
+No Dagster import here. ``load_run_matrix()`` reads ``runs.toml`` (or ``$PHANTORA_ASSETS_RUN_MATRIX``)
+once per process and state of the file, validates every entry against ``presets.toml``, ``gpus.toml``
+and the source registry (``sources.REGISTRY``) and returns :class:`RunSpec` objects; an invalid entry
+raises :class:`~phantora_assets.lib.errors.RunMatrixError` naming it and the rule. The rules are strict
+(README "Runs are partitions"): every value has its TOML type (nothing is coerced), counts and bandwidths
+in range (> 0, finite), names known, ``bin_s`` of ``lib/bins/width.BIN_WIDTHS_MS``, a layout at most
+:data:`MAX_NODES` nodes and :data:`MAX_WORLD_SIZE` GPUs. :func:`validate` applies them to any RunSpec (matrix
+file, imports registry, run folders, sweep points, code); with imports: ``imported_runs.matrix_for``.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.sim.network import ECMP_MODES
 from phantora_assets.sources import SOURCE_NAMES
@@ -39,9 +35,7 @@ MAX_NSPINES = 512  #: spines of a TwoLayerMultiPath network (a ToR port each; ro
 PUBLISHED = ("ok", "out_of_memory", "")
 PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU; the run_id is the entry's name
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
-#: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
-#: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
-#: LoadBalancerType, and the analytic simulator's ECMP modes.
+#: Values of the name-valued ``[cluster]`` keys: the simulators' network, Phantora's enums, the analytic ECMP modes.
 TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
     "topology": ("TwoLayerMultiPath",),
     "fairness": ("PerFlowMaxMin", "PerVmPairMaxMin", "TenantFlowMaxMin"),
@@ -54,7 +48,8 @@ TOPOLOGY_COUNTS = {"rack_size": MAX_NODES, "nspines": MAX_NSPINES}
 #: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
 TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")
 MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
-_ENTRY_KEYS = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology", "path", "name")
+_ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
+_ENTRY_KEYS += ("path", "name", "rank", "bin_s")
 _TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
@@ -87,7 +82,9 @@ class RunSpec:
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
         path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.
-        name: the run_id of a profiled run (:data:`PROFILED_SOURCES`; workload and gpu are ``""``).
+        name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), and the rank
+            of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
+        bin_s: width of the run's bins, s (``lib/bins/width.py``: 0.001 .. 1.0; v1's 0.1 by default).
     """
 
     workload: str
@@ -99,6 +96,8 @@ class RunSpec:
     topology: tuple[tuple[str, Any], ...] = field(default=())
     path: str = ""
     name: str = ""
+    rank: int | None = None
+    bin_s: float = DEFAULT_BIN_S
 
     @property
     def run_id(self) -> str:
@@ -209,11 +208,15 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: unknown published status {spec.published!r} (known: 'ok', 'out_of_memory', '')")
     if spec.n_nodes < 1 or spec.gpus_per_node < 1:
         raise RunMatrixError(f"{entry}: nodes and gpus_per_node must be >= 1")
-    if spec.n_nodes > MAX_NODES or spec.world_size > MAX_WORLD_SIZE:
+    if rule := bin_s_rule(spec.bin_s):
+        raise RunMatrixError(f"{entry}: bin_s {rule}")
+    if spec.n_nodes > MAX_NODES or (world := spec.world_size) > MAX_WORLD_SIZE:
         raise RunMatrixError(
             f"{entry}: layout {spec.layout} ({spec.world_size} GPUs) is larger than the simulator supports: at most "
             f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
         )
+    if spec.rank is not None and not (spec.source == "kineto" and _is_int(spec.rank) and 0 <= spec.rank < world):
+        raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {_got(spec.rank)}")
 
 
 def _topology_rule(key: str, value: object, preset: object, source: str) -> str | None:
@@ -262,7 +265,7 @@ def validate(spec: RunSpec, entry: str) -> None:
     """Raise RunMatrixError (naming ``entry`` and the rule) if ``spec`` cannot be simulated.
 
     Checks, in this order: the types of every field (no coercion), the known workload, GPU,
-    source and published status, nodes and gpus_per_node >= 1, the largest layout
+    source and published status, nodes and gpus_per_node >= 1, bin_s, the largest layout
     (:data:`MAX_NODES`, :data:`MAX_WORLD_SIZE`), the workload's parallelism rules, ``path`` with
     ``import`` and profiled sources only (``name`` with the latter), then every topology key.
     """
@@ -320,6 +323,8 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             topology=tuple(sorted(topology.items())),
             path=raw.get("path", ""),
             name=raw.get("name", ""),
+            rank=raw.get("rank"),
+            bin_s=raw.get("bin_s", DEFAULT_BIN_S),
         )
         validate(spec, label)
         if spec.run_id in seen:
@@ -331,11 +336,8 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
 
 def check_specs(specs: list[RunSpec], source_name: str) -> None:
     """Validate RunSpecs built in code (not parsed from a file): each entry's rules (:func:`validate`:
-    types, ranges, known values, layout bound, topology), unique run_ids.
-
-    Raises:
-        RunMatrixError: naming ``source_name``, the entry and the rule.
-    """
+    types, ranges, known values, layout bound, topology), unique run_ids; else ``RunMatrixError``
+    naming ``source_name``, the entry and the rule."""
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if not isinstance(spec, RunSpec):
@@ -365,9 +367,8 @@ _PARSED: dict[str, tuple[tuple[int, ...] | None, list[RunSpec]]] = {}
 
 
 def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
-    """Load and validate a run matrix (default: ``$PHANTORA_ASSETS_RUN_MATRIX``, else the shipped
-    ``runs.toml``). Parsed once per process and state of the file (inode, size, mtime, ctime);
-    returns a new list of the same frozen RunSpecs each call.
+    """Load and validate a run matrix (default: ``$PHANTORA_ASSETS_RUN_MATRIX``, else the shipped ``runs.toml``).
+    Parsed once per process and state of the file (inode, size, mtime, ctime); a new list of the same specs each call.
 
     Raises:
         RunMatrixError: an entry is invalid; the message names the file, the entry and the rule.

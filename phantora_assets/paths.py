@@ -4,15 +4,17 @@
                                            run: traces/<source>/<run_id>/):
     timeline.json.gz  checks.txt  checks.json  run.log  config/...
     timeline.bin (Phantora runs)  import.json (imported runs)  perfdb_missing/ (incomplete replay)
-    plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png
+    plots/pair_heatmap.png  plots/timeseries.png  plots/step_anatomy.png  plots/link_utilisation.png
 <root>/partitions/<run_id>/                per-run intermediate tables (Parquet) and sidecar records
     raw_timeline.parquet  flows.parquet  steps.parquet  step_flows.parquet  compute_events.parquet
-    flows_100ms.parquet  windows.parquet  run_summary.parquet  step_anatomy.parquet  step_spans.parquet
+    flows_100ms.parquet  link_bins.parquet  windows.parquet  run_summary.parquet  step_anatomy.parquet
+    step_spans.parquet
     simulation.json (analytic)  kineto.json (kineto)  run_log.json  trace_summary.json  cross_check.json
 <root>/imports.toml                        imported run folders (phantora-assets import)
 <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
 <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
-<root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv (+ .parquet)
+<root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card)
+<root>/phantora_v0/<table>/run_id=<id>/     part-0.parquet: flows_100ms, windows, one file per run
 <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
 <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """

@@ -50,7 +50,7 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     assert res_ok.success
     evals = _check_evals(res_ok)
     assert evals["fits_in_memory"] and all(evals.values())
-    assert set(evals) == set(RUN_CHECKS) | set(ADVISORY_CHECKS) | {"anatomy_adds_up"}
+    assert set(evals) == set(RUN_CHECKS) | set(ADVISORY_CHECKS) | {"anatomy_adds_up", "link_bins_conserve_bytes"}
     paths = DataPaths(tmp_path)
     assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"

@@ -42,8 +42,8 @@ def test_out_of_memory_runs_are_the_published_ones(built, runs):
 
 
 def test_every_fitting_run_is_in_every_table(built, runs):
-    bins = pd.read_parquet(built / "phantora_v0" / "flows_100ms.parquet")
-    wins = pd.read_parquet(built / "phantora_v0" / "windows.parquet")
+    bins = pd.read_parquet(built / "phantora_v0" / "flows_100ms", partitioning=None)
+    wins = pd.read_parquet(built / "phantora_v0" / "windows", partitioning=None)
     assert set(bins["run_id"]) == set(runs.index) == set(wins["run_id"])
 
 
@@ -54,7 +54,7 @@ def test_binned_bytes_conserved_exactly(built, runs):
     from phantora_assets.lib.traffic.binning import build_bins
 
     paths = DataPaths(built)
-    bins = pd.read_parquet(built / "phantora_v0" / "flows_100ms.parquet")
+    bins = pd.read_parquet(built / "phantora_v0" / "flows_100ms", partitioning=None)
     per_run = bins.groupby("run_id")["bytes"].sum()
     for spec in load_run_matrix():
         if spec.run_id not in runs.index:

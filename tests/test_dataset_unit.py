@@ -13,13 +13,19 @@ import pandas as pd
 import pytest
 
 from phantora_assets.definitions import build_defs
+from phantora_assets.lib.store import export as export_writer
 from phantora_assets.matrix import RunSpec
 from phantora_assets.stages import dataset as dataset_stage
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 A = RunSpec("W4", "l40s", 2, 1)
 B = RunSpec("W4", "h100", 2, 1)
-TABLES = [f"{t}.{ext}" for t in ("runs", "flows_100ms", "windows") for ext in ("csv", "parquet")] + ["run_status.csv"]
+TABLES = [f"{t}.csv" for t in ("runs", "flows_100ms", "windows")] + [
+    "runs.parquet",
+    *(f"{t}/run_id={s.run_id}/part-0.parquet" for t in ("flows_100ms", "windows") for s in (A, B)),
+    "run_status.csv",
+    "README.md",
+]
 
 
 def _build(root: Path, specs: list[RunSpec], runs: list[RunSpec] | None = None) -> dg.Definitions:
@@ -51,19 +57,19 @@ def root(tmp_path_factory) -> Path:
 def test_a_failed_export_leaves_the_previous_dataset_whole(root, monkeypatch):
     d = root / "phantora_v0"
     before = _digests(d)
-    real = dataset_stage.write_parquet
+    real = export_writer.TableWriter.add_run
     calls = []
 
-    def failing(df, path, durable=False):
-        calls.append(path.name)
-        if path.name == "windows.parquet":  # after runs and flows_100ms were written
+    def failing(self, run_id, batches):
+        calls.append(self.name)
+        if self.name == "windows":  # after runs and flows_100ms were written
             raise OSError(28, "No space left on device")
-        real(df, path, durable)
+        return real(self, run_id, batches)
 
-    monkeypatch.setattr(dataset_stage, "write_parquet", failing)
+    monkeypatch.setattr(export_writer.TableWriter, "add_run", failing)
     with pytest.raises(OSError):
         dataset_stage.export_dataset([A], dataset_stage_paths(root))
-    assert calls[:2] == ["runs.parquet", "flows_100ms.parquet"]
+    assert calls == ["runs", "flows_100ms", "windows"]
     assert _digests(d) == before  # not a mix of two exports
     assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]  # no staging left
 

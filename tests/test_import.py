@@ -22,9 +22,9 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import materialize_run
 from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 
-from phantora_assets import definitions as d
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import effective_matrix, read_registry, register
@@ -33,10 +33,8 @@ from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_fo
 from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, load_run_matrix
 from phantora_assets.paths import DataPaths
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
-QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 W1 = "phantora_a100_40g_W1_2x2"  # in the matrix: the import replaces its analytic source
 W3_P2P = "phantora_a100_40g_W3_2x2"  # all-to-all in Phantora's matched send/recv encoding
 W3_NO_A2A = "phantora_a100_40g_W3_2x4"  # a published-style trace missing its all-to-all flows
@@ -203,25 +201,18 @@ def test_missing_all_to_all_is_reported_by_the_cross_check(imported):
 
 
 def test_materialization_reports_checks_with_severity_and_run_log_metadata(imported):
-    matrix = effective_matrix(imported)
-    all_assets, run_assets = d.assets_for(matrix)
-    res = dg.materialize(
-        all_assets,
-        selection=run_assets,
-        partition_key=W3_NO_A2A,
-        raise_on_error=False,
-        instance=dg.DagsterInstance.ephemeral(),
-        run_config=QUIET,
-        resources={"data": DataRoot(data_dir=str(imported)), "simulator": AnalyticSimulatorResource()},
-    )
+    res = materialize_run(imported, W3_NO_A2A)
     assert res.success  # the cross-check is advisory
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
-    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
+    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up", "link_bins_conserve_bytes"}
     cc = evals["matches_workload_model"]
     assert not cc.passed and cc.severity == dg.AssetCheckSeverity.WARN
     assert cc.metadata["trace_bytes_all_to_all"].value == 0
     assert "all_to_all" in cc.metadata["breakdown_md"].value
     assert all(e.passed for name, e in evals.items() if name != "matches_workload_model")
+    # an imported trace's links: the same routing model assigns them, and the table says so
+    links = pd.read_parquet(DataPaths(imported).table(W3_NO_A2A, "link_bins"), columns=["routes"])
+    assert set(links["routes"]) == {"modelled"}
     raw_meta = res.asset_materializations_for_node("raw_timeline")[0].metadata
     assert raw_meta["source"].value == "import" and raw_meta["run_log_iterations"].value == 20
     assert len(raw_meta["run_log_iteration_ms"].value) == 20 and raw_meta["run_log_peak_memory_gib"].value == 19.531
@@ -234,16 +225,7 @@ def test_broken_trace_fails_its_partition_and_names_the_file(tmp_path):
     register(data, [discover(folder)[0][0].spec])
     good = (folder / "timeline.json.gz").read_bytes()
     (folder / "timeline.json.gz").write_bytes(good[: len(good) // 2])  # truncated gzip
-    all_assets, run_assets = d.assets_for(effective_matrix(data))
-    res = dg.materialize(
-        all_assets,
-        selection=run_assets,
-        partition_key=W1,
-        raise_on_error=False,
-        run_config=QUIET,
-        instance=dg.DagsterInstance.ephemeral(),
-        resources={"data": DataRoot(data_dir=str(data)), "simulator": AnalyticSimulatorResource()},
-    )
+    res = materialize_run(data, W1)
     assert not res.success
     failure = next(e for e in res.all_events if e.is_step_failure)
     assert failure.step_key == "chrome_trace"
@@ -376,9 +358,10 @@ def test_a_replaced_trace_makes_the_imported_run_stale(tmp_path):
 def test_the_import_dir_sensor_requests_a_folder_again_when_its_files_change(tmp_path, monkeypatch):
     """The import_dir sensor over a watched folder that was built: nothing to request; then an
     edited file under config/, an edited run.log: each makes the build stale and gets a run request
-    with a run key of its own. Before, the key named only the trace's size and mtime: Dagster took
-    the request for the earlier one and never ran it, and a change under config/ did not even make
-    the build stale."""
+    with a run key of its own. Before, the key named only the trace's size and mtime (Dagster took
+    the request for the earlier one and never ran it), and a change under config/ (raw_timeline
+    copies it) neither made the build stale nor changed the key."""
+    import phantora_assets.definitions as d
     from phantora_assets.stages.simulation import build_reason
 
     src, data = tmp_path / "src", tmp_path / "data"

@@ -19,18 +19,16 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from materialize import materialize_run
 from run_folders import analytic, megatron_log, write_run_folder
 
-from phantora_assets import definitions as d
 from phantora_assets.cli import main
-from phantora_assets.imported_runs import effective_matrix, register
+from phantora_assets.imported_runs import register
 from phantora_assets.lib.errors import FileRuleError
 from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.paths import DataPaths
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 from phantora_assets.sources import phantora_import
 
-QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 W1 = "phantora_a100_40g_W1_2x2"
 SECRET = b"SECRET: outside the run folder, must never be copied 7f3a9c\n"
 LINK = "symlink in run folder"
@@ -93,16 +91,7 @@ CASES = {
 
 
 def _materialize(data: Path) -> dg.ExecuteInProcessResult:
-    all_assets, run_assets = d.assets_for(effective_matrix(data))
-    return dg.materialize(
-        all_assets,
-        selection=run_assets,
-        partition_key=W1,
-        raise_on_error=False,
-        run_config=QUIET,
-        instance=dg.DagsterInstance.ephemeral(),
-        resources={"data": DataRoot(data_dir=str(data)), "simulator": AnalyticSimulatorResource()},
-    )
+    return materialize_run(data, W1)
 
 
 def _assert_nothing_reached_outside(data: Path, outside: Path) -> None:

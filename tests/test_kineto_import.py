@@ -6,23 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import dagster as dg
 import duckdb
 import pandas as pd
 import pytest
 from kineto_traces import Coll, rank_trace, write_traces
+from materialize import materialize_run
 
-from phantora_assets import definitions as d
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
-from phantora_assets.imported_runs import effective_matrix, read_registry
+from phantora_assets.imported_runs import read_registry
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import RunSpec, validate
 from phantora_assets.paths import DataPaths
-from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
-QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 G = (0, 1, 2, 3)
 COLLS = [
     Coll("allreduce", 1000, 1000, "BFloat16", G),  # S = 2000: 4 hops of floor(2000 * 2 * 3 / 4) = 3000
@@ -81,21 +78,14 @@ def test_checks_txt_states_the_assumption(built):
 
 
 def test_materialization_reports_every_check(built):
-    matrix = effective_matrix(built)
-    all_assets, run_assets = d.assets_for(matrix)
-    res = dg.materialize(
-        all_assets,
-        selection=run_assets,
-        partition_key=RUN,
-        raise_on_error=False,
-        instance=dg.DagsterInstance.ephemeral(),
-        run_config=QUIET,
-        resources={"data": DataRoot(data_dir=str(built)), "simulator": AnalyticSimulatorResource()},
-    )
+    res = materialize_run(built, RUN)
     assert res.success
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
-    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up"}
+    assert set(evals) == set(RUN_CHECKS) | {"matches_workload_model", "anatomy_adds_up", "link_bins_conserve_bytes"}
     assert all(e.passed for e in evals.values())
+    links = pd.read_parquet(DataPaths(built).table(RUN, "link_bins"))  # 2 hosts in one rack: host links carry all
+    assert set(links["routes"]) == {"modelled"}
+    assert links.loc[links["link_class"] == "host_up", "bytes"].sum() == links["bytes"].sum() // 2
     raw_meta = res.asset_materializations_for_node("raw_timeline")[0].metadata
     assert raw_meta["ranks_traced"].value == 1 and raw_meta["n_collectives"].value == 18
     flows_meta = res.asset_materializations_for_node("validated_flows")[0].metadata

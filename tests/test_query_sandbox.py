@@ -129,7 +129,7 @@ def test_attach_read_write_and_create_table_change_no_database(root, sandbox, ca
         "SELECT * FROM '{secret}'",
         "SELECT * FROM glob('{folder}/*')",
         "SELECT * FROM read_text('/etc/hostname')",
-        "SELECT count(*) FROM read_parquet('{root}/phantora_v0/flows_100ms.parquet')",
+        "SELECT count(*) FROM read_parquet('{root}/phantora_v0/runs.parquet')",
     ],
 )
 def test_files_outside_the_database_cannot_be_read(root, sandbox, capsys, sql) -> None:
@@ -246,7 +246,7 @@ def test_bytes_per_run_match_the_dataset_parquet(root, sandbox, capsys) -> None:
     rc, out, err = query(root, "select run_id, sum(bytes) from flows_100ms group by 1", capsys, "--format", "json")
     assert rc == 0 and err == ""
     got = {r["run_id"]: int(r["sum(bytes)"]) for r in json.loads(out)}
-    want = pd.read_parquet(root / "phantora_v0" / "flows_100ms.parquet").groupby("run_id")["bytes"].sum()
+    want = pd.read_parquet(root / "phantora_v0" / "flows_100ms", partitioning=None).groupby("run_id")["bytes"].sum()
     assert set(got) == set(RUNS) and got == {k: int(v) for k, v in want.items()}
     assert all(v > 0 for v in got.values())
 

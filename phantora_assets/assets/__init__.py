@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from phantora_assets.assets import analysis, dataset, flows, simulation, traces
+from phantora_assets.assets import analysis, dataset, flows, links, simulation, traces
 from phantora_assets.assets.common import Partitions, quiet_skipped_check_warnings
 
 #: Per-run assets, in graph order.
@@ -17,6 +17,7 @@ RUN_ASSET_NAMES = (
     "chrome_trace",
     "validated_flows",
     "binned_flows",
+    "link_bins",
     "window_features",
     "run_summary",
     "step_anatomy",
@@ -34,7 +35,7 @@ def build_assets(p: Partitions) -> dict[str, dg.AssetsDefinition]:
     that does not fit in GPU memory skips its assets below ``chrome_trace``)."""
     quiet_skipped_check_warnings()
     out: dict[str, dg.AssetsDefinition] = {}
-    for module in (simulation, traces, flows, dataset, analysis):
+    for module in (simulation, traces, flows, links, dataset, analysis):
         for a in module.build(p):
             out[a.key.to_user_string()] = a
     return out

@@ -45,12 +45,13 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
     @dg.asset(
         partitions_def=p.runs,
         group_name="analysis",
-        # reads trace_summary, steps and flows (validated_flows), flows_100ms, the anatomy tables
-        deps=["validated_flows", step_anatomy, "binned_flows"],
+        # reads trace_summary, steps and flows (validated_flows), flows_100ms, the anatomy tables, link_bins
+        deps=["validated_flows", step_anatomy, "binned_flows", "link_bins"],
         kinds={"png"},
         description="Plots of the run, shown on each materialization and saved in the run folder's plots/: "
         "a node-pair heatmap of bytes per steady step, the 100 ms traffic over the 180 s window (total and "
-        "top pairs), and the anatomy of one steady step (per host: compute and network spans).",
+        "top pairs), the anatomy of one steady step (per host: compute and network spans), and the busiest link's "
+        "utilisation per link class over the window (link_bins).",
     )
     def run_plots(context: dg.AssetExecutionContext, data: DataRoot) -> dg.MaterializeResult:
         with failure_recorded(p, context, data, "run_plots") as spec:

@@ -49,9 +49,11 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         deps=["binned_flows", window_features, run_summary],
         check_specs=check_specs("phantora_v0"),
         kinds={"csv", "parquet", "pandera"},
-        description="data/phantora_v0/{runs,flows_100ms,windows}.csv (+ Parquet): every run whose checks all "
-        "passed. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, dst_node; windows: one "
-        "row per run_id, window_s, window_start_s. run_status.csv lists included and excluded runs with reasons.",
+        description="data/phantora_v0/: every run whose checks all passed, as Parquet (runs.parquet; "
+        "flows_100ms/ and windows/ one file per run, hive-partitioned by run_id) and the v1 CSVs "
+        "{runs,flows_100ms,windows}.csv. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, "
+        "dst_node; windows: one row per run_id, window_s, window_start_s. run_status.csv lists included and "
+        "excluded runs with reasons; README.md is the dataset card (data dictionary, build, limits, license).",
     )
     def phantora_v0(context: dg.AssetExecutionContext, data: DataRoot):
         result = stage.export_dataset(list(p.specs), data.paths)
@@ -76,13 +78,21 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
     @dg.asset(
         group_name="dataset",
         # rebuilt from the per-run tables of validated_flows, binned_flows, window_features, run_summary and
-        # step_anatomy, and compared with phantora_v0
-        deps=[phantora_v0, "validated_flows", "binned_flows", window_features, run_summary, "step_anatomy"],
+        # step_anatomy (and link_bins), and compared with phantora_v0
+        deps=[
+            phantora_v0,
+            "validated_flows",
+            "binned_flows",
+            window_features,
+            run_summary,
+            "step_anatomy",
+            "link_bins",
+        ],
         check_specs=check_specs("dataset_duckdb"),
         kinds={"duckdb"},
         description="data/phantora.duckdb, rebuilt atomically from the per-run Parquet files of every run that "
-        "passed its checks: tables runs, flows_100ms, windows, flows, steps, step_anatomy, run_status and the "
-        'documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
+        "passed its checks: tables runs, flows_100ms, windows, flows, steps, step_anatomy, link_bins, run_status "
+        'and the documented views below. Query it with `phantora-assets query "SQL"`.\n\n' + views_markdown(),
     )
     def dataset_duckdb(context: dg.AssetExecutionContext, data: DataRoot):
         res = stage.dataset_duckdb_stage(list(p.specs), data.paths)

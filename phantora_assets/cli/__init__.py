@@ -2,6 +2,7 @@
 
     phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build] [--gpus-per-node N] [--run-id ID]
+                           [--world-size N] [--rank R]
     phantora-assets runs   [--data-dir DIR]
     phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
@@ -59,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="print only the summary")
     b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
     b.add_argument(
+        "--bin-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="bin width of every run for this build, s (as a run entry's bin_s: 0.001 .. 1.0; default: the entry's)",
+    )
+    b.add_argument(
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),
@@ -99,12 +107,26 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument(
         "--gpus-per-node",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="profiler traces: rank r on host r // N + 1 (default 1)",
+        help="profiler traces: rank r on host r // N + 1 (default: the folder's import.toml, else 1)",
     )
     i.add_argument(
         "--run-id", default=None, metavar="ID", help="profiler traces: the partition (default <folder>_<layout>)"
+    )
+    i.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="profiler traces without distributedInfo: the job's GPU count (must agree with distributedInfo)",
+    )
+    i.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="a folder of one profiler trace without distributedInfo: its rank (else from the file name, rank-R)",
     )
     i.add_argument("--quiet", action="store_true", help="print only the summary")
     i.set_defaults(func=cmd_import)

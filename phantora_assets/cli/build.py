@@ -28,6 +28,8 @@ from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
 from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, run_step_errors
+from phantora_assets.lib.bins.width import BIN_S_ENV, bin_s_rule
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
@@ -139,15 +141,40 @@ def _cost_order(specs) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    """``build``; ``--bin-s S`` sets ``$PHANTORA_ASSETS_BIN_S`` for the build (its workers inherit it):
+    every run's ``bin_s`` is S, a run built at another width is stale and rebuilt.
+
+    Raises:
+        RunMatrixError: S is not an allowed width (``lib/bins/width.bin_s_rule``), or the matrix is invalid.
+    """
     from phantora_assets.imported_runs import matrix_for
 
-    data_dir = Path(args.data_dir)
-    matrix = matrix_for(data_dir)
-    unknown = set(args.run or []) - {s.run_id for s in matrix}
-    if unknown:
-        print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
-        return 2
-    return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+    bin_s = getattr(args, "bin_s", None)
+    if bin_s is not None and (rule := bin_s_rule(bin_s)):
+        raise RunMatrixError(f"--bin-s {bin_s:g}: bin_s {rule}")
+    with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
+        data_dir = Path(args.data_dir)
+        matrix = matrix_for(data_dir)
+        unknown = set(args.run or []) - {s.run_id for s in matrix}
+        if unknown:
+            print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+
+
+@contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """``$name`` = ``value`` while the block runs (nothing changes when ``value`` is None), then as before."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None and old is None:
+            os.environ.pop(name, None)
+        elif value is not None and old is not None:
+            os.environ[name] = old
 
 
 def _status(paths: DataPaths, spec, run, instance) -> str:

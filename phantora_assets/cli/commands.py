@@ -26,13 +26,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     found: list[RunFolder] = []
     skipped: list[Skipped] = []
     profiled = [f for f in args.folders if kineto.is_trace_folder(f) or chakra.is_et_folder(f)]
-    if args.run_id and len(profiled) != 1:
-        print("import: --run-id names one folder of PyTorch profiler traces or Chakra ETs", file=sys.stderr)
+    if (args.run_id or args.world_size is not None or args.rank is not None) and len(profiled) != 1:
+        print(
+            "import: --run-id, --world-size and --rank name one folder of profiler traces or Chakra ETs",
+            file=sys.stderr,
+        )
         return 2
     for folder in profiled:
-        source = chakra if chakra.is_et_folder(folder) else kineto
         try:
-            spec = source.spec_for(folder, args.gpus_per_node, args.run_id)
+            spec = _profiled_spec(Path(folder), args)
         except FileRuleError as exc:
             print(f"import: declined {exc}", file=sys.stderr)
             return 2
@@ -61,6 +63,27 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 0
     matrix = matrix_for(data_dir)
     return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
+
+
+def _profiled_spec(folder: Path, args: argparse.Namespace):
+    """The RunSpec of a folder of profiler traces or Chakra ETs: the options, else its
+    ``import.toml`` (``sources/profiled.read_sidecar``), else the defaults."""
+    from phantora_assets.lib.errors import FileRuleError
+    from phantora_assets.sources import chakra, kineto
+    from phantora_assets.sources.profiled import read_sidecar
+
+    opts = {k: v for k, v in (read_sidecar(folder) or {}).items()}
+    for key in ("gpus_per_node", "run_id", "world_size", "rank"):
+        if getattr(args, key) is not None:
+            opts[key] = getattr(args, key)
+    gpn, run_id, world = opts.get("gpus_per_node", 1), opts.get("run_id"), opts.get("world_size")
+    if not chakra.is_et_folder(folder):
+        return kineto.spec_for(folder, gpn, run_id, world, opts.get("rank"))
+    if "rank" in opts:
+        raise FileRuleError(
+            folder, "placement", "a Chakra ET's rank is in its file name: --rank is for profiler traces"
+        )
+    return chakra.spec_for(folder, gpn, run_id, world)
 
 
 def check_status(checks: dict[str, dict]) -> str:

@@ -75,6 +75,9 @@ class Source(Protocol):
     ``run_fields(spec, paths) -> dict`` (the descriptive ``runs.csv`` columns: workload, framework,
     model, parallelism, gpu) and ``profiler_steps(paths, spec) -> (starts_us, last_end_us) | None``
     (step markers of the trace; ``validated_flows`` then cuts steps at them, ``lib/kineto/step_spans.py``).
+    Optional, for sources of a registered folder (``import``, ``kineto``, ``chakra``): ``input_files(folder)
+    -> names`` (the files its build reads; the run's fingerprint covers their size and mtime,
+    ``stages/simulation.source_files``).
     """
 
     NAME: str

@@ -19,26 +19,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from phantora_assets.checks import record_note, reset_checks
 from phantora_assets.lib.chakra import ingest
+from phantora_assets.lib.chakra.et_io import et_files
 from phantora_assets.lib.chakra.ingest import ChakraRun, is_et_folder, read_folder
-from phantora_assets.lib.errors import TraceFormatError
-from phantora_assets.lib.kineto.run import default_run_id
-from phantora_assets.lib.phantora import trace_writer
+from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.store.io import atomic_write_text
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import RunLogRecord, write_record
+from phantora_assets.sources import profiled
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet
+from phantora_assets.sources.profiled import SIDECAR, check_world, finish_raw_timeline, make_spec, start_raw_timeline
+from phantora_assets.stages.common import Outcome, StageResult
 
 NAME = "chakra"
 DESCRIPTION = "a folder of Chakra execution traces, one per rank (phantora-assets import)"
 DATASET_SOURCE = "chakra"
 ROOFLINE_TIMING = False
-NOTE_NAME = "source_assumptions"
 
 __all__ = ["is_et_folder", "spec_for"]
 
@@ -55,21 +51,32 @@ def _notes(run: ChakraRun, counts: dict[str, int]) -> list[str]:
     ]
 
 
-def spec_for(folder: str | Path, gpus_per_node: int = 1, run_id: str | None = None) -> RunSpec:
+def spec_for(folder: str | Path, gpus_per_node: int = 1, run_id: str | None = None, world_size: int | None = None):
     """The RunSpec of a folder of Chakra ETs: every ET read and converted (so a folder that cannot
     give flows is declined now), run_id ``run_id`` or ``<folder name>_<nodes>x<gpus_per_node>``.
+    ``world_size``, when given, must be the number of ranks' ETs.
 
     Raises:
-        TraceFormatError: as ``lib/chakra/ingest`` (names the file and the rule).
+        TraceFormatError: as ``lib/chakra/ingest`` (names the file and the rule); ``layout``: not
+            ``world_size`` ranks.
         RunMatrixError: ``run_id`` is not a valid name (matrix.validate).
     """
     folder = Path(folder).resolve()
     run = read_folder(folder, gpus_per_node)
+    if world_size is not None and run.world_size != world_size:
+        raise TraceFormatError(folder, "layout", f"{run.world_size} ranks' ETs, but --world-size {world_size}")
     ingest.raw_timeline(run)
-    name = run_id or default_run_id(folder, run.n_nodes, gpus_per_node)
-    spec = RunSpec("", "", run.n_nodes, gpus_per_node, source=NAME, path=str(folder), name=name)
-    validate(spec, f"--run-id {name!r} ({folder})")
-    return spec
+    return make_spec(NAME, folder, run.world_size, gpus_per_node, run_id)
+
+
+def input_files(folder: Path) -> list[str]:
+    """The files of a registered folder its build reads (what its fingerprint covers): the ETs,
+    the ``*.comm_groups.json`` and ``import.toml``."""
+    try:
+        ets = [p.name for p in et_files(folder).values()]
+    except (OSError, FileRuleError):  # a link or two prefixes: the build declines it
+        ets = []
+    return [*ets, *sorted(p.name for p in folder.glob("*.comm_groups.json")), SIDECAR]
 
 
 def import_ets(spec: RunSpec, paths: DataPaths) -> StageResult:
@@ -79,30 +86,19 @@ def import_ets(spec: RunSpec, paths: DataPaths) -> StageResult:
         FileNotFoundError: the registered folder does not exist.
         TraceFormatError: an ET breaks a rule (names the file); ``layout``: its world size is not the spec's.
     """
-    folder = paths.run_folder(spec)
-    reset_checks(folder, "raw_timeline")
-    src = Path(spec.path)
-    if not src.is_dir():
-        raise FileNotFoundError(f"{spec.run_id}: folder of Chakra ETs {src} does not exist")
+    _, src = start_raw_timeline(spec, paths, "Chakra ETs")
     run = read_folder(src, spec.gpus_per_node)
-    if run.world_size != spec.world_size:
-        raise TraceFormatError(src, "layout", f"{run.world_size} ranks, but {spec.run_id} is {spec.layout}")
+    check_world(spec, run.world_size, src, "ranks")
     raw, counts = ingest.raw_timeline(run)
-    out = paths.table(spec.run_id, "raw_timeline")
-    write_parquet(raw, out)
     notes = _notes(run, counts)
-    pdir = paths.partition_dir(spec.run_id)
     rec = {"run_id": spec.run_id, "files": {str(r): et.path.name for r, et in run.ets.items()}, **counts,
            "comm_groups": run.groups, "notes": notes}  # fmt: skip
-    atomic_write_text(pdir / "chakra.json", json.dumps(rec, indent=1) + "\n")
-    write_record(pdir / "run_log.json", RunLogRecord(run_id=spec.run_id, present=False, format="chakra"))
+    atomic_write_text(paths.partition_dir(spec.run_id) / "chakra.json", json.dumps(rec, indent=1) + "\n")
     outcomes = [
         Outcome("fits_in_memory", True, "fits: a Chakra ET records no memory use; the run is taken to fit", {}),
         Outcome("perfdb_complete", True, "no perf-DB replay: node durations as the ETs give them", {}),
     ]
-    record(paths, spec, "raw_timeline", outcomes)
-    record_note(folder, "raw_timeline", NOTE_NAME, "; ".join(notes))
-    atomic_write_text(folder / "run.log", "".join(f"# {line}\n" for line in [f"Chakra ETs of {src}", *notes]))
+    out = finish_raw_timeline(spec, paths, raw, f"Chakra ETs of {src}", notes, outcomes)
     meta: dict[str, Any] = {"status": "imported", "source_folder": str(src), "world_size": run.world_size,
                             "n_events": len(raw), **counts}  # fmt: skip
     return StageResult(out, meta, outcomes)
@@ -115,9 +111,7 @@ def run_fields(spec: RunSpec, paths: DataPaths) -> dict[str, Any]:
 
 def chrome_trace(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
     """chrome_trace of a Chakra run: its raw timeline as ``timeline.json.gz`` (Phantora schema)."""
-    out = paths.chrome_trace(spec)
-    stats = trace_writer.write_chrome_trace(pd.read_parquet(paths.table(spec.run_id, "raw_timeline")), out)
-    return StageResult(out, {k: int(v) for k, v in stats.items()})
+    return profiled.chrome_trace(spec, paths, ctx)
 
 
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:

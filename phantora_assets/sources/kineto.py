@@ -19,26 +19,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from phantora_assets.checks import record_note, reset_checks
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
-from phantora_assets.lib.kineto.run import convert, default_run_id, read_folder, trace_files
-from phantora_assets.lib.phantora import trace_writer
+from phantora_assets.lib.kineto.run import TRACE_SUFFIXES, convert, read_folder, trace_files
 from phantora_assets.lib.phantora.run_folder import trace_file
-from phantora_assets.lib.store.io import atomic_write_text
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import KinetoRecord, RunLogRecord, read_record_or_none, write_record
+from phantora_assets.records import KinetoRecord, read_record_or_none, write_record
+from phantora_assets.sources import profiled
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet
+from phantora_assets.sources.profiled import (
+    SIDECAR,
+    check_world,
+    finish_raw_timeline,
+    make_spec,
+    start_raw_timeline,
+)
+from phantora_assets.stages.common import Outcome, StageResult
 
 NAME = "kineto"
 DESCRIPTION = "a folder of PyTorch profiler (Kineto) traces, one per rank (phantora-assets import)"
 DATASET_SOURCE = "kineto"
 ROOFLINE_TIMING = False
-#: The checks.json entry that holds the source's assumptions (status ``note``).
-NOTE_NAME = "source_assumptions"
 _RUN_FOLDER_JSON = ("checks.json", "import.json")  # what a run folder of a data root holds besides its trace
 
 
@@ -55,22 +56,39 @@ def is_trace_folder(folder: str | Path) -> bool:
         return True
 
 
-def spec_for(folder: str | Path, gpus_per_node: int = 1, run_id: str | None = None) -> RunSpec:
+def spec_for(
+    folder: str | Path,
+    gpus_per_node: int = 1,
+    run_id: str | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+) -> RunSpec:
     """The RunSpec of a folder of profiler traces: every trace read and converted (so a trace that
     cannot give flows is declined now, before it is registered), rank r on host r // gpus_per_node + 1,
     run_id ``run_id`` or ``<folder name>_<nodes>x<gpus_per_node>`` (``lib/kineto/run.default_run_id``).
+    ``world_size`` and ``rank`` (``--world-size``, ``--rank``) place traces without
+    ``distributedInfo`` (``lib/kineto/run.read_folder``); given with traces that have it, they must agree.
 
     Raises:
-        KinetoDeclined / TraceFormatError: as ``lib/kineto/run.read_folder`` and ``convert``.
+        KinetoDeclined / TraceFormatError: as ``lib/kineto/run.read_folder`` and ``convert``;
+            ``layout``: the traces' world size is not ``world_size``.
         RunMatrixError: ``run_id`` is not a valid name (matrix.validate).
     """
     folder = Path(folder).resolve()
-    run = read_folder(folder, gpus_per_node)
+    run = read_folder(folder, gpus_per_node, world_size, rank)
+    if world_size is not None and run.world_size != world_size:
+        raise TraceFormatError(
+            run.ranks[0].path, "layout", f"world size {run.world_size}, but --world-size {world_size}"
+        )
     convert(run)
-    name = run_id or default_run_id(folder, run.n_nodes, gpus_per_node)
-    spec = RunSpec("", "", run.n_nodes, gpus_per_node, source=NAME, path=str(folder), name=name)
-    validate(spec, f"--run-id {name!r} ({folder})")
-    return spec
+    return make_spec(NAME, folder, run.world_size, gpus_per_node, run_id, rank)
+
+
+def input_files(folder: Path) -> list[str]:
+    """The files of a registered folder its build reads (what its fingerprint covers): the
+    traces (``*.json``, ``*.json.gz``, links too) and ``import.toml``."""
+    names = [p.name for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES) and not p.name.startswith(".")]
+    return [*sorted(n for n in names if n not in _RUN_FOLDER_JSON), SIDECAR]
 
 
 def record_path(paths: DataPaths, spec: RunSpec) -> Path:
@@ -80,25 +98,17 @@ def record_path(paths: DataPaths, spec: RunSpec) -> Path:
 
 def import_traces(spec: RunSpec, paths: DataPaths) -> StageResult:
     """raw_timeline of a Kineto run: read the folder's traces, write the raw timeline and records.
+    A trace without ``distributedInfo`` is placed by the spec's world size and ``rank``.
 
     Raises:
         FileNotFoundError: the registered folder does not exist.
         KinetoDeclined / TraceFormatError: a trace cannot give flows or breaks a rule (names the
             file and the rule); ``layout``: the folder's world size is not the spec's.
     """
-    folder = paths.run_folder(spec)
-    reset_checks(folder, "raw_timeline")
-    src = Path(spec.path)
-    if not src.is_dir():
-        raise FileNotFoundError(f"{spec.run_id}: folder of profiler traces {src} does not exist")
-    run = read_folder(src, spec.gpus_per_node)
-    if run.world_size != spec.world_size:
-        raise TraceFormatError(
-            run.ranks[0].path, "layout", f"world size {run.world_size}, but {spec.run_id} is {spec.layout}"
-        )
+    _, src = start_raw_timeline(spec, paths, "profiler traces")
+    run = read_folder(src, spec.gpus_per_node, spec.world_size, spec.rank)
+    check_world(spec, run.world_size, run.ranks[0].path)
     conv = convert(run)
-    out = paths.table(spec.run_id, "raw_timeline")
-    write_parquet(conv.raw, out)
     first = run.ranks[0]
     rec = KinetoRecord(
         run_id=spec.run_id,
@@ -117,20 +127,13 @@ def import_traces(spec: RunSpec, paths: DataPaths) -> StageResult:
         skipped={k: v for rt in run.ranks for k, v in rt.skipped.items()},
         notes=conv.notes,
     )
-    pdir = paths.partition_dir(spec.run_id)
     write_record(record_path(paths, spec), rec)
-    write_record(pdir / "run_log.json", RunLogRecord(run_id=spec.run_id, present=False, format="kineto"))
     device = f"{first.device or 'an unnamed GPU'}, {rec.device_gib:.2f} GiB"
     outcomes = [
         Outcome("fits_in_memory", True, f"fits: a job profiled on real GPUs ({device}) ran, so it fit", {}),
         Outcome("perfdb_complete", True, "no perf-DB replay: kernel times measured by the PyTorch profiler", {}),
     ]
-    record(paths, spec, "raw_timeline", outcomes)
-    record_note(folder, "raw_timeline", NOTE_NAME, "; ".join(conv.notes))
-    atomic_write_text(
-        folder / "run.log",
-        "".join(f"# {line}\n" for line in [f"PyTorch profiler traces of {src}", *conv.notes]),
-    )
+    out = finish_raw_timeline(spec, paths, conv.raw, f"PyTorch profiler traces of {src}", conv.notes, outcomes)
     meta: dict[str, Any] = {
         "status": "imported",
         "source_folder": str(src),
@@ -142,14 +145,6 @@ def import_traces(spec: RunSpec, paths: DataPaths) -> StageResult:
         "profiler_steps": len(conv.step_numbers),
     }
     return StageResult(out, meta, outcomes)
-
-
-def write_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
-    """chrome_trace of a Kineto run: its raw timeline as ``timeline.json.gz`` (Phantora schema)."""
-    raw = pd.read_parquet(paths.table(spec.run_id, "raw_timeline"))
-    out = paths.chrome_trace(spec)
-    stats = trace_writer.write_chrome_trace(raw, out)
-    return StageResult(out, {k: int(v) for k, v in stats.items()})
 
 
 def profiler_steps(paths: DataPaths, spec: RunSpec) -> tuple[list[float], float] | None:
@@ -179,5 +174,5 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
 
 
 def chrome_trace(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
-    """The ``chrome_trace`` of a Kineto run (:func:`write_trace`)."""
-    return write_trace(spec, paths)
+    """The ``chrome_trace`` of a Kineto run: its raw timeline as ``timeline.json.gz`` (Phantora schema)."""
+    return profiled.chrome_trace(spec, paths, ctx)

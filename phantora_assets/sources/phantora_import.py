@@ -23,7 +23,7 @@ from pathlib import Path
 from phantora_assets.checks import reset_checks
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.phantora.docker_config import missing_listing
-from phantora_assets.lib.phantora.run_folder import IMPORT_DIRS, refusal, refuse_links, trace_file
+from phantora_assets.lib.phantora.run_folder import IMPORT_DIRS, IMPORT_FILES, refusal, refuse_links, trace_file
 from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
@@ -255,6 +255,21 @@ def import_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
         raise TraceFormatError(src_dir, "missing trace", "no timeline.json.gz or timeline.json")
     refuse_links(src_dir, (src.name,))  # install_trace opens it without following a link, too
     return install_trace(spec, paths, src, f"imported from {src}")
+
+
+def input_files(folder: Path) -> list[str]:
+    """The files of an imported run folder its build reads (what its fingerprint covers):
+    ``IMPORT_FILES`` (the trace, run.log, timeline.bin) and every entry under ``IMPORT_DIRS``
+    (``config/...``, ``perfdb_missing/...``, which ``raw_timeline`` copies; a link is listed, not
+    followed), so an edited netconfig or command file makes the build stale too."""
+    names = list(IMPORT_FILES)
+    for sub in IMPORT_DIRS:
+        for dirpath, dirnames, files in os.walk(folder / sub):
+            dirnames.sort()
+            here = Path(dirpath)
+            links = [d for d in dirnames if (here / d).is_symlink()]  # os.walk does not enter them
+            names += [str((here / f).relative_to(folder)) for f in sorted(files + links)]
+    return names
 
 
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:

@@ -12,9 +12,10 @@ its source (``sources/``).
     flows.validate_flows        -> partitions/<run_id>/{flows,steps,step_flows,compute_events}.parquet,
                                    trace_summary.json, cross_check.json
     flows.bin_flows             -> partitions/<run_id>/flows_100ms.parquet
+    links.link_bins_stage       -> partitions/<run_id>/link_bins.parquet
     dataset.window_features     -> partitions/<run_id>/windows.parquet
     dataset.summarize_run       -> partitions/<run_id>/run_summary.parquet
-    dataset.export_dataset      -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
+    dataset.export_dataset      -> phantora_v0/ (export.py: CSVs, runs.parquet, per-run Parquet, README.md card)
     dataset.dataset_duckdb_stage-> phantora.duckdb
     analysis.step_anatomy_stage -> partitions/<run_id>/{step_anatomy,step_spans}.parquet
     analysis.run_plots_stage    -> run folder plots/*.png

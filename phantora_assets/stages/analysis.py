@@ -1,7 +1,7 @@
 """Stages of group ``analysis``: step anatomy and plots (no Dagster import).
 
     step_anatomy_stage  -> partitions/<run_id>/{step_anatomy,step_spans}.parquet
-    run_plots_stage     -> run folder plots/{pair_heatmap,timeseries,step_anatomy}.png
+    run_plots_stage     -> run folder plots/{pair_heatmap,timeseries,step_anatomy,link_utilisation}.png
     dataset_plots_stage -> phantora_v0/plots/{bytes_vs_published,step_time_by_layout}.png
 
 None of them gates the dataset (``checks.CHECKS``: ``gates_dataset``).
@@ -21,11 +21,11 @@ from phantora_assets.lib.store import plots
 from phantora_assets.lib.traffic import anatomy
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.stages.common import BIN_S, Outcome, StageResult, write_parquet
+from phantora_assets.stages.common import Outcome, StageResult, write_parquet
 from phantora_assets.stages.flows import read_trace_summary
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"
-RUN_PLOTS = ("pair_heatmap", "timeseries", "step_anatomy")
+RUN_PLOTS = ("pair_heatmap", "timeseries", "step_anatomy", "link_utilisation")
 DATASET_PLOTS = ("bytes_vs_published", "step_time_by_layout")
 
 
@@ -100,7 +100,7 @@ def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
 
 
 def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
-    """The three per-run PNGs, in the run folder's ``plots/``."""
+    """The four per-run PNGs, in the run folder's ``plots/`` (``link_utilisation`` from link_bins)."""
     t0 = time.perf_counter()
     pdir = paths.partition_dir(spec.run_id)
     out = paths.plots_dir(spec)
@@ -114,7 +114,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
     step_row = steps[steps["step"] == chosen].iloc[0]
     files = {name: out / f"{name}.png" for name in RUN_PLOTS}
     plots.pair_heatmap(plots.pair_matrix(flows, steps, spec.n_nodes), spec.run_id, files["pair_heatmap"])
-    plots.timeseries(bins, spec.run_id, BIN_S, summary.step_time_us / 1e6, path=files["timeseries"])
+    plots.timeseries(bins, spec.run_id, spec.bin_s, summary.step_time_us / 1e6, path=files["timeseries"])
     plots.step_anatomy_chart(
         spans,
         table[table["step"] == chosen],
@@ -123,6 +123,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
         float(step_row["end_us"] - step_row["start_us"]),
         path=files["step_anatomy"],
     )
+    plots.link_utilisation(pd.read_parquet(pdir / "link_bins.parquet"), spec.run_id, path=files["link_utilisation"])
     return PlotsResult(files, time.perf_counter() - t0)
 
 

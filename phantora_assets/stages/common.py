@@ -17,15 +17,17 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.checks import record_checks
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.store.io import atomic_path
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 
 #: The 180 s window of the build (docs/DATASET.md, "How a trace becomes the dataset", step 4),
-#: its 100 ms bins and the control traffic each node sends, bytes/s.
+#: v1's 100 ms bins (the width of ``flows_100ms``; a run's own is ``RunSpec.bin_s``) and the
+#: control traffic each node sends, bytes/s.
 
 WINDOW_S = 180.0
-BIN_S = 0.1
+BIN_S = DEFAULT_BIN_S
 CONTROL_BYTES_PER_S = 5000
 
 

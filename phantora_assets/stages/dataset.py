@@ -2,14 +2,12 @@
 
 window_features -> partitions/<run_id>/windows.parquet
 summarize_run   -> partitions/<run_id>/run_summary.parquet (the run's runs.csv row)
-export_dataset  -> phantora_v0/{runs,flows_100ms,windows}.{csv,parquet}, run_status.csv
+export_dataset  -> phantora_v0/ (stages/export.py: CSVs, per-run Parquet, run_status.csv, README.md)
 dataset_duckdb  -> phantora.duckdb (rebuilt from the partitions of the runs that passed)
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,13 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pandera.errors as pa_errors
 
 from phantora_assets import contracts
-from phantora_assets.checks import RUN_CHECKS, all_passed, blocking_failures, read_checks, reset_checks, run_passed
+from phantora_assets.checks import RUN_CHECKS, all_passed, read_checks, reset_checks
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.store import database
-from phantora_assets.lib.store.io import atomic_write_csv, atomic_write_text, link_or_copy, swap_in_dir
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
@@ -31,32 +27,18 @@ from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RecordError, RunLogRecord, SimulationRecord, read_record, read_record_or_none
 from phantora_assets.sources import get_source
-from phantora_assets.stages.common import BIN_S, WINDOW_S, Outcome, StageResult, record, write_parquet
+from phantora_assets.stages import card, export, links
+from phantora_assets.stages.common import WINDOW_S, Outcome, StageResult, record, write_parquet
+from phantora_assets.stages.export import DatasetResult, _dtypes, contract_outcome
 from phantora_assets.stages.flows import read_trace_summary
 from phantora_assets.stages.simulation import stale_reason
-
-
-def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
-    """The outcome of validating ``df`` with the pandera ``schema`` (lazy: every violation counted)."""
-    try:
-        schema.validate(df, lazy=True)
-    except pa_errors.SchemaErrors as exc:
-        cases = exc.failure_cases
-        head = "; ".join(f"{r.column}: {r.check}" for r in cases.head(5).itertuples())
-        return Outcome(
-            name,
-            False,
-            f"{len(cases)} violation(s) of the {schema.name} contract: {head}",
-            {"violations": int(len(cases))},
-        )
-    return Outcome(name, True, f"{len(df)} rows satisfy the {schema.name} contract", {"rows": int(len(df))})
 
 
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
     reset_checks(paths.run_folder(spec), "window_features")
     bins = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=BIN_S, window_s=WINDOW_S)
+    feats = wf.compute_window_features(bins, run_id=spec.run_id, bin_s=spec.bin_s, window_s=WINDOW_S)
     outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file
@@ -116,7 +98,7 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "perf_db_fraction": sim.perf_db_fraction if sim is not None else None,
         "exposed_comm_s": sim.exposed_comm_ms_per_step / 1e3 if sim is not None else None,
         "window_s": WINDOW_S,
-        "bin_s": BIN_S,
+        "bin_s": spec.bin_s,
         "seed": binning.seed_from_run_id(spec.run_id),
     }
     describe = getattr(src, "run_fields", None)  # a source whose runs have no workload preset describes them
@@ -147,104 +129,10 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
-@dataclass
-class DatasetResult:
-    dir: Path
-    included: list[str]
-    excluded: dict[str, str]
-    outcome: Outcome
-
-
 def export_dataset(specs: list[RunSpec], paths: DataPaths) -> DatasetResult:
-    """Assemble ``phantora_v0/`` from every run whose checks all passed.
-
-    Writes runs.csv, flows_100ms.csv, windows.csv (each even when empty), a Parquet copy of
-    each and run_status.csv into a staging folder, fsynced, then swaps it in at once
-    (``lib/store/io.swap_in_dir``): a reader or a crash sees the previous dataset or this one,
-    whole. Validates the three tables with the v1 pandera contract first (nothing is written if a
-    table breaks it). A run that passed its checks but was built from another run-matrix entry
-    or perf DB than the current one is excluded as stale (``stages/simulation.stale_reason``).
-    Rows are sorted, so a rebuild is byte-identical.
-    """
-    included, excluded = [], {}
-    runs, bins, wins = [], [], []
-    for spec in sorted(specs, key=lambda s: s.run_id):
-        folder = paths.run_folder(spec)
-        try:
-            passed = run_passed(folder)
-        except RecordError as exc:  # that run is out, with the reason; the others are not affected
-            excluded[spec.run_id] = str(exc)
-            continue
-        if not passed:
-            if not read_checks(folder):
-                excluded[spec.run_id] = "not built"
-                continue
-            excluded[spec.run_id] = ", ".join(
-                f"{k}: {v.get('status', 'missing')}" for k, v in blocking_failures(folder).items()
-            )
-            continue
-        stale = stale_reason(spec, paths)
-        if stale:
-            excluded[spec.run_id] = stale
-            continue
-        included.append(spec.run_id)
-        runs.append(pd.read_parquet(paths.table(spec.run_id, "run_summary")))
-        b = pd.read_parquet(paths.table(spec.run_id, "flows_100ms"))
-        bins.append(b)
-        wins.append(pd.read_parquet(paths.table(spec.run_id, "windows")))
-    runs_df = runs_frame([]) if not runs else pd.concat(runs, ignore_index=True)
-    bins_df = (
-        pd.concat(bins, ignore_index=True)
-        if bins
-        else pd.DataFrame({c: pd.Series([], dtype=object if t == "str" else t) for c, t in BIN_COLUMNS.items()})
-    )
-    wins_df = (
-        pd.concat(wins, ignore_index=True)
-        if wins
-        else pd.DataFrame(
-            {c: pd.Series([], dtype=object if t == "str" else t) for c, t in WINDOW_FEATURE_COLUMNS.items()}
-        )
-    )
-    outcomes = [
-        contract_outcome("runs", contracts.RUNS, runs_df),
-        contract_outcome("flows_100ms", contracts.FLOWS_100MS, bins_df),
-        contract_outcome("windows", contracts.windows_schema(), wins_df),
-    ]
-    ok = all(o.passed for o in outcomes)
-    msg = "; ".join(o.message for o in outcomes)
-    outcome = Outcome("dataset_contract", ok, msg, {"runs": len(included), "excluded": len(excluded)})
-    d = paths.dataset_dir
-    if ok:
-        # every table (empty ones too) into a staging folder, swapped in at once (io.swap_in_dir)
-        staging = d.with_name(f".{d.name}.p{os.getpid()}.dir.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
-            for name, df in {"runs": runs_df, "flows_100ms": bins_df, "windows": wins_df}.items():
-                atomic_write_csv(df, staging / f"{name}.csv", durable=True)
-                write_parquet(df, staging / f"{name}.parquet", durable=True)
-            listing = (
-                ["run_id,status,reason"]
-                + [f"{r},included," for r in included]
-                + [f'{r},excluded,"{_csv_text(why)}"' for r, why in excluded.items()]
-            )
-            atomic_write_text(staging / "run_status.csv", "\n".join(listing) + "\n", durable=True)
-            if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
-                plots = d / "plots"
-                shutil.copytree(plots, staging / "plots", copy_function=lambda a, b: link_or_copy(Path(a), Path(b)))
-            swap_in_dir(staging, d)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return DatasetResult(d, included, excluded, outcome)
-
-
-def _csv_text(text: str) -> str:
-    """``text`` for a double-quoted CSV field: quotes doubled, line breaks as spaces."""
-    return text.replace('"', '""').replace("\r", " ").replace("\n", " ")
-
-
-def _dtypes(schema) -> dict[str, str]:
-    return {c: str(col.dtype) for c, col in schema.columns.items()}
+    """``phantora_v0/`` with its card: :func:`stages.export.export_dataset` (layout, atomicity,
+    validation) with ``README.md`` from :func:`stages.card.dataset_card`."""
+    return export.export_dataset(specs, paths, card=card.dataset_card)
 
 
 def database_tables() -> list[database.Table]:
@@ -274,8 +162,18 @@ def database_tables() -> list[database.Table]:
             dict(BIN_COLUMNS),
             "flows_100ms.parquet",
             "Bytes sent src_node -> dst_node in the 100 ms bin starting at t (0 <= t < 180 s), "
-            "control traffic included.",
+            "control traffic included; the runs of 100 ms bins (v1; every width: flows_binned).",
             {"t": "bin start, s", "bytes": "bytes in the bin"},
+            run_filter="round(r.bin_s * 1000) = 100",
+        ),
+        database.Table(
+            "flows_binned",
+            {"run_id": "str", "bin_s": "float64", **{c: d for c, d in BIN_COLUMNS.items() if c != "run_id"}},
+            "flows_100ms.parquet",  # the per-run file keeps v1's name at any width
+            "Bytes sent src_node -> dst_node in the bin of bin_s seconds starting at t (0 <= t < 180 s), "
+            "control traffic included: every run at its own bin width (runs.bin_s).",
+            {"bin_s": "bin width of the run, s (runs.bin_s)", "t": "bin start, s", "bytes": "bytes in the bin"},
+            from_runs=("bin_s",),
         ),
         database.Table(
             "windows",
@@ -311,6 +209,7 @@ def database_tables() -> list[database.Table]:
             add_run_id=True,
             optional=True,
         ),
+        links.link_bins_table(),
     ]
 
 
@@ -368,17 +267,25 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
     seconds = time.perf_counter() - t0
     problems = []
     with duckdb.connect(str(result.path), read_only=True) as con:
-        for table in ("runs", "flows_100ms", "windows"):
-            f = paths.dataset_dir / f"{table}.parquet"
-            if not f.exists():
-                problems.append(f"{table}: phantora_v0/{table}.parquet is missing (materialize phantora_v0)")
+        for t in export.EXPORT_TABLES:
+            if t.per_run:
+                exists = (paths.dataset_dir / t.name).is_dir()
+                files = sorted((paths.dataset_dir / t.name).glob("run_id=*/part-0.parquet"))
+            else:
+                files = [paths.dataset_dir / f"{t.name}.parquet"]
+                exists = files[0].exists()
+            if not exists:
+                problems.append(f"{t.name}: phantora_v0/{t.name} is missing (materialize phantora_v0)")
                 continue
-            want = pd.read_parquet(f, columns=["run_id"])["run_id"]
-            got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {table}").fetchone() or (0, 0)
-            if tuple(got) != (len(want), want.nunique()):
+            want = (0, 0)
+            if files:  # DuckDB over the published files: no table is held in memory
+                want = con.execute(
+                    "SELECT count(*), count(DISTINCT run_id) FROM read_parquet(?)", [[str(p) for p in files]]
+                ).fetchone() or (0, 0)
+            got = con.execute(f"SELECT count(*), count(DISTINCT run_id) FROM {t.name}").fetchone() or (0, 0)
+            if tuple(got) != tuple(want):
                 problems.append(
-                    f"{table}: database {got[0]} rows of {got[1]} runs, phantora_v0 "
-                    f"{len(want)} rows of {want.nunique()} runs"
+                    f"{t.name}: database {got[0]} rows of {got[1]} runs, phantora_v0 {want[0]} rows of {want[1]} runs"
                 )
     msg = (
         f"runs, flows_100ms and windows hold the rows of phantora_v0 ({len(result.included)} runs)"

@@ -1,5 +1,5 @@
-"""Stages of group ``flows``: validated network flows with steps, and the 100 ms binned build
-(no Dagster import).
+"""Stages of group ``flows``: validated network flows with steps, and the binned build at the run's
+``bin_s`` (no Dagster import; the per-run file keeps v1's name at any width).
 
     validate_flows -> partitions/<run_id>/{flows,steps,step_flows,compute_events}.parquet,
                       trace_summary.json, cross_check.json
@@ -31,7 +31,6 @@ from phantora_assets.records import (
 )
 from phantora_assets.sources import get_source
 from phantora_assets.stages.common import (
-    BIN_S,
     CONTROL_BYTES_PER_S,
     WINDOW_S,
     Outcome,
@@ -188,7 +187,7 @@ def read_trace_summary(paths: DataPaths, run_id: str) -> TraceSummary:
 
 
 def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
-    """The 180 s / 100 ms build of docs/DATASET.md ("How a trace becomes the dataset", steps 4-5);
+    """The 180 s build at the run's ``bin_s`` of docs/DATASET.md ("How a trace becomes the dataset", steps 4-5);
     checks exact conservation (``bins_conserve_bytes``)."""
     reset_checks(paths.run_folder(spec), "binned_flows")
     summary = read_trace_summary(paths, spec.run_id)
@@ -199,7 +198,7 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
         n_nodes=spec.n_nodes,
         run_id=spec.run_id,
         window_s=WINDOW_S,
-        bin_s=BIN_S,
+        bin_s=spec.bin_s,
         control_bytes_per_s=CONTROL_BYTES_PER_S,
     )
     bins = built.bins

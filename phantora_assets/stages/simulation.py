@@ -14,14 +14,15 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
+from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.phantora.perfdb import load_perfdb
-from phantora_assets.lib.phantora.run_folder import IMPORT_DIRS, IMPORT_FILES
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
@@ -189,9 +190,9 @@ def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
 
 
 def run_spec_record(spec: RunSpec) -> RunSpecRecord:
-    """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry
-    (layout, source, topology, import path), the workload preset, the GPU's ``gpus.toml`` entry,
-    the effective network settings and the sha256 of the GPU's perf DB files."""
+    """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry (layout,
+    source, topology, import path, a bin width other than 0.1 s), the workload preset, the GPU's ``gpus.toml``
+    entry, the effective network settings and the sha256 of the GPU's perf DB files."""
     folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -208,34 +209,35 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "path": spec.path,
             "topology": dict(spec.topology),
             **({"name": spec.name} if spec.name else {}),
+            **({"rank": spec.rank} if spec.rank is not None else {}),
+            **({"bin_s": spec.bin_s} if spec.bin_s != DEFAULT_BIN_S else {}),  # v1's width: as before it was a setting
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,
         "network": spec.cluster,
         "perf_db": perfdb,
     }
-    if spec.source == "import" and spec.path:
-        inputs["source_files"] = _source_files(Path(spec.path))
+    input_files = getattr(get_source(spec.source), "input_files", None)
+    if input_files is not None and spec.path:
+        inputs["source_files"] = source_files(Path(spec.path), input_files)
     text = json.dumps(inputs, sort_keys=True, default=str)
     return RunSpecRecord(
         run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
     )
 
 
-def _source_files(folder: Path) -> dict[str, list[int]]:
-    """``name -> [size, mtime_ns]`` of the files an imported Phantora run folder's build reads
-    (``IMPORT_FILES``: the trace, run.log, timeline.bin; and every entry under ``IMPORT_DIRS``:
-    ``config/...``, ``perfdb_missing/...``, which ``raw_timeline`` copies), as ``lstat`` gives them
-    (a stat, no read: the import_dir sensor asks every tick; links are not followed). A folder
-    replaced by another run's files (a new trace moved in, an edited run.log or netconfig) is then
-    built from other inputs: stale, rebuilt, and out of the dataset until it is."""
+def source_files(folder: Path, input_files: Callable[[Path], Iterable[str]]) -> dict[str, list[int]]:
+    """``name -> [size, mtime_ns]`` of the files a registered folder's build reads
+    (``input_files(folder)``, the source's: the trace, run.log and timeline.bin of a Phantora run
+    folder, the traces and ``import.toml`` of a profiled one), as ``lstat`` gives them (a stat, no
+    read: the import_dir sensor asks every tick); an absent file is left out. A folder whose files
+    were replaced (a new trace moved in or written over) is then built from other inputs: stale,
+    rebuilt, and out of the dataset until it is."""
     out: dict[str, list[int]] = {}
-    names = list(IMPORT_FILES)
-    for sub in IMPORT_DIRS:
-        for dirpath, dirnames, files in os.walk(folder / sub):
-            dirnames.sort()
-            rel = Path(dirpath).relative_to(folder)
-            names += [str(rel / f) for f in sorted(files + [d for d in dirnames if (Path(dirpath) / d).is_symlink()])]
+    try:
+        names = list(input_files(folder))
+    except OSError:  # the folder is gone: nothing to stat (stale_reason then keeps the build)
+        return out
     for name in names:
         try:
             st = os.lstat(folder / name)

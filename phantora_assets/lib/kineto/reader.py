@@ -18,8 +18,9 @@ clock). The file is decoded in batches of events (``stream.py``: bounded memory,
 * steps: the ``ProfilerStep#N`` CPU spans.
 
 Traces that cannot give flows are declined with a :class:`KinetoDeclined` naming the file and the
-reason (:data:`DECLINE_RULES`). Errors: :class:`~phantora_assets.lib.errors.TraceFormatError`
-(``invalid trace``, ``trace too large``). No Dagster import.
+reason (:data:`DECLINE_RULES`); a trace without ``distributedInfo`` is placed by the world size and
+rank it is given (``--world-size``; ``--rank`` or its file name, ``run.read_folder``). Errors:
+:class:`~phantora_assets.lib.errors.TraceFormatError` (``invalid trace``, ``trace too large``). No Dagster import.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ class RankTrace:
     """What one rank's trace gives (:func:`read_rank_trace`).
 
     Attributes:
-        path: the file. rank, world_size, backend: from ``distributedInfo``.
+        path: the file. rank, world_size, backend: from ``distributedInfo`` (else as given, backend "").
         device: the first ``deviceProperties`` name ("" when none); device_bytes its memory.
         collectives: in CPU issue order. kernels: ``(name, ts_us, dur_us, stream)`` of the
         non-NCCL GPU kernels. steps: ``(N, ts_us, dur_us)`` of the ``ProfilerStep#N`` spans, by ts.
         pid: the OS pid of the rank's process (its first CPU op; 0 when none).
         skipped: ``Collective name`` -> ops recorded but not collectives of data (``wait``, ...).
+        placed: ``distributedInfo``, or ``given`` (no distributedInfo: the world size and rank given).
     """
 
     path: Path
@@ -101,6 +103,7 @@ class RankTrace:
     steps: list[tuple[int, float, float]]
     pid: int
     skipped: dict[str, int]
+    placed: str = "distributedInfo"
 
 
 def _int(v: Any, path: Path, what: str) -> int:
@@ -149,24 +152,34 @@ def _group(a: Args, path: Path, rank: int, what: str) -> tuple[tuple[int, ...], 
     return ranks, f"{name if name is not None else ''}:{','.join(map(str, ranks))}"
 
 
-def _placement(t: Meta, path: Path) -> tuple[int, int, str]:
+def _placement(t: Meta, path: Path, world_size: int | None, rank: int | None) -> tuple[int, int, str, str]:
+    """``(rank, world size, backend, placed)`` from ``distributedInfo``, else from the placement
+    given (``world_size``, ``rank``: ``--world-size``, and ``--rank`` or the file name)."""
     info = t.distributedInfo
-    if not info or "rank" not in info or "world_size" not in info:
+    if info and "rank" in info and "world_size" in info:
+        rank, world = _int(info["rank"], path, "distributedInfo.rank"), _int(info["world_size"], path, "world_size")
+        where, backend, placed = "distributedInfo.world_size", str(info.get("backend", "")), "distributedInfo"
+    elif world_size is None or rank is None:
         raise KinetoDeclined(
             path,
             "no distributedInfo",
-            "the trace does not say its rank and world size, so its ranks cannot be placed on hosts; "
-            "Kineto writes distributedInfo when torch.distributed is initialized before the profiler "
-            "starts: profile again that way (this import takes no --world-size or --rank)",
+            "the trace does not say its rank and world size, so its ranks cannot be placed on hosts: "
+            + (
+                "give --world-size N (the job's GPU count)"
+                if world_size is None
+                else f"--world-size {world_size} is given, but not the rank: the file name names none "
+                "(rank-<r> / rank<r>) or more than one"
+            )
+            + " and, for a folder of one trace, --rank R; or profile with torch.distributed initialized "
+            "before the profiler starts (Kineto then writes distributedInfo)",
         )
-    rank, world = _int(info["rank"], path, "distributedInfo.rank"), _int(info["world_size"], path, "world_size")
+    else:
+        rank, world, where, backend, placed = rank, world_size, "the world size given", "", "given"
     if world <= 1:
-        raise KinetoDeclined(
-            path, "world size 1", f"distributedInfo.world_size = {world}: a single-GPU job has no network traffic"
-        )
+        raise KinetoDeclined(path, "world size 1", f"{where} = {world}: a single-GPU job has no network traffic")
     if rank >= world:
-        raise TraceFormatError(path, "invalid trace", f"distributedInfo.rank {rank} >= world_size {world}")
-    return rank, world, str(info.get("backend", ""))
+        raise TraceFormatError(path, "invalid trace", f"rank {rank} >= world size {world} ({where})")
+    return rank, world, backend, placed
 
 
 class _Kept:
@@ -210,19 +223,21 @@ class _Kept:
                 self.pid = e.pid
 
 
-def read_rank_trace(path: str | Path) -> RankTrace:
+def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int | None = None) -> RankTrace:
     """Read one rank's Kineto trace (module docstring: what is kept), streamed (``stream.decode``).
+    ``world_size`` and ``rank`` place a trace without ``distributedInfo`` (they are not used when
+    it has one: :attr:`RankTrace.placed` says which).
 
     Raises:
-        KinetoDeclined: rule ``no distributedInfo``, ``world size 1`` or ``no message sizes`` (no
-            ``record_param_comms`` op nor NCCL kernel carries ``Collective name`` and ``In msg
-            nelems``: an older PyTorch, or a backend that records none, e.g. Gloo's
-            ``gloo:all_reduce`` annotations).
+        KinetoDeclined: rule ``no distributedInfo`` (and no placement given), ``world size 1`` or
+            ``no message sizes`` (no ``record_param_comms`` op nor NCCL kernel carries ``Collective
+            name`` and ``In msg nelems``: an older PyTorch, or a backend that records none, e.g.
+            Gloo's ``gloo:all_reduce`` annotations).
         TraceFormatError: ``invalid trace`` (not JSON, a field of the wrong type), ``trace too large``.
     """
     path = Path(path)
     meta, kept = decode(path, _Kept, _Kept.add)
-    rank, world, backend = _placement(meta, path)
+    rank, world, backend, placed = _placement(meta, path, world_size, rank)
     launches = {k: sorted(v, key=lambda c: c[0]) for k, v in kept.launches.items()}
     colls: list[Collective] = []
     skipped: Counter[str] = Counter()
@@ -266,6 +281,7 @@ def read_rank_trace(path: str | Path) -> RankTrace:
         steps=[kept.steps[n] for n in sorted(kept.steps, key=lambda n: kept.steps[n][1])],
         pid=kept.pid,
         skipped=dict(skipped),
+        placed=placed,
     )
 
 

@@ -22,7 +22,9 @@ from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.collectives import group_sequences, raw_timeline
 from phantora_assets.lib.kineto.reader import RankTrace, read_rank_trace
 
-_SUFFIXES = (".json", ".json.gz")
+#: The endings of a PyTorch profiler trace file.
+TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK = re.compile(r"(?<![a-z0-9])rank[-_]?(\d+)(?!\d)", re.IGNORECASE)
 
 
 def _us(us: float) -> float:
@@ -42,7 +44,7 @@ def trace_files(folder: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{folder} is not a directory")
     out = []
     for p in sorted(folder.iterdir()):
-        if not p.name.endswith(_SUFFIXES) or p.name.startswith("."):
+        if not p.name.endswith(TRACE_SUFFIXES) or p.name.startswith("."):
             continue
         mode = p.lstat().st_mode
         if stat.S_ISLNK(mode):
@@ -73,20 +75,41 @@ class KinetoRun:
         return self.world_size // self.gpus_per_node
 
 
-def read_folder(folder: str | Path, gpus_per_node: int) -> KinetoRun:
+def rank_from_name(path: Path) -> int | None:
+    """The rank a trace's file name gives (``rank-3...``, ``rank3...``, ``...rank_3...``: the word
+    ``rank`` then digits), or None when it names none or two different ones."""
+    found = {int(m) for m in _RANK.findall(path.name)}
+    return found.pop() if len(found) == 1 else None
+
+
+def read_folder(
+    folder: str | Path, gpus_per_node: int, world_size: int | None = None, rank: int | None = None
+) -> KinetoRun:
     """Read every trace of ``folder`` as the ranks of one job.
+
+    A trace without ``distributedInfo`` is placed by ``world_size`` (``--world-size``) and, in a
+    folder of one trace, ``rank`` (``--rank``), else by the rank its file name gives
+    (:func:`rank_from_name`); a trace with ``distributedInfo`` is placed by it.
 
     Raises:
         KinetoDeclined: a trace cannot give flows (``reader.DECLINE_RULES``; names the file).
         TraceFormatError: ``no trace`` (the folder holds none), ``ranks disagree`` (two world
             sizes, a rank twice), ``layout`` (``gpus_per_node`` does not divide the world size),
-            or a format rule of one file.
+            ``placement`` (``rank`` with a folder of several traces, or not the rank of its
+            ``distributedInfo``), or a format rule of one file.
     """
     folder = Path(folder)
     files = trace_files(folder)
     if not files:
         raise TraceFormatError(folder, "no trace", "no *.json or *.json.gz PyTorch profiler trace in the folder")
-    ranks = [read_rank_trace(p) for p in files]
+    if rank is not None and len(files) > 1:
+        raise TraceFormatError(
+            folder, "placement", f"--rank {rank} names the rank of a folder of one trace; this one holds {len(files)} "
+            "(their ranks come from distributedInfo, else from the file names: rank-<r> / rank<r>)"
+        )  # fmt: skip
+    ranks = [read_rank_trace(p, world_size, rank if rank is not None else rank_from_name(p)) for p in files]
+    if rank is not None and ranks[0].rank != rank:
+        raise TraceFormatError(files[0], "placement", f"--rank {rank}, but its distributedInfo.rank is {ranks[0].rank}")
     world = ranks[0].world_size
     seen: dict[int, Path] = {}
     for rt in ranks:
@@ -148,6 +171,12 @@ def convert(run: KinetoRun) -> Converted:
         )
     else:
         notes.append(f"all {run.world_size} ranks traced: every group's members issue the same collectives (checked)")
+    given = [rt.rank for rt in ranks if rt.placed == "given"]
+    if given:
+        notes.append(
+            f"no distributedInfo in the trace(s) of rank(s) {', '.join(map(str, given))}: placed by the world size "
+            f"{run.world_size} given and the rank given or named by the file"
+        )
     if by_kernel < len(colls):
         notes.append(
             f"{len(colls) - by_kernel} of {len(colls)} collectives timed by their CPU op (no NCCL kernel found for "

@@ -7,9 +7,11 @@ one and renames it into place, so readers see the previous database or the new o
 a half-built one. The database holds copies (not views over the Parquet paths), so it can
 be moved or queried from any working directory.
 
-Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run, bin, directed pair),
+Tables (one row per ...): ``runs`` (run), ``flows_100ms`` (run of 100 ms bins, bin, directed pair),
+``flows_binned`` (run at its ``bin_s``, bin, directed pair),
 ``windows`` (run, window), ``flows`` (network flow), ``steps`` (step), ``step_anatomy``
-(step, host), ``run_status`` (run of the matrix, included or not, with the reason).
+(step, host), ``link_bins`` (run, bin, directed link), ``run_status`` (run of the matrix, included or
+not, with the reason).
 Views: :data:`VIEWS`. Every table, view and documented column carries a ``COMMENT``
 (``select * from duckdb_views()``, ``duckdb_columns()``).
 
@@ -20,11 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: DuckDB's memory limit while building (beyond it, sorts and joins spill to a temporary folder beside
+#: the database; appends are written to the file as they go): the build of a 50 M-row flows_100ms
+#: stays within 2 GB of RSS (benchmarks/dataset_scale.py).
+MEMORY_LIMIT = "1GB"
 #: pandas dtype name -> DuckDB type.
 _SQL_TYPES = {"int64": "BIGINT", "float64": "DOUBLE", "str": "VARCHAR", "bool": "BOOLEAN"}
 
@@ -40,6 +47,8 @@ class Table:
     column_docs: Mapping[str, str] = field(default_factory=dict)
     add_run_id: bool = False  # the file has no run_id column: prepend it
     optional: bool = False  # a run without the file adds no rows (else: error)
+    from_runs: tuple[str, ...] = ()  # columns taken from the run's row of ``runs`` (r), not the file
+    run_filter: str | None = None  # SQL on ``runs`` (r): only the runs it holds for add rows
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ VIEWS: tuple[View, ...] = (
             FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
             WHERE s.steady GROUP BY ALL),
         window_pairs AS (
-            SELECT run_id, src_node, dst_node, sum(bytes) AS window_bytes FROM flows_100ms GROUP BY ALL)
+            SELECT run_id, src_node, dst_node, sum(bytes) AS window_bytes FROM flows_binned GROUP BY ALL)
         SELECT w.run_id, w.src_node, w.dst_node,
                coalesce(p.steady_bytes, 0) / n.n_steady AS bytes_per_step,
                coalesce(p.steady_flows, 0) / n.n_steady AS flows_per_step,
@@ -74,12 +83,12 @@ VIEWS: tuple[View, ...] = (
         LEFT JOIN step_pairs p USING (run_id, src_node, dst_node)
         ORDER BY run_id, src_node, dst_node
         """,
-        "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_100ms.",
+        "Bytes per directed node pair per run: one row per (run_id, src_node, dst_node) of flows_binned.",
         {
             "bytes_per_step": "network bytes of the pair in one steady step (mean over the steady steps), bytes",
             "flows_per_step": "network flows of the pair per steady step",
             "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
-            "window_bytes": "bytes of the pair over the 180 s window of flows_100ms, control traffic included",
+            "window_bytes": "bytes of the pair over the 180 s window (flows_binned), control traffic included",
         },
     ),
     View(
@@ -150,26 +159,70 @@ VIEWS: tuple[View, ...] = (
                    median(periodicity) AS median_periodicity, count(*) AS n_windows
             FROM windows WHERE window_s = 15 GROUP BY run_id)
         SELECT r.run_id, r.step_time_s, r.bin_s,
-               r.step_time_s < 2 * r.bin_s AS period_aliased,
-               CASE WHEN r.step_time_s >= 2 * r.bin_s THEN r.step_time_s
-                    ELSE 1 / nullif(abs(1 / r.step_time_s - round(r.bin_s / r.step_time_s) / r.bin_s), 0)
+               r.step_time_s < 2 * b.s AS period_aliased,
+               CASE WHEN r.step_time_s >= 2 * b.s THEN r.step_time_s
+                    ELSE 1 / nullif(abs(1 / r.step_time_s - round(b.s / r.step_time_s) / b.s), 0)
                END AS expected_period_s,
                w.median_period_s, w.median_periodicity, w.n_windows
-        FROM runs r LEFT JOIN w USING (run_id)
+        FROM runs r LEFT JOIN w USING (run_id), LATERAL (SELECT greatest(r.bin_s, 0.01) AS s) b
         ORDER BY run_id
         """,
         "The dominant_period_s feature against the step time, per run (15 s windows).",
         {
-            "period_aliased": "true when the step is shorter than two bins: dominant_period_s then reads the "
-            "step's alias, not the step time",
+            "period_aliased": "true when the step is shorter than two bins (of bin_s, at least 10 ms: finer bins "
+            "are folded in 10 ms sums): dominant_period_s then reads the step's alias, not the step time",
             "expected_period_s": "what dominant_period_s reads for this step: the step time, or its alias "
-            "1/|1/step - k/bin_s| (NULL: the step is a whole fraction of a bin)",
+            "1/|1/step - k/b| with b = max(bin_s, 10 ms) (NULL: the step is a whole fraction of a bin)",
             "median_period_s": "median of dominant_period_s over the run's 15 s windows",
             "median_periodicity": "median of periodicity over the run's 15 s windows",
         },
     ),
 )
 
+
+#: Views over ``link_bins`` (per-link traffic, ``lib/net/``): added to :data:`VIEWS`.
+LINK_VIEWS: tuple[View, ...] = (
+    View(
+        "link_utilisation",
+        """
+        SELECT run_id, t, bin_s, link_id, link_class, src, dst, bytes, capacity_bps,
+               bytes * 8 / bin_s / capacity_bps AS utilisation, routes
+        FROM link_bins
+        ORDER BY run_id, t, link_id
+        """,
+        "Utilisation of every directed link in every bin: one row per (run_id, t, link_id) of link_bins.",
+        {
+            "utilisation": "bytes * 8 / bin_s / capacity_bps: the link's mean load in the bin as a share of its "
+            "capacity (above 1 where the window's repetitions overlap a step's flows, or modelled routes stack "
+            "connections the simulator timed on other spines)",
+            "routes": "simulated (the paths the run's simulation used) | modelled (the same routing model, "
+            "ECMP as configured, assigned them: imported traces, or hash ECMP between racks)",
+        },
+    ),
+    View(
+        "hottest_links",
+        """
+        WITH per AS (
+            SELECT run_id, link_id, link_class, src, dst, capacity_bps, any_value(routes) AS routes,
+                   max(utilisation) AS peak_utilisation, arg_max(t, utilisation) AS peak_t,
+                   avg(utilisation) AS mean_utilisation, sum(bytes)::BIGINT AS window_bytes
+            FROM link_utilisation GROUP BY ALL)
+        SELECT row_number() OVER (PARTITION BY run_id ORDER BY peak_utilisation DESC, link_id) AS rank, *
+        FROM per
+        QUALIFY rank <= 10
+        ORDER BY run_id, rank
+        """,
+        "The 10 links of each run with the highest peak utilisation: one row per (run_id, rank).",
+        {
+            "rank": "1 = the link with the highest peak utilisation in the run (ties: lower link_id first)",
+            "peak_utilisation": "largest utilisation of the link over the window's bins",
+            "peak_t": "start of the (first) bin where the peak is reached, s",
+            "mean_utilisation": "mean utilisation of the link over the window",
+            "window_bytes": "bytes on the link over the window",
+        },
+    ),
+)
+VIEWS += LINK_VIEWS
 
 RUN_STATUS_DOC = (
     "Every run of the run matrix: included in the dataset tables (all checks passed) or not, with the reason."
@@ -215,7 +268,8 @@ def build_database(
     Args:
         out: the database file.
         tables: the base tables; each with a ``source`` is filled from
-            ``partition_dir[run_id] / source`` for every included run.
+            ``partition_dir[run_id] / source`` for every included run, one ``INSERT ... SELECT
+            FROM read_parquet(file)`` per run in run_id order (no table is held in memory).
         partition_dir: included run_id -> its partition folder.
         run_status: ``(run_id, status, reason)`` for every run of the matrix (the
             ``run_status`` table).
@@ -229,34 +283,33 @@ def build_database(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    spill = out.with_name(f".{out.name}.p{os.getpid()}.dir.tmp")
     rows: dict[str, int] = {}
     missing: dict[str, list[str]] = {}
     try:
         con = duckdb.connect(str(tmp))
         try:
             con.execute("SET threads TO 2")
+            con.execute(f"SET memory_limit = {_quote(MEMORY_LIMIT)}")
+            con.execute(f"SET temp_directory = {_quote(str(spill))}")  # spills there beyond the limit
             for t in tables:
                 cols = {"run_id": "str", **t.columns} if t.add_run_id else dict(t.columns)
                 ddl = ", ".join(f"{_ident(c)} {_sql_type(d)}" for c, d in cols.items())
                 con.execute(f"CREATE TABLE {_ident(t.name)} ({ddl})")
-                if t.source is not None:
-                    files: dict[str, str] = {}
+                if t.source is not None:  # run by run, in run_id order: DuckDB streams each file
                     for run_id in sorted(partition_dir):
                         f = Path(partition_dir[run_id]) / t.source
                         if t.optional and not f.exists():
                             missing.setdefault(t.name, []).append(run_id)
                             continue
-                        files[str(f)] = run_id
-                    if files:  # one statement per table: the file name gives the run_id
-                        sel = ", ".join(f"p.{_ident(c)}" for c in t.columns)
-                        prefix = "m.run_id, " if t.add_run_id else ""
-                        listing = ", ".join(_quote(f) for f in files)
-                        mapping = ", ".join(f"({_quote(f)}, {_quote(r)})" for f, r in files.items())
+                        sel = ", ".join(f"{'r' if c in t.from_runs else 'p'}.{_ident(c)}" for c in t.columns)
+                        prefix = f"{_quote(run_id)} AS run_id, " if t.add_run_id else ""
+                        joined = t.from_runs or t.run_filter  # after ``runs``, the first table
+                        runs = f" JOIN runs r ON r.run_id = {_quote(run_id)}" if joined else ""
+                        where = f" WHERE {t.run_filter}" if t.run_filter else ""
                         con.execute(
-                            f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} "
-                            f"FROM read_parquet([{listing}], filename = true) p "
-                            f"JOIN (VALUES {mapping}) m(file, run_id) ON p.filename = m.file "
-                            f"ORDER BY m.run_id"
+                            f"INSERT INTO {_ident(t.name)} SELECT {prefix}{sel} FROM read_parquet(?) p{runs}{where}",
+                            [str(f)],
                         )
                 _comment(con, "TABLE", t.name, t.description, t.column_docs)
             con.execute("CREATE TABLE run_status (run_id VARCHAR, status VARCHAR, reason VARCHAR)")
@@ -276,6 +329,7 @@ def build_database(
         for p in (tmp, tmp.with_name(tmp.name + ".wal")):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        shutil.rmtree(spill, ignore_errors=True)
     included = sorted(partition_dir)
     excluded = {r: why for r, status, why in run_status if status != "included"}
     return BuildResult(out, rows, included, excluded, missing)

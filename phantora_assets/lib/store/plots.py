@@ -10,6 +10,8 @@ Per run:
                     zoom on the first seconds where the step rhythm is visible
     step_anatomy    one steady step, per host: compute spans and network spans, with the
                     exposed-communication and idle totals
+    link_utilisation  per link class, the busiest link's utilisation in every bin (link_bins),
+                    over the window and in its first seconds
 Per dataset:
     bytes_vs_published   inter-node bytes per step: ours against the published figures
     step_time_by_layout  step time of every run by layout, per GPU (published as hollow marks)
@@ -33,6 +35,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "pair_heatmap": (640, 520),
     "timeseries": (1000, 560),
     "step_anatomy": (1000, 460),
+    "link_utilisation": (1000, 560),
     "bytes_vs_published": (1000, 720),
     "step_time_by_layout": (1000, 480),
 }
@@ -118,7 +121,8 @@ def timeseries(
     zoom_s: float = 5.0,
     path: Path | None = None,
 ) -> bytes:
-    """Gbit/s per 100 ms bin: the total and the ``top`` busiest directed pairs; full window and a zoom."""
+    """Gbit/s per bin (``bin_s`` wide, named in the title): the total and the ``top`` busiest directed pairs; full
+    window and a zoom."""
     from matplotlib.ticker import MaxNLocator
 
     fig = _figure("timeseries")
@@ -162,6 +166,49 @@ def timeseries(
         + (f" (step time {step_time_s * 1000:.1f} ms)" if step_time_s else ""),
         fontsize=10,
     )
+    az.set_xlabel(f"t (s); the first {zoom_s:g} s")
+    return _save(fig, path)
+
+
+_CLASS_COLORS = {"host_up": "#1f77b4", "leaf_spine": "#d62728", "spine_leaf": "#ff7f0e", "host_down": "#2ca02c"}
+
+
+def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, path: Path | None = None) -> bytes:
+    """Per link class, the largest utilisation (bytes * 8 / bin_s / capacity_bps, in %) over the class's
+    links in every bin of a ``link_bins`` table; the full window and a zoom on its first ``zoom_s`` s."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure("link_utilisation")
+    ax = fig.add_axes((0.07, 0.55, 0.76, 0.36))
+    az = fig.add_axes((0.07, 0.09, 0.76, 0.33))
+    util = link_bins["bytes"].to_numpy(np.float64) * 8 / link_bins["bin_s"].to_numpy(np.float64)
+    util = 100 * util / link_bins["capacity_bps"].to_numpy(np.float64)
+    t = link_bins["t"].to_numpy(np.float64)
+    grid, ti = np.unique(t, return_inverse=True)
+    bin_s = float(link_bins["bin_s"].iloc[0]) if len(link_bins) else 0.1
+    cls = link_bins["link_class"].to_numpy()
+    for name, color in _CLASS_COLORS.items():
+        sel = cls == name
+        if not sel.any():
+            continue
+        peak = np.zeros(len(grid))
+        np.maximum.at(peak, ti.reshape(-1)[sel], util[sel])
+        n_links = int(link_bins.loc[sel, "link_id"].nunique())
+        label = f"{name}\n({n_links} links)"
+        zoom = grid < zoom_s
+        ax.plot(grid, peak, drawstyle="steps-post", color=color, lw=0.9, alpha=0.8, label=label)
+        az.plot(grid[zoom], peak[zoom], drawstyle="steps-post", color=color, lw=0.9, alpha=0.8)
+    end = float(grid.max()) + bin_s if len(grid) else bin_s
+    ax.set_xticks(np.linspace(0, end, 4))
+    az.set_xticks(np.arange(0, zoom_s + 1e-9, 1.0))
+    for a, lim in ((ax, end), (az, zoom_s)):
+        a.yaxis.set_major_locator(MaxNLocator(3))
+        a.set_xlim(0, lim)
+        a.set_ylim(bottom=0)
+        a.set_ylabel("utilisation (%)")
+    routes = str(link_bins["routes"].iloc[0]) if len(link_bins) else ""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title(f"{run_id}: busiest link per class, {bin_s * 1000:g} ms bins (routes {routes})", fontsize=10)
     az.set_xlabel(f"t (s); the first {zoom_s:g} s")
     return _save(fig, path)
 

@@ -1,4 +1,4 @@
-"""The 180 s / 100 ms ``flows_100ms`` build (docs/DATASET.md, "How a trace becomes the dataset", steps 4 and 5).
+"""The 180 s binned build at any ``bin_s`` (docs/DATASET.md, "How a trace becomes the dataset", steps 4-5).
 
 One steady step's network flows are repeated back to back over the window, with a
 random length per repetition and a random phase, then summed into bins together with
@@ -22,9 +22,11 @@ Placement (decisions):
   bin ``[e0, e1)`` are ``C(e1) - C(e0)`` and its in-window share is
   ``C(window) - C(0)``; both telescope, so per-instance sums are exact. A 0-duration
   flow puts all its bytes into the bin containing ``a`` (if ``0 <= a < window``).
-* Control traffic: each node sends ``control_bytes_per_s * bin_s`` bytes per bin (must
+* Control traffic: each node sends ``control_bytes_per_s * 0.1`` bytes per 100 ms (must
   be an integer), split evenly over the other nodes; the remainder goes one byte each
-  to the lowest destination indices. One node: no control traffic.
+  to the lowest destination indices. A pair sends its share at a constant rate, counted
+  by the same cumulative floor (``lib/bins/width.control_bins``): 100 ms bins hold the
+  split, and bins of any width sum to them exactly. One node: no control traffic.
 * Randomness: ``numpy.random.default_rng(seed)`` with ``seed`` = the first 8 bytes of
   ``sha256(run_id)`` (big-endian). Draw order: the factors of repetitions 0..K-1
   (K fixed by window, step time and jitter), then the phase, then the factors of the
@@ -40,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, add_control
 
 NS_PER_S = 1_000_000_000
 NS_PER_US = 1_000
@@ -245,7 +248,7 @@ def build_bins(
 
     Raises:
         ValueError: invalid arguments, ``window_s`` not a multiple of ``bin_s``,
-            ``control_bytes_per_s * bin_s`` not an integer, or step_flows breaking
+            ``control_bytes_per_s * 0.1`` not an integer, or step_flows breaking
             ``STEP_FLOW_COLUMNS`` (missing columns, negative values, bad node indices).
     """
     if n_nodes < 1:
@@ -258,7 +261,7 @@ def build_bins(
     if window_ns % bin_ns:
         raise ValueError(f"window_s={window_s!r} is not a multiple of bin_s={bin_s!r}")
     n_bins = window_ns // bin_ns
-    control = control_matrix(n_nodes, control_bytes_per_s, bin_s)
+    control = control_matrix(n_nodes, control_bytes_per_s, CONTROL_SPLIT_NS / NS_PER_S)  # per 100 ms
     _validate_step_flows(step_flows, n_nodes)
 
     offset_ns = np.rint(step_flows["offset_us"].to_numpy(np.float64) * NS_PER_US).astype(np.int64)
@@ -292,11 +295,8 @@ def build_bins(
             placed += _place_spread(acc, a, d, b, p, n_pairs, bin_ns, n_bins, window_ns)
 
     control_bytes = 0
-    if n_pairs:
-        off_diag = ~np.eye(n_nodes, dtype=bool)
-        control_per_bin = control[off_diag]  # row-major (src, dst) order == pair index
-        acc += np.tile(control_per_bin, n_bins)
-        control_bytes = int(control_per_bin.sum()) * n_bins
+    if n_pairs:  # control[off-diagonal], row-major (src, dst) order == pair index
+        control_bytes = add_control(acc.reshape(n_bins, n_pairs), control[~np.eye(n_nodes, dtype=bool)], bin_ns)
 
     src_of_pair, dst_of_pair = np.nonzero(~np.eye(n_nodes, dtype=bool))
     t = np.round(np.arange(n_bins, dtype=np.int64) * bin_ns / NS_PER_S, 6)

@@ -8,7 +8,8 @@ Dominant period and aliasing
 ----------------------------
 ``dominant_period_s`` folds the bin series at candidate periods ``P`` from two bins to half
 the window (phase-dispersion minimisation: the series compared with itself at any real lag,
-which an autocorrelation over whole-bin lags cannot do) and keeps the period whose mean
+which an autocorrelation over whole-bin lags cannot do; bins under 10 ms are summed into 10 ms
+first, ``lib/bins/width.period_group``, as the fold costs the square of the bins) and keeps the period whose mean
 folded profile leaves the least variance, preferring ``P/2`` or ``P/3`` when they fold
 nearly as well (a fold at a multiple of the period always fits); ``periodicity`` is the
 share of variance that profile explains (adjusted R^2).
@@ -38,6 +39,8 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+
+from phantora_assets.lib.bins.width import period_group
 
 #: Fewer bins than this (or a gap in the window): no spectral peak / period (NaN).
 MIN_BINS_FOR_PERIOD = 4
@@ -113,32 +116,49 @@ def _spectral_peaks(x: np.ndarray, bin_s: float) -> np.ndarray:
 
 @functools.lru_cache(maxsize=16)
 def _fold_plan(n_bins: int, bin_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Candidate frequencies, the one-hot phase matrix ``(C*M, n_bins)``, counts ``(C, M)``, ``M``."""
+    """Candidate frequencies, each bin's phase bin ``(C, n_bins)`` (int8), counts ``(C, M)``, ``M``."""
     m = max(2, min(MAX_PHASE_BINS, n_bins // 5))
     f_lo = MIN_CYCLES / (n_bins * bin_s)
     f_hi = 1.0 / (2.0 * bin_s)
     df = 1.0 / (2.0 * m * n_bins * bin_s)
     if f_lo > f_hi:
-        return np.zeros(0), np.zeros((0, n_bins)), np.zeros((0, m)), m
+        return np.zeros(0), np.zeros((0, n_bins), dtype=np.int8), np.zeros((0, m)), m
     n_c = int(np.floor((f_hi - f_lo) / df + 1e-9)) + 1
     freqs = f_lo + df * np.arange(n_c)
     # phase of each bin's start; the 1/(2M) offset puts a whole-bin period's samples mid-phase-bin
     cycles = np.outer(freqs * bin_s, np.arange(n_bins)) + 0.5 / m
-    phase = np.minimum((np.mod(cycles, 1.0) * m).astype(np.int64), m - 1)
-    onehot = np.zeros((n_c, m, n_bins))
-    onehot[np.arange(n_c)[:, None], phase, np.arange(n_bins)[None, :]] = 1.0
-    counts = onehot.sum(axis=2)
-    return freqs, onehot.reshape(n_c * m, n_bins), counts, m
+    phase = np.minimum((np.mod(cycles, 1.0) * m).astype(np.int64), m - 1).astype(np.int8)
+    counts = (phase[:, None, :] == np.arange(m, dtype=np.int8)[None, :, None]).sum(axis=2).astype(np.float64)
+    return freqs, phase, counts, m
+
+
+#: Elements of the one-hot phase matrix multiplied at once (64 MB of float64): a longer fold goes in parts.
+_FOLD_CHUNK = 1 << 23
+
+
+def _fold_sums(phase: np.ndarray, m: int, z: np.ndarray) -> np.ndarray:
+    """``(C, M, k)``: the sum of each column of ``z`` ``(n, k)`` over the bins of each phase bin of each candidate."""
+    n_c, n = phase.shape
+    rows = max(1, _FOLD_CHUNK // max(1, m * n))
+    out = np.empty((n_c, m, z.shape[1]))
+    for c0 in range(0, n_c, rows):
+        ph = phase[c0 : c0 + rows]
+        onehot = np.zeros((len(ph), m, n))
+        onehot[np.arange(len(ph))[:, None], ph, np.arange(n)[None, :]] = 1.0
+        out[c0 : c0 + rows] = (onehot.reshape(len(ph) * m, n) @ z).reshape(len(ph), m, z.shape[1])
+    return out
 
 
 def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Phase-dispersion minimisation for each row of ``x``: (period_s, periodicity)."""
     k, n = x.shape
+    if (g := period_group(n, float(bin_s))) > 1:  # bins under 10 ms: searched in 10 ms sums
+        x, n, bin_s = x.reshape(k, n // g, g).sum(axis=2), n // g, bin_s * g
     period = np.full(k, np.nan)
     strength = np.full(k, np.nan)
     if n < MIN_BINS_FOR_PERIOD or k == 0:
         return period, strength
-    freqs, onehot, counts, _m = _fold_plan(n, float(bin_s))
+    freqs, phase, counts, m = _fold_plan(n, float(bin_s))
     xc = x - x.mean(axis=1, keepdims=True)
     total = (xc**2).sum(axis=1)
     ok = total > 0
@@ -146,7 +166,7 @@ def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarr
         return period, strength
     scale = np.sqrt(total[ok] / n)
     z = (xc[ok] / scale[:, None]).T  # (n, k_ok), unit variance
-    sums = (onehot @ z).reshape(len(freqs), -1, z.shape[1])  # (C, M, k_ok)
+    sums = _fold_sums(phase, m, z)  # (C, M, k_ok)
     occupied = counts > 0
     between = (sums**2 / np.where(occupied, counts, 1.0)[:, :, None]).sum(axis=1)  # (C, k_ok)
     dof = n - occupied.sum(axis=1)  # (C,)

@@ -233,3 +233,40 @@ def _coarser(
     _counts, r, same = _reference(cs, per, best, repeating)
     k = g * cut.period.get(r, best[r]) // best[r]
     return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)
+
+
+#: Steps of several equal parts: the parts' starts within this share of their median gap.
+PART_REL_TOL = 0.10
+
+
+def split_with_extras(cs: _Calls, cut: _Cut) -> str | None:
+    """Why the steps of ``cut`` may be ``g`` iterations with an occasional collective, or None (steps
+    module docstring, "Steps of equal parts"): an anchor sequence whose step of ``q`` calls, once the
+    calls of kinds occurring a number of times not divisible by ``g`` are left out (fewer than the
+    rest), is ``g >= 2`` copies of one block whose starts are evenly spaced in time (every gap
+    within ``PART_REL_TOL`` of the median, over the last ``min(full periods, 4)`` steps)."""
+    for i in cut.anchors:
+        q, n = cut.period[i], min(cut.counts[i], 4)
+        end = int(cs.seq_call_start[i] + cs.seq_len[i])
+        toks = cs.call_tok[end - q : end]
+        kinds, inverse, counts = np.unique(toks, return_inverse=True, return_counts=True)
+        times = cs.call_starts(i, q, n)[::-1]  # (n, q), oldest period first
+        for g in (g for g in range(2, min(q, MAX_REPETITIONS + 1)) if (counts % g == 0).any()):
+            extra = (counts % g != 0)[inverse]
+            keep = np.flatnonzero(~extra)
+            if not extra.any() or len(keep) <= int(extra.sum()) or len(keep) % g:
+                continue
+            size = len(keep) // g
+            block = toks[keep].reshape(g, size)
+            if not (block == block[0]).all():
+                continue
+            starts = times[:, keep[::size]].reshape(-1)
+            gaps = np.diff(starts)
+            med = float(np.median(gaps)) if len(gaps) >= 2 else 0.0
+            if med > 0 and float(np.abs(gaps - med).max()) <= PART_REL_TOL * med:
+                return (
+                    f"{cs.name(i)}: each step of {q} calls is {g} copies of a block of {size} calls {med:.3f} us "
+                    f"apart plus {int(extra.sum())} other calls: steps of {q} calls, or of {size} calls with extra "
+                    "calls in some of them (an occasional collective); the trace has no compute rhythm to tell"
+                )
+    return None

@@ -34,6 +34,8 @@ PERIOD_REL_TOL = 0.05
 TOKEN_REL_TOL = 0.01
 #: The communicators' step and the compute rhythm agree within this share.
 AGREE_REL_TOL = 0.10
+#: Steps that are no rhythm are kept (as late steps) when at most this share is off the median.
+LATE_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -318,3 +320,47 @@ def repeated_block(cs: _Calls, per: list[_Periodicity], cut: _Cut) -> str | None
                     "of them (an occasional collective); the trace has no compute rhythm to tell"
                 )
     return None
+
+
+def _is_rhythm(d: np.ndarray) -> bool:
+    """Every value of ``d`` (us) within ``AGREE_REL_TOL`` of their median (a positive one)."""
+    med = float(np.median(d))
+    return med > 0 and float(np.abs(d - med).max()) <= AGREE_REL_TOL * med
+
+
+def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -> _Cut:
+    """``cut`` when its steady steps are a rhythm in time (steps module docstring, "Steps in
+    rhythm"; for traces with no compute rhythm), else the steps of ``g`` times as many calls
+    (``coarsen(g)``) when the steady steps' durations repeat every ``g >= 2`` steps (at least 2
+    cycles) and those steps are a rhythm; a run of 4 or more steady steps that are no rhythm and no
+    cycle is kept when at most ``LATE_SHARE`` of them are off their median (late steps).
+
+    Raises:
+        StepDetectionError: ``"steps ambiguous"``: a cycle whose coarser steps fail, or steps that
+            are no rhythm, no cycle, and more than ``LATE_SHARE`` of them off their median.
+    """
+    s = cut.starts[cut.first_steady :]
+    d = np.diff(s[np.isfinite(s)])
+    if len(d) < 2 or _is_rhythm(d):
+        return cut
+    seen = f"the steady steps last {', '.join(f'{x:.3f}' for x in d[:6])}{' ...' if len(d) > 6 else ''} us"
+    for g in range(2, len(d) // 2 + 1):
+        sums = np.convolve(d, np.ones(g), "valid")
+        if not _is_rhythm(sums) or float(np.abs(d[g:] - d[:-g]).max()) > AGREE_REL_TOL * float(np.median(sums)):
+            continue
+        got = coarsen(g)
+        if not isinstance(got, str):
+            t = got.starts[got.first_steady :]
+            if len(np.diff(t[np.isfinite(t)])) >= 1 and _is_rhythm(np.diff(t[np.isfinite(t)])):
+                return got
+            got = "those steps are no rhythm either"
+        raise _fail(src, "steps ambiguous", f"{seen}, a cycle of {g} steps; steps of {g} times as many calls: {got}")
+    off = int((np.abs(d - np.median(d)) > AGREE_REL_TOL * np.median(d)).sum())
+    if off > LATE_SHARE * len(d):
+        raise _fail(
+            src,
+            "steps ambiguous",
+            f"{seen}: no rhythm, {off} of {len(d)} off their median (more than {LATE_SHARE:.0%}: not a late "
+            "step or two, and no cycle of steps to tell a step of several parts)",
+        )
+    return cut

@@ -92,6 +92,17 @@ Definitions used here (all documented choices):
   rhythm, a period of ``q`` calls that ends with a block of ``b`` calls (``2 <= b <= q/3``, 2 kinds)
   repeated 3+ times (one communicator with an extra call every few steps) is refused:
   ``"steps ambiguous"`` (:func:`~phantora_assets.lib.traffic.step_verify.repeated_block`).
+* **Steps in rhythm** (no compute rhythm; :func:`~phantora_assets.lib.traffic.step_verify.steps_in_rhythm`):
+  the steady steps must be a rhythm in time (every gap between step starts within 10 % of their
+  median). Gaps that repeat every ``g >= 2`` steps (two calls 120 us apart in a 1000 us iteration
+  give steps of 120 and 880 us) are a step of ``g`` times as many calls, kept when those steps are a
+  rhythm, else ``"steps ambiguous"``; gaps that are no rhythm and no cycle are kept as late steps when
+  at most 15 % of them are off their median, else refused (``"steps ambiguous"``).
+* **Steps of equal parts** (no compute rhythm;
+  :func:`~phantora_assets.lib.traffic.step_coarse.split_with_extras`): an anchor whose step is ``g >= 2``
+  copies of one block of calls, evenly spaced in time, plus a few other calls (a call every 2nd
+  iteration on a communicator that calls every iteration makes a 2-iteration period) is refused:
+  ``"steps ambiguous"``, a step of several iterations or an occasional collective.
 * **Compute rhythm** (``compute`` given; :mod:`~phantora_assets.lib.traffic.step_verify`): each
   host's Computation events, as a sequence of durations, have a period (the same longest-tail
   rule); its length in time is the compute rhythm (none when a host's periods differ by more
@@ -116,9 +127,15 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap
+from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap, split_with_extras
 from phantora_assets.lib.traffic.step_cut import _cut, _fail, _Periodicity, _primary_periods, _sequences, _start_aligned
-from phantora_assets.lib.traffic.step_verify import agree_with_compute, compute_rhythm, occasional, repeated_block
+from phantora_assets.lib.traffic.step_verify import (
+    agree_with_compute,
+    compute_rhythm,
+    occasional,
+    repeated_block,
+    steps_in_rhythm,
+)
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
 MIN_REPEATS = 3
@@ -300,7 +317,9 @@ def detect_steps(
     rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
     coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
     cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
-    block = repeated_block(cs, per, cut) if rhythm is None else None
+    if rhythm is None:
+        cut = steps_in_rhythm(cut, coarser, src)
+    block = (repeated_block(cs, per, cut) or split_with_extras(cs, cut)) if rhythm is None else None
     if block is not None:
         raise _fail(src, "steps ambiguous", block)
     period, steps, starts = cut.period, cut.steps, cut.starts

@@ -1,4 +1,4 @@
-"""Detector features per non-overlapping 1 s and 15 s window of a run's 100 ms bins.
+"""Detector features per non-overlapping 1 s and 15 s window of a run's bins (``bin_s``; v1: 100 ms).
 
 Grain: one row per ``(run_id, window_s, window_start_s)``. Windows are aligned to
 ``t = 0`` and do not overlap; window ``k`` of size ``w`` holds the bins with
@@ -10,8 +10,10 @@ window is one ``GROUP BY`` of ``flows_100ms`` away (and the pair distribution en
 here through ``n_active_pairs``, ``pair_entropy_bits`` and ``top_pair_share``).
 
 Notation for one window: ``X[i, p]`` bytes of pair ``p`` in bin ``i`` (``n_bins`` bins
-of ``b`` seconds, the run's pairs), ``c[p]`` the control-only bytes pair ``p`` gets per
-bin, ``x[i] = sum_p X[i, p]`` the bin series, ``T[p] = sum_i X[i, p]`` the pair totals.
+of ``b`` seconds, the run's pairs), ``c[p]`` the control-only bytes pair ``p`` gets in the
+bin (the same in every bin at 100 ms and its multiples; at finer widths the build's
+cumulative count of the pair's constant rate, ``lib/bins/width.control_bins``, so ``c[i, p]``),
+``x[i] = sum_p X[i, p]`` the bin series, ``T[p] = sum_i X[i, p]`` the pair totals.
 Each feature is defined once, in :data:`FEATURES` (formula, unit, edge cases, valid
 range); :func:`feature_markdown` renders the registry for the README and the pandera
 model of ``windows.csv`` is built from it.
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, bin_ns, control_bins
 from phantora_assets.lib.traffic.binning import control_matrix
 from phantora_assets.lib.traffic.periodicity import (
     _dominant_periods,
@@ -190,11 +193,14 @@ def _control_vector(
     control: int | Mapping[tuple[int, int], int] | None,
     bin_s: float,
     control_bytes_per_s: float,
+    n_total: int,
 ) -> np.ndarray:
-    if control is None:
+    """Control-only bytes per bin: ``(n_pairs,)``, the same in every bin, or ``(n_total, n_pairs)``."""
+    if control is None:  # the build's rule at the run's width: per bin, or one value for every bin
         n_nodes = 1 + max((max(s, d) for s, d in pairs), default=0)
-        m = control_matrix(n_nodes, control_bytes_per_s, bin_s)
-        return np.asarray([m[s, d] for s, d in pairs], dtype=np.int64)
+        m = control_matrix(n_nodes, control_bytes_per_s, CONTROL_SPLIT_NS / 1e9)
+        per_split = np.asarray([m[s, d] for s, d in pairs], dtype=np.int64)
+        return control_bins(per_split, bin_ns(bin_s), n_total)
     if isinstance(control, Mapping):
         missing = [p for p in pairs if p not in control]
         if missing:
@@ -215,7 +221,8 @@ def _windows_of(
     x = Xw.sum(axis=2)  # (k, nb); absent bins hold 0
     T = Xw.sum(axis=1)  # (k, n_pairs)
     total = x.sum(axis=1)
-    above = (Xw > control[None, None, :]) & pres[:, :, None]
+    ctrl = control[None, None, :] if control.ndim == 1 else control[: k * nb].reshape(k, nb, n_pairs)
+    above = (Xw > ctrl) & pres[:, :, None]
     active = above.any(axis=1)
     n_active = active.sum(axis=1)
     active_bytes = np.where(active, T, 0).sum(axis=1).astype(np.float64)
@@ -286,8 +293,8 @@ def compute_window_features(
         window_s: length of the binned run, seconds; windows cover ``[0, window_s)``.
         control_bytes_per_pair_bin: control-only bytes per bin of a pair: a scalar for
             every pair, a mapping ``(src, dst) -> bytes``, or None to derive it from
-            the build rule (:func:`phantora_assets.lib.traffic.binning.control_matrix` with
-            ``control_bytes_per_s`` and the node count seen in the run's bins).
+            the build rule (``binning.control_matrix`` split per 100 ms, counted per bin at ``bin_s``
+            by ``lib/bins/width.control_bins``, with ``control_bytes_per_s`` and the node count seen).
         control_bytes_per_s: control traffic per node, used only when
             ``control_bytes_per_pair_bin`` is None.
 
@@ -314,7 +321,7 @@ def compute_window_features(
     frames: list[pd.DataFrame] = []
     for rid, run_bins in groups:
         X, present, pairs = _dense_matrix(run_bins, bin_s, n_total)
-        control = _control_vector(pairs, control_bytes_per_pair_bin, bin_s, control_bytes_per_s)
+        control = _control_vector(pairs, control_bytes_per_pair_bin, bin_s, control_bytes_per_s, n_total)
         for w, nb in sorted(per_window):
             k = n_total // nb
             if k == 0:

@@ -1,0 +1,30 @@
+"""Group ``links``: per-link traffic of the run's leaf-spine (``stages/links.py``)."""
+
+import dagster as dg
+
+from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
+from phantora_assets.resources import DataRoot
+from phantora_assets.stages import links as stage
+
+
+def build(p: Partitions) -> list[dg.AssetsDefinition]:
+    """``link_bins`` (by run)."""
+
+    @dg.asset(
+        partitions_def=p.runs,
+        group_name="links",
+        deps=["validated_flows"],
+        check_specs=check_specs("link_bins"),
+        kinds={"parquet"},
+        description="One row per (t, directed link) of the run's leaf-spine (host_up, leaf_spine, spine_leaf, "
+        "host_down): bytes on the link in each bin of the 180 s window, the flows placed as binned_flows places "
+        "them and routed by the network model (ECMP as configured); capacity in bit/s; routes = simulated | "
+        "modelled. Control traffic is on no link.",
+    )
+    def link_bins(context: dg.AssetExecutionContext, data: DataRoot):
+        with failure_recorded(p, context, data, "link_bins") as spec:
+            result = stage.link_bins_stage(spec, data.paths)
+        yield dg.MaterializeResult(metadata=stage_metadata(result))
+        yield from check_results(result, "link_bins")
+
+    return [link_bins]

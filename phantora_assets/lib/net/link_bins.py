@@ -1,0 +1,218 @@
+"""Bytes per (directed link, bin) of the 180 s window: ``link_bins`` (README, "What each asset holds").
+
+Every flow of the chosen steady step is placed over the window exactly as ``binned_flows`` places it
+(``lib/traffic/binning.build_bins``: the same repetitions, lengths, phase and seed from the run id, the
+same bin width and cumulative-floor split of a flow's bytes over the bins it overlaps), and its bytes
+appear on every link of its path (``lib/net/routes.flow_links``). The bins of a link are computed by
+``build_bins`` itself: each (flow, link of its path) becomes one flow on a virtual node pair that stands
+for the link, so the split rule is binning's, not a copy of it. A ``split`` flow's fabric hop is binned
+once per (rack, direction) and each bin's bytes are divided over the ``S`` spines: ``b // S`` each, the
+remainder one byte each to the lowest spine numbers, so every bin still adds up to the byte.
+
+Not on any link: flows inside one host (as in ``binned_flows``) and the synthetic control traffic
+(``flows_100ms``'s 5 kB/s per node, which no collective sends): ``link_bins`` on the ``host_up`` links
+sums to ``flows_100ms`` minus its control bytes.
+
+Conservation per link class ``c`` (the ``link_bins_conserve_bytes`` check)::
+
+    sum over links of class c and bins of bytes == sum over network flow instances of
+        (in-window bytes) x (the path's coefficients on links of class c)
+
+i.e. ``host_up`` and ``host_down`` hold every network byte once, ``leaf_spine`` and ``spine_leaf`` every
+byte between racks once (a ``hash`` or ``first`` path has one such link, a ``split`` path ``S`` links of
+``1/S``). The right side is binned on its own (:func:`expected_class_bytes`), from the flows alone.
+No Dagster import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.columns import STEP_FLOW_COLUMNS
+from phantora_assets.lib.net.routes import LINK_CLASSES, flow_links, link_table
+from phantora_assets.lib.sim.network import Topology
+from phantora_assets.lib.traffic.binning import build_bins, exact_sum
+
+#: link_bins rows: bytes on one directed link in the bin starting at t.
+LINK_BIN_COLUMNS: dict[str, str] = {
+    "run_id": "str",
+    "t": "float64",  # bin start, s (as flows_100ms)
+    "bin_s": "float64",  # bin width, s
+    "link_id": "int64",  # lib/net/routes.py numbering
+    "link_class": "str",  # host_up | leaf_spine | spine_leaf | host_down
+    "src": "str",  # host-k | leaf-k | spine-k
+    "dst": "str",
+    "bytes": "int64",  # bytes on the link in the bin
+    "capacity_bps": "float64",  # link capacity, bits per second
+    "routes": "str",  # simulated | modelled (lib/net/routes.routes_kind)
+}
+
+#: What each column means (the DuckDB column comments).
+LINK_BIN_DOCS: dict[str, str] = {
+    "t": "bin start, s (0 <= t < 180 s)",
+    "bin_s": "bin width, s",
+    "link_id": "the link's number: host_up h, host_down H + h, leaf_spine 2H + r*S + j, spine_leaf 2H + R*S + r*S + j",
+    "link_class": "host_up | leaf_spine | spine_leaf | host_down",
+    "src": "sending end: host-k, leaf-k (the ToR of rack k) or spine-k",
+    "dst": "receiving end",
+    "bytes": "bytes on the link in the bin",
+    "capacity_bps": "link capacity in one direction, bit/s",
+    "routes": "simulated (the run's simulation used these paths) | modelled (the routing model assigned them)",
+}
+
+
+@dataclass(frozen=True)
+class LinkBins:
+    """Result of :func:`build_link_bins`: ``table`` (``LINK_BIN_COLUMNS``, dense: every bin x every
+    link, sorted by (t, link_id)) and the bytes per link class it holds (exact Python ints)."""
+
+    table: pd.DataFrame
+    class_bytes: dict[str, int]
+
+
+def _pairs(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Virtual (src, dst) node pairs of ``n_keys`` keys: key ``k`` is pair index ``k`` of ``m`` nodes
+    (``build_bins``' dense pair order ``src * (m - 1) + (dst if dst < src else dst - 1)``)."""
+    m = max(2, math.ceil((1 + math.sqrt(1 + 4 * n_keys)) / 2))
+    while m * (m - 1) < n_keys:
+        m += 1
+    src = keys // (m - 1)
+    rest = keys % (m - 1)
+    return src, np.where(rest < src, rest, rest + 1), m
+
+
+def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int, **bin_args) -> tuple[np.ndarray, int]:
+    """Bytes per (bin, key) of the (flow, key) rows ``fi, keys``, placed by ``build_bins`` without
+    control traffic: an ``(n_bins, n_keys)`` int64 array, and the placed bytes."""
+    src, dst, m = _pairs(keys, n_keys)
+    virtual = pd.DataFrame(
+        {
+            "offset_us": flows["offset_us"].to_numpy(np.float64)[fi],
+            "dur_us": flows["dur_us"].to_numpy(np.float64)[fi],
+            "src_node": src,
+            "dst_node": dst,
+            "bytes": flows["bytes"].to_numpy(np.int64)[fi],
+        },
+        columns=list(STEP_FLOW_COLUMNS),
+    )
+    built = build_bins(virtual, n_nodes=m, control_bytes_per_s=0, **bin_args)
+    per_bin = built.bins["bytes"].to_numpy(np.int64).reshape(-1, m * (m - 1))
+    return per_bin[:, :n_keys], int(built.placed_flow_bytes)
+
+
+def build_link_bins(
+    step_flows: pd.DataFrame,
+    conn: np.ndarray,
+    topo: Topology,
+    *,
+    step_time_s: float,
+    run_id: str,
+    routes: str,
+    window_s: float = 180.0,
+    bin_s: float = 0.1,
+    jitter: float = 0.02,
+) -> LinkBins:
+    """Bytes per (directed link, bin) of the window (module docstring).
+
+    Args:
+        step_flows: ``STEP_FLOW_COLUMNS`` rows, one steady step's network flows (``binned_flows``'
+            input, any row order).
+        conn: int64 ECMP key per row (``routes.connection_keys``).
+        topo: the run's network (``n_hosts`` = the run's nodes).
+        step_time_s, run_id, window_s, bin_s, jitter: as ``binning.build_bins`` (the same values as
+            ``binned_flows`` give the same placement).
+        routes: ``simulated`` or ``modelled`` (``routes.routes_kind``), written in every row.
+
+    Returns:
+        A :class:`LinkBins`.
+
+    Raises:
+        ValueError: as ``build_bins`` (bad step flows or window), or a node outside the topology.
+    """
+    links = link_table(topo)
+    n_links = len(links)
+    fi, li, co = flow_links(
+        topo, step_flows["src_node"].to_numpy(np.int64), step_flows["dst_node"].to_numpy(np.int64), conn
+    )
+    s, fabric0 = topo.nspines, 2 * topo.n_hosts
+    split = co != 1.0
+    # a split flow's fabric hop: one row per (flow, rack group) -- group g = n_links + (link - 2H) // S
+    keys = np.where(split, n_links + (li - fabric0) // s, li)
+    keep = ~split | ((li - fabric0) % s == 0)
+    fi, keys = fi[keep], keys[keep]
+    n_groups = 2 * topo.n_racks if split.any() else 0
+    args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
+    n_bins = int(round(window_s / bin_s))
+    if len(fi):
+        per_key, _ = _bin_keys(step_flows, fi, keys, n_links + n_groups, **args)
+    else:
+        per_key = np.zeros((n_bins, n_links + n_groups), dtype=np.int64)
+    per_link = per_key[:, :n_links].copy()
+    for g in range(n_groups):  # divide the group's bytes over its S spines, remainder to the lowest
+        base, rem = np.divmod(per_key[:, n_links + g], s)
+        for j in range(s):
+            per_link[:, fabric0 + g * s + j] += base + (j < rem)
+    n_bins = per_link.shape[0]
+    t = np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6)
+    rep = lambda col: np.tile(links[col].to_numpy(), n_bins)
+    table = pd.DataFrame(
+        {
+            "run_id": pd.Series([run_id] * (n_bins * n_links), dtype=object),
+            "t": np.repeat(t, n_links).astype(np.float64),
+            "bin_s": np.full(n_bins * n_links, float(bin_s)),
+            "link_id": rep("link_id").astype(np.int64),
+            "link_class": pd.Series(rep("link_class"), dtype=object),
+            "src": pd.Series(rep("src"), dtype=object),
+            "dst": pd.Series(rep("dst"), dtype=object),
+            "bytes": per_link.ravel(),
+            "capacity_bps": rep("capacity_bps").astype(np.float64),
+            "routes": pd.Series([routes] * (n_bins * n_links), dtype=object),
+        },
+        columns=list(LINK_BIN_COLUMNS),
+    )
+    return LinkBins(table, class_bytes(table))
+
+
+def class_bytes(table: pd.DataFrame) -> dict[str, int]:
+    """Exact bytes per link class of a ``link_bins`` table (every class of :data:`LINK_CLASSES`)."""
+    out = {}
+    for c in LINK_CLASSES:
+        v = table.loc[table["link_class"].to_numpy() == c, "bytes"].to_numpy(np.int64)
+        out[c] = exact_sum(v) if len(v) else 0
+    return out
+
+
+def expected_class_bytes(
+    step_flows: pd.DataFrame, topo: Topology, *, step_time_s: float, run_id: str, **bin_args
+) -> dict[str, int]:
+    """The right side of the conservation rule, from the flows alone: the in-window bytes of the
+    network flows inside one rack and between racks, placed by ``build_bins`` as two virtual pairs;
+    ``host_up`` and ``host_down`` expect both, ``leaf_spine`` and ``spine_leaf`` the second."""
+    src = step_flows["src_node"].to_numpy(np.int64)
+    dst = step_flows["dst_node"].to_numpy(np.int64)
+    net = np.nonzero(src != dst)[0]
+    cross = (src[net] // topo.rack_size) != (dst[net] // topo.rack_size)
+    if not len(net):
+        return dict.fromkeys(LINK_CLASSES, 0)
+    per_key, _ = _bin_keys(
+        step_flows, net, cross.astype(np.int64), 2, step_time_s=step_time_s, run_id=run_id, **bin_args
+    )
+    intra, between = exact_sum(per_key[:, 0].copy()), exact_sum(per_key[:, 1].copy())
+    return {"host_up": intra + between, "leaf_spine": between, "spine_leaf": between, "host_down": intra + between}
+
+
+def conservation(got: dict[str, int], expected: dict[str, int]) -> tuple[bool, str]:
+    """``(passed, message)`` of the per-class rule: every class's bytes equal, to the byte."""
+    bad = [c for c in LINK_CLASSES if got.get(c) != expected.get(c)]
+    if not bad:
+        return True, "per link class, link_bins bytes = network flow bytes x links of that class on the path: " + (
+            ", ".join(f"{c} {got[c]}" for c in LINK_CLASSES)
+        )
+    return False, "link_bins does not conserve bytes: " + "; ".join(
+        f"{c}: table {got.get(c)} != flows {expected.get(c)} (by {(got.get(c) or 0) - (expected.get(c) or 0)})"
+        for c in bad
+    )

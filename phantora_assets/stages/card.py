@@ -1,0 +1,174 @@
+"""The dataset card, ``phantora_v0/README.md``, written with every export (no Dagster import).
+
+A Hugging Face dataset card: YAML front matter (``license``, ``configs``: one config per table,
+its Parquet files) so that ``datasets.load_dataset("<dir>/phantora_v0", "runs")`` (and
+``flows_100ms``, ``windows``) reads the folder offline, then the data dictionary generated from
+the pandera contracts (``contracts.py``: every column's type, unit from ``metadata["unit"]``,
+nullability, checks and description), the build procedure (with the 180 s construction, the
+docstring of ``lib/traffic/binning.py``), how to read it, known limits and the license.
+Deterministic text: a rebuild of the same runs writes the same bytes.
+"""
+
+from __future__ import annotations
+
+from phantora_assets import contracts
+from phantora_assets.lib.store.export import ARROW_TYPES
+from phantora_assets.lib.traffic import binning
+from phantora_assets.stages.common import BIN_S, CONTROL_BYTES_PER_S, WINDOW_S
+from phantora_assets.stages.export import EXPORT_TABLES, ExportTable
+
+LICENSE = "apache-2.0"  # the project's license (pyproject.toml); the L40S perf DB is Phantora's, Apache-2.0
+
+_CHECK_TEXT = {
+    "greater_than_or_equal_to": lambda s: f">= {s['min_value']}",
+    "greater_than": lambda s: f"> {s['min_value']}",
+    "less_than_or_equal_to": lambda s: f"<= {s['max_value']}",
+    "less_than": lambda s: f"< {s['max_value']}",
+    "in_range": lambda s: f"in [{s['min_value']}, {s['max_value']}]",
+    "isin": lambda s: "one of " + ", ".join(str(v) for v in s["allowed_values"]),
+    "str_matches": lambda s: f"matches `{s['pattern']}`",
+    "str_startswith": lambda s: f"starts with `{s['string']}`",
+    "str_length": lambda s: f"length >= {s.get('min_value')}",
+}
+
+
+def _config_glob(t: ExportTable) -> str:
+    """The table's Parquet files, relative to the dataset folder (``run_id=*/part-0.parquet`` for a per-run table)."""
+    return f"{t.name}/*/*.parquet" if t.per_run else f"{t.name}.parquet"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _checks(col) -> str:
+    parts = [_CHECK_TEXT.get(c.name, lambda s, n=c.name: n)(c.statistics or {}) for c in col.checks]
+    if col.unique:
+        parts.append("unique")
+    return "; ".join(parts)
+
+
+def data_dictionary() -> str:
+    """Markdown: one table per published table, one row per column (name, type, unit, nullable,
+    checks, description), from the pandera contracts."""
+    out = []
+    for t in EXPORT_TABLES:
+        schema = t.schema()
+        keys = ", ".join(schema.unique or [])  # type: ignore[attr-defined]
+        out.append(f"### `{t.name}` ({t.config_doc})\n")
+        if keys:
+            out.append(f"Key: ({keys}), unique.\n")
+        out.append("| column | type | unit | nullable | checks | description |")
+        out.append("|---|---|---|---|---|---|")
+        for name, col in schema.columns.items():  # type: ignore[attr-defined]
+            arrow = str(ARROW_TYPES[t.columns[name]])
+            unit = contracts.unit(col) or "-"
+            row = [f"`{name}`", arrow, unit, "yes" if col.nullable else "no", _checks(col), col.description or ""]
+            out.append("| " + " | ".join(_cell(c) for c in row) + " |")
+        frame = [c.error for c in schema.checks if getattr(c, "error", None)]  # type: ignore[attr-defined]
+        if frame:
+            out.append("\nRow rules (each a violation when true): " + "; ".join(f"`{_cell(e)}`" for e in frame) + ".")
+        out.append("")
+    return "\n".join(out)
+
+
+def front_matter() -> str:
+    """The YAML header: license and one ``configs`` entry per table (its Parquet files)."""
+    lines = ["---", f"license: {LICENSE}", "pretty_name: phantora_v0 node-to-node traffic of LLM training", "configs:"]
+    for t in EXPORT_TABLES:
+        lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
+    return "\n".join(lines + ["---", ""])
+
+
+_JITTER = float((binning.build_bins.__kwdefaults__ or {})["jitter"])
+_PROCEDURE = f"""\
+1. **Trace.** Each run is one training configuration (workload W1-W5, GPU, nodes x GPUs per node),
+   simulated (the embedded analytic simulator, or Phantora in Docker) or imported (Phantora run
+   folders, PyTorch profiler traces, Chakra ETs), as a Chrome trace in Phantora's visualizer schema.
+2. **Network flows**: the trace's Communication events whose source and destination hosts differ
+   (host-k is node k-1).
+3. **Steps**: each communicator repeats its sequence of collectives; the run is cut into steps, the
+   warm-up step(s) dropped; the step time is the median steady step.
+4. **Checks** (a run enters the dataset only when every gating check passed; `run_status.csv`
+   says why each other run is out): network flows exist; every steady step issues the same
+   collectives; every flow's bytes follow the ring rule of its op; steady steps carry identical
+   bytes and nearly identical durations; the binned bytes are conserved exactly; every table
+   satisfies its contract.
+5. **The {WINDOW_S:g} s construction** (`flows_100ms`): one steady step's network flows are repeated back
+   to back over a {WINDOW_S:g} s window, each repetition up to {_JITTER:.0%} shorter or longer at random
+   (length factor uniform in [{1 - _JITTER:g}, {1 + _JITTER:g}]), the window starting at a random
+   phase inside a step; each node adds {CONTROL_BYTES_PER_S / 1000:g} kB/s of control traffic; everything is
+   summed into {BIN_S * 1000:g} ms bins. The sum of a run's bins equals the bytes of the flows placed
+   in the window plus the control bytes, exactly. The rules, as `lib/traffic/binning.py` states them:
+
+{{binning_doc}}
+6. **Windows**: detector features per 1 s and 15 s window (aligned to t = 0) of each run's bin series.
+7. **Export**: runs in run_id order, rows in bin order; this folder is written to a staging folder
+   and swapped in whole, and a rebuild from the same runs writes the same bytes (every file here).
+"""
+
+_LIMITS = """\
+- Endpoints are hosts (nodes), not GPUs or NICs; intra-host (loopback) traffic is not network traffic
+  and is absent.
+- Each ring hop is one bulk flow at the rate of max-min fair sharing; no packets, congestion control
+  or retransmissions. The traffic is per node pair only (no per-link volume).
+- The 180 s window repeats one steady step: there is no warm-up, checkpointing, evaluation or
+  failure in it, and the jitter is synthetic (+-2 %).
+- 100 ms bins cannot show a step shorter than two bins: `dominant_period_s` then reads its alias
+  (`runs.step_time_s < 2 * runs.bin_s` flags those runs).
+- Models are 4-layer slices of the named models; MoE experts are balanced; kernel timings come from
+  one GPU of each type (perf DB) or a roofline (`runs.perf_db_fraction`).
+- `flops_per_step`, `mfu`, `peak_flops` and `alpha` are null where timing is not a roofline.
+"""
+
+
+def dataset_card(rows: dict[str, int], included: list[str]) -> str:
+    """The text of ``phantora_v0/README.md`` for an export of ``included`` runs with ``rows`` per table."""
+    doc = (binning.__doc__ or "").strip().split("\n\n", 1)[-1]
+    binning_doc = "\n".join(("   " + line).rstrip() for line in doc.splitlines()) + "\n"
+    counts = ", ".join(f"`{t.name}` {rows.get(t.name, 0):,} rows" for t in EXPORT_TABLES)
+    files = "\n".join(
+        f"- `{t.name}`: `{_config_glob(t)}`"
+        + (" (one file per run, hive-partitioned by run_id)" if t.per_run else "")
+        + f" and `{t.name}.csv`"
+        for t in EXPORT_TABLES
+    )
+    return f"""{front_matter()}
+# phantora_v0: node-to-node network traffic of distributed LLM training
+
+Bytes per (source node, destination node) per {BIN_S * 1000:g} ms bin over a {WINDOW_S:g} s window, one summary
+row per run and detector features per window, for {len(included)} run(s) of simulated or traced
+training configurations. {counts}. Written by `phantora-assets build` (asset `phantora_v0`).
+
+## Files
+
+{files}
+- `run_status.csv`: every run of the run matrix, `included` or `excluded` with the reason.
+
+Parquet is the primary form; every Parquet file holds its `run_id` column too. The CSVs are the v1
+contract (same rows and columns; floats as `%.10g`, empty field = null). Join the tables on `run_id`.
+
+```python
+import duckdb, pandas as pd, pyarrow.dataset as ds, datasets
+duckdb.sql("SELECT run_id, sum(bytes) FROM read_parquet('flows_100ms/*/*.parquet', hive_partitioning=true) GROUP BY 1")
+ds.dataset("flows_100ms", partitioning="hive").to_table(filter=ds.field("run_id") == "<run_id>")
+pd.read_parquet("flows_100ms", partitioning=None, filters=[("run_id", "==", "<run_id>")])
+datasets.load_dataset("<this folder>", "flows_100ms")  # configs: runs, flows_100ms, windows
+```
+
+## Data dictionary
+
+Types are the Parquet (Arrow) types; the CSVs hold the same values as text.
+
+{data_dictionary()}
+## How the dataset is built
+
+{_PROCEDURE.replace("{binning_doc}", binning_doc)}
+## Known limits
+
+{_LIMITS}
+## License
+
+Apache-2.0 (`{LICENSE}`), as the project that builds it. The L40S kernel timings come from Phantora's
+perf DB (Apache-2.0).
+"""

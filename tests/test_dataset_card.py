@@ -1,0 +1,191 @@
+"""The published dataset of two shipped runs (issue 14, items 3 and 6): per-run Parquet files
+(hive-partitioned by run_id) that DuckDB, pyarrow and pandas read by subset, the CSVs with the
+same rows, a byte-identical rebuild, and the dataset card: its data dictionary covers every
+column of every contract, and ``datasets.load_dataset`` reads the three configs offline."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pandas as pd
+import pyarrow.dataset as pads
+import pytest
+import yaml
+
+from phantora_assets import contracts
+from phantora_assets.definitions import build_defs
+from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
+from phantora_assets.stages import dataset as dataset_stage
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+RUNS = ["phantora_a100_40g_W1_4x1", "phantora_l40s_W4_2x1"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    specs = [s for s in load_run_matrix() if s.run_id in RUNS]
+    root = tmp_path_factory.mktemp("card") / "data"
+    defs = build_defs(root, specs)
+    for spec in specs:
+        res = defs.resolve_job_def("all_runs").execute_in_process(
+            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+        )
+        assert res.success
+    result = dataset_stage.export_dataset(specs, DataPaths(root))
+    assert result.outcome.passed and result.included == RUNS
+    return root / "phantora_v0"
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()
+    }
+
+
+def test_layout_is_one_parquet_file_per_run(dataset):
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*.parquet")) == [
+        *(f"flows_100ms/run_id={r}/part-0.parquet" for r in RUNS),
+        "runs.parquet",
+        *(f"windows/run_id={r}/part-0.parquet" for r in RUNS),
+    ]
+    assert {p.name for p in dataset.iterdir() if p.is_file()} == {
+        "README.md",
+        "flows_100ms.csv",
+        "runs.csv",
+        "runs.parquet",
+        "run_status.csv",
+        "windows.csv",
+    }
+
+
+@pytest.mark.parametrize("table", ["flows_100ms", "windows"])
+def test_each_reader_takes_one_run_and_gets_the_csv_rows(dataset, table):
+    csv = pd.read_csv(dataset / f"{table}.csv")
+    want = csv[csv["run_id"] == RUNS[0]].reset_index(drop=True)
+    glob = str(dataset / table / "*" / "*.parquet")
+    via_duckdb = duckdb.sql(
+        f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true) WHERE run_id = '{RUNS[0]}'"
+    ).df()
+    via_arrow = (
+        pads.dataset(dataset / table, partitioning="hive").to_table(filter=pads.field("run_id") == RUNS[0]).to_pandas()
+    )
+    via_pandas = pd.read_parquet(dataset / table, partitioning=None, filters=[("run_id", "==", RUNS[0])])
+    for got in (via_duckdb, via_arrow, via_pandas):
+        pd.testing.assert_frame_equal(got[list(want.columns)].reset_index(drop=True), want, check_dtype=False)
+    # one run's file alone is the run's rows
+    one = pd.read_parquet(dataset / table / f"run_id={RUNS[1]}" / "part-0.parquet")
+    assert len(one) == int((csv["run_id"] == RUNS[1]).sum()) and set(one["run_id"]) == {RUNS[1]}
+
+
+def test_flows_100ms_rows_and_bytes(dataset):
+    csv = pd.read_csv(dataset / "flows_100ms.csv")
+    # 1800 bins x directed node pairs: 4 nodes -> 12 pairs, 2 nodes -> 2
+    assert csv.groupby("run_id").size().to_dict() == {RUNS[0]: 1800 * 12, RUNS[1]: 1800 * 2}
+
+
+def test_rebuild_is_byte_identical(dataset, tmp_path):
+    before = _digests(dataset)
+    root = dataset.parent
+    other = tmp_path / "data"
+    shutil.copytree(root, other)
+    specs = [s for s in load_run_matrix() if s.run_id in RUNS]
+    assert dataset_stage.export_dataset(specs, DataPaths(other)).outcome.passed
+    assert _digests(other / "phantora_v0") == before
+
+
+def test_card_lists_every_column_with_unit_and_type(dataset):
+    text = (dataset / "README.md").read_text()
+    assert text.startswith("---\n")
+    for schema in (contracts.RUNS, contracts.FLOWS_100MS, contracts.windows_schema()):
+        assert f"### `{schema.name}`" in text
+        for name, col in schema.columns.items():
+            unit = contracts.unit(col) or "-"
+            assert any(line.startswith(f"| `{name}` |") and f"| {unit} |" in line for line in text.splitlines()), name
+    assert "| `nic_bw` | double | bytes/s | no | > 0 |" in text
+    assert "| `t` | double | s | no | >= 0; < 180.0 | bin start, s |" in text
+    assert "U[1 - jitter, 1 + jitter]" in text and "5 kB/s of control traffic" in text
+    assert "## Known limits" in text and "## License" in text
+
+
+def test_card_front_matter_names_the_three_configs(dataset):
+    head = (dataset / "README.md").read_text().split("---\n")[1]
+    meta = yaml.safe_load(head)
+    assert meta["license"] == "apache-2.0"
+    assert meta["configs"] == [
+        {"config_name": "runs", "data_files": "runs.parquet"},
+        {"config_name": "flows_100ms", "data_files": "flows_100ms/*/*.parquet"},
+        {"config_name": "windows", "data_files": "windows/*/*.parquet"},
+    ]
+
+
+def test_datasets_load_dataset_reads_the_three_configs_offline(dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    if os.environ.get("CI"):  # CI installs the test extra: a missing package fails there, never skips
+        import datasets
+    else:
+        datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    for name in ("runs", "flows_100ms", "windows"):
+        csv = pd.read_csv(dataset / f"{name}.csv")
+        got = datasets.load_dataset(str(dataset), name, cache_dir=str(tmp_path / "hf" / "datasets"))["train"]
+        assert got.num_rows == len(csv), name
+        assert got.column_names == list(csv.columns), name
+        df = got.to_pandas()
+        if name == "flows_100ms":
+            assert df.groupby("run_id")["bytes"].sum().to_dict() == csv.groupby("run_id")["bytes"].sum().to_dict()
+        elif name == "runs":
+            want = csv.set_index("run_id")["step_time_s"].to_dict()  # %.10g in the CSV
+            assert df.set_index("run_id")["step_time_s"].to_dict() == pytest.approx(want, rel=1e-9)
+            assert df.set_index("run_id")["inter_node_bytes_per_step"].to_dict() == {
+                r: int(v) for r, v in csv.set_index("run_id")["inter_node_bytes_per_step"].items()
+            }
+        else:
+            assert df["total_bytes"].sum() == pytest.approx(csv["total_bytes"].sum(), rel=1e-12)
+
+
+def test_csv_rows_are_what_pandas_writes_for_the_whole_table(tmp_path):
+    """Batches appended one by one give the bytes atomic_write_csv (pandas' to_csv) gives the whole
+    table: floats with %.10g (-0.0, NaN as empty), a string that needs quotes (pandas' fallback)."""
+    import pyarrow as pa
+
+    from phantora_assets.lib.store import export as ex
+    from phantora_assets.lib.store.io import atomic_write_csv
+
+    df = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "b", "b"],
+            "x": [0.1, -0.0, float("nan"), 1 / 3],
+            "n": [1, -2, 3, 2**62],
+            "s": ["p", "tp=2,dp=4", 'q"', "r"],
+        }
+    )
+    atomic_write_csv(df, tmp_path / "whole.csv")
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    text = ex.csv_header(table.schema) + b"".join(ex.csv_rows(b) for b in table.to_batches(max_chunksize=1))
+    assert text == (tmp_path / "whole.csv").read_bytes()
+
+
+def test_a_row_breaking_the_contract_publishes_nothing_and_names_the_file(dataset, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(dataset.parent, root)
+    before = _digests(root / "phantora_v0")
+    bad = DataPaths(root).table(RUNS[1], "flows_100ms")
+    df = pd.read_parquet(bad)
+    df.loc[5, "bytes"] = -1
+    df.to_parquet(bad, index=False)
+    specs = [s for s in load_run_matrix() if s.run_id in RUNS]
+    result = dataset_stage.export_dataset(specs, DataPaths(root))
+    assert not result.outcome.passed
+    assert str(bad) in result.outcome.message and "bytes" in result.outcome.message
+    assert _digests(root / "phantora_v0") == before
+    assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]
