@@ -493,6 +493,15 @@ def _starting(inst: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun:
     return inst.get_run_by_id(run.run_id)
 
 
+def _until_idle(launcher: ForkRunLauncher, reusable: bool = True, timeout: float = 20) -> None:
+    """Wait until the launcher's worker has reported its run ended and waits for the next one
+    (a loaded machine may take more than a moment)."""
+    t0 = time.monotonic()
+    while reusable and not launcher._idle:
+        assert time.monotonic() - t0 < timeout, "the worker did not report its run ended"
+        launcher._collect(0.2)
+
+
 def _until_finished(inst: dg.DagsterInstance, run_id: str, timeout: float = 120) -> dg.DagsterRun:
     t0 = time.monotonic()
     while not inst.get_run_by_id(run_id).is_finished:
@@ -511,7 +520,7 @@ def test_a_run_terminated_as_a_reused_worker_takes_it_is_canceled_and_never_runs
     inst, runs, launcher = _reuse_launcher(tmp_path, monkeypatch)
     try:
         first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
-        time.sleep(0.5)  # its worker has reported the run ended: idle, reused by the next launch
+        _until_idle(launcher)  # its worker has reported the run ended: reused by the next launch
         doomed = _starting(inst, runs.create("perf_dbs", "h100"))
         assert launcher.terminate(doomed.run_id)
         launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(doomed.run_id), workspace=None))
@@ -536,7 +545,7 @@ def test_a_late_terminate_of_a_workers_last_run_spares_its_next_run(tmp_path, mo
     try:
         first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
         as_it_ran = first.with_status(dg.DagsterRunStatus.STARTED)
-        time.sleep(0.5)
+        _until_idle(launcher)
         from dagster._core.launcher import LaunchRunContext
 
         nxt = _starting(inst, runs.create("all_runs", FITS))
@@ -578,7 +587,7 @@ def test_a_run_sees_the_launchers_environment_as_of_its_launch(
         launcher.register_instance(inst)
         try:
             first = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(old), 1).create("perf_dbs", "l40s"), 60)
-            time.sleep(0.5)  # its worker has reported the run ended
+            _until_idle(launcher, runs_per_worker > 1)
             monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(new))
             second = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(new), 1).create("perf_dbs", "h100"), 60)
             assert (first.tags[PID_TAG] == second.tags[PID_TAG]) == (runs_per_worker > 1)

@@ -64,6 +64,9 @@ from phantora_assets.instance.worker import (  # PID_TAG, START_TAG: the run tag
     run_worker,
     signals_deferred,
 )
+from phantora_assets.instance.worker import (
+    WorkerHandle as _Worker,
+)
 
 #: Seconds an idle worker has to acknowledge the run it is handed (else a new worker is forked).
 ACK_TIMEOUT_S = 2.0
@@ -163,9 +166,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 self._processes[run.run_id] = worker.proc
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        pid = worker.proc.pid
-        assert pid is not None
-        self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
+        pid = int(worker.proc.pid or 0)  # tagged on the run before the worker runs it (_hand_over, _fork)
         if (self._instance.get_run_by_id(run.run_id) or run).status == DagsterRunStatus.CANCELING:
             os.kill(pid, CANCEL_SIGNAL)  # terminated while it was handed over: its terminate saw no pid
         self._instance.report_engine_event(
@@ -193,6 +194,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        self._tag(run_id, int(proc.pid or 0))  # the worker waits for it before it executes the run
         if child is not None:
             child.close()
         # not one of this process's children for multiprocessing's exit handler: a daemon that
@@ -210,6 +212,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         while self._idle:
             w = self._idle.pop()
             try:
+                self._tag(run_id, int(w.proc.pid or 0))  # before the worker has it: no write beside its own
                 w.conn.send((run_id, dict(os.environ)))  # the run sees this environment, not the worker's
                 if w.conn.poll(ACK_TIMEOUT_S) and w.conn.recv() == ("ack", run_id):
                     return w
@@ -223,6 +226,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 w.proc.join(1.0)
             self._retired.append(w)
         return None
+
+    def _tag(self, run_id: str, pid: int) -> None:
+        """Record ``pid`` (and its start time) as the worker of run ``run_id`` (the run storage
+        rewrites the whole run record: a write beside the worker's own status writes lost one)."""
+        self._instance.add_run_tags(run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
 
     def _a_busy_run_ended(self) -> bool:
         """Whether the instance records a run of a busy worker as ended (that worker is about to
@@ -378,23 +386,3 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self.shutdown(timeout=0)
         self._processes.clear()
         self._busy.clear()
-
-
-class _Worker:
-    """A worker process of :class:`ForkRunLauncher`, its end of the pipe (None for one-run
-    workers), the run it executes and how many it was given."""
-
-    def __init__(self, proc: multiprocessing.process.BaseProcess, conn: Any) -> None:
-        self.proc = proc
-        self.conn = conn
-        self.run_id: str | None = None
-        self.runs = 0
-        self.idle_since = 0.0
-
-    def close(self, process: bool = False) -> None:
-        """Close this end of the pipe, and with ``process`` the process handle (it has exited)."""
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if process:
-            self.proc.close()

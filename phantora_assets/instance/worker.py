@@ -12,6 +12,7 @@ takes it is recorded as cancelled without running.
 from __future__ import annotations
 
 import importlib
+import multiprocessing.process
 import os
 import signal
 import sys
@@ -20,12 +21,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 #: Run tags ``ForkRunLauncher`` writes: the worker's pid and the kernel's start time of that pid (so a
 #: reused pid is not taken for the worker).
 PID_TAG = "phantora/run_worker_pid"
 START_TAG = "phantora/run_worker_start"
-#: Seconds a worker waits for the launcher to record it on a run it cancels before running it.
+#: Seconds a worker waits for the launcher to record it on a run (pid tag) before it executes the run.
 TAG_WAIT_S = 2.0
 #: What ``ForkRunLauncher.terminate`` sends a worker: "interrupt your run if its termination was
 #: requested" (a worker keeps it blocked and waits for it in a thread of its own, :func:`_watch_cancel`).
@@ -203,9 +205,9 @@ def _execute_one(run_id: str, instance) -> None:
         with _switch:
             _current[0] = run_id
         try:
-            run = instance.get_run_by_id(run_id)
+            run = _recorded(instance, run_id)
             if run is not None and run.status == DagsterRunStatus.CANCELING:  # terminated before it ran
-                _cancel_unstarted(instance, run)
+                instance.report_run_canceled(run, "Run terminated before its worker started it.")
             else:
                 _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
         finally:
@@ -223,15 +225,17 @@ def _sigterm_as_interrupt(signum, frame) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def _cancel_unstarted(instance, run) -> None:
-    """Record ``run`` (CANCELING, not started) as cancelled, once the launcher has recorded this
-    worker on it (up to :data:`TAG_WAIT_S`): the run storage rewrites a run's record on a status
-    change, and a change racing the launcher's ``add_run_tags`` lost the worker's pid tag."""
+def _recorded(instance, run_id: str):
+    """Run ``run_id`` once the launcher has recorded this worker on it (its pid tag; up to
+    :data:`TAG_WAIT_S`): the run storage rewrites a run's whole record on every change, so the
+    launcher's tag written beside this worker's status writes was lost (run monitoring and
+    terminate then had no pid)."""
     deadline = time.monotonic() + TAG_WAIT_S
-    while not run.tags.get(PID_TAG) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        run = instance.get_run_by_id(run.run_id) or run
-    instance.report_run_canceled(run, "Run terminated before its worker started it.")
+    run = instance.get_run_by_id(run_id)
+    while run is not None and run.tags.get(PID_TAG) != str(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        run = instance.get_run_by_id(run_id)
+    return run
 
 
 def _watch_cancel(instance) -> None:
@@ -253,3 +257,23 @@ def _watch_cancel(instance) -> None:
                 continue
             if run is not None and run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED):
                 signal.pthread_kill(main, signal.SIGINT)
+
+
+class WorkerHandle:
+    """For ``ForkRunLauncher``: a worker process, the launcher's end of its pipe (None for one-run
+    workers), the run it executes and how many it was given."""
+
+    def __init__(self, proc: multiprocessing.process.BaseProcess, conn: Any) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.run_id: str | None = None
+        self.runs = 0
+        self.idle_since = 0.0
+
+    def close(self, process: bool = False) -> None:
+        """Close this end of the pipe, and with ``process`` the process handle (it has exited)."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if process:
+            self.proc.close()
