@@ -15,7 +15,6 @@ collectives (the ``source_assumptions`` note says so). Step time and bytes per s
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -36,6 +36,10 @@ TOKEN_REL_TOL = 0.01
 AGREE_REL_TOL = 0.10
 #: Steps that are no rhythm are kept (as late steps) when at most this share is off the median.
 LATE_SHARE = 0.15
+#: The longest cycle of steps read as one step of several parts (as ``step_coarse.MAX_REPETITIONS``).
+MAX_CYCLE = 64
+#: A cycle of steps is one step of several parts when its off-median steps take this share of its time.
+PARTS_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,7 @@ def occasional(
     "Occasional collectives"), or ``[]``: those with the fewest full periods (within ``warmup_steps +
     1``), when the others alone cut steps by ``primary`` (the sub-period rule; none assigned by time)
     that are a rhythm in time (:func:`_regular_step_us`) with a pattern of at least 2 kinds of call on
-    one of them, and each of the few repeats every whole ``g >= 2`` of those steps."""
+    one of them or at least 2 of them, and each of the few repeats every whole ``g >= 2`` of those steps."""
     slack = warmup_steps + 1
     counts = {i: per[i].full_periods(best[i]) for i in repeating}
     c_ref = min(counts.values())
@@ -293,7 +297,7 @@ def occasional(
     g0 = cs.seq_call_start
     kinds = [len(set(cs.call_tok[g0[i] + cs.seq_len[i] - period[i] : g0[i] + cs.seq_len[i]].tolist())) for i in rest]
     steps_us = [_regular_step_us(cs, i, period[i], n[i], slack) for i in rest]
-    if max(kinds) < 2 or any(s is None for s in steps_us):
+    if (max(kinds) < 2 and len(rest) < 2) or any(s is None for s in steps_us):
         return []
     step_us = float(np.median([s for s in steps_us if s is not None]))
     for i in few:
@@ -330,23 +334,30 @@ def _is_rhythm(d: np.ndarray) -> bool:
 
 def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -> _Cut:
     """``cut`` when its steady steps are a rhythm in time (steps module docstring, "Steps in
-    rhythm"; for traces with no compute rhythm), else the steps of ``g`` times as many calls
-    (``coarsen(g)``) when the steady steps' durations repeat every ``g >= 2`` steps (at least 2
-    cycles) and those steps are a rhythm; a run of 4 or more steady steps that are no rhythm and no
-    cycle is kept when at most ``LATE_SHARE`` of them are off their median (late steps).
+    rhythm"; for traces with no compute rhythm). Else, when the steady steps' durations are a cycle of
+    ``g`` (``2 <= g <= MAX_CYCLE``, at least 2 cycles: each step within ``AGREE_REL_TOL`` of the step
+    ``g`` later, the same steps off the median in every cycle, the sums of ``g`` steps a rhythm) whose
+    off-median steps take at least ``PARTS_SHARE`` of the cycle's time (the parts of a step bunched
+    before one long gap), the steps of ``g`` times as many calls (``coarsen(g)``) when those are a
+    rhythm; else ``cut`` when at most ``LATE_SHARE`` of the steps are off their median (late steps: a
+    straggler, a checkpoint, a periodic one too). Work: O(MAX_CYCLE * steps).
 
     Raises:
         StepDetectionError: ``"steps ambiguous"``: a cycle whose coarser steps fail, or steps that
-            are no rhythm, no cycle, and more than ``LATE_SHARE`` of them off their median.
+            are no rhythm, no such cycle, and more than ``LATE_SHARE`` of them off their median.
     """
     s = cut.starts[cut.first_steady :]
     d = np.diff(s[np.isfinite(s)])
     if len(d) < 2 or _is_rhythm(d):
         return cut
+    med = float(np.median(d))
+    off = np.abs(d - med) > AGREE_REL_TOL * med
     seen = f"the steady steps last {', '.join(f'{x:.3f}' for x in d[:6])}{' ...' if len(d) > 6 else ''} us"
-    for g in range(2, len(d) // 2 + 1):
-        sums = np.convolve(d, np.ones(g), "valid")
-        if not _is_rhythm(sums) or float(np.abs(d[g:] - d[:-g]).max()) > AGREE_REL_TOL * float(np.median(sums)):
+    acc = np.concatenate([[0.0], np.cumsum(d)])
+    for g in range(2, min(len(d) // 2, MAX_CYCLE) + 1):
+        if (off[g:] != off[:-g]).any() or (np.abs(d[g:] - d[:-g]) > AGREE_REL_TOL * np.maximum(d[g:], d[:-g])).any():
+            continue
+        if not _is_rhythm(acc[g:] - acc[:-g]) or float(d[off].sum()) < PARTS_SHARE * float(d.sum()):
             continue
         got = coarsen(g)
         if not isinstance(got, str):
@@ -355,12 +366,11 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
                 return got
             got = "those steps are no rhythm either"
         raise _fail(src, "steps ambiguous", f"{seen}, a cycle of {g} steps; steps of {g} times as many calls: {got}")
-    off = int((np.abs(d - np.median(d)) > AGREE_REL_TOL * np.median(d)).sum())
-    if off > LATE_SHARE * len(d):
-        raise _fail(
-            src,
-            "steps ambiguous",
-            f"{seen}: no rhythm, {off} of {len(d)} off their median (more than {LATE_SHARE:.0%}: not a late "
-            "step or two, and no cycle of steps to tell a step of several parts)",
-        )
-    return cut
+    if int(off.sum()) <= LATE_SHARE * len(d):
+        return cut
+    raise _fail(
+        src,
+        "steps ambiguous",
+        f"{seen}: no rhythm, {int(off.sum())} of {len(d)} off their median (more than {LATE_SHARE:.0%}: not a "
+        "late step or two), and no cycle of steps to tell a step of several parts",
+    )

@@ -86,7 +86,8 @@ Definitions used here (all documented choices):
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
   sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
   time) that are a rhythm in time (every gap within 10 % of the median, warm-up gaps left out) with
-  at least 2 kinds of call, and the few repeat every whole ``g >= 2`` of those steps (a logging
+  at least 2 kinds of call on one of them or at least 2 of them, and the few repeat every whole
+  ``g >= 2`` of those steps (a logging
   all-reduce on its own communicator every 5th step): the step is the others', the few are assigned
   by time and occur in some steps only (the blocking ``steps_match`` names them). Without a compute
   rhythm, a period of ``q`` calls that ends with a block of ``b`` calls (``2 <= b <= q/3``, 2 kinds)
@@ -94,10 +95,11 @@ Definitions used here (all documented choices):
   ``"steps ambiguous"`` (:func:`~phantora_assets.lib.traffic.step_verify.repeated_block`).
 * **Steps in rhythm** (no compute rhythm; :func:`~phantora_assets.lib.traffic.step_verify.steps_in_rhythm`):
   the steady steps must be a rhythm in time (every gap between step starts within 10 % of their
-  median). Gaps that repeat every ``g >= 2`` steps (two calls 120 us apart in a 1000 us iteration
-  give steps of 120 and 880 us) are a step of ``g`` times as many calls, kept when those steps are a
-  rhythm, else ``"steps ambiguous"``; gaps that are no rhythm and no cycle are kept as late steps when
-  at most 15 % of them are off their median, else refused (``"steps ambiguous"``).
+  median). Gaps that repeat exactly every ``g >= 2`` steps (at most 64), the off-median ones taking
+  at least half of the cycle (two calls 120 us apart in a 1000 us iteration give steps of 120 and
+  880 us), are a step of ``g`` times as many calls, kept when those steps are a rhythm, else
+  ``"steps ambiguous"``; other gaps are kept as late steps (a straggler, a checkpoint step, also every
+  20th) when at most 15 % of them are off their median, else refused (``"steps ambiguous"``).
 * **Steps of equal parts** (no compute rhythm;
   :func:`~phantora_assets.lib.traffic.step_coarse.split_with_extras`): an anchor whose step is ``g >= 2``
   copies of one block of calls, evenly spaced in time, plus a few other calls (a call every 2nd
