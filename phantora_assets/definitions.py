@@ -22,6 +22,7 @@ import dagster as dg
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
 from phantora_assets.assets.common import Partitions
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, env_import_dirs, matrix_for
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
@@ -121,14 +122,18 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
 def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefinition:
     """The sensor ``import_dir`` (on by default): every run folder under
     ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
-    complete, current build gets one run of ``all_runs`` (run key: the run_id and its fingerprint,
-    ``run_spec_record``, which covers the size and mtime of the folder's files, so a folder whose
-    trace is replaced is requested again and a failing one once). A folder of profiler traces or
-    Chakra ETs counts when it has an ``import.toml`` (``imported_runs.discover_imports``); the
-    folders that cannot be imported are named in the skip message.
+    complete, current build gets one run of ``all_runs``. Its run key is the run_id and the
+    fingerprint of what the build reads (``run_spec_record`` of the matrix entry as the folder now
+    gives it, netconfig included, which covers the size and mtime of the folder's files: for a
+    Phantora run folder the trace, ``run.log``, ``timeline.bin`` and every file under ``config/``
+    and ``perfdb_missing/``), so a folder whose files change is requested again and a failing one
+    once per state of its files. A folder of profiler traces or Chakra ETs counts when it has an
+    ``import.toml`` (``imported_runs.discover_imports``); the folders that cannot be imported are
+    named in the skip message.
     Folders that appeared after the code location loaded are not partitions yet: the tick names
-    them; they become partitions when the code location reloads (``dagster-daemon run`` reloads its
-    code server every 60 s; in ``dagster dev`` the daemon shares the UI's code server: "Reload
+    them; they become partitions when the code location reloads (``dagster-daemon run`` and
+    ``dagster dev --use-legacy-code-server-behavior`` reload the daemon's code server every 60 s;
+    plain ``dagster dev`` shares one code server between the UI and the daemon: "Reload
     definitions")."""
 
     @dg.sensor(
@@ -142,23 +147,31 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
         dirs = env_import_dirs()
         if not dirs:
             return dg.SkipReason(f"${IMPORT_DIR_ENV} is not set")
-        requests, pending, declined = [], [], []
         for d in dirs:
             if not d.is_dir():
                 return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+        try:  # the entries as the folders give them now (the code location's may be older: netconfig)
+            now = {s.run_id: s for s in matrix_for(paths.root)}
+        except RunMatrixError as exc:
+            return dg.SkipReason(str(exc))
+        requests, pending, declined = [], [], []
+        for d in dirs:
             found, skipped = discover_imports(d)
             declined += [f"{s.path}: {s.reason}" for s in skipped]
             for folder in found:
                 loaded = parts.by_id.get(folder.spec.run_id)
+                spec = now.get(folder.spec.run_id)
+                if spec is None or spec.path != folder.spec.path:
+                    continue  # shadowed by a later import directory of the same run_id
                 if loaded is None or loaded.path != folder.spec.path:
                     pending.append(f"{folder.spec.run_id} ({folder.path})")
                     continue
-                why = _reason(loaded, paths)
+                why = _reason(spec, paths)
                 if why:
                     requests.append(
                         dg.RunRequest(
-                            run_key=f"{loaded.run_id}@{run_spec_record(loaded).fingerprint}",
-                            partition_key=loaded.run_id,
+                            run_key=f"{spec.run_id}@{run_spec_record(spec).fingerprint}",
+                            partition_key=spec.run_id,
                             tags={"phantora/build_reason": why[:200]},
                         )
                     )

@@ -176,6 +176,20 @@ def test_sigterm_stops_the_build_like_ctrl_c(tmp_path: Path) -> None:
         assert not [r for r in inst.get_runs() if not r.is_finished]
 
 
+def test_sighup_stops_the_build_with_exit_129(tmp_path: Path) -> None:
+    """A closed terminal sends SIGHUP: the build stops like on SIGTERM (workers interrupted, runs
+    recorded, nothing half-written) and exits 128 + 1 = 129, with a message naming the signal.
+    Before, it exited 143 as if terminated."""
+    root = tmp_path / "data"
+    _, _, proc, out, err, elapsed = _signalled_build(root, lambda p, _r, _pid: p.send_signal(signal.SIGHUP))
+    assert proc.returncode == 129, out + err
+    assert elapsed < 15, elapsed
+    assert "build stopped: hung up (SIGHUP: its terminal closed)" in err
+    with _instance(root) as inst:
+        assert not [r for r in inst.get_runs() if not r.is_finished]
+    assert not [p for p in root.rglob("*.tmp")]
+
+
 def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Path) -> None:
     """kill -9 of the whole build leaves runs STARTED / NOT_STARTED on the instance (they would
     block the dataset automation and hold pool slots): the next build marks them failed."""
@@ -199,6 +213,41 @@ def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Pat
             run = inst.get_run_by_id(rid)
             assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         assert not [r for r in inst.get_runs() if not r.is_finished]
+
+
+def test_a_build_leaves_the_runs_of_a_build_that_still_runs_alone(tmp_path: Path, monkeypatch) -> None:
+    """Two builds on one data root: the second one's start (reap_stale_runs) must not fail the
+    first one's run that is created ahead but not launched yet (NOT_STARTED, no worker pid). Here
+    this test process is the first build (its run made by the build's own _Runs.create), a real
+    ``phantora-assets build`` the second. Before, the second build marked that run failed. A run
+    whose build is gone (a pid that has exited) is still reaped."""
+    from phantora_assets.cli.build import HOME_YAML
+    from phantora_assets.cli.engine import _Runs, reap_stale_runs
+
+    root = tmp_path / "data"
+    home = root / "dagster_home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text(HOME_YAML)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(root))
+    import phantora_assets.definitions as d
+
+    with _instance(root) as inst:
+        runs = _Runs(inst, d.build_defs(root), 1)
+        ahead = runs.create("perf_dbs", "h100")  # created ahead, not launched: no worker pid tag
+        orphan = runs.create("perf_dbs", "h200")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with _instance(root) as inst:  # the orphan's build has exited
+        inst.add_run_tags(orphan.run_id, {"phantora/build_pid": str(gone.pid), "phantora/build_start": "1"})
+    other = _build(root, [FITS])
+    out, err = other.communicate(timeout=600)
+    assert other.returncode == 0, out + err
+    assert "marked 1 run(s) left unfinished by an interrupted build as failed" in out, out + err
+    with _instance(root) as inst:
+        assert inst.get_run_by_id(ahead.run_id).status == dg.DagsterRunStatus.NOT_STARTED
+        assert inst.get_run_by_id(orphan.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert reap_stale_runs(inst) == []  # this build still runs: its run is left alone
 
 
 def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monkeypatch) -> None:
@@ -399,7 +448,7 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.launcher import LaunchRunContext
 
-    from phantora_assets.cli.engine import step_errors
+    from phantora_assets.cli.engine import run_step_errors
 
     inst.report_dagster_event(
         DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
@@ -411,5 +460,139 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
         assert time.monotonic() - t0 < timeout, f"run {run.tags.get('dagster/partition')} did not end"
         time.sleep(0.1)
     done = inst.get_run_by_id(run.run_id)
-    assert done.status == dg.DagsterRunStatus.SUCCESS, step_errors(inst, run.run_id)
+    assert done.status == dg.DagsterRunStatus.SUCCESS, run_step_errors(inst, run.run_id)
     return done
+
+
+def _reuse_launcher(tmp_path: Path, monkeypatch):
+    """(instance, _Runs for run creation, a fork ForkRunLauncher reusing its workers) on a SQLite
+    instance with the project's dagster.yaml; the caller disposes of the launcher."""
+    from phantora_assets.cli.engine import _Runs
+
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    import phantora_assets.definitions as d
+
+    inst = dg.DagsterInstance.from_config(str(home))
+    launcher = ForkRunLauncher(start_method="fork", runs_per_worker=4, idle_timeout_seconds=60)
+    launcher.register_instance(inst)
+    return inst, _Runs(inst, d.build_defs(data), 1), launcher
+
+
+def _starting(inst: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun:
+    """``run`` marked STARTING, as the run queue does before it calls the launcher."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    inst.report_dagster_event(
+        DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name),
+        run_id=run.run_id,
+    )
+    return inst.get_run_by_id(run.run_id)
+
+
+def _until_idle(launcher: ForkRunLauncher, reusable: bool = True, timeout: float = 20) -> None:
+    """Wait until the launcher's worker has reported its run ended and waits for the next one
+    (a loaded machine may take more than a moment)."""
+    t0 = time.monotonic()
+    while reusable and not launcher._idle:
+        assert time.monotonic() - t0 < timeout, "the worker did not report its run ended"
+        launcher._collect(0.2)
+
+
+def _until_finished(inst: dg.DagsterInstance, run_id: str, timeout: float = 120) -> dg.DagsterRun:
+    t0 = time.monotonic()
+    while not inst.get_run_by_id(run_id).is_finished:
+        assert time.monotonic() - t0 < timeout, "run did not end"
+        time.sleep(0.1)
+    return inst.get_run_by_id(run_id)
+
+
+def test_a_run_terminated_as_a_reused_worker_takes_it_is_canceled_and_never_runs(tmp_path, monkeypatch) -> None:
+    """terminate of a run the queue has marked STARTING but whose worker is not recorded yet (the
+    hand-over to a reused worker, or the fork): the run ends CANCELED without a step executed, and
+    the worker takes the next run. Before, terminate found no worker pid and returned False: the
+    run was not cancelled and ran to SUCCESS."""
+    from dagster._core.launcher import LaunchRunContext
+
+    inst, runs, launcher = _reuse_launcher(tmp_path, monkeypatch)
+    try:
+        first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
+        _until_idle(launcher)  # its worker has reported the run ended: reused by the next launch
+        doomed = _starting(inst, runs.create("perf_dbs", "h100"))
+        assert launcher.terminate(doomed.run_id)
+        launcher.launch_run(LaunchRunContext(dagster_run=inst.get_run_by_id(doomed.run_id), workspace=None))
+        done = _until_finished(inst, doomed.run_id)
+        assert done.status == dg.DagsterRunStatus.CANCELED
+        assert done.tags[PID_TAG] == first.tags[PID_TAG]  # the reused worker took it
+        assert not inst.all_logs(doomed.run_id, of_type=dg.DagsterEventType.STEP_START)
+        assert not (tmp_path / "data" / "perfdb" / "h100").exists()
+        after = _launch_to_end(inst, launcher, runs.create("perf_dbs", "h200"), 60)
+        assert after.tags[PID_TAG] == first.tags[PID_TAG]  # and takes the next one
+    finally:
+        launcher.dispose()
+        inst.dispose()
+
+
+def test_a_late_terminate_of_a_workers_last_run_spares_its_next_run(tmp_path, monkeypatch) -> None:
+    """terminate of a run that read the run as unfinished just before its reused worker moved on
+    to its next run (here: the launcher is shown the run as it was while it ran): the next run
+    must not be interrupted. Before, terminate sent SIGINT to the worker's pid, which interrupted
+    whatever run it executed: the next run ended FAILURE."""
+    inst, runs, launcher = _reuse_launcher(tmp_path, monkeypatch)
+    try:
+        first = _launch_to_end(inst, launcher, runs.create("perf_dbs", "l40s"), 60)
+        as_it_ran = first.with_status(dg.DagsterRunStatus.STARTED)
+        _until_idle(launcher)
+        from dagster._core.launcher import LaunchRunContext
+
+        nxt = _starting(inst, runs.create("all_runs", FITS))
+        launcher.launch_run(LaunchRunContext(dagster_run=nxt, workspace=None))
+        t0 = time.monotonic()
+        while not inst.all_logs(nxt.run_id, of_type=dg.DagsterEventType.STEP_START):
+            assert time.monotonic() - t0 < 60, "the next run did not start a step"
+            time.sleep(0.05)
+        assert inst.get_run_by_id(nxt.run_id).tags[PID_TAG] == first.tags[PID_TAG]  # same worker
+        real = inst.get_run_by_id
+        monkeypatch.setattr(inst, "get_run_by_id", lambda rid: as_it_ran if rid == first.run_id else real(rid))
+        launcher.terminate(first.run_id)
+        monkeypatch.setattr(inst, "get_run_by_id", real)
+        assert _until_finished(inst, nxt.run_id).status == dg.DagsterRunStatus.SUCCESS
+    finally:
+        launcher.dispose()
+        inst.dispose()
+
+
+@pytest.mark.parametrize(("start_method", "runs_per_worker"), [("fork", 2), ("forkserver", 1)])
+def test_a_run_sees_the_launchers_environment_as_of_its_launch(
+    tmp_path: Path, monkeypatch, start_method: str, runs_per_worker: int
+) -> None:
+    """A PHANTORA_ASSETS_* setting changed in the launching process after a first launch (here
+    the data root): the next run, in a reused worker or forked from the forkserver that the first
+    launch started, runs with the new value. Before, it ran with the environment of the first
+    launch and wrote into the old data root."""
+    from phantora_assets.cli.engine import _Runs
+
+    home, old, new = tmp_path / "home", tmp_path / "old", tmp_path / "new"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(old))
+    import phantora_assets.definitions as d
+
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        launcher = ForkRunLauncher(start_method=start_method, runs_per_worker=runs_per_worker)
+        launcher.register_instance(inst)
+        try:
+            first = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(old), 1).create("perf_dbs", "l40s"), 60)
+            _until_idle(launcher, runs_per_worker > 1)
+            monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(new))
+            second = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(new), 1).create("perf_dbs", "h100"), 60)
+            assert (first.tags[PID_TAG] == second.tags[PID_TAG]) == (runs_per_worker > 1)
+        finally:
+            launcher.dispose()
+    assert (old / "perfdb" / "l40s" / "perf_db.json").is_file()
+    assert (new / "perfdb" / "h100" / "perf_db.json").is_file()
+    assert not (old / "perfdb" / "h100").exists()

@@ -22,15 +22,11 @@ import contextlib
 import importlib
 import json
 import os
-import pwd
 import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from importlib.metadata import entry_points
@@ -44,6 +40,7 @@ from dagster._config import process_config
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.workspace.config_schema import ensure_workspace_config
+from pg_server import REQUIRE_ENV, PostgresUnavailable, free_port, pg_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -387,76 +384,29 @@ def test_storage_config_is_dagster_postgres_s(monkeypatch):
     assert not process_config(DagsterPostgresStorage.config_type(), storage).success
 
 
-# A throwaway PostgreSQL server from the machine's own binaries, on 127.0.0.1 and a free port; as root,
-# it runs as an unprivileged user in a folder of its own.
-def _pg_bindir() -> Path | None:
-    candidates = [os.path.dirname(os.path.realpath(p)) for p in [shutil.which("initdb")] if p]
-    candidates += sorted((str(p) for p in Path("/usr/lib/postgresql").glob("*/bin")), reverse=True)
-    for folder in candidates:
-        if all(os.access(os.path.join(folder, b), os.X_OK) for b in ("initdb", "pg_ctl", "postgres")):
-            return Path(folder)
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _no_postgres(reason: str) -> NoReturn:
     """Skip, or fail where CI asks for PostgreSQL (.ci/run sets PHANTORA_ASSETS_REQUIRE_POSTGRES)."""
-    if os.environ.get("PHANTORA_ASSETS_REQUIRE_POSTGRES"):
+    if os.environ.get(REQUIRE_ENV):
         pytest.fail(reason)
     pytest.skip(reason)
 
 
 @contextlib.contextmanager
-def _postgres():
-    bindir = _pg_bindir()
-    if bindir is None:
-        _no_postgres("no PostgreSQL server binaries (initdb, pg_ctl, postgres) on this machine")
-    user = None
-    if os.geteuid() == 0:
-        for name in ("postgres", "nobody"):
-            with contextlib.suppress(KeyError):
-                user = pwd.getpwnam(name)
-                break
-        if user is None:
-            _no_postgres("running as root with no unprivileged user to run PostgreSQL as")
-    home = Path(tempfile.mkdtemp(prefix="pg-deploy-"))
-    kwargs: dict[str, Any] = {}
-    if user is not None:
-        os.chown(home, user.pw_uid, user.pw_gid)
-        kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C", "HOME": str(home)}
-    password = secrets.token_hex(12)
-
-    def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [str(bindir / cmd[0]), *cmd[1:]], cwd=home, env=env | {"PGPASSWORD": password},
-            capture_output=True, text=True, timeout=120, **kwargs,
-        )  # fmt: skip
-        assert out.returncode == 0, f"{cmd[0]}: {out.stdout}{out.stderr}"
-        return out
-
-    (home / "pw").write_text(password + "\n")
-    if user is not None:
-        os.chown(home / "pw", user.pw_uid, user.pw_gid)
-    started = False
-    try:
-        run("initdb", "-D", "data", "-U", "dagster", "--pwfile=pw", "--auth=scram-sha-256", "--no-sync", "-E", "UTF8")
-        port = _free_port()
-        opts = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={home} -c fsync=off"
-        run("pg_ctl", "-D", "data", "-l", "server.log", "-o", opts, "-w", "-t", "60", "start")
-        started = True
-        run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "dagster", "phantora")
-        yield {"host": "127.0.0.1", "port": port, "user": "dagster", "password": password, "db": "phantora"}
-    finally:
-        if started:
-            with contextlib.suppress(AssertionError):
-                run("pg_ctl", "-D", "data", "-m", "immediate", "-w", "stop")
-        shutil.rmtree(home, ignore_errors=True)
+def _postgres(folder: Path):
+    """The throwaway server of ``tests/pg_server.py`` (the machine's own binaries, 127.0.0.1, a free
+    port; as root, run as an unprivileged user) with an empty database ``phantora``."""
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(pg_server(folder, dbname="phantora"))
+        except PostgresUnavailable as exc:
+            _no_postgres(str(exc))
+        yield {
+            "host": server.host,
+            "port": server.port,
+            "user": server.user,
+            "password": server.password,
+            "db": "phantora",
+        }
 
 
 def test_instance_starts_against_postgresql(tmp_path, monkeypatch):
@@ -471,12 +421,12 @@ def test_instance_starts_against_postgresql(tmp_path, monkeypatch):
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
-    with _postgres() as pg:
+    with _postgres(tmp_path / "pg") as pg:
         for name, value in [
             ("DAGSTER_POSTGRES_USER", pg["user"]),
             ("DAGSTER_POSTGRES_PASSWORD", pg["password"]),
             ("DAGSTER_POSTGRES_HOST", pg["host"]),
-            ("DAGSTER_POSTGRES_DB", pg["db"]),
+            ("DAGSTER_POSTGRES_DB", "phantora"),
             ("DAGSTER_POSTGRES_PORT", str(pg["port"])),
         ]:
             monkeypatch.setenv(name, value)
@@ -532,7 +482,7 @@ def test_code_location_server_serves_the_workspace(tmp_path):
     from dagster._core.workspace.load_target import WorkspaceFileTarget
     from dagster._grpc.client import DagsterGrpcClient
 
-    port = _free_port()
+    port = free_port()
     argv = _cmd()
     argv[argv.index("-h") + 1] = "127.0.0.1"
     argv[argv.index("-p") + 1] = str(port)

@@ -353,3 +353,41 @@ def test_a_replaced_trace_makes_the_imported_run_stale(tmp_path):
     assert stale_reason(imported, paths)  # the dataset leaves it out until it is rebuilt
     shutil.rmtree(src)  # the folder gone since: the data root's copies are what was built
     assert stale_reason(imported, paths) is None
+
+
+def test_the_import_dir_sensor_requests_a_folder_again_when_its_files_change(tmp_path, monkeypatch):
+    """The import_dir sensor over a watched folder that was built: nothing to request; then an
+    edited file under config/, an edited run.log: each makes the build stale and gets a run request
+    with a run key of its own. Before, the key named only the trace's size and mtime (Dagster took
+    the request for the earlier one and never ran it), and a change under config/ (raw_timeline
+    copies it) neither made the build stale nor changed the key."""
+    import phantora_assets.definitions as d
+    from phantora_assets.stages.simulation import build_reason
+
+    src, data = tmp_path / "src", tmp_path / "data"
+    spec, raw, its = analytic(W1)
+    folder = write_run_folder(src, spec, raw, run_log=megatron_log(its, 4, 16000.0))
+    monkeypatch.setenv("PHANTORA_ASSETS_IMPORT_DIR", str(src))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+
+    def requests() -> list[dg.RunRequest]:
+        defs = d.build_defs(data)
+        with dg.DagsterInstance.ephemeral() as inst:
+            ctx = dg.build_sensor_context(instance=inst, repository_def=defs.get_repository_def())
+            result = defs.get_sensor_def("import_dir").evaluate_tick(ctx)
+        return result.run_requests or []
+
+    first = requests()
+    assert [r.partition_key for r in first] == [W1] and first[0].tags["phantora/build_reason"] == "missing"
+    assert main(["build", "--data-dir", str(data), "--run", W1, "--no-plots", "--quiet"]) == 0
+    assert requests() == []
+    keys = {first[0].run_key}
+    imported = {s.run_id: s for s in effective_matrix(data)}[W1]
+    for name, text in (("config/command.txt", "# another command\n"), ("run.log", "\n# re-run\n")):
+        with open(folder / name, "a") as f:
+            f.write(text)
+        assert (build_reason(imported, DataPaths(data)) or "").startswith("stale:"), name
+        again = requests()
+        assert [r.partition_key for r in again] == [W1], name
+        assert again[0].run_key not in keys, name
+        keys.add(again[0].run_key)

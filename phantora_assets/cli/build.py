@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
-from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, step_errors
+from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, run_step_errors
 from phantora_assets.lib.bins.width import BIN_S_ENV, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.store.io import sweep_temp_files
@@ -100,7 +100,12 @@ def _open_instance() -> Iterator[Any]:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, handled like Ctrl-C (the build stops its workers and records its runs)."""
+    """SIGTERM or SIGHUP, handled like Ctrl-C (the build stops its workers and records its runs);
+    ``signum`` is the signal (the build exits 128 + signum, as a shell reports a process it ended)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @contextmanager
@@ -112,7 +117,7 @@ def _signals_interrupt() -> Iterator[None]:
 
     def handler(signum, _frame):  # kept for later while the launcher forks and records a worker
         if not defer_if_critical(signum):
-            raise _Terminated(signal.Signals(signum).name)
+            raise _Terminated(signum)
 
     def interrupt(signum, _frame):
         if not defer_if_critical(signum):
@@ -182,7 +187,7 @@ def _status(paths: DataPaths, spec, run, instance) -> str:
     failed = [
         f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items() if v["status"] == "failed"
     ]
-    return "FAILED: " + "; ".join(step_errors(instance, run.run_id) + failed)[:300]
+    return "FAILED: " + "; ".join(run_step_errors(instance, run.run_id) + failed)[:300]
 
 
 def _build(
@@ -191,7 +196,7 @@ def _build(
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets,
     as Dagster runs on the build's instance (module docstring). ``plots=False`` leaves out the assets
     that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed or a worker
-    died) or 130 (interrupted)."""
+    died), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
     from phantora_assets.instance.worker import refresh_definitions
 
     try:
@@ -240,17 +245,23 @@ def _build_in(
         except (BuildAborted, KeyboardInterrupt) as e:
             if isinstance(e, BuildAborted):
                 why = str(e)
+            elif isinstance(e, _Terminated) and e.signum == signal.SIGHUP:
+                why = "hung up (SIGHUP: its terminal closed)"
             elif isinstance(e, _Terminated):
-                why = f"terminated ({e.args[0] if e.args else 'signal'})"
+                why = f"terminated ({e.args[0]})"
             else:
                 why = "interrupted (Ctrl-C / SIGINT)"
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
                 signal.signal(sig, signal.SIG_IGN)  # clean-up short (restored by _signals_interrupt)
             runs.stop(why)
             sweep_temp_files(data_dir)
-            print(f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)", file=sys.stderr)
+            try:  # after a hang-up the terminal may be gone (EIO): the exit code still tells
+                msg = f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)"
+                print(msg, file=sys.stderr)
+            except OSError:
+                pass
             if isinstance(e, _Terminated):
-                return 143
+                return 128 + e.signum  # 143 for SIGTERM, 129 for SIGHUP
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         finally:
             runs.launcher.shutdown()
@@ -265,7 +276,7 @@ def _build_in(
                 print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
         if dataset.status.value != "SUCCESS":
             failures += 1
-            errs = step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+            errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
             print(f"dataset: FAILED: {'; '.join(errs)[:300]}", file=sys.stderr)
         elapsed = time.perf_counter() - t0
         print(

@@ -12,7 +12,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from phantora_assets.instance.launcher import PID_TAG
+from phantora_assets.instance.launcher import PID_TAG, process_start_time
 
 #: Seconds an interrupted worker gets to close its run before it is killed.
 GRACE_S = 5.0
@@ -21,6 +21,9 @@ GRACE_S = 5.0
 RUNS_PER_WORKER = 8
 #: Value of the run tag ``phantora/launched_by`` on the build's runs.
 BUILD_TAG = "phantora-assets build"
+#: Run tags naming the build that created a run: its pid and the kernel's start time of that pid
+#: (:func:`reap_stale_runs` leaves the runs of a build that still runs alone).
+BUILD_PID_TAG, BUILD_START_TAG = "phantora/build_pid", "phantora/build_start"
 #: The code location the runs' workers load (as ``dagster dev`` and ``workspace.yaml`` do).
 CODE_MODULE = "phantora_assets.definitions"
 #: Run config of the build's runs: Dagster's console logger quiet (the event log keeps everything).
@@ -40,7 +43,7 @@ def _user_error(err) -> str:
     return lines[0] if lines else str(err.cls_name)
 
 
-def step_errors(instance, run_id: str) -> list[str]:
+def run_step_errors(instance, run_id: str) -> list[str]:
     """``"<step>: <root cause>"`` for every failed step of run ``run_id`` (from its event log)."""
     from dagster import DagsterEventType
 
@@ -71,9 +74,14 @@ class _Runs:
         self.launcher.register_instance(instance)
         self.running: dict[str, Any] = {}  # run_id -> the worker's process handle
         self.created: list[str] = []  # every run this build created, in order
-        self.build_id = uuid.uuid4().hex[
-            :12
-        ]  # run tag phantora/build_id: finds a run whose creation a signal cut short
+        # run tag phantora/build_id: finds a run whose creation a signal cut short
+        self.build_id = uuid.uuid4().hex[:12]
+        pid = os.getpid()
+        self.identity = {
+            "phantora/build_id": self.build_id,
+            BUILD_PID_TAG: str(pid),
+            BUILD_START_TAG: process_start_time(pid) or "",
+        }
 
     def create(self, job_name: str, partition: str | None, selection=None):
         job = self.defs.resolve_job_def(job_name)
@@ -83,7 +91,7 @@ class _Runs:
         return self.instance.create_run_for_job(
             job_def=job,
             run_config=QUIET_LOGS,
-            tags={**job.tags, **tags, "phantora/launched_by": BUILD_TAG, "phantora/build_id": self.build_id},
+            tags={**job.tags, **tags, "phantora/launched_by": BUILD_TAG, **self.identity},
             asset_selection=frozenset(selection) if selection is not None else None,
             job_code_origin=self.repo.get_reconstructable_job(job_name).get_python_origin(),
         )
@@ -185,11 +193,24 @@ def _free_slots(instance, run_id: str) -> None:
 UNFINISHED = ("NOT_STARTED", "QUEUED", "STARTING", "STARTED", "CANCELING")
 
 
+def build_alive(run) -> bool:
+    """Whether the build that created ``run`` still runs: the pid of its ``phantora/build_pid``
+    tag lives with the start time of its ``phantora/build_start`` tag (a reused pid is not taken
+    for it). False for a run without these tags (made by an older version)."""
+    pid = run.tags.get(BUILD_PID_TAG)
+    if not pid or not pid.isdigit():
+        return False
+    started = process_start_time(int(pid))
+    return started is not None and started == run.tags.get(BUILD_START_TAG, started)
+
+
 def reap_stale_runs(instance) -> list[str]:
     """Close the runs an earlier build left unfinished (killed with SIGKILL, its terminal closed):
-    a run of ``phantora-assets build`` whose worker is gone (or never started) is marked failed
-    and its pool slots are freed, so that it neither blocks the dataset automation (which waits
-    for runs in progress) nor holds a simulation slot forever. Returns their run ids."""
+    a run of ``phantora-assets build`` whose build is gone (:func:`build_alive`) and whose worker
+    is gone (or never started) is marked failed and its pool slots are freed, so that it neither
+    blocks the dataset automation (which waits for runs in progress) nor holds a simulation slot
+    forever. The runs of a build that still runs (one started beside this one) are left alone,
+    also those it created ahead and has not launched yet. Returns their run ids."""
     import dagster as dg
 
     from phantora_assets.instance import ForkRunLauncher
@@ -199,7 +220,7 @@ def reap_stale_runs(instance) -> list[str]:
     reaped = []
     statuses = [dg.DagsterRunStatus(s) for s in UNFINISHED]
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=statuses, tags={"phantora/launched_by": BUILD_TAG})):
-        if probe._alive(run):
+        if build_alive(run) or probe._alive(run):
             continue
         instance.report_run_failed(run, "left unfinished by an interrupted phantora-assets build (its worker is gone)")
         _free_slots(instance, run.run_id)

@@ -20,14 +20,19 @@ Configure it in ``dagster.yaml``::
 Run workers record their pid (run tags ``phantora/run_worker_pid`` and ``.../run_worker_start``,
 the kernel's start time of that pid) so that run monitoring (``run_monitoring: enabled: true``)
 fails a run whose worker was killed (``kill -9``, the OOM killer) instead of leaving it STARTED
-forever; ``terminate`` sends the worker SIGINT, which Dagster turns into a cancelled run (a
-SIGTERM to the worker, e.g. a system shutdown, ends the run as failed, with its event log closed). Workers
+forever. ``terminate`` marks the run CANCELING and sends its worker SIGUSR1: the worker
+interrupts the run it executes only when that run is one whose termination was requested (a reused
+worker's next run is never hit by a late terminate of its last one), and a run terminated before its
+worker started it ends CANCELED without running (a SIGTERM to the worker, e.g. a system shutdown,
+ends the run as failed, with its event log closed). Workers
 are forked from the forkserver, which runs in a session of its own (``instance/forkserver.py``), not
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
-Each worker (``instance/worker.py``) re-executes ``phantora_assets.definitions`` when the run
-matrix, the import registry or the environment changed since it was imported, so they are seen
-without restarting the daemon; a change to the package's own code needs a daemon restart (the
-forkserver holds the imported code).
+Each run executes with the launching process's environment as of its launch (handed to the
+worker with the run: a forkserver started at the first launch, or a reused worker, does not keep
+the environment of then), and its worker (``instance/worker.py``) re-executes
+``phantora_assets.definitions`` when the run matrix, the import registry or the ``PHANTORA_ASSETS_*``
+environment changed since it was imported, so they are seen without restarting the daemon; a
+change to the package's own code needs a daemon restart (the forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched
 (``DagsterLaunchFailedError``).
@@ -42,40 +47,33 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from dagster import Array, Field, IntSource, StringSource
 from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
-from phantora_assets.instance.worker import HELD_SIGNALS, run_worker, signals_deferred
+from phantora_assets.instance.worker import (  # PID_TAG, START_TAG: the run tags this launcher writes
+    CANCEL_SIGNAL,
+    HELD_SIGNALS,
+    PID_TAG,
+    START_TAG,
+    process_start_time,
+    run_worker,
+    signals_deferred,
+)
+from phantora_assets.instance.worker import (
+    WorkerHandle as _Worker,
+)
 
-#: Run tags the launcher writes: the worker's pid and the kernel's start time of that pid (so a
-#: reused pid is not taken for the worker).
-PID_TAG = "phantora/run_worker_pid"
-START_TAG = "phantora/run_worker_start"
 #: Seconds an idle worker has to acknowledge the run it is handed (else a new worker is forked).
 ACK_TIMEOUT_S = 2.0
 #: Seconds a launch waits for a busy reusable worker to report its run ended before it forks.
 REPORT_WAIT_S = 0.5
 DEFAULT_PRELOAD = ("phantora_assets.instance.warm",)
 START_METHODS = ("forkserver", "fork", "spawn")
-
-
-def process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or
-    None when there is no such process or no ``/proc``; a zombie counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
 
 
 class ForkRunLauncher(RunLauncher, ConfigurableClass):
@@ -168,10 +166,9 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 self._processes[run.run_id] = worker.proc
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        proc = worker.proc
-        pid = proc.pid
-        assert pid is not None
-        self._instance.add_run_tags(run.run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
+        pid = int(worker.proc.pid or 0)  # tagged on the run before the worker runs it (_hand_over, _fork)
+        if (self._instance.get_run_by_id(run.run_id) or run).status == DagsterRunStatus.CANCELING:
+            os.kill(pid, CANCEL_SIGNAL)  # terminated while it was handed over: its terminate saw no pid
         self._instance.report_engine_event(
             f"Run worker started (pid {pid}, {self.start_method} from a pre-imported process).",
             run,
@@ -187,7 +184,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             conn, child = ctx.Pipe()
         proc = ctx.Process(
             target=run_worker,
-            args=(run_id, ref, inherited, child, self.runs_per_worker, self.idle_timeout_seconds),
+            args=(run_id, ref, inherited, child, self.runs_per_worker, self.idle_timeout_seconds, dict(os.environ)),
             name=f"dagster-run-{run_id[:8]}",
         )
         # a signal handler that raises (the build's Ctrl-C / SIGTERM) must not run inside fork's
@@ -197,6 +194,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        self._tag(run_id, int(proc.pid or 0))  # the worker waits for it before it executes the run
         if child is not None:
             child.close()
         # not one of this process's children for multiprocessing's exit handler: a daemon that
@@ -214,7 +212,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         while self._idle:
             w = self._idle.pop()
             try:
-                w.conn.send(run_id)
+                self._tag(run_id, int(w.proc.pid or 0))  # before the worker has it: no write beside its own
+                w.conn.send((run_id, dict(os.environ)))  # the run sees this environment, not the worker's
                 if w.conn.poll(ACK_TIMEOUT_S) and w.conn.recv() == ("ack", run_id):
                     return w
             except (EOFError, OSError):
@@ -227,6 +226,11 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 w.proc.join(1.0)
             self._retired.append(w)
         return None
+
+    def _tag(self, run_id: str, pid: int) -> None:
+        """Record ``pid`` (and its start time) as the worker of run ``run_id`` (the run storage
+        rewrites the whole run record: a write beside the worker's own status writes lost one)."""
+        self._instance.add_run_tags(run_id, {PID_TAG: str(pid), START_TAG: process_start_time(pid) or ""})
 
     def _a_busy_run_ended(self) -> bool:
         """Whether the instance records a run of a busy worker as ended (that worker is about to
@@ -343,14 +347,20 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
             self._retired = left
 
     def terminate(self, run_id: str) -> bool:
+        """Request the termination of run ``run_id``: mark it CANCELING and send its worker
+        ``CANCEL_SIGNAL``, which interrupts the run the worker executes if that is a run whose
+        termination was requested. A run STARTING whose worker is not recorded yet (being handed
+        over or forked) is marked too: its worker, or this launcher's ``launch_run``, sees it and
+        cancels it before it runs. False: the run has ended, or its worker is gone."""
         run = self._instance.get_run_by_id(run_id)
-        if run is None or run.is_finished or not run.tags.get(PID_TAG):
-            return False
-        if not self._alive(run):
+        alive = None if run is None else self._alive(run)  # None: no worker recorded (yet)
+        if run is None or run.is_finished or alive is False or (alive is None and run.status.value != "STARTING"):
             return False
         self._instance.report_run_canceling(run)
+        pid = (self._instance.get_run_by_id(run_id) or run).tags.get(PID_TAG)  # tagged since?
         try:
-            os.kill(int(run.tags[PID_TAG]), signal.SIGINT)
+            if pid:
+                os.kill(int(pid), CANCEL_SIGNAL)
         except ProcessLookupError:
             return False
         return True
@@ -376,23 +386,3 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self.shutdown(timeout=0)
         self._processes.clear()
         self._busy.clear()
-
-
-class _Worker:
-    """A worker process of :class:`ForkRunLauncher`, its end of the pipe (None for one-run
-    workers), the run it executes and how many it was given."""
-
-    def __init__(self, proc: multiprocessing.process.BaseProcess, conn: Any) -> None:
-        self.proc = proc
-        self.conn = conn
-        self.run_id: str | None = None
-        self.runs = 0
-        self.idle_since = 0.0
-
-    def close(self, process: bool = False) -> None:
-        """Close this end of the pipe, and with ``process`` the process handle (it has exited)."""
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if process:
-            self.proc.close()

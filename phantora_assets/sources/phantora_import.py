@@ -257,10 +257,19 @@ def import_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
     return install_trace(spec, paths, src, f"imported from {src}")
 
 
-def input_files(folder: Path) -> tuple[str, ...]:
+def input_files(folder: Path) -> list[str]:
     """The files of an imported run folder its build reads (what its fingerprint covers):
-    ``IMPORT_FILES`` (the trace, run.log, timeline.bin)."""
-    return IMPORT_FILES
+    ``IMPORT_FILES`` (the trace, run.log, timeline.bin) and every entry under ``IMPORT_DIRS``
+    (``config/...``, ``perfdb_missing/...``, which ``raw_timeline`` copies; a link is listed, not
+    followed), so an edited netconfig or command file makes the build stale too."""
+    names = list(IMPORT_FILES)
+    for sub in IMPORT_DIRS:
+        for dirpath, dirnames, files in os.walk(folder / sub):
+            dirnames.sort()
+            here = Path(dirpath)
+            links = [d for d in dirnames if (here / d).is_symlink()]  # os.walk does not enter them
+            names += [str((here / f).relative_to(folder)) for f in sorted(files + links)]
+    return names
 
 
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
