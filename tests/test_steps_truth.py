@@ -164,6 +164,8 @@ _CUT_FLOWS_ONLY = {"cut": 0.3, "with_compute": False}
 # issue 13: cut inside the last iteration; flows only
 @example(patterns=[[0, 1], [2]], reps=8, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_CUT_FLOWS_ONLY)
 @example(patterns=[[0], [1]], reps=12, warmup_noise=[], extra=(1, 5), jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
+# found by the random profile (seed 3): 6 equal calls 120 us apart, 2 iterations, flows only: not 12 steps
+@example(patterns=[[0] * 6], reps=2, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
 def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra, jitter, seed, cut, with_compute):
     """1-3 communicators with their own per-step patterns (a pattern may repeat identical calls),
     a noisy warm-up, optionally one extra 1-element call every k-th iteration on one of them,

@@ -39,7 +39,9 @@ LATE_SHARE = 0.15
 #: The longest cycle of steps read as one step of several parts (as ``step_coarse.MAX_REPETITIONS``).
 MAX_CYCLE = 64
 #: A cycle of steps is one step of several parts when its off-median steps take this share of its time.
-PARTS_SHARE = 0.5
+PARTS_SHARE = 0.25
+#: Late steps are told from a step of several parts only in a run of at least this many timed steady steps.
+LATE_MIN_STEPS = 12
 
 
 @dataclass(frozen=True)
@@ -339,12 +341,13 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
     ``g`` later, the same steps off the median in every cycle, the sums of ``g`` steps a rhythm) whose
     off-median steps take at least ``PARTS_SHARE`` of the cycle's time (the parts of a step bunched
     before one long gap), the steps of ``g`` times as many calls (``coarsen(g)``) when those are a
-    rhythm; else ``cut`` when at most ``LATE_SHARE`` of the steps are off their median (late steps: a
-    straggler, a checkpoint, a periodic one too). Work: O(MAX_CYCLE * steps).
+    rhythm; else ``cut`` when at most ``LATE_SHARE`` of at least ``LATE_MIN_STEPS`` steps are off their
+    median (late steps: a straggler, a checkpoint, a periodic one too). Work: O(MAX_CYCLE * steps).
 
     Raises:
         StepDetectionError: ``"steps ambiguous"``: a cycle whose coarser steps fail, or steps that
-            are no rhythm, no such cycle, and more than ``LATE_SHARE`` of them off their median.
+            are no rhythm, no such cycle, and more than ``LATE_SHARE`` of them off their median (or fewer
+            than ``LATE_MIN_STEPS``).
     """
     s = cut.starts[cut.first_steady :]
     d = np.diff(s[np.isfinite(s)])
@@ -366,11 +369,11 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
                 return got
             got = "those steps are no rhythm either"
         raise _fail(src, "steps ambiguous", f"{seen}, a cycle of {g} steps; steps of {g} times as many calls: {got}")
-    if int(off.sum()) <= LATE_SHARE * len(d):
+    if int(off.sum()) <= LATE_SHARE * len(d) and len(d) >= LATE_MIN_STEPS:
         return cut
     raise _fail(
         src,
         "steps ambiguous",
-        f"{seen}: no rhythm, {int(off.sum())} of {len(d)} off their median (more than {LATE_SHARE:.0%}: not a "
-        "late step or two), and no cycle of steps to tell a step of several parts",
+        f"{seen}: no rhythm, {int(off.sum())} of {len(d)} off their median (late steps are kept when at most "
+        f"{LATE_SHARE:.0%} in at least {LATE_MIN_STEPS}), and no cycle of steps to tell a step of several parts",
     )

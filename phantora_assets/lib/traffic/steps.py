@@ -96,10 +96,10 @@ Definitions used here (all documented choices):
 * **Steps in rhythm** (no compute rhythm; :func:`~phantora_assets.lib.traffic.step_verify.steps_in_rhythm`):
   the steady steps must be a rhythm in time (every gap between step starts within 10 % of their
   median). Gaps that repeat exactly every ``g >= 2`` steps (at most 64), the off-median ones taking
-  at least half of the cycle (two calls 120 us apart in a 1000 us iteration give steps of 120 and
+  at least a quarter of the cycle (two calls 120 us apart in a 1000 us iteration give steps of 120 and
   880 us), are a step of ``g`` times as many calls, kept when those steps are a rhythm, else
   ``"steps ambiguous"``; other gaps are kept as late steps (a straggler, a checkpoint step, also every
-  20th) when at most 15 % of them are off their median, else refused (``"steps ambiguous"``).
+  20th) when at most 15 % of at least 12 are off their median, else refused (``"steps ambiguous"``).
 * **Steps of equal parts** (no compute rhythm;
   :func:`~phantora_assets.lib.traffic.step_coarse.split_with_extras`): an anchor whose step is ``g >= 2``
   copies of one block of calls, evenly spaced in time, plus a few other calls (a call every 2nd
