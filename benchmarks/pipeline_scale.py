@@ -31,20 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from phantora_assets.assets import RUN_ASSET_NAMES
+
 RSS_LIMIT_MIB = 2048
 SLOPE_TARGET = 1.15
 BIN_TARGET_S = 1.0
-RUN_STAGES = (
-    "raw_timeline",
-    "chrome_trace",
-    "validated_flows",
-    "binned_flows",
-    "link_bins",
-    "window_features",
-    "run_summary",
-    "step_anatomy",
-    "run_plots",
-)
+RUN_STAGES = RUN_ASSET_NAMES  # every per-run asset, in graph order
 DATASET_STAGES = ("phantora_v0", "dataset_duckdb")
 
 
