@@ -50,6 +50,17 @@ def _instance(root: Path) -> dg.DagsterInstance:
         return dg.DagsterInstance.from_config(str(home))
 
 
+def _project_home(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """``(home, data)``: a DAGSTER_HOME holding the project's dagster.yaml and a data root, both under
+    ``tmp_path``, set as ``$DAGSTER_HOME`` and ``$PHANTORA_ASSETS_DATA_DIR``."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    return home, data
+
+
 def _first_worker(root: Path, proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, int]:
     """(run_id, pid) of the first all_runs run whose worker has started."""
     t0 = time.monotonic()
@@ -258,11 +269,7 @@ def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monk
 
     from phantora_assets.cli.engine import _Runs
 
-    home, data = tmp_path / "home", tmp_path / "data"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
 
     with dg.DagsterInstance.from_config(str(home)) as inst:
@@ -334,11 +341,7 @@ def test_a_worker_too_slow_to_acknowledge_never_runs_the_run(tmp_path: Path, mon
     from phantora_assets.instance import launcher as launcher_mod
 
     monkeypatch.setattr(launcher_mod, "ACK_TIMEOUT_S", 0.5)
-    home, data = tmp_path / "home", tmp_path / "data"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
 
     with dg.DagsterInstance.from_config(str(home)) as inst:
@@ -397,11 +400,7 @@ def test_a_signal_during_a_fork_is_handled_once_the_worker_is_recorded(tmp_path:
 
     from phantora_assets.cli.engine import _Runs
 
-    home, data = tmp_path / "home", tmp_path / "data"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
 
     class Stop(Exception):
@@ -469,11 +468,7 @@ def _reuse_launcher(tmp_path: Path, monkeypatch):
     instance with the project's dagster.yaml; the caller disposes of the launcher."""
     from phantora_assets.cli.engine import _Runs
 
-    home, data = tmp_path / "home", tmp_path / "data"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(data))
+    home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
 
     inst = dg.DagsterInstance.from_config(str(home))
