@@ -266,8 +266,7 @@ def _regular_step_us(cs: _Calls, i: int, q: int, n: int, skip: int) -> float | N
     d = np.diff(cs.step_bounds(i, q, n)[0][::-1])[skip:]
     if len(d) < 2:
         return None
-    med = float(np.median(d))
-    return med if med > 0 and float(np.abs(d - med).max()) <= AGREE_REL_TOL * med else None
+    return float(np.median(d)) if _is_rhythm(d) else None
 
 
 def occasional(
@@ -365,7 +364,8 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
         got = coarsen(g)
         if not isinstance(got, str):
             t = got.starts[got.first_steady :]
-            if len(np.diff(t[np.isfinite(t)])) >= 1 and _is_rhythm(np.diff(t[np.isfinite(t)])):
+            gaps = np.diff(t[np.isfinite(t)])
+            if len(gaps) >= 1 and _is_rhythm(gaps):
                 return got
             got = "those steps are no rhythm either"
         raise _fail(src, "steps ambiguous", f"{seen}, a cycle of {g} steps; steps of {g} times as many calls: {got}")
