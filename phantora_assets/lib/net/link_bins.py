@@ -4,10 +4,13 @@ Every flow of the chosen steady step is placed over the window exactly as ``binn
 (``lib/traffic/binning.build_bins``: the same repetitions, lengths, phase and seed from the run id, the
 same bin width and cumulative-floor split of a flow's bytes over the bins it overlaps), and its bytes
 appear on every link of its path (``lib/net/routes.flow_links``). The bins of a link are computed by
-``build_bins`` itself: each (flow, link of its path) becomes one flow on a virtual node pair that stands
-for the link, so the split rule is binning's, not a copy of it. A ``split`` flow's fabric hop is binned
-once per (rack, direction) and each bin's bytes are divided over the ``S`` spines: ``b // S`` each, the
-remainder one byte each to the lowest spine numbers, so every bin still adds up to the byte.
+``build_bins`` itself, so the split rule is binning's, not a copy of it: each flow is placed once on a
+virtual node pair that stands for its path (the links it crosses), and each path's bins are added to
+each of its links (exact integer sums; or, when paths are many, each (flow, link) row is placed on a
+pair that stands for the link: the same bytes, by ``build_link_bins(by_path=...)``). A ``split`` flow's
+fabric hop is binned once per (rack, direction) and each bin's bytes are divided over the ``S`` spines:
+``b // S`` each, the remainder one byte each to the lowest spine numbers, so every bin still adds up
+to the byte.
 
 Not on any link: flows inside one host (as in ``binned_flows``) and the synthetic control traffic
 (``flows_100ms``'s 5 kB/s per node, which no collective sends): ``link_bins`` on the ``host_up`` links
@@ -85,6 +88,38 @@ def _pairs(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray, int]:
     return src, np.where(rest < src, rest, rest + 1), m
 
 
+#: Bins x paths cells the path form of :func:`build_link_bins` may hold beyond the links' own (64 MB).
+_PATH_CELLS = 1 << 23
+
+
+def _path_signatures(fi: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The distinct paths of the (flow, key) rows ``fi, keys``: ``(flows, paths, inverse)`` -- each
+    flow that has rows once, the ``(n_paths, longest)`` sorted keys of each path padded with -1, and
+    each flow's path number; None when there are no rows."""
+    if not len(fi):
+        return None
+    order = np.lexsort((keys, fi))
+    fi, keys = fi[order], keys[order]
+    new = np.r_[True, fi[1:] != fi[:-1]]
+    first = np.nonzero(new)[0]
+    rank = np.cumsum(new) - 1
+    pos = np.arange(len(fi)) - first[rank]
+    grid = np.full((len(first), int(pos.max()) + 1), -1, dtype=np.int64)
+    grid[rank, pos] = keys
+    sigs, inv = np.unique(grid, axis=0, return_inverse=True)
+    return fi[first], sigs, inv.reshape(-1).astype(np.int64)
+
+
+def _paths_to_keys(per_path: np.ndarray, sigs: np.ndarray, n_keys: int) -> np.ndarray:
+    """``(n_bins, n_keys)`` bytes: every path's bins added to each key of the path (exact int64)."""
+    out = np.zeros((n_keys, per_path.shape[0]), dtype=np.int64)
+    by_path = np.ascontiguousarray(per_path.T)
+    for j in range(sigs.shape[1]):
+        live = np.nonzero(sigs[:, j] >= 0)[0]
+        np.add.at(out, sigs[live, j], by_path[live])
+    return np.ascontiguousarray(out.T)
+
+
 def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int, **bin_args) -> tuple[np.ndarray, int]:
     """Bytes per (bin, key) of the (flow, key) rows ``fi, keys``, placed by ``build_bins`` without
     control traffic: an ``(n_bins, n_keys)`` int64 array, and the placed bytes."""
@@ -115,6 +150,7 @@ def build_link_bins(
     window_s: float = 180.0,
     bin_s: float = 0.1,
     jitter: float = 0.02,
+    by_path: bool | None = None,
 ) -> LinkBins:
     """Bytes per (directed link, bin) of the window (module docstring).
 
@@ -126,6 +162,10 @@ def build_link_bins(
         step_time_s, run_id, window_s, bin_s, jitter: as ``binning.build_bins`` (the same values as
             ``binned_flows`` give the same placement).
         routes: ``simulated`` or ``modelled`` (``routes.routes_kind``), written in every row.
+        by_path: place each flow once into the bins of its path (the set of keys it lands on), then
+            add each path's bins to its links; or (False) place every (flow, link) row on its own.
+            Integer sums, so both give the same table to the byte; None (default) takes the path
+            form when the paths' bins need no more cells than the links' (or :data:`_PATH_CELLS`).
 
     Returns:
         A :class:`LinkBins`.
@@ -146,11 +186,17 @@ def build_link_bins(
     fi, keys = fi[keep], keys[keep]
     n_groups = 2 * topo.n_racks if split.any() else 0
     args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
-    n_bins = int(round(window_s / bin_s))
-    if len(fi):
-        per_key, _ = _bin_keys(step_flows, fi, keys, n_links + n_groups, **args)
+    n_bins, n_keys = int(round(window_s / bin_s)), n_links + n_groups
+    if not len(fi):
+        per_key = np.zeros((n_bins, n_keys), dtype=np.int64)
+    elif (paths := _path_signatures(fi, keys)) is not None and (
+        by_path if by_path is not None else len(paths[1]) * n_bins <= max(n_keys * n_bins, _PATH_CELLS)
+    ):
+        flow_of_path, sigs, inv = paths
+        per_path, _ = _bin_keys(step_flows, flow_of_path, inv, len(sigs), **args)
+        per_key = _paths_to_keys(per_path, sigs, n_keys)
     else:
-        per_key = np.zeros((n_bins, n_links + n_groups), dtype=np.int64)
+        per_key, _ = _bin_keys(step_flows, fi, keys, n_keys, **args)
     per_link = per_key[:, :n_links].copy()
     for g in range(n_groups):  # divide the group's bytes over its S spines, remainder to the lowest
         base, rem = np.divmod(per_key[:, n_links + g], s)
