@@ -215,14 +215,17 @@ def test_shipped_run_materializes_link_bins_into_duckdb(tmp_path):
 def test_path_form_and_per_link_rows_give_the_same_table_to_the_byte(ecmp):
     """build_link_bins places each flow once per path (by_path=True, the default for small runs) or once
     per (flow, link) (by_path=False, many paths): integer sums of the same placements, so the tables are
-    equal to the byte -- here for 400 flows with random offsets, lengths (some past the step, some 0),
-    sizes up to 2**40 and every host pair, 3 spines, on a jittered window with edge instances."""
+    equal to the byte -- here for 400 flows with random offsets, lengths (some past the step, some 0, some
+    past the whole window), sizes up to 2**40 and every host pair, 3 spines, on a jittered window with
+    edge instances; and expected_class_bytes (in-window shares counted directly, no bins) agrees."""
     rng = np.random.default_rng(7)
     n = 400
     src = rng.integers(0, 6, n)
     dst = (src + rng.integers(1, 6, n)) % 6
     dur = rng.uniform(0, 40_000, n)
     dur[::17] = 0.0
+    dur[5::29] = 2_500_000.0  # longer than the 2 s window: instances across both edges
+    dur[7::31] = 3_200_000.0  # >= 3 s: the split's Python-integer path
     flows = pd.DataFrame(
         {
             "offset_us": rng.uniform(0, 30_000, n),

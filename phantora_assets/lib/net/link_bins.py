@@ -23,7 +23,7 @@ Conservation per link class ``c`` (the ``link_bins_conserve_bytes`` check)::
 
 i.e. ``host_up`` and ``host_down`` hold every network byte once, ``leaf_spine`` and ``spine_leaf`` every
 byte between racks once (a ``hash`` or ``first`` path has one such link, a ``split`` path ``S`` links of
-``1/S``). The right side is binned on its own (:func:`expected_class_bytes`), from the flows alone.
+``1/S``). The right side is counted from the flows alone, without bins (:func:`expected_class_bytes`).
 No Dagster import.
 """
 
@@ -38,7 +38,15 @@ import pandas as pd
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.net.routes import LINK_CLASSES, flow_links, link_table
 from phantora_assets.lib.sim.network import Topology
-from phantora_assets.lib.traffic.binning import build_bins, exact_sum
+from phantora_assets.lib.traffic.binning import (  # the placement's own rules, for the direct count
+    NS_PER_US,
+    _Apportion,
+    _draw_repetitions,
+    _to_ns,
+    build_bins,
+    exact_sum,
+    seed_from_run_id,
+)
 
 #: link_bins rows: bytes on one directed link in the bin starting at t.
 LINK_BIN_COLUMNS: dict[str, str] = {
@@ -135,7 +143,7 @@ def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int
         columns=list(STEP_FLOW_COLUMNS),
     )
     built = build_bins(virtual, n_nodes=m, control_bytes_per_s=0, **bin_args)
-    per_bin = built.bins["bytes"].to_numpy(np.int64).reshape(-1, m * (m - 1))
+    per_bin = built.matrix  # (n_bins, m * (m - 1)), the dense pair order
     return per_bin[:, :n_keys], int(built.placed_flow_bytes)
 
 
@@ -233,21 +241,71 @@ def class_bytes(table: pd.DataFrame) -> dict[str, int]:
 
 
 def expected_class_bytes(
-    step_flows: pd.DataFrame, topo: Topology, *, step_time_s: float, run_id: str, **bin_args
+    step_flows: pd.DataFrame,
+    topo: Topology,
+    *,
+    step_time_s: float,
+    run_id: str,
+    window_s: float = 180.0,
+    bin_s: float = 0.1,
+    jitter: float = 0.02,
 ) -> dict[str, int]:
-    """The right side of the conservation rule, from the flows alone: the in-window bytes of the
-    network flows inside one rack and between racks, placed by ``build_bins`` as two virtual pairs;
-    ``host_up`` and ``host_down`` expect both, ``leaf_spine`` and ``spine_leaf`` the second."""
+    """The right side of the conservation rule, from the flows alone, without any bins: the in-window
+    bytes of the network flow instances inside one rack and between racks; ``host_up`` and ``host_down``
+    expect both, ``leaf_spine`` and ``spine_leaf`` the second.
+
+    The instances are ``binning.build_bins``' (the same repetition starts, drawn from the run id's seed);
+    an instance inside the window counts all its bytes, one across an edge its cumulative-floor share
+    ``C(min(end, window)) - C(max(start, 0))`` (module docstring of ``lib/traffic/binning.py``), computed
+    directly, not as a sum of bin parts: a placement that loses or doubles a byte in some bin fails.
+    ``bin_s`` is checked as ``build_bins`` checks it (the window must be a multiple of it)."""
     src = step_flows["src_node"].to_numpy(np.int64)
     dst = step_flows["dst_node"].to_numpy(np.int64)
     net = np.nonzero(src != dst)[0]
-    cross = (src[net] // topo.rack_size) != (dst[net] // topo.rack_size)
     if not len(net):
         return dict.fromkeys(LINK_CLASSES, 0)
-    per_key, _ = _bin_keys(
-        step_flows, net, cross.astype(np.int64), 2, step_time_s=step_time_s, run_id=run_id, **bin_args
+    window_ns, bin_ns = _to_ns(window_s, "window_s"), _to_ns(bin_s, "bin_s")
+    if window_ns % bin_ns:
+        raise ValueError(f"window_s={window_s!r} is not a multiple of bin_s={bin_s!r}")
+    cross = (src[net] // topo.rack_size) != (dst[net] // topo.rack_size)
+    o, d = (
+        np.rint(step_flows[c].to_numpy(np.float64)[net] * NS_PER_US).astype(np.int64) for c in ("offset_us", "dur_us")
     )
-    intra, between = exact_sum(per_key[:, 0].copy()), exact_sum(per_key[:, 1].copy())
+    b = step_flows["bytes"].to_numpy(np.int64)[net]
+    starts, _, _ = _draw_repetitions(
+        np.random.default_rng(seed_from_run_id(run_id)),
+        step_ns=_to_ns(step_time_s, "step_time_s"),
+        window_ns=window_ns,
+        jitter=jitter,
+        max_flow_end_ns=int((o + d).max()),
+    )
+    first = lambda x, side: np.searchsorted(starts, x, side=side)
+    zero = d == 0
+    # instances that reach into the window: start + o + d > 0 and start + o < window (d = 0: start + o >= 0)
+    ov_lo = np.where(zero, first(-o, "left"), first(-o - d, "right"))
+    ov_hi = first(window_ns - o, "left")
+    lo = np.maximum(first(-o, "left"), ov_lo)  # whole instances: start >= -o and start + o + d <= window
+    hi = np.clip(first(window_ns - o - d, "right"), lo, ov_hi)
+    hi = np.where(zero, ov_hi, hi)
+    lo = np.where(zero, ov_lo, lo)
+    whole = np.maximum(hi - lo, 0)
+    totals = [0, 0]
+    for bb, n, c in zip(b.tolist(), whole.tolist(), cross.tolist()):
+        totals[c] += bb * n
+    # the edge instances: [ov_lo, lo) and [hi, ov_hi) of each flow with d > 0 and bytes > 0
+    spread = ~zero & (b > 0)
+    for r0, r1 in ((ov_lo, lo), (hi, ov_hi)):
+        n = np.where(spread, np.maximum(r1 - r0, 0), 0)
+        if not n.any():
+            continue
+        f = np.repeat(np.arange(len(n)), n)
+        k = np.repeat(r0, n) + (np.arange(len(f)) - np.repeat(np.cumsum(n) - n, n))
+        a, dd = starts[k] + o[f], d[f]
+        app = _Apportion(b[f], dd)
+        share = app.sent(np.clip(window_ns - a, 0, dd)) - app.sent(np.clip(-a, 0, dd))
+        for c in (0, 1):
+            totals[c] += exact_sum(share[cross[f] == c])
+    intra, between = totals
     return {"host_up": intra + between, "leaf_spine": between, "spine_leaf": between, "host_down": intra + between}
 
 
