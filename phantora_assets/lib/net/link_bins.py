@@ -279,14 +279,13 @@ def expected_class_bytes(
         jitter=jitter,
         max_flow_end_ns=int((o + d).max()),
     )
-    first = lambda x, side: np.searchsorted(starts, x, side=side)
+    first = lambda x, side: np.asarray(np.searchsorted(starts, x, side=side), dtype=np.int64)
     zero = d == 0
     # instances that reach into the window: start + o + d > 0 and start + o < window (d = 0: start + o >= 0)
     ov_lo = np.where(zero, first(-o, "left"), first(-o - d, "right"))
     ov_hi = first(window_ns - o, "left")
     lo = np.maximum(first(-o, "left"), ov_lo)  # whole instances: start >= -o and start + o + d <= window
-    hi = np.clip(first(window_ns - o - d, "right"), lo, ov_hi)
-    hi = np.where(zero, ov_hi, hi)
+    hi = np.where(zero, ov_hi, np.clip(first(window_ns - o - d, "right"), lo, ov_hi))
     lo = np.where(zero, ov_lo, lo)
     whole = np.maximum(hi - lo, 0)
     totals = [0, 0]
