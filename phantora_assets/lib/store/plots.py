@@ -189,17 +189,20 @@ def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, 
     az = fig.add_axes((0.07, 0.09, 0.76, 0.33))
     util = link_bins["bytes"].to_numpy(np.float64) * 8 / link_bins["bin_s"].to_numpy(np.float64)
     util = 100 * util / link_bins["capacity_bps"].to_numpy(np.float64)
-    t = link_bins["t"].to_numpy(np.float64)
-    grid, ti = np.unique(t, return_inverse=True)
+    grid, ti = np.unique(link_bins["t"].to_numpy(np.float64), return_inverse=True)
+    ids, li = np.unique(link_bins["link_id"].to_numpy(np.int64), return_inverse=True)
     bin_s = float(link_bins["bin_s"].iloc[0]) if len(link_bins) else 0.1
-    cls = link_bins["link_class"].to_numpy()
+    # (bin, link) grid of utilisations (a link missing from a bin: 0), and each link's class
+    table = np.zeros((len(grid), len(ids)))
+    table[ti.reshape(-1), li.reshape(-1)] = util
+    link_class = np.empty(len(ids), dtype=object)
+    link_class[li.reshape(-1)] = link_bins["link_class"].to_numpy()
     for name, color in _CLASS_COLORS.items():
-        sel = cls == name
+        sel = link_class == name
         if not sel.any():
             continue
-        peak = np.zeros(len(grid))
-        np.maximum.at(peak, ti.reshape(-1)[sel], util[sel])
-        n_links = int(link_bins.loc[sel, "link_id"].nunique())
+        peak = table[:, sel].max(axis=1)
+        n_links = int(sel.sum())
         label = f"{name}\n({n_links} links)"
         zoom = grid < zoom_s
         ax.plot(grid, peak, drawstyle="steps-post", color=color, lw=0.9, alpha=0.8, label=label)
