@@ -142,6 +142,28 @@ _FLOWS_ONLY = {"cut": None, "with_compute": False}
 _CUT_FLOWS_ONLY = {"cut": 0.3, "with_compute": False}
 
 
+def _generated_run(patterns, reps, warmup_noise, extra, jitter, seed, extra_at=950.0):
+    """The property's run (its docstring): ``(flows, compute events, iteration starts, end)``; the
+    extra call ``extra_at`` us into its iteration, 50 us before the next one's first call by default."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    comms = [f"00000000000d{i:04x}" for i in range(len(patterns))]
+    ranks = [0, 1, 2, 3]
+    for k, tok in enumerate(warmup_noise):
+        fb.ring(comms[0], ranks, "all_reduce", tok + 1, "Bf16", 5.0 * k, 0)
+    starts, t = [], 500.0
+    for it in range(reps):
+        starts.append(t)
+        for c, (comm, pattern) in enumerate(zip(comms, patterns)):
+            for k, tok in enumerate(pattern):
+                fb.ring(comm, ranks, "all_gather", 10 * (c + 1) + tok, "F32", t + 40 * c + 120 * k, 1)
+        if extra is not None and extra[0] < len(comms) and it % extra[1] == 0:
+            fb.ring(comms[extra[0]], ranks, "all_reduce", 1, "F32", t + extra_at, 0)
+        t += 1000.0 * (1 + jitter[it % len(jitter)])
+    flows = fb.frame(shuffle_seed=seed)
+    ce = compute_events([s - 400 for s in starts], [(0, 150), (170, 60), (800, 90)], hosts=("host-1", "host-2"))
+    return flows, ce, starts, t
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     patterns=st.lists(_PATTERN, min_size=1, max_size=3),
@@ -166,6 +188,11 @@ _CUT_FLOWS_ONLY = {"cut": 0.3, "with_compute": False}
 @example(patterns=[[0], [1]], reps=12, warmup_noise=[], extra=(1, 5), jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
 # found by the random profile (seed 3): 6 equal calls 120 us apart, 2 iterations, flows only: not 12 steps
 @example(patterns=[[0] * 6], reps=2, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
+# found by the random profile (seeds 3, 4, 6): an extra call every 2nd / 3rd iteration 50 us before the
+# next one (test_occasional_call_before_the_next_step_stays_in_its_own, ..._recut_by_compute_...)
+@example(patterns=[[0], [0]], reps=12, warmup_noise=[], extra=(0, 3), jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
+@example(patterns=[[0], [0]], reps=9, warmup_noise=[], extra=(0, 2), jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
+@example(patterns=[[0]], reps=9, warmup_noise=[], extra=(0, 3), jitter=_NO_JITTER, seed=0, **_PLAIN)
 def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra, jitter, seed, cut, with_compute):
     """1-3 communicators with their own per-step patterns (a pattern may repeat identical calls),
     a noisy warm-up, optionally one extra 1-element call every k-th iteration on one of them,
@@ -177,22 +204,7 @@ def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra
     is cut inside its last iteration (``cut``: the share of it kept), and the Computation events
     are left out (``with_compute``): flows-only traces and cut-short ones must be right or refused
     too, every flow of a steady step in its own iteration."""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    comms = [f"00000000000d{i:04x}" for i in range(len(patterns))]
-    ranks = [0, 1, 2, 3]
-    for k, tok in enumerate(warmup_noise):
-        fb.ring(comms[0], ranks, "all_reduce", tok + 1, "Bf16", 5.0 * k, 0)
-    starts, t = [], 500.0
-    for it in range(reps):
-        starts.append(t)
-        for c, (comm, pattern) in enumerate(zip(comms, patterns)):
-            for k, tok in enumerate(pattern):
-                fb.ring(comm, ranks, "all_gather", 10 * (c + 1) + tok, "F32", t + 40 * c + 120 * k, 1)
-        if extra is not None and extra[0] < len(comms) and it % extra[1] == 0:
-            fb.ring(comms[extra[0]], ranks, "all_reduce", 1, "F32", t + 950, 0)
-        t += 1000.0 * (1 + jitter[it % len(jitter)])
-    flows = fb.frame(shuffle_seed=seed)
-    ce = compute_events([s - 400 for s in starts], [(0, 150), (170, 60), (800, 90)], hosts=("host-1", "host-2"))
+    flows, ce, starts, t = _generated_run(patterns, reps, warmup_noise, extra, jitter, seed)
     lengths = np.diff(starts + [t])
     primitive = [min(d for d in range(1, len(p) + 1) if p == p[:d] * (len(p) // d)) for p in patterns]
     if cut is not None and any(d < len(p) for d, p in zip(primitive, patterns)):
@@ -220,7 +232,7 @@ def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra
     timed = sorted(lengths[1:-1]) if len(lengths) > 2 else sorted(lengths)
     lo, hi = timed[0], timed[-1]
     assert lo * 0.97 <= sr.step_time_us <= hi * 1.03, (sr.step_time_us, lo, hi)
-    if extra is not None and extra[0] < len(comms):
+    if extra is not None and extra[0] < len(patterns):
         # which iteration each steady step is (by its start), and which of them carry the extra call
         it_of = np.searchsorted(np.asarray(starts) - 1.0, sr.steps["start_us"].to_numpy(), side="right") - 1
         with_extra = [int(s) for s, i in zip(sr.steps["step"], it_of) if i % extra[1] == 0 and s in sr.steady_steps]
@@ -230,6 +242,42 @@ def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra
             assert not by_name["steps_match"].passed
             mism = set(by_name["steps_match"].observed["mismatched_steps"])
             assert mism in (set(with_extra), set(without))
+
+
+@pytest.mark.parametrize(("reps", "every"), [(9, 2), (12, 3)])
+def test_occasional_call_before_the_next_step_stays_in_its_own(reps, every):
+    """Found by the random profile (seeds 4 and 6: every 2nd iteration; seed 3: every 3rd): two
+    communicators with one call per iteration, 40 us apart, and an extra 1-element all-reduce on the
+    first one at 950 us of every ``every``-th iteration of 1000 us, flows only. The first communicator
+    is assigned by time and its calls open the steps; the extra call, 50 us before the next
+    iteration's first call, opened that step: steps of 1050 and 950 us, a step time of 1050 us (every
+    2nd iteration) -- silently wrong. It repeats no call that opens a step, so it ends its own."""
+    patterns, extra = [[0], [0]], (0, every)
+    flows, _ce, starts, _t = _generated_run(patterns, reps, [], extra, _NO_JITTER, 0)
+    sr = detect_steps(flows)
+    assert sr.steps["start_us"].tolist() == starts and sr.step_time_us == 1000.0
+    assert sr.steady_steps == list(range(1, reps - 1))  # time-assigned: the last step is cut short
+    extra_flows = (sr.flows["op"] == "all_reduce") & (sr.flows["count"] == 1)
+    it = (sr.flows.loc[extra_flows, "ts_us"].to_numpy() - 500.0) // 1000.0
+    assert (sr._period_step[extra_flows.to_numpy()] == it).all()  # in its own iteration's step
+    by_name = {o.name: o for o in run_trace_checks(flows, sr)}
+    assert by_name["steps_match"].observed["mismatched_steps"] == list(range(every, reps - 1, every))
+
+
+@pytest.mark.parametrize("extra_at", [950.0, 500.0])
+def test_occasional_call_between_iterations_stays_in_its_own_when_recut_by_compute(extra_at):
+    """Found by the random profile (seeds 4 and 6): one communicator, one call per iteration and an
+    extra one every 3rd: a 3-iteration period, re-cut at the compute rhythm. The boundaries were half
+    the quiet time before the 3-iteration steps' first calls (500 us) ahead of every iteration: the
+    extra call at 950 us (50 us before the next iteration) went to the next step; at 500 us (after
+    the iteration's last kernel, before the next one's first) the boundary fell on it: steps of 500
+    and 1500 us. The quiet time before every iteration's first call sets the boundaries now."""
+    flows, ce, starts, _t = _generated_run([[0]], 9, [], (0, 3), _NO_JITTER, 0, extra_at=extra_at)
+    sr = detect_steps(flows, compute=ce)
+    assert sr.steps["start_us"].tolist() == starts and sr.step_time_us == 1000.0
+    assert sr.steps["duration_us"].tolist()[:-1] == [1000.0] * 8 and sr.steady_steps == list(range(1, 9))
+    by_name = {o.name: o for o in run_trace_checks(flows, sr)}
+    assert by_name["steps_match"].observed["mismatched_steps"] == [3, 6]
 
 
 # ---- a trace cut short inside its last iteration; time-assigned sequences (ground truth) ---------

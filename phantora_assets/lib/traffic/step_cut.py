@@ -185,8 +185,9 @@ def _cut(
     check that every anchor sequence's first call of a steady step comes before the next step starts.
 
     A time-assigned call between two steps of the anchors (after the last anchor call of one, before
-    the first of the next) goes to the later step when the sequence's first call precedes every
-    anchor call (its calls come first in a step, as the run's first step shows), else to the earlier.
+    the first of the next) goes to the earlier step, unless the sequence's first call precedes every
+    anchor call (its calls come first in a step, as the run's first step shows): then the calls
+    ending the gap that repeat the end of that head open the later step (:func:`_opening_steps`).
 
     Raises:
         StepDetectionError: ``"steps disagree"`` (step counts more than ``warmup_steps + 1``
@@ -232,13 +233,10 @@ def _cut(
         first_anchor = float(ts_s[np.isin(seq_id, np.asarray(anchors))].min())
         for i in by_time:
             rows = seq_id == i
-            if float(ts_s[rows].min()) < first_anchor:  # its calls open a step: after the last anchor call
-                k = np.searchsorted(a_lasts, ts_s[rows], side="left")
-                step_sorted[rows] = np.where(k < n_steps, k, -1)
+            if float(ts_s[rows].min()) < first_anchor:  # its calls open a step (the head of the first one)
+                step_sorted[rows] = _opening_steps(cs, i, a_starts, a_lasts, first_anchor)
             else:
                 step_sorted[rows] = np.searchsorted(a_starts, ts_s[rows], side="right") - 1
-        for i in by_time:
-            rows = seq_id == i
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
             period[i] = int(np.median(per_step[first_steady:n_complete]))
     steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_complete)
@@ -262,18 +260,28 @@ def _cut(
                 f"began at {starts[k + 1]:.3f} us on {cs.name(o)} "
                 f"(periods {period[s_i]} and {period[o]} calls)",
             )
-    return _Cut(
-        period=period,
-        counts=counts,
-        anchors=anchors,
-        by_time=by_time,
-        n_steps=n_steps,
-        first_steady=first_steady,
-        n_complete=n_complete,
-        step_sorted=step_sorted,
-        steps=steps,
-        starts=starts,
-    )
+    return _Cut(period, counts, anchors, by_time, n_steps, first_steady, n_complete, step_sorted, steps, starts)
+
+
+def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray, first_anchor: float) -> np.ndarray:
+    """Step of every row of time-assigned sequence ``i``, whose calls before ``first_anchor`` (the
+    anchors' first call) are its head: a call in the anchors' step ``k`` or before step 0 is in it; of
+    the calls in the gap before step ``k``, the last ones that repeat the end of the head open step
+    ``k`` (-1 after the last step), the others end step ``k - 1`` (an occasional call does not move a
+    step's start)."""
+    g0, n, n_steps = int(cs.seq_call_start[i]), int(cs.seq_len[i]), len(a_starts)
+    ts, tok = cs.ts_s[cs.call_rows[g0 : g0 + n]], cs.call_tok[g0 : g0 + n]
+    head = tok[ts < first_anchor]
+    step = np.searchsorted(a_lasts, ts, side="left")  # the step a call is in, or opens
+    gi = np.flatnonzero((step >= 1) & ((step == n_steps) | (ts < a_starts[np.minimum(step, n_steps - 1)])))
+    if len(gi):  # runs of calls in one gap: place r from the run's end, matched against the head's end
+        new_run = np.r_[True, step[gi[1:]] != step[gi[:-1]]]
+        run_first, run_of, pos = np.flatnonzero(new_run), np.cumsum(new_run) - 1, np.arange(len(gi))
+        r = np.append(run_first[1:], len(gi))[run_of] - 1 - pos
+        match = (r < len(head)) & (tok[gi] == head[len(head) - 1 - np.minimum(r, len(head) - 1)])
+        step[gi[pos <= np.maximum.reduceat(np.where(match, -1, pos), run_first)[run_of]]] -= 1
+    step = np.where(step < n_steps, step, -1)
+    return step[cs.call_no[cs.seq_start[i] : cs.seq_end[i]] - g0]
 
 
 def _start_aligned(cs: _Calls, cut: _Cut, repeating: list[int], warmup_steps: int, src: str) -> _Cut:

@@ -135,11 +135,13 @@ def recut_by_compute(cs: _Calls, cut: _Cut, rhythm: ComputeRhythm, warmup_steps:
 
     Step boundaries are the compute period starts shifted by one phase: the median offset of the
     steps of ``cut`` (from the latest compute period start at or before each), less half the
-    shortest quiet time before a step's first call, so every step of ``cut`` starts a step here
-    too. Every call goes to the step its start falls in (calls before
-    the first boundary: no step). The first ``warmup_steps`` steps are warm-up; the rest steady.
-    The new steps must hold the same collectives in most steady steps (the irregular ones are
-    then named by the ``steps_match`` check): otherwise the compute rhythm is not the step either.
+    shortest quiet time before a step's first call (the steps of ``cut`` and the first call at each
+    shifted compute period start, less the offsets' spread), so every step of ``cut`` starts a step
+    here too and a call between two iterations stays in its own. Every call goes to the step its
+    start falls in (calls before the first boundary: no step). The first ``warmup_steps`` steps
+    are warm-up; the rest steady. The new steps must hold the same collectives in most steady
+    steps (the irregular ones are then named by the ``steps_match`` check): otherwise the compute
+    rhythm is not the step either.
 
     Raises:
         StepDetectionError: ``"steps disagree with compute"``: a step of the compute rhythm holds
@@ -150,10 +152,14 @@ def recut_by_compute(cs: _Calls, cut: _Cut, rhythm: ComputeRhythm, warmup_steps:
     j = np.searchsorted(c, s, side="right") - 1
     ok = j >= 0
     delta = float(np.median(s[ok] - c[j[ok]])) if ok.any() else 0.0
-    # boundaries half-way into the quiet time before each step's first call, not on it
+    # boundaries half-way into the quiet time before each step's first call, not on it: the steps of
+    # cut and those inside them (first call at the phase, less the spread of cut's steps around it)
     ts_all = np.sort(cs.ts_s)
-    before = np.searchsorted(ts_all, s, side="left") - 1
-    gaps = s[before >= 0] - ts_all[before[before >= 0]]
+    spread = float(np.abs(s[ok] - c[j[ok]] - delta).max()) if ok.any() else 0.0
+    at = np.searchsorted(ts_all, c + delta - spread, side="left")
+    firsts = np.concatenate([s, ts_all[at[at < len(ts_all)]]])
+    before = np.searchsorted(ts_all, firsts, side="left") - 1
+    gaps = firsts[before >= 0] - ts_all[before[before >= 0]]
     bounds = c + delta - (0.5 * float(gaps.min()) if len(gaps) else 0.0)
     # the periods before the first full compute period: extend the boundaries backwards
     first_ts = float(cs.ts_s.min())

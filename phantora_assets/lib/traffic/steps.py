@@ -81,8 +81,10 @@ Definitions used here (all documented choices):
   from step 0 and the steps it lacks are not steady (the last steady step is then timed by the
   next step's start). Kept only when that cut passes the time check and its steps are ordered in
   time. Left open: a cut inside one communicator's pattern rotates its periods.
-* **Time-assigned calls between the anchors' steps** go to the later step when the sequence's first
-  call precedes every anchor call (its calls open a step, as the first step shows), else the earlier.
+* **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
+  first call precedes every anchor call (its calls open a step, as the first step shows): then the
+  calls ending the gap that repeat the end of that head open the later step, the others (an
+  occasional call just before the next step's head) stay in the earlier one, so they move no step start.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
   sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
   time) that are a rhythm in time (every gap within 10 % of the median, warm-up gaps left out) with
@@ -111,9 +113,11 @@ Definitions used here (all documented choices):
   than 5 % or hosts disagree). The steady steps must last it (within 10 %). Steps of a whole
   ``g >= 2`` compute periods (an irregular collective, e.g. a logging all-reduce every 5th
   iteration, made the period 5 iterations) are re-cut at the compute periods, the phase kept
-  (every communicators' step start is a step start): the extra collective then sits in some
-  steady steps only, and the blocking ``steps_match`` check names them. Steps of ``1/g`` compute
-  period (two equal gradient buckets per step read as two steps) are replaced by the steps of
+  (every communicators' step start is a step start; each boundary half-way into the shortest quiet
+  time before an iteration's first call, so a call between two iterations stays in its own): the
+  extra collective then sits in some steady steps only, and the blocking ``steps_match`` check
+  names them. Steps of ``1/g`` compute period (two equal gradient buckets per step read as two
+  steps) are replaced by the steps of
   ``g`` times as many calls of the reference sequence when those agree with the rhythm. Any
   other disagreement, or a re-cut whose steady steps mostly differ, is
   :class:`StepDetectionError` ``"steps disagree with compute"``.
