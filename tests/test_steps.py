@@ -202,6 +202,17 @@ def test_flows_output_keeps_rows_and_marks_warmup(clean_run):
     assert (out.groupby("step").size().drop(-1) == FLOWS_PER_STEP).all()
 
 
+def test_input_flows_are_left_as_they_were():
+    """The result shares the input's columns (not copied: issue 14, memory) and adds ``step`` to its
+    own frame only."""
+    flows = build_run()
+    before = flows.copy()
+    sr = detect_steps(flows, source="synthetic-run")
+    assert "step" not in flows.columns and "step" in sr.flows.columns
+    pd.testing.assert_frame_equal(flows, before)
+    pd.testing.assert_frame_equal(sr.flows.drop(columns="step"), before)
+
+
 def test_step_flows(clean_run):
     _, sr = clean_run
     f = sr.step_flows(5)

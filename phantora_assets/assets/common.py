@@ -14,7 +14,7 @@ import dagster as dg
 
 from phantora_assets.checks import BY_NAME, checks_of, clear_step_error, record_step_error
 from phantora_assets.matrix import RunSpec, gpu_specs
-from phantora_assets.stages.common import StageResult
+from phantora_assets.stages.common import StageResult, release_memory
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any
         first = (str(exc).strip().splitlines() or [""])[0]
         record_step_error(folder, asset, f"{type(exc).__name__}: {first}"[:2000])
         raise
+    finally:
+        release_memory()  # every step of a run runs in one process: the next starts from what is in use
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

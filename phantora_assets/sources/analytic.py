@@ -23,7 +23,7 @@ from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, write_record
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet
+from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet_frames
 
 NAME = "analytic"
 DESCRIPTION = "the embedded analytic simulator (roofline + perf DB kernel times, flow-level network)"
@@ -111,7 +111,10 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
             f"| peak memory (GiB): {mem['peak_gib']:.2f}"
         )
     out = paths.table(spec.run_id, "raw_timeline")
-    write_parquet(result.raw, out, chunk_rows=500_000)  # 3 M rows at 128x8: not copied into Arrow at once
+    timeline = result.timeline
+    assert timeline is not None  # a run that fits is simulated with its events
+    # 3 M rows at 128x8: made and written one iteration at a time, never one DataFrame
+    write_parquet_frames(timeline.frames(), out, chunk_rows=500_000)
     sim = SimulationRecord(
         step_ms=round(result.step_ns / 1e6, 6),
         compute_ms_per_step=round(result.compute_ns_per_step / 1e6, 6),
@@ -147,7 +150,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     meta.update(
         {
             "status": "simulated",
-            "n_events": len(result.raw),
+            "n_events": len(timeline),
             "iterations": len(result.iteration_ns),
             **sim_meta,
             **run_log.metadata(),

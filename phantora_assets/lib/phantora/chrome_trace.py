@@ -212,6 +212,7 @@ class _Assembly:
                 idx = hmap[: len(c["comp_first"])]
                 comp_first[idx] = np.minimum(comp_first[idx], c["comp_first"])
                 comp_last[idx] = np.maximum(comp_last[idx], c["comp_last"])
+        self.batches = {}  # cols holds the flow columns: the batches' other arrays go now
         flows = self._flows(cols, names.values, hosts.values, comms.values)
         # one pass in file order: the sums do not depend on the batches (or who decoded them)
         ch = np.concatenate(comp_hosts) if comp_hosts else np.zeros(0, np.int64)
@@ -257,7 +258,8 @@ class _Assembly:
     def _flows(self, parts: dict[str, list[np.ndarray]], names: list, hosts: list, comms: list) -> pd.DataFrame:
         if not parts:
             return pd.DataFrame({k: pd.Series([], dtype=v if v != "str" else object) for k, v in FLOW_COLUMNS.items()})
-        col = {k: np.concatenate(v) for k, v in parts.items()}
+        # one column at a time, each list of batch arrays dropped once joined (2.7 M flows at 128x8)
+        col = {k: np.concatenate(parts.pop(k)) for k in list(parts)}
         for key in ("bytes", "count"):
             neg = col[key] < 0
             if neg.any():
@@ -269,7 +271,9 @@ class _Assembly:
         comm_rank = np.array([r for r, _ in comms], dtype=np.int64)
         comm_hex = [comm_id_of(ident) for _, ident in comms]
         order = np.lexsort((col["flow_id"], col["ts"]))
-        col = {k: v[order] for k, v in col.items()}
+        for k in col:  # in place, one column at a time
+            col[k] = col[k][order]
+        del order
         calls = list(td.CALLS)
         dtypes = list(td.DTYPES)
         bcast = col["call"] == calls.index("NcclBcast")

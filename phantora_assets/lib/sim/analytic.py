@@ -56,7 +56,7 @@ from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
-from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline, empty_raw
+from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
@@ -142,7 +142,7 @@ class AnalyticSimulator:
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
-            return SimulationResult(spec, memory, empty_raw())
+            return SimulationResult(spec, memory, None)
         world = self.world
         comm_list = [c for cs in model.comms.values() for c in cs]
         steady = model.step_program(warmup=False)
@@ -251,9 +251,9 @@ class AnalyticSimulator:
         from_db = sum(db_ns[id(i)] for i in steady_items)
         n_k = sum(len(i.kernels) for i in steady_items)
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
-        raw = empty_raw()
+        timeline = None
         if self.emit:
-            raw = emit_raw_timeline(
+            timeline = emit_raw_timeline(
                 spec,
                 self._flows_arrays,
                 kind,
@@ -273,7 +273,7 @@ class AnalyticSimulator:
         return SimulationResult(
             spec,
             memory,
-            raw,
+            timeline,
             iteration_ns,
             int(round(busy[first_steady])),
             (from_db / comp_step) if comp_step else 0.0,

@@ -3,8 +3,8 @@
 :func:`emit_raw_timeline` turns the simulated DAG of :class:`~phantora_assets.lib.sim.analytic.
 AnalyticSimulator` (per node: kind 0 compute / 1 collective / 2 barrier, rank or communicator
 index, program item, iteration, start and end in ns; per flow: end time in ns) into Phantora's
-event schema, a DataFrame with the columns and dtypes of
-:data:`~phantora_assets.columns.RAW_TIMELINE_COLUMNS`: one computation event per rank per
+event schema, the columns and dtypes of :data:`~phantora_assets.columns.RAW_TIMELINE_COLUMNS`
+(a :class:`RawTimeline`: one iteration's rows at a time, or one DataFrame): one computation event per rank per
 compute item (its ``meta_json`` the Torch record, ``info`` from
 :func:`~phantora_assets.lib.sim.keys.torch_info`), one communication event per ring flow
 (loopback hops included). Times are integer ns (rounded, ``end_ns >= start_ns``); the steady
@@ -17,8 +17,9 @@ Raises nothing for consistent inputs (a node, flow or communicator missing from 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,9 @@ class SimulationResult:
     """Output of one analytic simulation.
 
     Attributes:
-        raw: raw timeline (RAW_TIMELINE_COLUMNS); empty when the run does not fit.
+        timeline: the raw timeline, iteration by iteration (:class:`RawTimeline`); None when the
+            run does not fit or was simulated without emitting events. ``raw`` is it as one
+            DataFrame (RAW_TIMELINE_COLUMNS; empty for None), made on first use.
         memory: per-GPU peak memory estimate.
         iteration_ns: simulated duration of each iteration (ns), as ``run.log`` would print.
         compute_ns_per_step: compute-stream busy time of one steady step on rank 0 (ns).
@@ -53,13 +56,17 @@ class SimulationResult:
 
     spec: RunSpec
     memory: MemoryEstimate
-    raw: pd.DataFrame
+    timeline: RawTimeline | None
     iteration_ns: list[int] = field(default_factory=list)
     compute_ns_per_step: int = 0
     db_fraction: float = 0.0
     exposed_comm_ns: int = 0
     kernels_per_step: int = 0
     kernels_from_db: int = 0
+
+    @cached_property
+    def raw(self) -> pd.DataFrame:
+        return self.timeline.frame() if self.timeline is not None else empty_raw()
 
     @property
     def fits(self) -> bool:
@@ -96,9 +103,9 @@ def emit_raw_timeline(
     durations,
     factors,
     n_sim,
-) -> pd.DataFrame:
+) -> RawTimeline:
     """Raw timeline rows of the simulated iterations, then of the replicated steady ones
-    (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1).
+    (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1), as a :class:`RawTimeline`.
 
     ``kind``/``who``/``what``/``iter_of``/``start``/``end`` are per DAG node, ``flow_first``
     maps a collective node to its first flow id and ``flow_end`` holds every flow's end (ns);
@@ -204,46 +211,79 @@ def emit_raw_timeline(
                 t0s.append(start[n])
                 t1s.append(max(start[n], flow_end[first + j]))
         blocks.append((c_rows, np.array(t0s), np.array(t1s)))
-    # columns of each simulated block as arrays, built once (replicated steps reuse them)
-    str_cols = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
-    int_cols = [
-        c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")
-    ]
-    arrays = []
-    for c_rows, t0, t1 in blocks:
-        arr = {c: np.array(c_rows[c], dtype=object) for c in str_cols}
-        arr.update({c: np.array(c_rows[c], dtype=np.int64) for c in int_cols})
-        comp_idx = np.array([j for j, x in enumerate(c_rows["info"]) if x is not None], dtype=np.int64)
-        arrays.append((arr, t0, t1, comp_idx, c_rows))
-    starts = [0.0]
-    for d in durations[:-1]:
-        starts.append(starts[-1] + d)
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
-    meta_tpl = (
-        '{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
-        '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}'
-    )
-    for it in range(len(durations)):
-        arr, t0, t1, comp_idx, c_rows = arrays[it if it < n_sim else 1]
-        if it < n_sim:
-            s_ns, e_ns = t0, t1
-        else:
-            scale = factors[it] / factors[1]
-            s_ns = starts[it] + (t0 - sim_start[1]) * scale
-            e_ns = starts[it] + (t1 - sim_start[1]) * scale
-        s_i = np.rint(s_ns).astype(np.int64)
-        e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
-        for c in str_cols + int_cols:
-            parts[c].append(arr[c])
-        parts["start_ns"].append(s_i)
-        parts["end_ns"].append(e_i)
-        meta = np.full(len(s_i), "", dtype=object)
-        d = (e_i - s_i)[comp_idx].tolist()
-        host, pid, dev, infos = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
-        meta[comp_idx] = [
-            meta_tpl % (dj, host[j], pid[j], pid[j], dev[j], infos[j]) for dj, j in zip(d, comp_idx.tolist())
-        ]
-        parts["meta_json"].append(meta)
-    n_rows = sum(len(x) for x in parts["start_ns"])
-    parts["event_id"] = [np.arange(n_rows, dtype=np.int64)]
-    return pd.DataFrame({c: np.concatenate(parts[c]) for c in RAW_TIMELINE_COLUMNS})
+    return RawTimeline(blocks, list(sim_start), list(durations), list(factors), n_sim)
+
+
+#: the string columns of a raw timeline (object arrays) other than ``meta_json``, and its int64 ones
+#: other than the ids and times: a simulated iteration's values, shared by its replicas
+_STR_COLS = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t != "int64" and c != "meta_json"]
+_INT_COLS = [c for c, t in RAW_TIMELINE_COLUMNS.items() if t == "int64" and c not in ("event_id", "start_ns", "end_ns")]
+_META_TPL = (
+    '{"Torch":{"time":%d,"id":{"host":{"hostname":"%s","pid":%d},"tid":%d},'
+    '"stream":{"device":%d,"id":' + str(COMPUTE_STREAM_ID) + '},"info":%s}}'
+)
+
+
+class RawTimeline:
+    """The raw timeline of a simulation, held as the columns of its simulated iterations (the
+    replicated steady ones are iteration 1's rows rescaled): :meth:`iterations` gives its rows one
+    iteration at a time, so a writer never holds the whole table (3.1 M rows, about 1.5 GB as a
+    DataFrame at 128x8); :meth:`frame` is the whole DataFrame (RAW_TIMELINE_COLUMNS)."""
+
+    def __init__(self, blocks: list, sim_start: list, durations: list, factors: list, n_sim: int) -> None:
+        self._blocks = []
+        for c_rows, t0, t1 in blocks:  # each block: column lists of one simulated iteration
+            arr = {c: np.array(c_rows[c], dtype=object) for c in _STR_COLS}
+            arr.update({c: np.array(c_rows[c], dtype=np.int64) for c in _INT_COLS})
+            comp = [j for j, x in enumerate(c_rows["info"]) if x is not None]
+            host, pid, dev, infos = (c_rows["src_host"], c_rows["os_pid"], c_rows["stream_device"], c_rows["info"])
+            meta_args = [(host[j], pid[j], pid[j], dev[j], infos[j]) for j in comp]
+            self._blocks.append((arr, t0, t1, np.array(comp, dtype=np.int64), meta_args))
+        self._sim_start, self._durations, self._factors, self._n_sim = sim_start, durations, factors, n_sim
+        self._n_rows = [len(self._block(it)[1]) for it in range(len(durations))]
+
+    def _block(self, it: int) -> tuple:
+        return self._blocks[it if it < self._n_sim else 1]
+
+    def __len__(self) -> int:
+        return sum(self._n_rows)
+
+    def iterations(self) -> Iterator[dict[str, np.ndarray]]:
+        """The columns (RAW_TIMELINE_COLUMNS, in order) of each iteration's rows, in order."""
+        starts = [0.0]
+        for d in self._durations[:-1]:
+            starts.append(starts[-1] + d)
+        first = 0
+        for it in range(len(self._durations)):
+            arr, t0, t1, comp_idx, meta_args = self._block(it)
+            if it < self._n_sim:
+                s_ns, e_ns = t0, t1
+            else:
+                scale = self._factors[it] / self._factors[1]
+                s_ns = starts[it] + (t0 - self._sim_start[1]) * scale
+                e_ns = starts[it] + (t1 - self._sim_start[1]) * scale
+            s_i = np.rint(s_ns).astype(np.int64)
+            e_i = np.maximum(np.rint(e_ns).astype(np.int64), s_i)
+            meta = np.full(len(s_i), "", dtype=object)
+            d = (e_i - s_i)[comp_idx].tolist()
+            meta[comp_idx] = [_META_TPL % (dj, *a) for dj, a in zip(d, meta_args)]
+            cols = {"event_id": np.arange(first, first + len(s_i), dtype=np.int64), "start_ns": s_i, "end_ns": e_i}
+            cols.update(arr)
+            cols["meta_json"] = meta
+            first += len(s_i)
+            yield {c: cols[c] for c in RAW_TIMELINE_COLUMNS}
+
+    def frames(self) -> Iterator[pd.DataFrame]:
+        """:meth:`iterations` as DataFrames."""
+        for cols in self.iterations():
+            yield pd.DataFrame(cols)
+
+    def frame(self) -> pd.DataFrame:
+        """The whole raw timeline as one DataFrame."""
+        parts: dict[str, list[np.ndarray]] = {c: [] for c in RAW_TIMELINE_COLUMNS}
+        for cols in self.iterations():
+            for c, v in cols.items():
+                parts[c].append(v)
+        if not parts["event_id"]:
+            return empty_raw()
+        return pd.DataFrame({c: np.concatenate(parts[c]) for c in RAW_TIMELINE_COLUMNS})

@@ -167,7 +167,8 @@ class StepResult:
     """Outcome of :func:`detect_steps`.
 
     Attributes:
-        flows: the input flows (same rows, order and index) plus an int64 column ``step``:
+        flows: the input flows (same rows, order and index; their columns shared with the
+            input, not copied) plus an int64 column ``step``:
             the steady step of the flow, -1 for warm-up steps, the warm-up prefix and flows
             of communicators that never repeat.
         steps: one row per step (warm-up steps included), columns ``STEP_COLUMNS``.
@@ -364,7 +365,7 @@ def detect_steps(
     for i in repeating:
         periods[str(seq_comm[i])] = max(periods.get(str(seq_comm[i]), 0), int(period[i]))
 
-    out = flows.copy()
+    out = flows.copy(deep=False)  # the input's columns, not copied (2.7 M rows at 128x8: ~0.9 GB)
     out["step"] = np.where((period_step >= first_steady) & (period_step < n_complete), period_step, -1).astype(np.int64)
     return StepResult(
         flows=out,

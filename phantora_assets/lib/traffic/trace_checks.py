@@ -93,9 +93,10 @@ def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
 
 # --------------------------------------------------------------------------------------
 def _step_signatures(step_result: StepResult) -> pd.Series:
+    keys = ["step", "comm_id", "op", "count", "dtype"]
     f = step_result.flows
-    f = f.loc[f["step"].isin(step_result.steady_steps)]
-    return f.groupby(["step", "comm_id", "op", "count", "dtype"]).size()
+    f = f.loc[f["step"].isin(step_result.steady_steps), keys]  # only the keys: not a copy of every column
+    return f.groupby(keys).size()
 
 
 def steps_match(step_result: StepResult) -> CheckOutcome:
