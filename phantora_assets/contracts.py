@@ -193,7 +193,7 @@ def windows_schema() -> DataFrameSchema:
         "run_id": Column(str, _RUN_ID, description="the run (runs.run_id)"),
         "window_s": Column(float, Check.isin([1.0, 15.0]), description="window length, s"),
         "window_start_s": Column(float, Check.ge(0), description="window start, s"),
-        "n_bins": Column("int64", Check.ge(1), description="100 ms bins in the window"),
+        "n_bins": Column("int64", Check.ge(1), description="bins of the run's bin_s (runs.bin_s) in the window"),
     }
     for f in FEATURES:
         checks = []

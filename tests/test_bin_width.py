@@ -167,3 +167,17 @@ def test_windows_runs_and_database_follow_the_width(two_widths):
             "SELECT period_aliased, expected_period_s FROM step_period WHERE run_id = ?", [RUN]
         ).fetchone()
         assert aliased is False and expected == pytest.approx(step_s)
+
+
+def test_the_dataset_card_describes_the_10ms_build(two_widths):
+    """The card of a build whose one run has 10 ms bins says 10 ms wherever it speaks of the runs' bins,
+    and where that run's bins are (not in flows_100ms)."""
+    paths, _keep = two_widths
+    text = " ".join((paths.dataset_dir / "README.md").read_text().split())  # line breaks as spaces
+    assert "per bin of the run's width (10 ms (1 run)) over a 180 s window" in text
+    assert "summed into bins of the run's width (`runs.bin_s`; in this build 10 ms (1 run))" in text
+    assert "`flows_100ms` holds the runs of 100 ms bins only (the runs at other widths, 10 ms (1 run), are in" in text
+    assert "shorter than two bins (20 ms at 10 ms)" in text
+    for v1_claim in ("summed into 100 ms bins", "per 100 ms bin over", "100 ms bins cannot show", "100 ms bins in the"):
+        assert v1_claim not in text
+    assert "`flows_100ms` 0 rows" in text

@@ -300,3 +300,54 @@ def _control_total(n_nodes: int, control_bytes_per_s: int, window_ns: int) -> in
     """Control bytes of a window: each pair's 100 ms share at a constant rate, whole bytes sent by its end."""
     m = control_matrix(n_nodes, control_bytes_per_s, 0.1)
     return sum(int(c) * window_ns // 100_000_000 for c in m[~np.eye(n_nodes, dtype=bool)])
+
+
+def _build_alone(rows: list[tuple], **kw) -> tuple[np.ndarray, int]:
+    """The matrix and placed bytes of building every flow of ``rows`` on its own, summed."""
+    out = [build_bins(flows([r]), **kw) for r in rows]
+    return sum(b.matrix for b in out), sum(b.placed_flow_bytes for b in out)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    n_nodes=st.integers(2, 5),
+    bin_ms=st.sampled_from([1, 10, 100]),
+    step_us=st.integers(1_000, 400_000),
+    jitter=st.sampled_from([0.0, 0.02, 0.3]),
+)
+def test_repeated_flows_place_as_each_flow_alone(data, n_nodes, bin_ms, step_us, jitter) -> None:
+    """Flows that share offset, duration and bytes, on one pair or on many (a ring's every hop), are
+    split once (lib/bins/place.py): the bins are the sum of building each flow on its own, to the byte."""
+    shape = st.tuples(
+        st.floats(0, 2 * step_us, allow_nan=False),
+        st.one_of(st.just(0.0), st.floats(0, 3 * step_us, allow_nan=False)),
+        st.one_of(st.integers(0, 10), st.integers(0, 2**40)),
+    )
+    shapes = data.draw(st.lists(shape, min_size=1, max_size=3))
+    rows = []
+    for _ in range(data.draw(st.integers(1, 14))):
+        offset, dur, nbytes = shapes[data.draw(st.integers(0, len(shapes) - 1))]
+        src = data.draw(st.integers(0, n_nodes - 1))
+        rows.append((offset, dur, src, (src + data.draw(st.integers(1, n_nodes - 1))) % n_nodes, nbytes))
+    kw = dict(step_time_s=step_us / 1e6, n_nodes=n_nodes, run_id="dup", window_s=1.2, bin_s=bin_ms / 1000)
+    kw.update(jitter=jitter, control_bytes_per_s=0)
+    full = build_bins(flows(rows), **kw)
+    matrix, placed = _build_alone(rows, **kw)
+    assert np.array_equal(full.matrix, matrix)
+    assert full.placed_flow_bytes == placed
+    assert conservation_ok(full)
+
+
+def test_a_ring_step_places_each_hop_alike() -> None:
+    """Every node sends the same flows to the next one (twice each): one pair class, every hop's bins equal,
+    and the sum of building each flow alone."""
+    n = 6
+    rows = [(o, 900.0, s, (s + 1) % n, 7_000_001) for s in range(n) for o in (10.0, 10.0, 5_000.5)]
+    kw = dict(step_time_s=0.0123, n_nodes=n, run_id="ring", window_s=2.0, bin_s=0.01, control_bytes_per_s=0)
+    full = build_bins(flows(rows), **kw)
+    hops = [s * (n - 1) + ((s + 1) % n if (s + 1) % n < s else (s + 1) % n - 1) for s in range(n)]
+    assert all(np.array_equal(full.matrix[:, hops[0]], full.matrix[:, h]) for h in hops)
+    assert int(full.matrix[:, hops].sum()) == full.placed_flow_bytes > 0
+    matrix, placed = _build_alone(rows, **kw)
+    assert np.array_equal(full.matrix, matrix) and full.placed_flow_bytes == placed

@@ -113,6 +113,18 @@ def test_card_lists_every_column_with_unit_and_type(dataset):
     assert "## Known limits" in text and "## License" in text
 
 
+def test_card_states_the_bin_width_of_the_runs(dataset):
+    """Both runs are built at v1's 0.1 s (runs.bin_s): the card says so, from the data."""
+    text = " ".join((dataset / "README.md").read_text().split())  # the text, its line breaks as spaces
+    widths = set(pd.read_parquet(dataset / "runs.parquet")["bin_s"])
+    assert widths == {0.1}
+    assert "per bin of the run's width (100 ms (2 runs)) over a 180 s window" in text
+    assert "summed into bins of the run's width (`runs.bin_s`; in this build 100 ms (2 runs))" in text
+    assert "shorter than two bins (200 ms at 100 ms)" in text
+    assert "runs at other widths" not in text
+    assert "| `n_bins` | int64 | bins | no | >= 1 | bins of the run's bin_s (runs.bin_s) in the window |" in text
+
+
 def test_card_front_matter_names_the_three_configs(dataset):
     head = (dataset / "README.md").read_text().split("---\n")[1]
     meta = yaml.safe_load(head)

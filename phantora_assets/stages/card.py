@@ -11,6 +11,9 @@ Deterministic text: a rebuild of the same runs writes the same bytes.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
+
 from phantora_assets import contracts
 from phantora_assets.lib.store.export import ARROW_TYPES
 from phantora_assets.lib.traffic import binning
@@ -98,8 +101,10 @@ _PROCEDURE = f"""\
    to back over a {WINDOW_S:g} s window, each repetition up to {_JITTER:.0%} shorter or longer at random
    (length factor uniform in [{1 - _JITTER:g}, {1 + _JITTER:g}]), the window starting at a random
    phase inside a step; each node adds {CONTROL_BYTES_PER_S / 1000:g} kB/s of control traffic; everything is
-   summed into {BIN_S * 1000:g} ms bins. The sum of a run's bins equals the bytes of the flows placed
-   in the window plus the control bytes, exactly. The rules, as `lib/traffic/binning.py` states them:
+   summed into bins of the run's width (`runs.bin_s`; in this build {{widths}}). The sum of a run's
+   bins equals the bytes of the flows placed in the window plus the control bytes, exactly.
+   `flows_100ms` holds the runs of {BIN_S * 1000:g} ms bins only{{others}}. The rules, as
+   `lib/traffic/binning.py` states them:
 
 {{binning_doc}}
 6. **Windows**: detector features per 1 s and 15 s window (aligned to t = 0) of each run's bin series.
@@ -114,16 +119,40 @@ _LIMITS = """\
   or retransmissions. The traffic is per node pair only (no per-link volume).
 - The 180 s window repeats one steady step: there is no warm-up, checkpointing, evaluation or
   failure in it, and the jitter is synthetic (+-2 %).
-- 100 ms bins cannot show a step shorter than two bins: `dominant_period_s` then reads its alias
-  (`runs.step_time_s < 2 * runs.bin_s` flags those runs).
+- Bins cannot show a step shorter than two bins ({two_bins}): `dominant_period_s` then reads its
+  alias (`runs.step_time_s < 2 * runs.bin_s` flags those runs).
 - Models are 4-layer slices of the named models; MoE experts are balanced; kernel timings come from
   one GPU of each type (perf DB) or a roofline (`runs.perf_db_fraction`).
 - `flops_per_step`, `mfu`, `peak_flops` and `alpha` are null where timing is not a roofline.
 """
 
 
-def dataset_card(rows: dict[str, int], included: list[str]) -> str:
-    """The text of ``phantora_v0/README.md`` for an export of ``included`` runs with ``rows`` per table."""
+def _ms(bin_s: float) -> str:
+    return f"{bin_s * 1000:g} ms"
+
+
+def bin_widths(widths: Mapping[str, float]) -> str:
+    """The bin widths of the runs ``widths`` (run_id -> ``bin_s``) in words, widest first:
+    ``100 ms (2 runs)``, ``100 ms (1 run) and 10 ms (1 run)``; ``no run`` when there is none."""
+    parts = [f"{_ms(b)} ({n} run{'' if n == 1 else 's'})" for b, n in sorted(Counter(widths.values()).items())[::-1]]
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "no run"
+
+
+def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str, float]) -> str:
+    """The text of ``phantora_v0/README.md`` for an export of ``included`` runs with ``rows`` per table;
+    ``widths``: each included run's ``bin_s``, from which every statement of the card about its bins
+    is written."""
+    widths = {r: widths[r] for r in included}
+    others = {r: b for r, b in widths.items() if b != BIN_S}
+    widths_text = bin_widths(widths)
+    other_text = (
+        f" (the runs at other widths, {bin_widths(others)}, are in `runs` and `windows`, and in the "
+        "database's `flows_binned`)"
+        if others
+        else ""
+    )
+    two_bins = ", ".join(f"{_ms(2 * b)} at {_ms(b)}" for b in sorted(set(widths.values()))[::-1]) or "2 x bin_s"
+    procedure = _PROCEDURE.replace("{widths}", widths_text).replace("{others}", other_text)
     doc = (binning.__doc__ or "").strip().split("\n\n", 1)[-1]
     binning_doc = "\n".join(("   " + line).rstrip() for line in doc.splitlines()) + "\n"
     counts = ", ".join(f"`{t.name}` {rows.get(t.name, 0):,} rows" for t in EXPORT_TABLES)
@@ -136,9 +165,9 @@ def dataset_card(rows: dict[str, int], included: list[str]) -> str:
     return f"""{front_matter()}
 # phantora_v0: node-to-node network traffic of distributed LLM training
 
-Bytes per (source node, destination node) per {BIN_S * 1000:g} ms bin over a {WINDOW_S:g} s window, one summary
-row per run and detector features per window, for {len(included)} run(s) of simulated or traced
-training configurations. {counts}. Written by `phantora-assets build` (asset `phantora_v0`).
+Bytes per (source node, destination node) per bin of the run's width ({widths_text}) over a
+{WINDOW_S:g} s window, one summary row per run and detector features per window, for {len(included)} run(s)
+of simulated or traced training configurations. {counts}. Written by `phantora-assets build` (asset `phantora_v0`).
 
 ## Files
 
@@ -163,10 +192,10 @@ Types are the Parquet (Arrow) types; the CSVs hold the same values as text.
 {data_dictionary()}
 ## How the dataset is built
 
-{_PROCEDURE.replace("{binning_doc}", binning_doc)}
+{procedure.replace("{binning_doc}", binning_doc)}
 ## Known limits
 
-{_LIMITS}
+{_LIMITS.replace("{two_bins}", two_bins)}
 ## License
 
 Apache-2.0 (`{LICENSE}`), as the project that builds it. The L40S kernel timings come from Phantora's

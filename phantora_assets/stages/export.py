@@ -208,7 +208,9 @@ def included_runs(specs: list[RunSpec], paths: DataPaths) -> tuple[list[str], di
 
 
 def export_dataset(
-    specs: list[RunSpec], paths: DataPaths, card: Callable[[dict[str, int], list[str]], str] | None = None
+    specs: list[RunSpec],
+    paths: DataPaths,
+    card: Callable[[dict[str, int], list[str], dict[str, float]], str] | None = None,
 ) -> DatasetResult:
     """Assemble ``phantora_v0/`` from every run whose checks all passed (layout: module docstring).
 
@@ -219,7 +221,8 @@ def export_dataset(
     published. A run that passed its checks but was built from another run-matrix entry or perf
     DB than the current one is excluded as stale (``stages/simulation.stale_reason``). Runs in
     run_id order, rows in their per-run file's order: a rebuild is byte-identical.
-    ``card(rows per table, included run_ids) -> text``, when given, writes ``README.md`` (the dataset card).
+    ``card(rows per table, included run_ids, their bin_s) -> text``, when given, writes ``README.md`` (the
+    dataset card).
     """
     included, excluded = included_runs(specs, paths)
     width = {s.run_id: s.bin_s for s in specs}
@@ -249,7 +252,8 @@ def export_dataset(
         )
         atomic_write_text(staging / "run_status.csv", "\n".join(listing) + "\n", durable=True)
         if card is not None:
-            atomic_write_text(staging / "README.md", card(rows, included), durable=True)
+            text = card(rows, included, {r: width[r] for r in included})
+            atomic_write_text(staging / "README.md", text, durable=True)
         if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
             plots = d / "plots"
             shutil.copytree(plots, staging / "plots", copy_function=lambda a, b: link_or_copy(Path(a), Path(b)))

@@ -42,18 +42,12 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
+from phantora_assets.lib.bins.place import exact_sum, place_flows
 from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, add_control
 from phantora_assets.lib.store.bin_table import bins_frame
 
 NS_PER_S = 1_000_000_000
 NS_PER_US = 1_000
-
-#: Flow instances processed per chunk (bounds peak memory to a few hundred MB).
-_CHUNK_INSTANCES = 2_000_000
-#: int64-safe bound on a duration for the split ``floor(B*x/d)`` (d**2 < 2**63).
-_MAX_INT64_DUR_NS = 3_000_000_000
-#: Exact sum (a Python int) of an int64 array of < 2**31 values, as two sums that cannot wrap (numpy's can).
-exact_sum = lambda v: (int((v >> 32).sum()) << 32) + int((v & 0xFFFFFFFF).sum())
 
 
 @dataclass(frozen=True)
@@ -157,31 +151,6 @@ def _validate_step_flows(step_flows: pd.DataFrame, n_nodes: int) -> None:
             raise ValueError(f"step_flows.{col} must be finite and >= 0")
 
 
-class _Apportion:
-    """Cumulative-floor apportioning of ``total`` bytes over ``[a, a + d)``, ``d > 0``.
-
-    ``sent(x) = floor(total * x / d)`` for ``0 <= x <= d`` (ns since ``a``), exact in
-    int64 via ``total = q*d + r``: ``q*x + (r*x) // d`` with ``r*x < d**2 < 2**63``.
-    Durations of 3 s or more fall back to Python integers.
-    """
-
-    def __init__(self, total: np.ndarray, d: np.ndarray) -> None:
-        self.d = d
-        self.q, self.r = np.divmod(total, d)
-        self.big = bool(len(d)) and int(d.max()) >= _MAX_INT64_DUR_NS
-
-    def sent(self, x: np.ndarray) -> np.ndarray:
-        if self.big:
-            qrxd = zip(self.q.tolist(), self.r.tolist(), x.tolist(), self.d.tolist())
-            return np.asarray([qq * xx + (rr * xx) // dd for qq, rr, xx, dd in qrxd], dtype=np.int64)
-        return self.q * x + (self.r * x) // self.d
-
-    def take(self, keep: np.ndarray) -> _Apportion:
-        out = object.__new__(_Apportion)
-        out.d, out.q, out.r, out.big = self.d[keep], self.q[keep], self.r[keep], self.big
-        return out
-
-
 def _draw_repetitions(
     rng: np.random.Generator, *, step_ns: int, window_ns: int, jitter: float, max_flow_end_ns: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -274,28 +243,15 @@ def build_bins(
         rng, step_ns=step_ns, window_ns=window_ns, jitter=jitter, max_flow_end_ns=max_end_ns
     )
 
-    acc = np.zeros(n_bins * max(n_pairs, 1), dtype=np.int64)
-    placed = 0
-    n_flows = len(flow_bytes)
-    if n_flows and n_pairs:
-        reps_per_chunk = max(1, _CHUNK_INSTANCES // n_flows)
-        for c0 in range(0, len(rep_starts), reps_per_chunk):
-            chunk = rep_starts[c0 : c0 + reps_per_chunk]
-            a = (chunk[:, None] + offset_ns[None, :]).ravel()
-            d = np.broadcast_to(dur_ns, (len(chunk), n_flows)).ravel()
-            b = np.broadcast_to(flow_bytes, (len(chunk), n_flows)).ravel()
-            p = np.broadcast_to(pair, (len(chunk), n_flows)).ravel()
-            pieces: list[tuple[np.ndarray, np.ndarray]] = []
-            placed += _place_zero_duration(pieces, a, d, b, p, n_pairs, bin_ns, window_ns)
-            placed += _place_spread(pieces, a, d, b, p, n_pairs, bin_ns, n_bins, window_ns)
-            _add(acc, pieces)
-
+    matrix, placed = place_flows(
+        offset_ns, dur_ns, flow_bytes, pair, n_pairs=n_pairs, rep_starts=rep_starts, bin_ns=bin_ns, n_bins=n_bins
+    )
     control_bytes = 0
     if n_pairs:  # control[off-diagonal], row-major (src, dst) order == pair index
-        control_bytes = add_control(acc.reshape(n_bins, n_pairs), control[~np.eye(n_nodes, dtype=bool)], bin_ns)
+        control_bytes = add_control(matrix, control[~np.eye(n_nodes, dtype=bool)], bin_ns)
 
     return BinnedFlows(
-        matrix=acc[: n_bins * n_pairs].reshape(n_bins, n_pairs),
+        matrix=matrix,
         placed_flow_bytes=int(placed),
         control_bytes=int(control_bytes),
         n_repetitions=int(len(rep_starts)),
@@ -306,66 +262,6 @@ def build_bins(
         bin_s=bin_s,
         n_nodes=n_nodes,
     )
-
-
-def _add(acc: np.ndarray, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """``acc[idx] += vals`` of every piece, exactly: one ``bincount`` over the pieces' index range when
-    every partial sum stays below 2**53 (float64 holds it exactly), else ``np.add.at`` (~20x slower)."""
-    if not (pieces := [(i, v) for i, v in pieces if len(i)]):
-        return
-    idx, vals = np.concatenate([i for i, _ in pieces]), np.concatenate([v for _, v in pieces])
-    if int(vals.max()) * len(vals) < 2**53 and int(vals.min()) >= 0:
-        lo = int(idx.min())
-        sums = np.bincount(idx - lo, weights=vals.astype(np.float64))
-        acc[lo : lo + len(sums)] += sums.astype(np.int64)
-    else:
-        np.add.at(acc, idx, vals)
-
-
-def _place_zero_duration(acc, a, d, b, p, n_pairs, bin_ns, window_ns) -> int:
-    """Add 0-duration instances to their start bin; returns their in-window bytes."""
-    sel = (d == 0) & (a >= 0) & (a < window_ns)
-    if not sel.any():
-        return 0
-    acc.append(((a[sel] // bin_ns) * n_pairs + p[sel], b[sel]))
-    return exact_sum(b[sel])
-
-
-def _place_spread(acc, a, d, b, p, n_pairs, bin_ns, n_bins, window_ns) -> int:
-    """Spread instances with ``d > 0`` over the bins they overlap; returns in-window bytes."""
-    end = a + d
-    sel = (d > 0) & (end > 0) & (a < window_ns) & (b > 0)
-    if not sel.any():
-        return 0
-    a, d, b, p, end = a[sel], d[sel], b[sel], p[sel], end[sel]
-    app = _Apportion(b, d)
-    # In-window share, computed directly (not as the sum of the bin parts).
-    in_window = b.copy()
-    edge = (a < 0) | (end > window_ns)
-    if edge.any():
-        e_app = app.take(edge)
-        ea, ed = a[edge], d[edge]
-        in_window[edge] = e_app.sent(np.clip(window_ns - ea, 0, ed)) - e_app.sent(np.clip(-ea, 0, ed))
-    first = np.maximum(a // bin_ns, 0)
-    last = np.minimum((end - 1) // bin_ns, n_bins - 1)
-    span = last - first + 1
-    # One bin, fully inside it: all bytes there, no division needed.
-    single = (span == 1) & ~edge
-    acc.append((first[single] * n_pairs + p[single], b[single]))
-    multi = ~single
-    a, d, p, first, span = a[multi], d[multi], p[multi], first[multi], span[multi]
-    app = app.take(multi)
-    sent_lo = app.sent(np.clip(first * bin_ns - a, 0, d))
-    for m in range(int(span.max()) if len(span) else 0):
-        live = span > m
-        if not live.all():
-            a, d, p, first, span, sent_lo = (x[live] for x in (a, d, p, first, span, sent_lo))
-            app = app.take(live)
-        k = first + m
-        sent_hi = app.sent(np.clip((k + 1) * bin_ns - a, 0, d))
-        acc.append((k * n_pairs + p, sent_hi - sent_lo))
-        sent_lo = sent_hi
-    return exact_sum(in_window)
 
 
 def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: int, n_bins: int) -> np.ndarray:
@@ -381,18 +277,9 @@ def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: in
     Returns:
         int64 array of ``n_bins`` values; their sum is the instance's in-window share.
     """
-    acc = np.zeros(n_bins, dtype=np.int64)
-    args = (
-        np.array([start_ns], dtype=np.int64),
-        np.array([dur_ns], dtype=np.int64),
-        np.array([total_bytes], dtype=np.int64),
-        np.zeros(1, dtype=np.int64),
-    )
-    window_ns, pieces = n_bins * bin_ns, list[tuple[np.ndarray, np.ndarray]]()
-    _place_zero_duration(pieces, *args, 1, bin_ns, window_ns)
-    _place_spread(pieces, *args, 1, bin_ns, n_bins, window_ns)
-    _add(acc, pieces)
-    return acc
+    one = (np.array([v], dtype=np.int64) for v in (start_ns, dur_ns, total_bytes, 0))
+    matrix, _ = place_flows(*one, n_pairs=1, rep_starts=np.zeros(1, dtype=np.int64), bin_ns=bin_ns, n_bins=n_bins)
+    return matrix[:, 0]
 
 
 def conservation_ok(binned: BinnedFlows) -> bool:
