@@ -36,11 +36,11 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
+from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
 from phantora_assets.lib.net.routes import LINK_CLASSES, flow_links, link_table
 from phantora_assets.lib.sim.network import Topology
-from phantora_assets.lib.traffic.binning import (  # the placement's own rules, for the direct count
+from phantora_assets.lib.traffic.binning import (
     NS_PER_US,
-    _Apportion,
     _draw_repetitions,
     _to_ns,
     build_bins,
