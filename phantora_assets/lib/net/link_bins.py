@@ -39,14 +39,7 @@ from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
 from phantora_assets.lib.net.routes import LINK_CLASSES, flow_links, link_table
 from phantora_assets.lib.sim.network import Topology
-from phantora_assets.lib.traffic.binning import (
-    NS_PER_US,
-    _draw_repetitions,
-    _to_ns,
-    build_bins,
-    exact_sum,
-    seed_from_run_id,
-)
+from phantora_assets.lib.traffic.binning import build_bins, exact_sum, flow_ns, repetitions, to_ns, window_bins_ns
 
 #: link_bins rows: bytes on one directed link in the bin starting at t.
 LINK_BIN_COLUMNS: dict[str, str] = {
@@ -100,12 +93,10 @@ def _pairs(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray, int]:
 _PATH_CELLS = 1 << 23
 
 
-def _path_signatures(fi: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _path_signatures(fi: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct paths of the (flow, key) rows ``fi, keys``: ``(flows, paths, inverse)`` -- each
     flow that has rows once, the ``(n_paths, longest)`` sorted keys of each path padded with -1, and
-    each flow's path number; None when there are no rows."""
-    if not len(fi):
-        return None
+    each flow's path number (``fi`` not empty)."""
     order = np.lexsort((keys, fi))
     fi, keys = fi[order], keys[order]
     new = np.r_[True, fi[1:] != fi[:-1]]
@@ -195,11 +186,12 @@ def build_link_bins(
     n_groups = 2 * topo.n_racks if split.any() else 0
     args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
     n_bins, n_keys = int(round(window_s / bin_s)), n_links + n_groups
+    paths = _path_signatures(fi, keys) if len(fi) and by_path is not False else None
+    if paths is not None and by_path is None and len(paths[1]) * n_bins > max(n_keys * n_bins, _PATH_CELLS):
+        paths = None  # many paths: each (flow, link) row is placed instead
     if not len(fi):
         per_key = np.zeros((n_bins, n_keys), dtype=np.int64)
-    elif (paths := _path_signatures(fi, keys)) is not None and (
-        by_path if by_path is not None else len(paths[1]) * n_bins <= max(n_keys * n_bins, _PATH_CELLS)
-    ):
+    elif paths is not None:
         flow_of_path, sigs, inv = paths
         per_path, _ = _bin_keys(step_flows, flow_of_path, inv, len(sigs), **args)
         per_key = _paths_to_keys(per_path, sigs, n_keys)
@@ -264,27 +256,20 @@ def expected_class_bytes(
     net = np.nonzero(src != dst)[0]
     if not len(net):
         return dict.fromkeys(LINK_CLASSES, 0)
-    window_ns, bin_ns = _to_ns(window_s, "window_s"), _to_ns(bin_s, "bin_s")
-    if window_ns % bin_ns:
-        raise ValueError(f"window_s={window_s!r} is not a multiple of bin_s={bin_s!r}")
+    window_ns, _ = window_bins_ns(window_s, bin_s)
     cross = (src[net] // topo.rack_size) != (dst[net] // topo.rack_size)
-    o, d = (
-        np.rint(step_flows[c].to_numpy(np.float64)[net] * NS_PER_US).astype(np.int64) for c in ("offset_us", "dur_us")
-    )
+    o, d = (x[net] for x in flow_ns(step_flows))
     b = step_flows["bytes"].to_numpy(np.int64)[net]
-    starts, _, _ = _draw_repetitions(
-        np.random.default_rng(seed_from_run_id(run_id)),
-        step_ns=_to_ns(step_time_s, "step_time_s"),
-        window_ns=window_ns,
-        jitter=jitter,
-        max_flow_end_ns=int((o + d).max()),
+    starts, _, _ = repetitions(
+        o, d, step_ns=to_ns(step_time_s, "step_time_s"), window_ns=window_ns, run_id=run_id, jitter=jitter
     )
     first = lambda x, side: np.asarray(np.searchsorted(starts, x, side=side), dtype=np.int64)
     zero = d == 0
     # instances that reach into the window: start + o + d > 0 and start + o < window (d = 0: start + o >= 0)
-    ov_lo = np.where(zero, first(-o, "left"), first(-o - d, "right"))
+    starts_at_0 = first(-o, "left")
+    ov_lo = np.where(zero, starts_at_0, first(-o - d, "right"))
     ov_hi = first(window_ns - o, "left")
-    lo = np.maximum(first(-o, "left"), ov_lo)  # whole instances: start >= -o and start + o + d <= window
+    lo = np.maximum(starts_at_0, ov_lo)  # whole instances: start >= -o and start + o + d <= window
     hi = np.where(zero, ov_hi, np.clip(first(window_ns - o - d, "right"), lo, ov_hi))
     lo = np.where(zero, ov_lo, lo)
     whole = np.maximum(hi - lo, 0)

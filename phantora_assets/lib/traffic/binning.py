@@ -89,7 +89,8 @@ def seed_from_run_id(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode("utf-8")).digest()[:8], "big")
 
 
-def _to_ns(seconds: float, what: str) -> int:
+def to_ns(seconds: float, what: str) -> int:
+    """``seconds`` as integer nanoseconds; ValueError (naming ``what``) unless > 0."""
     ns = int(round(float(seconds) * NS_PER_S))
     if ns <= 0:
         raise ValueError(f"{what} must be > 0 s, got {seconds!r}")
@@ -182,6 +183,35 @@ def _draw_repetitions(
     return all_starts, all_factors, phase_ns
 
 
+def window_bins_ns(window_s: float, bin_s: float) -> tuple[int, int]:
+    """``(window_ns, bin_ns)``; ValueError unless both are > 0 and the window is a multiple of the bin."""
+    window_ns, bin_ns = to_ns(window_s, "window_s"), to_ns(bin_s, "bin_s")
+    if window_ns % bin_ns:
+        raise ValueError(f"window_s={window_s!r} is not a multiple of bin_s={bin_s!r}")
+    return window_ns, bin_ns
+
+
+def flow_ns(step_flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``(offset_ns, dur_ns)`` int64 of ``STEP_FLOW_COLUMNS`` rows, rounded as :func:`build_bins` places them."""
+    return tuple(
+        np.rint(step_flows[c].to_numpy(np.float64) * NS_PER_US).astype(np.int64) for c in ("offset_us", "dur_us")
+    )
+
+
+def repetitions(
+    offset_ns: np.ndarray, dur_ns: np.ndarray, *, step_ns: int, window_ns: int, run_id: str, jitter: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The repetitions :func:`build_bins` places flows ``offset_ns, dur_ns`` in: start times (ns, in time
+    order), length factors, and the phase (ns), drawn from the run id's seed (module docstring)."""
+    return _draw_repetitions(
+        np.random.default_rng(seed_from_run_id(run_id)),
+        step_ns=step_ns,
+        window_ns=window_ns,
+        jitter=jitter,
+        max_flow_end_ns=int((offset_ns + dur_ns).max()) if len(offset_ns) else 0,
+    )
+
+
 def build_bins(
     step_flows: pd.DataFrame,
     *,
@@ -219,28 +249,20 @@ def build_bins(
         raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
-    step_ns = _to_ns(step_time_s, "step_time_s")
-    window_ns = _to_ns(window_s, "window_s")
-    bin_ns = _to_ns(bin_s, "bin_s")
-    if window_ns % bin_ns:
-        raise ValueError(f"window_s={window_s!r} is not a multiple of bin_s={bin_s!r}")
+    step_ns = to_ns(step_time_s, "step_time_s")
+    window_ns, bin_ns = window_bins_ns(window_s, bin_s)
     n_bins = window_ns // bin_ns
     control = control_matrix(n_nodes, control_bytes_per_s, CONTROL_SPLIT_NS / NS_PER_S)  # per 100 ms
     _validate_step_flows(step_flows, n_nodes)
 
-    offset_ns, dur_ns = (
-        np.rint(step_flows[c].to_numpy(np.float64) * NS_PER_US).astype(np.int64) for c in ("offset_us", "dur_us")
-    )
+    offset_ns, dur_ns = flow_ns(step_flows)
     flow_bytes, src, dst = (step_flows[c].to_numpy(np.int64) for c in ("bytes", "src_node", "dst_node"))
     # Dense pair index in (src, dst) order, src != dst.
     pair = src * (n_nodes - 1) + np.where(dst < src, dst, dst - 1)
     n_pairs = n_nodes * (n_nodes - 1)
-    max_end_ns = int((offset_ns + dur_ns).max()) if len(offset_ns) else 0
-
     seed = seed_from_run_id(run_id)
-    rng = np.random.default_rng(seed)
-    rep_starts, rep_factors, phase_ns = _draw_repetitions(
-        rng, step_ns=step_ns, window_ns=window_ns, jitter=jitter, max_flow_end_ns=max_end_ns
+    rep_starts, rep_factors, phase_ns = repetitions(
+        offset_ns, dur_ns, step_ns=step_ns, window_ns=window_ns, run_id=run_id, jitter=jitter
     )
 
     matrix, placed = place_flows(
