@@ -6,6 +6,7 @@ decoder, pandera's backends, the parts of Dagster a run worker loads).
 imports again (about 1 s of a 2.5 s run on a 2-core machine). A module missing from another
 version of a library is skipped: the list only saves time, it is never needed for correctness."""
 
+import gc
 import importlib
 
 import pandas as pd
@@ -64,3 +65,16 @@ def _register_pandera_backends() -> None:
 
 
 _register_pandera_backends()
+
+
+def _freeze_heap() -> None:
+    """Move every object alive now into the garbage collector's permanent generation
+    (``gc.freeze``): a full collection in a run worker forked from this process then scans only
+    what the run allocated. Without it, each step's ``gc.collect()`` walked the ~280,000 objects of
+    the preloaded code location (~0.1-0.2 s a step, ~250 steps a build) and wrote to their pages,
+    so every forked worker copied them (twice the minor page faults of a86f02d's build)."""
+    gc.collect()
+    gc.freeze()
+
+
+_freeze_heap()

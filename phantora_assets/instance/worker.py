@@ -11,6 +11,7 @@ takes it is recorded as cancelled without running.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import multiprocessing.process
 import os
@@ -130,6 +131,7 @@ def run_worker(
     from dagster._core.instance import DagsterInstance, InstanceRef
     from dagster._serdes import deserialize_value
 
+    gc.freeze()  # what the launcher built after the preload is not the run's to collect either (warm.py)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     # held by the launcher while it forked; CANCEL_SIGNAL stays blocked, for _watch_cancel's sigwait

@@ -97,11 +97,11 @@ def _sequences(flows: pd.DataFrame) -> _Calls:
     c_s, r_s, ts_s, op_s = comm_codes[order], rank[order], ts[order], op[order]
 
     peer = np.where(op_s == "send", dn[order] - sn[order], np.where(op_s == "recv", sn[order] - dn[order], 0))
-    tok_frame = pd.DataFrame(
+    tok_frame = pd.DataFrame(  # integer codes, not strings: a quarter of the groupby's memory
         {
-            "op": op_s,
+            "op": pd.factorize(op_s)[0],
             "count": flows["count"].to_numpy(dtype=np.int64)[order],
-            "dtype": flows["dtype"].astype(str).to_numpy()[order],
+            "dtype": pd.factorize(flows["dtype"].astype(str).to_numpy()[order])[0],
             "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
             "peer": peer,
         }
@@ -319,18 +319,16 @@ def _step_table(
     period_step[cs.order] = step_sorted
     ts, dur, sn, dn, nbytes = cs.flow_arrays
     in_step = period_step >= 0
-    st = pd.DataFrame(
-        {
-            "step": period_step[in_step],
-            "ts": ts[in_step],
-            "end": ts[in_step] + dur[in_step],
-            "net": np.where(sn[in_step] != dn[in_step], nbytes[in_step], 0),
-        }
-    )
-    g = st.groupby("step").agg(start=("ts", "min"), end=("end", "max"), net=("net", "sum"), n=("ts", "size"))
-    g = g.reindex(np.arange(n_steps))
-    starts = g["start"].to_numpy(dtype=np.float64)
-    ends = np.append(starts[1:], g["end"].to_numpy(dtype=np.float64)[-1])
+    # per step with numpy's unbuffered reductions: no (rows x 4) frame and groupby copies (~0.5 GB at 4.9 M rows)
+    k = period_step[in_step]
+    n = np.bincount(k, minlength=n_steps)
+    first, last = np.full(n_steps, np.inf), np.full(n_steps, -np.inf)
+    np.minimum.at(first, k, ts[in_step])
+    np.maximum.at(last, k, (ts + dur)[in_step])
+    net = np.zeros(n_steps, dtype=np.int64)
+    np.add.at(net, k, np.where(sn != dn, nbytes, 0)[in_step])
+    starts = np.where(n > 0, first, np.nan)
+    ends = np.append(starts[1:], last[-1] if n[-1] else np.nan)
     steady = (np.arange(n_steps) >= first_steady) & (np.arange(n_steps) < n_complete)
     steps = pd.DataFrame(
         {
@@ -339,8 +337,8 @@ def _step_table(
             "end_us": ends,
             "duration_us": ends - starts,
             "steady": steady,
-            "network_bytes": g["net"].fillna(0).to_numpy(dtype=np.int64),
-            "n_flows": g["n"].fillna(0).to_numpy(dtype=np.int64),
+            "network_bytes": net,
+            "n_flows": n.astype(np.int64),
         }
     ).astype(STEP_COLUMNS)
     return steps, starts
