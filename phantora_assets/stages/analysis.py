@@ -50,7 +50,7 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     reset_checks(folder, "step_anatomy", ("anatomy_adds_up",))
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
-    flows = pd.read_parquet(pdir / "flows.parquet")
+    flows = pd.read_parquet(pdir / "flows.parquet", columns=["ts_us", "dur_us", "src_node", "dst_node"])
     events = pdir / "compute_events.parquet"  # written with flows.parquet by validated_flows
     compute = pd.read_parquet(events) if events.exists() else anatomy.read_compute_events(paths.chrome_trace(spec))
     hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
@@ -106,7 +106,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
     out = paths.plots_dir(spec)
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
-    flows = pd.read_parquet(pdir / "flows.parquet")
+    flows = pd.read_parquet(pdir / "flows.parquet", columns=["step", "src_node", "dst_node", "bytes"])  # pair_matrix's
     bins = bin_table.read_bin_matrix(pdir / "flows_100ms.parquet", spec.bin_s, int(round(WINDOW_S / spec.bin_s)))
     table = pd.read_parquet(pdir / "step_anatomy.parquet")
     spans = pd.read_parquet(pdir / "step_spans.parquet")

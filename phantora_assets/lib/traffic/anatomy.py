@@ -256,7 +256,7 @@ def host_intervals(flows: pd.DataFrame, compute: pd.DataFrame, hosts: list[str])
 
 def hosts_of(flows: pd.DataFrame, compute: pd.DataFrame, n_nodes: int | None = None) -> list[str]:
     """Hosts seen in the flows or the compute events (or ``host-1..host-n_nodes``), by node."""
-    nodes = set(flows["src_node"].tolist()) | set(flows["dst_node"].tolist())
+    nodes = set(np.union1d(flows["src_node"].to_numpy(), flows["dst_node"].to_numpy()).tolist())
     nodes |= {node_of(h) for h in compute["host"].unique()}
     if n_nodes is not None:
         nodes |= set(range(n_nodes))
