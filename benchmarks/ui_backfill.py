@@ -68,6 +68,7 @@ def _dataset_run(instance, after: float):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--keep", type=Path, default=None, help="copy the backfill's DAGSTER_HOME here")
     args = ap.parse_args(argv)
     py = sys.executable
     env0 = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PHANTORA_ASSETS_DATA_DIR")}
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(daemon.pid, signal.SIGKILL)
             log.close()
+        if args.keep is not None:
+            shutil.copytree(home, args.keep, dirs_exist_ok=True)
         same = _sha(tmp / "build" / "phantora_v0") == _sha(tmp / "ui" / "phantora_v0") != {}
         ratio = backfill_s / build_s
         green = statuses == {"SUCCESS": len(recs)} and ds.dagster_run.status.value == "SUCCESS"
