@@ -270,3 +270,30 @@ def split_with_extras(cs: _Calls, cut: _Cut) -> str | None:
                     "calls in some of them (an occasional collective); the trace has no compute rhythm to tell"
                 )
     return None
+
+
+#: Largest spread, in median steps, of where one anchor sequence opens its steady steps.
+MAX_OPENING_SPREAD = 0.5
+
+
+def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
+    """An anchor sequence that opens its steady steps at places in the step that wander by more
+    than ``MAX_OPENING_SPREAD`` of the median step (a collective issued in some steps only, at
+    irregular iterations, setting the step count), or None. Warm-up and the last step left out."""
+    k = np.arange(cut.first_steady, min(cut.n_complete, cut.n_steps - 1))
+    if len(k) < 2:
+        return None
+    step_us = float(np.median(np.diff(cut.starts)[k]))
+    ok = (cut.step_sorted >= k[0]) & (cut.step_sorted <= k[-1])
+    for i in cut.anchors:
+        rows = ok & (cs.seq_id == i)
+        first = np.full(cut.n_steps, np.inf)
+        np.minimum.at(first, cut.step_sorted[rows], cs.ts_s[rows])
+        off = (first[k] - cut.starts[k])[np.isfinite(first[k])]
+        if step_us > 0 and len(off) >= 2 and float(off.max() - off.min()) > MAX_OPENING_SPREAD * step_us:
+            return (
+                f"{cs.name(i)} sets the steps ({cut.period[i]} calls each) but opens them "
+                f"{off.min():.3f} to {off.max():.3f} us after they start (median step {step_us:.3f} us): "
+                f"no rhythm, a call in some steps only"
+            )
+    return None
