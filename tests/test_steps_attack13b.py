@@ -61,3 +61,14 @@ def test_irregular_extra_on_its_own_communicator_sets_no_step():
 def test_regular_runs_still_pass(second_comm):
     sr = detect_steps(_run(set(), "00000000000000c0", second_comm))
     assert len(sr.steps) == 20 and sr.step_time_us == T and len(sr.steady_steps) == 19
+
+
+# was: "11 iterations, a logging all-reduce on its own communicator at iterations 1, 4 and 10: its 3
+#    calls set the step count, the gradient all-reduces are assigned by time, 6 a step: 3 steps, one
+#    steady of 6000 us (6x the iteration), every check passes"
+def test_three_occasional_calls_do_not_make_the_step():
+    flows = _run({1, 4, 10}, "00000000000000c0", n_iter=11)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(flows)  # observed: 3 steps, step_time_us 6000.0, every check passing
+    assert ei.value.rule == "steps irregular"
+    assert "communicator 00000000000000a0 rank 0 repeats every 1000.000 us" in str(ei.value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.lib.traffic.periodicity import copies_before_tail
 from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _cut, _fail, _Periodicity
 
 
@@ -279,8 +280,9 @@ MAX_OPENING_SPREAD = 0.5
 def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
     """An anchor sequence that opens its steady steps at places in the step that wander by more
     than ``MAX_OPENING_SPREAD`` of the median step (a collective issued in some steps only, at
-    irregular iterations, setting the step count), or None. Warm-up and the last step left out."""
-    k = np.arange(cut.first_steady, min(cut.n_complete, cut.n_steps - 1))
+    irregular iterations, setting the step count), or None. The first step (start-up) and the last
+    (cut short) are left out; warm-up steps count: a short run has few steady steps."""
+    k = np.arange(1, min(cut.n_complete, cut.n_steps - 1))
     if len(k) < 2:
         return None
     step_us = float(np.median(np.diff(cut.starts)[k]))
@@ -295,5 +297,53 @@ def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
                 f"{cs.name(i)} sets the steps ({cut.period[i]} calls each) but opens them "
                 f"{off.min():.3f} to {off.max():.3f} us after they start (median step {step_us:.3f} us): "
                 f"no rhythm, a call in some steps only"
+            )
+    return None
+
+
+def _block_gaps(cs: _Calls, per: list[_Periodicity], i: int, q: int) -> np.ndarray:
+    """Time between the starts of consecutive full periods of ``q`` calls of sequence ``i``, the
+    first (start-up) left out when there are 3 or more."""
+    n_full = per[i].full_periods(q)
+    first = int(cs.seq_call_start[i] + cs.seq_len[i] - n_full * q)
+    t = cs.ts_s[cs.call_rows[first + q * np.arange(n_full)]]
+    g = np.diff(t)
+    return g[1:] if len(g) >= 3 else g
+
+
+def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
+    """A sequence cut into steps of ``k > 1`` of its primitive periods (or assigned by time, ``k``
+    of them a step) although those periods are a
+    rhythm in time (gaps within 10 %), while the sequences that set the step (one primitive period a
+    step) repeat at gaps that wander by more than ``MAX_OPENING_SPREAD`` of their median: the few
+    calls of an occasional collective made the step, not the run's rhythm. None when no such pair."""
+    multi = [i for i in cut.anchors + cut.by_time if i in prim and cut.period[i] > prim[i]]
+    setters = [j for j in cut.anchors if cut.period[j] == prim[j]]
+    for i in multi:
+        g = _block_gaps(cs, per, i, prim[i])
+        if len(g) < 2 or np.median(g) <= 0 or np.abs(g - np.median(g)).max() > 0.1 * np.median(g):
+            continue
+        for j in setters:
+            h = _block_gaps(cs, per, j, prim[j])
+            if len(h) and (h.max() - h.min()) > MAX_OPENING_SPREAD * float(np.median(h)):
+                return (
+                    f"{cs.name(i)} repeats every {np.median(g):.3f} us, but the steps take "
+                    f"{cut.period[i] // prim[i]} of its periods because {cs.name(j)} repeats at gaps of "
+                    f"{h.min():.3f} to {h.max():.3f} us: no rhythm, a call in some steps only"
+                )
+    return None
+
+
+def broken_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:
+    """A repeating sequence whose calls before its periodic tail hold ``min_repeats`` copies of its
+    period's block: a period broken inside the run (a call in some steps only), not warm-up."""
+    for i, q in prim.items():
+        start, n = int(cs.seq_call_start[i]), int(cs.seq_len[i])
+        n_full = per[i].full_periods(q)
+        if copies_before_tail(cs.call_tok[start : start + n], q, n_full) >= min_repeats:
+            brk = float(cs.ts_s[cs.call_rows[start + n - n_full * q - 1]])
+            return (
+                f"{cs.name(i)}: its period of {q} calls repeats {n_full} times at the end and at least "
+                f"{min_repeats} times before its call at {brk:.3f} us breaks it (a call in some steps only)"
             )
     return None

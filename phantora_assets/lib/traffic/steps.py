@@ -74,7 +74,9 @@ Definitions used here (all documented choices):
   periods, unless the compute rhythm below shows a longer step.
 * **A period broken inside the run**: the calls before a sequence's periodic tail holding
   ``min_repeats`` copies of its period's block are steps the period missed (an extra call in some
-  steps on that communicator), not warm-up: ``"steps irregular"``, naming the call that breaks it.
+  steps on that communicator), not warm-up: ``"steps irregular"``, naming the call that breaks it;
+  so are anchors that open their steps at wandering places or whose uneven repeats make an evenly
+  repeating sequence take several periods a step (``step_coarse.offbeat_anchor``, ``unjustified_multiple``).
 * **Start-up repeats**: a sequence whose last call comes in the first half of the run's time
   span (e.g. a start-up barrier issued 4 times) is treated as never repeating (the rule above:
   allowed inside the warm-up only), so it cannot make 1-us steps.
@@ -136,8 +138,15 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.periodicity import copies_before_tail
-from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap, offbeat_anchor, split_with_extras
+from phantora_assets.lib.traffic.step_coarse import (
+    _coarse_cut,
+    _coarser,
+    _overlap,
+    broken_period,
+    offbeat_anchor,
+    split_with_extras,
+    unjustified_multiple,
+)
 from phantora_assets.lib.traffic.step_cut import _cut, _fail, _Periodicity, _primary_periods, _sequences, _start_aligned
 from phantora_assets.lib.traffic.step_verify import (
     agree_with_compute,
@@ -303,17 +312,8 @@ def detect_steps(
             f"no period repeats {min_repeats} times; no communicator repeats",
         )
 
-    for i in repeating:  # a period broken inside the run: the calls before its tail are no warm-up
-        toks = call_tok[seq_call_start[i] : seq_call_start[i] + seq_len[i]]
-        n_full = per[i].full_periods(prim[i])
-        if copies_before_tail(toks, prim[i], n_full) >= min_repeats:
-            brk = float(ts_s[cs.call_rows[seq_call_start[i] + seq_len[i] - n_full * prim[i] - 1]])
-            raise _fail(
-                src,
-                "steps irregular",
-                f"{cs.name(i)}: its period of {prim[i]} calls repeats {n_full} times at the end and at least "
-                f"{min_repeats} times before its call at {brk:.3f} us breaks it (a call in some steps only)",
-            )
+    if (broken := broken_period(cs, per, prim, min_repeats)) is not None:
+        raise _fail(src, "steps irregular", broken)
 
     # ---- steps: by the sub-period rule, else several periods on every sequence -------
     try:
@@ -345,7 +345,7 @@ def detect_steps(
     block = (repeated_block(cs, per, cut) or split_with_extras(cs, cut)) if rhythm is None else None
     if block is not None:
         raise _fail(src, "steps ambiguous", block)
-    if (offbeat := offbeat_anchor(cs, cut)) is not None:
+    if (offbeat := offbeat_anchor(cs, cut) or unjustified_multiple(cs, per, prim, cut)) is not None:
         raise _fail(src, "steps irregular", offbeat)
     period, steps, starts = cut.period, cut.steps, cut.starts
     first_steady, n_complete = cut.first_steady, cut.n_complete
