@@ -72,3 +72,24 @@ def test_three_occasional_calls_do_not_make_the_step():
         detect_steps(flows)  # observed: 3 steps, step_time_us 6000.0, every check passing
     assert ei.value.rule == "steps irregular"
     assert "communicator 00000000000000a0 rank 0 repeats every 1000.000 us" in str(ei.value)
+
+
+# was: "ZeroDivisionError in periodicity.full_periods: the compute-less rhythm rule coarsens by a
+#    reference sequence assigned by time whose median calls a step (0 in a trace cut short) is less
+#    than its period, so it tries k = 0 periods a step"
+def test_coarsening_by_a_sequence_assigned_by_time_is_a_named_refusal():
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    cut = 6451.0
+    for it in range(7):
+        s = it * T
+        for comm, ranks, off, cnt in (
+            ("00000000000000a0", RING, 68.0, 8),
+            ("00000000000000a0", RING, 89.4, 4096),
+            ("00000000000000b0", [1, 3], 252.2, 1024),
+            ("00000000000000b0", [1, 3], 726.6, 1024),
+        ):
+            if s + off < cut:
+                fb.ring(comm, ranks, "all_reduce", cnt, "Bf16", s + off, 1)
+    with pytest.raises(StepDetectionError) as ei:  # observed: ZeroDivisionError
+        detect_steps(fb.frame())
+    assert ei.value.rule == "steps ambiguous"

@@ -233,6 +233,8 @@ def _coarser(
     ``g * cut.period[r]``), divisible or not, or why it does not hold."""
     _counts, r, same = _reference(cs, per, best, repeating)
     k = g * cut.period.get(r, best[r]) // best[r]
+    if k < 1:  # r assigned by time, fewer calls a step than its period
+        return f"{cs.name(r)} issues {cut.period[r]} calls a step, fewer than its period of {best[r]}"
     return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)
 
 
