@@ -93,3 +93,13 @@ def test_coarsening_by_a_sequence_assigned_by_time_is_a_named_refusal():
     with pytest.raises(StepDetectionError) as ei:  # observed: ZeroDivisionError
         detect_steps(fb.frame())
     assert ei.value.rule == "steps ambiguous"
+
+
+# was: "9 iterations, a logging all-reduce on its own communicator at iterations 0, 3 and 8 (gaps 3000
+#    and 5000 us, a spread of exactly half their median, the limit then): 3 steps of 5000 us, every
+#    check passing"
+def test_two_uneven_gaps_of_occasional_calls_do_not_make_the_step():
+    flows = _run({0, 3, 8}, "00000000000000c0", n_iter=9)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(flows)  # observed: 3 steps, step_time_us 5000.0, every check passing
+    assert ei.value.rule == "steps irregular"

@@ -303,6 +303,11 @@ def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
     return None
 
 
+#: Largest spread of the gaps of a sequence that sets a step of several periods of an evenly
+#: repeating one, in its median gap (iteration jitter stays well inside it).
+SETTER_SPREAD = 0.25
+
+
 def _block_gaps(cs: _Calls, per: list[_Periodicity], i: int, q: int) -> np.ndarray:
     """Time between the starts of consecutive full periods of ``q`` calls of sequence ``i``, the
     first (start-up) left out when there are 3 or more."""
@@ -317,7 +322,7 @@ def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, in
     """A sequence cut into steps of ``k > 1`` of its primitive periods (or assigned by time, ``k``
     of them a step) although those periods are a
     rhythm in time (gaps within 10 %), while the sequences that set the step (one primitive period a
-    step) repeat at gaps that wander by more than ``MAX_OPENING_SPREAD`` of their median: the few
+    step) repeat at gaps that wander by more than ``SETTER_SPREAD`` of their median: the few
     calls of an occasional collective made the step, not the run's rhythm. None when no such pair."""
     multi = [i for i in cut.anchors + cut.by_time if i in prim and cut.period[i] > prim[i]]
     setters = [j for j in cut.anchors if cut.period[j] == prim[j]]
@@ -327,7 +332,7 @@ def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, in
             continue
         for j in setters:
             h = _block_gaps(cs, per, j, prim[j])
-            if len(h) and (h.max() - h.min()) > MAX_OPENING_SPREAD * float(np.median(h)):
+            if len(h) and (h.max() - h.min()) > SETTER_SPREAD * float(np.median(h)):
                 return (
                     f"{cs.name(i)} repeats every {np.median(g):.3f} us, but the steps take "
                     f"{cut.period[i] // prim[i]} of its periods because {cs.name(j)} repeats at gaps of "
