@@ -191,3 +191,13 @@ def test_cli_import_of_a_config_linked_to_a_directory_names_the_file_and_rule(tm
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
     assert "FAILED: raw_timeline: " in line and f"{folder / 'config'}: {LINK} (it links to " in line, line
     _assert_nothing_reached_outside(data, outside)
+
+
+def test_a_netconfig_that_is_not_toml_is_refused_not_read_as_the_matrix_network(folder):
+    """was: an unparseable ``config/netconfig.toml`` gave no topology overrides, so the run was built
+    and exported with the matrix's network (its ``nic_bw`` a guess), every check passing."""
+    nc = folder / "config" / "netconfig.toml"
+    nc.write_text(nc.read_text() + "\n[simulator\n")  # one broken table header
+    found, skipped = discover(folder)
+    assert found == [] and len(skipped) == 1
+    assert skipped[0].reason.startswith("config/netconfig.toml is not readable TOML (")

@@ -177,6 +177,10 @@ def inspect_folder(folder: Path) -> RunFolder | Skipped:
     topology: dict[str, Any] = {}
     # never read through a link (the import refuses such a folder: raw_timeline fails, naming it)
     if netconfig.is_file() and not netconfig.is_symlink() and not netconfig.parent.is_symlink():
+        try:  # an unreadable netconfig is no "same network as the matrix": the run's nic_bw would be a guess
+            tomllib.loads(netconfig.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            return Skipped(folder, f"config/netconfig.toml is not readable TOML ({exc})")
         hosts = _netconfig_hosts(netconfig)
         if hosts is not None and hosts != nodes:
             return Skipped(folder, f"config/netconfig.toml maps {hosts} hosts but the folder name says {nodes} nodes")

@@ -253,3 +253,24 @@ class _Periodicity:
             return None
         m_ok = np.where(ok, m, -1)
         return int(ps[int(np.argmax(m_ok))])  # argmax: first (smallest p) of the longest
+
+
+def copies_before_tail(tokens: np.ndarray, q: int, n_full: int) -> int:
+    """Non-overlapping copies of the first full period's block (``n_full`` full periods of ``q``
+    calls at the end of ``tokens``) in the calls before it: the sequence already repeated its
+    step there, then something broke the period (a call in some steps only). Linear in the calls
+    before the block times the few offsets a candidate survives."""
+    first = len(tokens) - n_full * q
+    pre, block = tokens[:first], tokens[first : first + q]
+    if len(pre) < q:
+        return 0
+    hit = np.ones(len(pre) - q + 1, dtype=bool)
+    for k in range(q):
+        hit &= pre[k : len(pre) - q + 1 + k] == block[k]
+        if not hit.any():
+            return 0
+    n, end = 0, -1
+    for j in np.flatnonzero(hit).tolist():
+        if j >= end:
+            n, end = n + 1, j + q
+    return n

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.lib.traffic.periodicity import copies_before_tail
 from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _cut, _fail, _Periodicity
 
 
@@ -232,6 +233,8 @@ def _coarser(
     ``g * cut.period[r]``), divisible or not, or why it does not hold."""
     _counts, r, same = _reference(cs, per, best, repeating)
     k = g * cut.period.get(r, best[r]) // best[r]
+    if k < 1:  # r assigned by time, fewer calls a step than its period
+        return f"{cs.name(r)} issues {cut.period[r]} calls a step, fewer than its period of {best[r]}"
     return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)
 
 
@@ -269,4 +272,85 @@ def split_with_extras(cs: _Calls, cut: _Cut) -> str | None:
                     f"apart plus {int(extra.sum())} other calls: steps of {q} calls, or of {size} calls with extra "
                     "calls in some of them (an occasional collective); the trace has no compute rhythm to tell"
                 )
+    return None
+
+
+#: Largest spread, in median steps, of where one anchor sequence opens its steady steps.
+MAX_OPENING_SPREAD = 0.5
+
+
+def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
+    """An anchor sequence that opens its steady steps at places in the step that wander by more
+    than ``MAX_OPENING_SPREAD`` of the median step (a collective issued in some steps only, at
+    irregular iterations, setting the step count), or None. The first step (start-up) and the last
+    (cut short) are left out; warm-up steps count: a short run has few steady steps."""
+    k = np.arange(1, min(cut.n_complete, cut.n_steps - 1))
+    if len(k) < 2:
+        return None
+    step_us = float(np.median(np.diff(cut.starts)[k]))
+    ok = (cut.step_sorted >= k[0]) & (cut.step_sorted <= k[-1])
+    for i in cut.anchors:
+        rows = ok & (cs.seq_id == i)
+        first = np.full(cut.n_steps, np.inf)
+        np.minimum.at(first, cut.step_sorted[rows], cs.ts_s[rows])
+        off = (first[k] - cut.starts[k])[np.isfinite(first[k])]
+        if step_us > 0 and len(off) >= 2 and float(off.max() - off.min()) > MAX_OPENING_SPREAD * step_us:
+            return (
+                f"{cs.name(i)} sets the steps ({cut.period[i]} calls each) but opens them "
+                f"{off.min():.3f} to {off.max():.3f} us after they start (median step {step_us:.3f} us): "
+                f"no rhythm, a call in some steps only"
+            )
+    return None
+
+
+#: Largest spread of the gaps of a sequence that sets a step of several periods of an evenly
+#: repeating one, in its median gap (iteration jitter stays well inside it).
+SETTER_SPREAD = 0.25
+
+
+def _block_gaps(cs: _Calls, per: list[_Periodicity], i: int, q: int) -> np.ndarray:
+    """Time between the starts of consecutive full periods of ``q`` calls of sequence ``i``, the
+    first (start-up) left out when there are 3 or more."""
+    n_full = per[i].full_periods(q)
+    first = int(cs.seq_call_start[i] + cs.seq_len[i] - n_full * q)
+    t = cs.ts_s[cs.call_rows[first + q * np.arange(n_full)]]
+    g = np.diff(t)
+    return g[1:] if len(g) >= 3 else g
+
+
+def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
+    """A sequence cut into steps of ``k > 1`` of its primitive periods (or assigned by time, ``k``
+    of them a step) although those periods are a
+    rhythm in time (gaps within 10 %), while the sequences that set the step (one primitive period a
+    step) repeat at gaps that wander by more than ``SETTER_SPREAD`` of their median: the few
+    calls of an occasional collective made the step, not the run's rhythm. None when no such pair."""
+    multi = [i for i in cut.anchors + cut.by_time if i in prim and cut.period[i] > prim[i]]
+    setters = [j for j in cut.anchors if cut.period[j] == prim[j]]
+    for i in multi:
+        g = _block_gaps(cs, per, i, prim[i])
+        if len(g) < 2 or np.median(g) <= 0 or np.abs(g - np.median(g)).max() > 0.1 * np.median(g):
+            continue
+        for j in setters:
+            h = _block_gaps(cs, per, j, prim[j])
+            if len(h) and (h.max() - h.min()) > SETTER_SPREAD * float(np.median(h)):
+                return (
+                    f"{cs.name(i)} repeats every {np.median(g):.3f} us, but the steps take "
+                    f"{cut.period[i] // prim[i]} of its periods because {cs.name(j)} repeats at gaps of "
+                    f"{h.min():.3f} to {h.max():.3f} us: no rhythm, a call in some steps only"
+                )
+    return None
+
+
+def broken_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:
+    """A repeating sequence whose calls before its periodic tail hold ``min_repeats`` copies of its
+    period's block: a period broken inside the run (a call in some steps only), not warm-up."""
+    for i, q in prim.items():
+        start, n = int(cs.seq_call_start[i]), int(cs.seq_len[i])
+        n_full = per[i].full_periods(q)
+        if copies_before_tail(cs.call_tok[start : start + n], q, n_full) >= min_repeats:
+            brk = float(cs.ts_s[cs.call_rows[start + n - n_full * q - 1]])
+            return (
+                f"{cs.name(i)}: its period of {q} calls repeats {n_full} times at the end and at least "
+                f"{min_repeats} times before its call at {brk:.3f} us breaks it (a call in some steps only)"
+            )
     return None

@@ -72,6 +72,11 @@ Definitions used here (all documented choices):
   is kept. A single communicator, or
   several whose primitive cut passes the check and does not overlap, keep their primitive
   periods, unless the compute rhythm below shows a longer step.
+* **A period broken inside the run**: the calls before a sequence's periodic tail holding
+  ``min_repeats`` copies of its period's block are steps the period missed (an extra call in some
+  steps on that communicator), not warm-up: ``"steps irregular"``, naming the call that breaks it;
+  so are anchors that open their steps at wandering places or whose uneven repeats make an evenly
+  repeating sequence take several periods a step (``step_coarse.offbeat_anchor``, ``unjustified_multiple``).
 * **Start-up repeats**: a sequence whose last call comes in the first half of the run's time
   span (e.g. a start-up barrier issued 4 times) is treated as never repeating (the rule above:
   allowed inside the warm-up only), so it cannot make 1-us steps.
@@ -133,7 +138,15 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.step_coarse import _coarse_cut, _coarser, _overlap, split_with_extras
+from phantora_assets.lib.traffic.step_coarse import (
+    _coarse_cut,
+    _coarser,
+    _overlap,
+    broken_period,
+    offbeat_anchor,
+    split_with_extras,
+    unjustified_multiple,
+)
 from phantora_assets.lib.traffic.step_cut import _cut, _fail, _Periodicity, _primary_periods, _sequences, _start_aligned
 from phantora_assets.lib.traffic.step_verify import (
     agree_with_compute,
@@ -299,6 +312,9 @@ def detect_steps(
             f"no period repeats {min_repeats} times; no communicator repeats",
         )
 
+    if (broken := broken_period(cs, per, prim, min_repeats)) is not None:
+        raise _fail(src, "steps irregular", broken)
+
     # ---- steps: by the sub-period rule, else several periods on every sequence -------
     try:
         primary = lambda seqs: _primary_periods(cs, per, prim, seqs, warmup_steps, src)
@@ -329,6 +345,8 @@ def detect_steps(
     block = (repeated_block(cs, per, cut) or split_with_extras(cs, cut)) if rhythm is None else None
     if block is not None:
         raise _fail(src, "steps ambiguous", block)
+    if (offbeat := offbeat_anchor(cs, cut) or unjustified_multiple(cs, per, prim, cut)) is not None:
+        raise _fail(src, "steps irregular", offbeat)
     period, steps, starts = cut.period, cut.steps, cut.starts
     first_steady, n_complete = cut.first_steady, cut.n_complete
     period_step = np.empty(n_rows, dtype=np.int64)
