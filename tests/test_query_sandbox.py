@@ -288,3 +288,18 @@ def test_read_only_queries_run(root, sandbox, capsys, sql) -> None:
     assert out.count("\n") >= 2  # header and at least one row
     if "enable_external_access" in sql:
         assert out == "external\nFalse\n"
+
+
+def test_a_query_past_its_timeout_is_interrupted(root, sandbox, capsys) -> None:
+    # was: a cross join of two 300,000-row ranges ran until killed (no time limit)
+    sql = "select sum(a.range * b.range) from range(300000) a, range(300000) b"
+    rc, out, err = query(root, sql, capsys, "--timeout", "1")
+    assert rc == 2 and out == ""
+    assert "ran longer than 1 s (--timeout) and was interrupted" in err
+
+
+def test_a_query_needing_more_than_the_memory_limit_fails(root, sandbox, capsys) -> None:
+    # was: a 20 GB string_agg took the process to 8.5 GB of RSS before failing
+    rc, out, err = query(root, "select length(string_agg(repeat('x', 1000000), '')) from range(20000)", capsys)
+    assert rc == 2 and out == ""
+    assert "Out of Memory" in err

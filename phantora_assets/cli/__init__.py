@@ -23,7 +23,8 @@ The run matrix of a data root is ``runs.toml`` merged with its imports (``import
 comm groups ASTRA-sim reads (``cli/chakra.py``); ``import`` also takes a folder of such ETs
 (``sources/chakra.py``).
 ``query`` runs one SQL statement against ``<data-dir>/phantora.duckdb`` (read-only); a bad
-statement prints DuckDB's message and exits 2.
+statement prints DuckDB's message and exits 2, as does one that runs past ``--timeout`` or needs
+more than DuckDB's ``memory_limit`` of the sandbox (1 GB).
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("sql", help='e.g. "select run_id, sum(bytes) from flows_100ms group by 1"')
     q.add_argument("--format", choices=["table", "csv", "json"], default="table")
     q.add_argument("--data-dir", default=default_dir)
+    q.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before the query is interrupted (exit 2; default 600)"
+    )
     q.set_defaults(func=cmd_query)
     return p
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -202,6 +203,7 @@ QUERY_SANDBOX: dict[str, str | bool] = {
     "allow_persistent_secrets": False,  # no secret written to ~/.duckdb
     "python_enable_replacements": False,  # no scan of a Python variable named in the query
     "temp_directory": "",  # no spill files: a query that does not fit in memory fails instead
+    "memory_limit": "1GB",  # ... of this much (the 2 GB bound of a build; a string_agg of 20 GB took 8.5 GB)
 }
 # ... and set once the database is attached: no file or URL but the database (COPY, ATTACH, read_*(), glob(),
 # INSTALL fail), then the configuration is locked, so no statement can SET or RESET any of it back.
@@ -310,6 +312,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     db = DataPaths(Path(args.data_dir)).duckdb_path
+    timeout = float(getattr(args, "timeout", 600.0))
     if not db.exists():
         print(
             f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
@@ -330,9 +333,18 @@ def cmd_query(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            cur = con.execute(statements[0])
-            columns = [d[0] for d in cur.description] if cur.description else []
-            rows = cur.fetchall() if columns else []
+            timer = threading.Timer(timeout, con.interrupt)  # a cross join of two ranges never ended
+            timer.daemon = True
+            timer.start()
+            try:
+                cur = con.execute(statements[0])
+                columns = [d[0] for d in cur.description] if cur.description else []
+                rows = cur.fetchall() if columns else []
+            finally:
+                timer.cancel()
+    except duckdb.InterruptException:
+        print(f"error: the query ran longer than {timeout:g} s (--timeout) and was interrupted", file=sys.stderr)
+        return 2
     except duckdb.Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
