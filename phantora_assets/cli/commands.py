@@ -202,8 +202,8 @@ QUERY_SANDBOX: dict[str, str | bool] = {
     "allow_unsigned_extensions": False,
     "allow_persistent_secrets": False,  # no secret written to ~/.duckdb
     "python_enable_replacements": False,  # no scan of a Python variable named in the query
-    "temp_directory": "",  # no spill files: a query that does not fit in memory fails instead
-    "memory_limit": "1GB",  # ... of this much (the 2 GB bound of a build; a string_agg of 20 GB took 8.5 GB)
+    "temp_directory": "",  # no spill files: a query that does not fit in the memory_limit fails instead
+    "memory_limit": "1GB",
 }
 # ... and set once the database is attached: no file or URL but the database (COPY, ATTACH, read_*(), glob(),
 # INSTALL fail), then the configuration is locked, so no statement can SET or RESET any of it back.
@@ -314,10 +314,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     db = DataPaths(Path(args.data_dir)).duckdb_path
     timeout = float(getattr(args, "timeout", 600.0))
     if not db.exists():
-        print(
-            f"error: no database at {db}: run `phantora-assets build` (or materialize dataset_duckdb) first",
-            file=sys.stderr,
-        )
+        hint = "run `phantora-assets build` (or materialize dataset_duckdb) first"
+        print(f"error: no database at {db}: {hint}", file=sys.stderr)
         return 2
     try:
         with sandboxed_connection(db) as con:
@@ -328,18 +326,14 @@ def cmd_query(args: argparse.Namespace) -> int:
                 return 2
             why = _not_a_query(con, statements[0])
             if why is not None:
-                print(
-                    f"error: refused: {why}: `phantora-assets query` runs one read-only query ({QUERY_STATEMENTS})",
-                    file=sys.stderr,
-                )
+                runs = f"`phantora-assets query` runs one read-only query ({QUERY_STATEMENTS})"
+                print(f"error: refused: {why}: {runs}", file=sys.stderr)
                 return 2
             timer = threading.Timer(timeout, con.interrupt)  # a cross join of two ranges never ended
-            timer.daemon = True
             timer.start()
             try:
                 cur = con.execute(statements[0])
-                columns = [d[0] for d in cur.description] if cur.description else []
-                rows = cur.fetchall() if columns else []
+                columns, rows = ([d[0] for d in cur.description], cur.fetchall()) if cur.description else ([], [])
             finally:
                 timer.cancel()
     except duckdb.InterruptException:
