@@ -201,3 +201,34 @@ def test_a_row_breaking_the_contract_publishes_nothing_and_names_the_file(datase
     assert str(bad) in result.outcome.message and "bytes" in result.outcome.message
     assert _digests(root / "phantora_v0") == before
     assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]
+
+
+def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, monkeypatch):
+    """Every run at 10 ms: ``flows_100ms`` has no Parquet file, so the card must not offer a
+    ``flows_100ms`` config (``load_dataset`` would fail: "At least one valid data file must be
+    specified"); every config it does list loads offline with the CSV's rows."""
+    import dataclasses
+
+    spec = dataclasses.replace(next(s for s in load_run_matrix() if s.run_id == RUNS[1]), bin_s=0.01)
+    root = tmp_path / "data"
+    res = (
+        build_defs(root, [spec])
+        .resolve_job_def("all_runs")
+        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+    )
+    assert res.success
+    result = dataset_stage.export_dataset([spec], DataPaths(root))
+    assert result.outcome.passed and result.included == [spec.run_id]
+    d = root / "phantora_v0"
+    assert not list(d.glob("flows_100ms/*/*.parquet")) and len(pd.read_csv(d / "flows_100ms.csv")) == 0
+    text = (d / "README.md").read_text()
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert [c["config_name"] for c in meta["configs"]] == ["runs", "windows"]
+    assert '"windows")  # configs: runs, windows' in text
+    assert "- `flows_100ms`: no run, no Parquet file; and `flows_100ms.csv` (its header only)" in text
+    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    for c in meta["configs"]:
+        got = datasets.load_dataset(str(d), c["config_name"], cache_dir=str(tmp_path / "hf"))["train"]
+        assert got.num_rows == len(pd.read_csv(d / f"{c['config_name']}.csv")) > 0

@@ -75,11 +75,19 @@ def data_dictionary() -> str:
     return "\n".join(out)
 
 
-def front_matter() -> str:
-    """The YAML header: license and one ``configs`` entry per table (its Parquet files)."""
+def _has_files(t: ExportTable, rows: Mapping[str, int] | None) -> bool:
+    """A per-run table of no rows has no Parquet file (``flows_100ms`` when no run is at 100 ms): its
+    config's glob would match nothing and ``load_dataset`` would fail, so the card leaves it out."""
+    return rows is None or not t.per_run or rows.get(t.name, 0) > 0
+
+
+def front_matter(rows: Mapping[str, int] | None = None) -> str:
+    """The YAML header: license and one ``configs`` entry per table that has Parquet files (every
+    table when ``rows``, the rows per table, is not given)."""
     lines = ["---", f"license: {LICENSE}", "pretty_name: phantora_v0 node-to-node traffic of LLM training", "configs:"]
     for t in EXPORT_TABLES:
-        lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
+        if _has_files(t, rows):
+            lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
     return "\n".join(lines + ["---", ""])
 
 
@@ -157,12 +165,15 @@ def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str,
     binning_doc = "\n".join(("   " + line).rstrip() for line in doc.splitlines()) + "\n"
     counts = ", ".join(f"`{t.name}` {rows.get(t.name, 0):,} rows" for t in EXPORT_TABLES)
     files = "\n".join(
-        f"- `{t.name}`: `{_config_glob(t)}`"
-        + (" (one file per run, hive-partitioned by run_id)" if t.per_run else "")
+        (f"- `{t.name}`: `{_config_glob(t)}`" if _has_files(t, rows) else f"- `{t.name}`: no run, no Parquet file;")
+        + (" (one file per run, hive-partitioned by run_id)" if t.per_run and _has_files(t, rows) else "")
         + f" and `{t.name}.csv`"
+        + ("" if _has_files(t, rows) else " (its header only)")
         for t in EXPORT_TABLES
     )
-    return f"""{front_matter()}
+    configs = ", ".join(t.name for t in EXPORT_TABLES if _has_files(t, rows))
+    example = "flows_100ms" if "flows_100ms" in configs else "windows"
+    return f"""{front_matter(rows)}
 # phantora_v0: node-to-node network traffic of distributed LLM training
 
 Bytes per (source node, destination node) per bin of the run's width ({widths_text}) over a
@@ -182,7 +193,7 @@ import duckdb, pandas as pd, pyarrow.dataset as ds, datasets
 duckdb.sql("SELECT run_id, sum(bytes) FROM read_parquet('flows_100ms/*/*.parquet', hive_partitioning=true) GROUP BY 1")
 ds.dataset("flows_100ms", partitioning="hive").to_table(filter=ds.field("run_id") == "<run_id>")
 pd.read_parquet("flows_100ms", partitioning=None, filters=[("run_id", "==", "<run_id>")])
-datasets.load_dataset("<this folder>", "flows_100ms")  # configs: runs, flows_100ms, windows
+datasets.load_dataset("<this folder>", "{example}")  # configs: {configs}
 ```
 
 ## Data dictionary
