@@ -232,3 +232,29 @@ def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, mo
     for c in meta["configs"]:
         got = datasets.load_dataset(str(d), c["config_name"], cache_dir=str(tmp_path / "hf"))["train"]
         assert got.num_rows == len(pd.read_csv(d / f"{c['config_name']}.csv")) > 0
+
+
+def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch):
+    """``datasets`` keys its cache of a local folder on the card's YAML (configs, dataset_info), not
+    on the files: the same folder rebuilt at 5 ms must not load as the cached 10 ms build. The
+    card's dataset_info carries each table's Parquet sha256, so a new build is a new cache entry."""
+    import dataclasses
+
+    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    base = next(s for s in load_run_matrix() if s.run_id == RUNS[1])
+    root, cache = tmp_path / "data", str(tmp_path / "hf")
+    for bin_s in (0.01, 0.005):
+        spec = dataclasses.replace(base, bin_s=bin_s)
+        job = build_defs(root, [spec]).resolve_job_def("all_runs")
+        assert job.execute_in_process(
+            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+        ).success
+        assert dataset_stage.export_dataset([spec], DataPaths(root)).outcome.passed
+        d = root / "phantora_v0"
+        runs = datasets.load_dataset(str(d), "runs", cache_dir=cache)["train"]
+        windows = datasets.load_dataset(str(d), "windows", cache_dir=cache)["train"].to_pandas()
+        assert runs["bin_s"] == [bin_s]
+        assert set(windows["n_bins"]) == {round(1 / bin_s), round(15 / bin_s)}
+        assert windows.equals(pd.read_parquet(d / "windows", partitioning=None))

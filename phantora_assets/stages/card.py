@@ -81,13 +81,22 @@ def _has_files(t: ExportTable, rows: Mapping[str, int] | None) -> bool:
     return rows is None or not t.per_run or rows.get(t.name, 0) > 0
 
 
-def front_matter(rows: Mapping[str, int] | None = None) -> str:
+def front_matter(rows: Mapping[str, int] | None = None, digests: Mapping[str, str] | None = None) -> str:
     """The YAML header: license and one ``configs`` entry per table that has Parquet files (every
-    table when ``rows``, the rows per table, is not given)."""
+    table when ``rows``, the rows per table, is not given); with ``digests`` (sha256 of each table's
+    Parquet files), a ``dataset_info`` entry per config whose description holds it. ``datasets``
+    keys its cache of a local folder on the configs and ``dataset_info`` only, not on the files:
+    without the digest, a ``load_dataset`` after a rebuild returned the previous build's rows."""
     lines = ["---", f"license: {LICENSE}", "pretty_name: phantora_v0 node-to-node traffic of LLM training", "configs:"]
     for t in EXPORT_TABLES:
         if _has_files(t, rows):
             lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
+    if digests:
+        lines.append("dataset_info:")
+        for t in EXPORT_TABLES:
+            if _has_files(t, rows):
+                sha = f'  description: "sha256 of the Parquet files: {digests[t.name]}"'
+                lines += [f"- config_name: {t.name}", sha]
     return "\n".join(lines + ["---", ""])
 
 
@@ -146,10 +155,12 @@ def bin_widths(widths: Mapping[str, float]) -> str:
     return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "no run"
 
 
-def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str, float]) -> str:
+def dataset_card(
+    rows: dict[str, int], included: list[str], widths: Mapping[str, float], digests: Mapping[str, str] | None = None
+) -> str:
     """The text of ``phantora_v0/README.md`` for an export of ``included`` runs with ``rows`` per table;
     ``widths``: each included run's ``bin_s``, from which every statement of the card about its bins
-    is written."""
+    is written; ``digests``: sha256 of each table's Parquet files (:func:`front_matter`)."""
     widths = {r: widths[r] for r in included}
     others = {r: b for r, b in widths.items() if b != BIN_S}
     widths_text = bin_widths(widths)
@@ -173,7 +184,7 @@ def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str,
     )
     configs = ", ".join(t.name for t in EXPORT_TABLES if _has_files(t, rows))
     example = "flows_100ms" if "flows_100ms" in configs else "windows"
-    return f"""{front_matter(rows)}
+    return f"""{front_matter(rows, digests)}
 # phantora_v0: node-to-node network traffic of distributed LLM training
 
 Bytes per (source node, destination node) per bin of the run's width ({widths_text}) over a
