@@ -122,6 +122,11 @@ def test_card_states_the_bin_width_of_the_runs(dataset):
     assert "summed into bins of the run's width (`runs.bin_s`; in this build 100 ms (2 runs))" in text
     assert "shorter than two bins (200 ms at 100 ms)" in text
     assert "runs at other widths" not in text
+    assert "no per-link volume" not in text  # link_bins holds it (database), the card says where
+    assert (
+        "bytes per directed link and bin (routes from the network model, ECMP as configured) are in the "
+        "database's `link_bins`" in text
+    )
     assert "| `n_bins` | int64 | bins | no | >= 1 | bins of the run's bin_s (runs.bin_s) in the window |" in text
 
 

@@ -133,7 +133,8 @@ _LIMITS = """\
 - Endpoints are hosts (nodes), not GPUs or NICs; intra-host (loopback) traffic is not network traffic
   and is absent.
 - Each ring hop is one bulk flow at the rate of max-min fair sharing; no packets, congestion control
-  or retransmissions. The traffic is per node pair only (no per-link volume).
+  or retransmissions. The files hold traffic per node pair; bytes per directed link and bin (routes
+  from the network model, ECMP as configured) are in the database's `link_bins`, not in this folder.
 - The 180 s window repeats one steady step: there is no warm-up, checkpointing, evaluation or
   failure in it, and the jitter is synthetic (+-2 %).
 - Bins cannot show a step shorter than two bins ({two_bins}): `dominant_period_s` then reads its
