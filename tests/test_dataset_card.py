@@ -122,6 +122,11 @@ def test_card_states_the_bin_width_of_the_runs(dataset):
     assert "summed into bins of the run's width (`runs.bin_s`; in this build 100 ms (2 runs))" in text
     assert "shorter than two bins (200 ms at 100 ms)" in text
     assert "runs at other widths" not in text
+    assert "no per-link volume" not in text  # link_bins holds it (database), the card says where
+    assert (
+        "bytes per directed link and bin (routes from the network model, ECMP as configured) are in the "
+        "database's `link_bins`" in text
+    )
     assert "| `n_bins` | int64 | bins | no | >= 1 | bins of the run's bin_s (runs.bin_s) in the window |" in text
 
 
@@ -201,3 +206,60 @@ def test_a_row_breaking_the_contract_publishes_nothing_and_names_the_file(datase
     assert str(bad) in result.outcome.message and "bytes" in result.outcome.message
     assert _digests(root / "phantora_v0") == before
     assert not [p for p in root.iterdir() if p.name.startswith(".phantora_v0.")]
+
+
+def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, monkeypatch):
+    """Every run at 10 ms: ``flows_100ms`` has no Parquet file, so the card must not offer a
+    ``flows_100ms`` config (``load_dataset`` would fail: "At least one valid data file must be
+    specified"); every config it does list loads offline with the CSV's rows."""
+    import dataclasses
+
+    spec = dataclasses.replace(next(s for s in load_run_matrix() if s.run_id == RUNS[1]), bin_s=0.01)
+    root = tmp_path / "data"
+    res = (
+        build_defs(root, [spec])
+        .resolve_job_def("all_runs")
+        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+    )
+    assert res.success
+    result = dataset_stage.export_dataset([spec], DataPaths(root))
+    assert result.outcome.passed and result.included == [spec.run_id]
+    d = root / "phantora_v0"
+    assert not list(d.glob("flows_100ms/*/*.parquet")) and len(pd.read_csv(d / "flows_100ms.csv")) == 0
+    text = (d / "README.md").read_text()
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert [c["config_name"] for c in meta["configs"]] == ["runs", "windows"]
+    assert '"windows")  # configs: runs, windows' in text
+    assert "- `flows_100ms`: no run, no Parquet file; and `flows_100ms.csv` (its header only)" in text
+    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    for c in meta["configs"]:
+        got = datasets.load_dataset(str(d), c["config_name"], cache_dir=str(tmp_path / "hf"))["train"]
+        assert got.num_rows == len(pd.read_csv(d / f"{c['config_name']}.csv")) > 0
+
+
+def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch):
+    """``datasets`` keys its cache of a local folder on the card's YAML (configs, dataset_info), not
+    on the files: the same folder rebuilt at 5 ms must not load as the cached 10 ms build. The
+    card's dataset_info carries each table's Parquet sha256, so a new build is a new cache entry."""
+    import dataclasses
+
+    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    base = next(s for s in load_run_matrix() if s.run_id == RUNS[1])
+    root, cache = tmp_path / "data", str(tmp_path / "hf")
+    for bin_s in (0.01, 0.005):
+        spec = dataclasses.replace(base, bin_s=bin_s)
+        job = build_defs(root, [spec]).resolve_job_def("all_runs")
+        assert job.execute_in_process(
+            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+        ).success
+        assert dataset_stage.export_dataset([spec], DataPaths(root)).outcome.passed
+        d = root / "phantora_v0"
+        runs = datasets.load_dataset(str(d), "runs", cache_dir=cache)["train"]
+        windows = datasets.load_dataset(str(d), "windows", cache_dir=cache)["train"].to_pandas()
+        assert runs["bin_s"] == [bin_s]
+        assert set(windows["n_bins"]) == {round(1 / bin_s), round(15 / bin_s)}
+        assert windows.equals(pd.read_parquet(d / "windows", partitioning=None))

@@ -75,11 +75,28 @@ def data_dictionary() -> str:
     return "\n".join(out)
 
 
-def front_matter() -> str:
-    """The YAML header: license and one ``configs`` entry per table (its Parquet files)."""
+def _has_files(t: ExportTable, rows: Mapping[str, int] | None) -> bool:
+    """A per-run table of no rows has no Parquet file (``flows_100ms`` when no run is at 100 ms): its
+    config's glob would match nothing and ``load_dataset`` would fail, so the card leaves it out."""
+    return rows is None or not t.per_run or rows.get(t.name, 0) > 0
+
+
+def front_matter(rows: Mapping[str, int] | None = None, digests: Mapping[str, str] | None = None) -> str:
+    """The YAML header: license and one ``configs`` entry per table that has Parquet files (every
+    table when ``rows``, the rows per table, is not given); with ``digests`` (sha256 of each table's
+    Parquet files), a ``dataset_info`` entry per config whose description holds it. ``datasets``
+    keys its cache of a local folder on the configs and ``dataset_info`` only, not on the files:
+    without the digest, a ``load_dataset`` after a rebuild returned the previous build's rows."""
     lines = ["---", f"license: {LICENSE}", "pretty_name: phantora_v0 node-to-node traffic of LLM training", "configs:"]
     for t in EXPORT_TABLES:
-        lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
+        if _has_files(t, rows):
+            lines += [f"- config_name: {t.name}", f'  data_files: "{_config_glob(t)}"']
+    if digests:
+        lines.append("dataset_info:")
+        for t in EXPORT_TABLES:
+            if _has_files(t, rows):
+                sha = f'  description: "sha256 of the Parquet files: {digests[t.name]}"'
+                lines += [f"- config_name: {t.name}", sha]
     return "\n".join(lines + ["---", ""])
 
 
@@ -116,7 +133,8 @@ _LIMITS = """\
 - Endpoints are hosts (nodes), not GPUs or NICs; intra-host (loopback) traffic is not network traffic
   and is absent.
 - Each ring hop is one bulk flow at the rate of max-min fair sharing; no packets, congestion control
-  or retransmissions. The traffic is per node pair only (no per-link volume).
+  or retransmissions. The files hold traffic per node pair; bytes per directed link and bin (routes
+  from the network model, ECMP as configured) are in the database's `link_bins`, not in this folder.
 - The 180 s window repeats one steady step: there is no warm-up, checkpointing, evaluation or
   failure in it, and the jitter is synthetic (+-2 %).
 - Bins cannot show a step shorter than two bins ({two_bins}): `dominant_period_s` then reads its
@@ -138,10 +156,12 @@ def bin_widths(widths: Mapping[str, float]) -> str:
     return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "no run"
 
 
-def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str, float]) -> str:
+def dataset_card(
+    rows: dict[str, int], included: list[str], widths: Mapping[str, float], digests: Mapping[str, str] | None = None
+) -> str:
     """The text of ``phantora_v0/README.md`` for an export of ``included`` runs with ``rows`` per table;
     ``widths``: each included run's ``bin_s``, from which every statement of the card about its bins
-    is written."""
+    is written; ``digests``: sha256 of each table's Parquet files (:func:`front_matter`)."""
     widths = {r: widths[r] for r in included}
     others = {r: b for r, b in widths.items() if b != BIN_S}
     widths_text = bin_widths(widths)
@@ -157,12 +177,15 @@ def dataset_card(rows: dict[str, int], included: list[str], widths: Mapping[str,
     binning_doc = "\n".join(("   " + line).rstrip() for line in doc.splitlines()) + "\n"
     counts = ", ".join(f"`{t.name}` {rows.get(t.name, 0):,} rows" for t in EXPORT_TABLES)
     files = "\n".join(
-        f"- `{t.name}`: `{_config_glob(t)}`"
-        + (" (one file per run, hive-partitioned by run_id)" if t.per_run else "")
+        (f"- `{t.name}`: `{_config_glob(t)}`" if _has_files(t, rows) else f"- `{t.name}`: no run, no Parquet file;")
+        + (" (one file per run, hive-partitioned by run_id)" if t.per_run and _has_files(t, rows) else "")
         + f" and `{t.name}.csv`"
+        + ("" if _has_files(t, rows) else " (its header only)")
         for t in EXPORT_TABLES
     )
-    return f"""{front_matter()}
+    configs = ", ".join(t.name for t in EXPORT_TABLES if _has_files(t, rows))
+    example = "flows_100ms" if "flows_100ms" in configs else "windows"
+    return f"""{front_matter(rows, digests)}
 # phantora_v0: node-to-node network traffic of distributed LLM training
 
 Bytes per (source node, destination node) per bin of the run's width ({widths_text}) over a
@@ -182,7 +205,7 @@ import duckdb, pandas as pd, pyarrow.dataset as ds, datasets
 duckdb.sql("SELECT run_id, sum(bytes) FROM read_parquet('flows_100ms/*/*.parquet', hive_partitioning=true) GROUP BY 1")
 ds.dataset("flows_100ms", partitioning="hive").to_table(filter=ds.field("run_id") == "<run_id>")
 pd.read_parquet("flows_100ms", partitioning=None, filters=[("run_id", "==", "<run_id>")])
-datasets.load_dataset("<this folder>", "flows_100ms")  # configs: runs, flows_100ms, windows
+datasets.load_dataset("<this folder>", "{example}")  # configs: {configs}
 ```
 
 ## Data dictionary

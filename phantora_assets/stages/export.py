@@ -18,6 +18,7 @@ is read, validated with the v1 pandera contract and written batch by batch.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -216,7 +217,7 @@ def included_runs(specs: list[RunSpec], paths: DataPaths) -> tuple[list[str], di
 def export_dataset(
     specs: list[RunSpec],
     paths: DataPaths,
-    card: Callable[[dict[str, int], list[str], dict[str, float]], str] | None = None,
+    card: Callable[[dict[str, int], list[str], dict[str, float], dict[str, str]], str] | None = None,
 ) -> DatasetResult:
     """Assemble ``phantora_v0/`` from every run whose checks all passed (layout: module docstring).
 
@@ -227,8 +228,8 @@ def export_dataset(
     published. A run that passed its checks but was built from another run-matrix entry or perf
     DB than the current one is excluded as stale (``stages/simulation.stale_reason``). Runs in
     run_id order, rows in their per-run file's order: a rebuild is byte-identical.
-    ``card(rows per table, included run_ids, their bin_s) -> text``, when given, writes ``README.md`` (the
-    dataset card).
+    ``card(rows per table, included run_ids, their bin_s, sha256 per table) -> text``, when given, writes
+    ``README.md`` (the dataset card; the digests are of each table's Parquet bytes, :func:`parquet_digest`).
     """
     included, excluded = included_runs(specs, paths)
     width = {s.run_id: s.bin_s for s in specs}
@@ -258,7 +259,8 @@ def export_dataset(
         )
         atomic_write_text(staging / "run_status.csv", "\n".join(listing) + "\n", durable=True)
         if card is not None:
-            text = card(rows, included, {r: width[r] for r in included})
+            digests = {t.name: parquet_digest(staging, t.name) for t in EXPORT_TABLES}
+            text = card(rows, included, {r: width[r] for r in included}, digests)
             atomic_write_text(staging / "README.md", text, durable=True)
         if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
             plots = d / "plots"
@@ -271,6 +273,16 @@ def export_dataset(
     msg = "; ".join(f"{rows[t.name]} rows satisfy the {t.name} contract" for t in EXPORT_TABLES)
     counts = {"runs": len(included), "excluded": len(excluded)}
     return DatasetResult(d, included, excluded, Outcome("dataset_contract", True, msg, counts), rows)
+
+
+def parquet_digest(folder: Path, table: str) -> str:
+    """sha256 over a table's Parquet files in ``folder`` (each one's relative path and bytes, in path
+    order): it changes whenever the table's data does, and only then."""
+    h = hashlib.sha256()
+    files = [folder / f"{table}.parquet"] if (folder / f"{table}.parquet").is_file() else []
+    for f in files + sorted((folder / table).glob("*/*.parquet")):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def _csv_text(text: str) -> str:
