@@ -201,3 +201,19 @@ def test_a_netconfig_that_is_not_toml_is_refused_not_read_as_the_matrix_network(
     found, skipped = discover(folder)
     assert found == [] and len(skipped) == 1
     assert skipped[0].reason.startswith("config/netconfig.toml is not readable TOML (")
+
+
+@pytest.mark.parametrize(
+    ("entry", "rule"), [("run.log", "not a regular file"), ("config", "not a directory")], ids=["run.log", "config"]
+)
+def test_an_entry_of_the_wrong_kind_fails_the_partition_naming_it(entry, rule, tmp_path, folder, capsys):
+    """was: a ``run.log`` that is a directory, or a ``config`` that is a file, was ignored and the run
+    imported ``ok`` (without its run.log, peak_memory_gib empty and steps_match_run_log not run)."""
+    path = folder / entry
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if entry == "run.log" else path.write_text("not a folder\n")
+    data = tmp_path / "data"
+    assert main(["import", str(folder), "--data-dir", str(data)]) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(W1))
+    assert "FAILED: raw_timeline: " in line and f"{path}: {rule}" in line, line
+    assert not list((data / "traces").rglob("run.log")), "nothing is copied"

@@ -114,8 +114,9 @@ def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DI
     (the policy of the module docstring); links are not followed.
 
     Raises:
-        FileRuleError: naming the first offending entry, rule ``symlink in run folder`` or
-            ``not a regular file``.
+        FileRuleError: naming the first offending entry, rule ``symlink in run folder``,
+            ``not a regular file`` (also a directory named as one of ``IMPORT_FILES``) or ``not a
+            directory`` (a file named as one of ``IMPORT_DIRS``).
     """
     for name in names:
         top = folder / name
@@ -125,6 +126,10 @@ def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DI
             continue
         if (err := refusal(top, mode)) is not None:
             raise err
+        if name in IMPORT_DIRS and not stat.S_ISDIR(mode):  # was: a config file was ignored, the run built
+            raise FileRuleError(top, "not a directory", f"{name} of a run folder is a directory, not a file")
+        if name in IMPORT_FILES and stat.S_ISDIR(mode):  # was: a run.log directory was ignored, run.log unread
+            raise FileRuleError(top, "not a regular file", f"{name} of a run folder is a file, not a directory")
         if not stat.S_ISDIR(mode):
             continue
         for dirpath, dirnames, filenames in os.walk(top):  # a linked directory is listed, never entered
