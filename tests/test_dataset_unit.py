@@ -153,3 +153,41 @@ def test_rebuilding_only_the_raw_timeline_from_a_changed_entry_does_not_pass_old
     assert set(after) == set(before) and after["run_summary.parquet"] == before["run_summary.parquet"]
     result = dataset_stage.export_dataset([changed, B], dataset_stage_paths(other))
     assert result.included == sorted([A.run_id, B.run_id])
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "rule"),
+    [
+        ("flows_100ms", "bytes", -1, "greater_than_or_equal_to(0)"),
+        ("windows", "window_start_s", -1.0, "greater_than_or_equal_to(0)"),
+    ],
+)
+def test_a_contract_violation_in_the_second_run_names_that_run_s_file(root, tmp_path, table, column, value, rule):
+    """The runs' batches are validated together (one pandera call for many small runs); a row that
+    breaks the contract still fails the export naming its own run's file and the rule, not the first run's."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    other = tmp_path / "broken"
+    shutil.copytree(root, other)
+    first, second = sorted([A.run_id, B.run_id])
+    f = other / "partitions" / second / f"{table}.parquet"
+    t = pq.read_table(f)
+    col = t.column(column).to_pylist()
+    col[len(col) // 2] = value
+    pq.write_table(
+        t.set_column(t.schema.get_field_index(column), column, pa_array(col, t.schema.field(column).type)), f
+    )
+    before = _digests(other / "phantora_v0")
+    result = dataset_stage.export_dataset([A, B], dataset_stage_paths(other))
+    assert not result.outcome.passed and result.outcome.name == "dataset_contract"
+    assert result.outcome.message.startswith(f"{f}: 1 violation(s) of the {table} contract: {column}: {rule}")
+    assert first not in result.outcome.message
+    assert _digests(other / "phantora_v0") == before  # nothing published
+
+
+def pa_array(values, type_):
+    import pyarrow as pa
+
+    return pa.array(values, type=type_)

@@ -11,8 +11,10 @@ Layout (``lib/store/export.py``)::
     phantora_v0/run_status.csv                            every run of the matrix, included or not
     phantora_v0/plots/                                    kept from the previous export (dataset_plots)
 
-Memory is bounded by one batch of ``lib/store/export.BATCH_ROWS`` rows: each run's per-run file
-is read, validated with the v1 pandera contract and written batch by batch.
+Memory is bounded by ``lib/store/export.BATCH_ROWS`` rows: each run's per-run file is read and
+written to the staging folder batch by batch, and the batches are validated with the v1 pandera
+contract up to ``BATCH_ROWS`` rows at a time (several small runs in one call), before anything is
+swapped in.
 """
 
 from __future__ import annotations
@@ -115,9 +117,10 @@ class _ContractBroken(Exception):
 
 
 class _RunValidator:
-    """Validates one table's rows batch by batch: the contract without its run_id column (per-run tables) or regex, and
-    uniqueness per batch; the run_id (regex once, every row equal to the run's) and the unique
-    keys across the run (strictly increasing keys in one pass, else a DuckDB count) per run."""
+    """Validates one table's rows: the contract without its run_id column (per-run tables) or regex, and
+    uniqueness, over up to ``BATCH_ROWS`` rows at a time (of one run or several, at :meth:`flush`);
+    the run_id (regex once, every row equal to the run's) and the unique keys across the run
+    (strictly increasing keys in one pass, else a DuckDB count) per run."""
 
     def __init__(self, table: ExportTable):
         full = table.schema()
@@ -131,6 +134,8 @@ class _RunValidator:
             batch = batch.remove_columns(self.drop)
             batch.unique = None
         self.batch = batch
+        self._held: list[tuple[Path, pa.RecordBatch]] = []  # validated at flush(), before the table is published
+        self._held_rows = 0
 
     def batches(self, run_id: str, path: Path) -> Iterator[pa.RecordBatch]:
         one = self.full.columns["run_id"]  # type: ignore[attr-defined]
@@ -144,10 +149,7 @@ class _RunValidator:
             rid = batch.column("run_id")
             if rid.null_count or not pc.all(pc.equal(rid, run_id)).as_py():  # in Arrow: no str per row
                 raise _ContractBroken(Outcome(self.table.name, False, f"{path}: a row's run_id is not {run_id}"))
-            kept = [c for c in batch.schema.names if c not in self.drop]
-            outcome = contract_outcome(self.table.name, self.batch, batch.select(kept).to_pandas())
-            if not outcome.passed:
-                raise _ContractBroken(Outcome(outcome.name, False, f"{path}: {outcome.message}", outcome.metadata))
+            self._hold(path, batch.select([c for c in batch.schema.names if c not in self.drop]))
             if self.keys and ordered:
                 ordered, last = _increasing([batch.column(k).to_numpy(zero_copy_only=False) for k in self.keys], last)
             yield batch
@@ -155,6 +157,30 @@ class _RunValidator:
             raise _ContractBroken(
                 Outcome(self.table.name, False, f"{path}: rows repeat the key ({', '.join(['run_id', *self.keys])})")
             )
+
+    def _hold(self, path: Path, batch: pa.RecordBatch) -> None:
+        if self._held and self._held_rows + batch.num_rows > ex.BATCH_ROWS:
+            self.flush()
+        self._held.append((path, batch))
+        self._held_rows += batch.num_rows
+
+    def flush(self) -> None:
+        """Validate the batches held so far with the contract in one pandera call (at most
+        ``BATCH_ROWS`` rows: many small runs at once; a call costs ~25 ms whatever its rows). On a
+        violation the first batch that breaks it alone is named by its file; raises _ContractBroken."""
+        held, self._held, self._held_rows = self._held, [], 0
+        if not held:
+            return
+        both = pa.Table.from_batches([b for _, b in held]).to_pandas()
+        outcome = contract_outcome(self.table.name, self.batch, both)
+        if outcome.passed:
+            return
+        for path, b in held:
+            one = contract_outcome(self.table.name, self.batch, b.to_pandas())
+            if not one.passed:
+                raise _ContractBroken(Outcome(one.name, False, f"{path}: {one.message}", one.metadata))
+        files = ", ".join(sorted({str(p) for p, _ in held}))  # only together (e.g. a key in two files)
+        raise _ContractBroken(Outcome(outcome.name, False, f"{files}: {outcome.message}", outcome.metadata))
 
 
 def _increasing(cols: list[np.ndarray], last: tuple | None) -> tuple[bool, tuple | None]:
@@ -246,6 +272,7 @@ def export_dataset(
                         if table.v1_width_only and width[run_id] != DEFAULT_BIN_S:
                             continue
                         w.add_run(run_id, check.batches(run_id, paths.table(run_id, table.source)))
+                    check.flush()
                 rows[table.name] = w.rows
         except _ContractBroken as broken:
             shutil.rmtree(staging, ignore_errors=True)
