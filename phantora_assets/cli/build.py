@@ -152,14 +152,20 @@ def cmd_build(args: argparse.Namespace) -> int:
     bin_s = getattr(args, "bin_s", None)
     if bin_s is not None and (rule := bin_s_rule(bin_s)):
         raise RunMatrixError(f"--bin-s {bin_s:g}: bin_s {rule}")
-    with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
-        data_dir = Path(args.data_dir)
-        matrix = matrix_for(data_dir)
-        unknown = set(args.run or []) - {s.run_id for s in matrix}
-        if unknown:
-            print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
-            return 2
-        return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+    try:
+        with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
+            data_dir = Path(args.data_dir)
+            matrix = matrix_for(data_dir)
+            unknown = set(args.run or []) - {s.run_id for s in matrix}
+            if unknown:
+                print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+                return 2
+            return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+    finally:
+        if bin_s is not None:  # _build refreshed this process's code location with --bin-s still set
+            from phantora_assets.instance.worker import refresh_definitions
+
+            refresh_definitions()
 
 
 @contextmanager
