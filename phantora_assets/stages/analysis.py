@@ -99,11 +99,12 @@ def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
     return Outcome("anatomy_adds_up", ok, msg, {"rows": int(len(table)), "max_residual_us": worst})
 
 
-def run_plots_stage(spec: RunSpec, paths: DataPaths) -> PlotsResult:
-    """The four per-run PNGs, in the run folder's ``plots/`` (``link_utilisation`` from link_bins)."""
+def run_plots_stage(spec: RunSpec, paths: DataPaths, out: Path | None = None) -> PlotsResult:
+    """The four per-run PNGs, in the run folder's ``plots/`` (or ``out``; ``link_utilisation`` from
+    link_bins)."""
     t0 = time.perf_counter()
     pdir = paths.partition_dir(spec.run_id)
-    out = paths.plots_dir(spec)
+    out = paths.plots_dir(spec) if out is None else out
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet", columns=["step", "src_node", "dst_node", "bytes"])  # pair_matrix's

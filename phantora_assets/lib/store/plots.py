@@ -21,48 +21,22 @@ No Dagster import.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.store.io import atomic_write_bytes
+from phantora_assets.lib.store.figures import DPI as DPI  # re-exported, with every plot's size
+from phantora_assets.lib.store.figures import SIZES as SIZES
+from phantora_assets.lib.store.figures import kept_figure, new_figure, save_png
 
-DPI = 100
-#: (width, height) in pixels of each plot.
-SIZES: dict[str, tuple[int, int]] = {
-    "pair_heatmap": (640, 520),
-    "timeseries": (1000, 560),
-    "step_anatomy": (1000, 460),
-    "link_utilisation": (1000, 560),
-    "bytes_vs_published": (1000, 720),
-    "step_time_by_layout": (1000, 480),
-}
 #: Layouts in plotting order (then any other, sorted).
 LAYOUT_ORDER = ["2x1", "2x2", "4x1", "2x4", "4x2"]
 _PAIR_COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"]
-
-
-def _figure(name: str):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    w, h = SIZES[name]
-    # +0.01 px: the canvas size is the truncated product, and 460 / 100 * 100 = 459.99999999999994
-    fig = Figure(figsize=((w + 0.01) / DPI, (h + 0.01) / DPI), dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path | None) -> bytes:
-    buf = io.BytesIO()
-    # compress_level 1: a third of the encoding time of the default 6, files ~1.3x larger
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
-    data = buf.getvalue()
-    if path is not None:
-        atomic_write_bytes(path, data)
-    return data
+#: axes rectangles (figure fractions) of the per-run plots
+_HEATMAP_AXES = ((0.17, 0.12, 0.78, 0.74),)
+_TWO_PANELS = ((0.07, 0.55, 0.76, 0.36), (0.07, 0.09, 0.76, 0.33))
+_ANATOMY_AXES = ((0.09, 0.11, 0.62, 0.72),)
 
 
 def _host(n: int) -> str:
@@ -85,31 +59,30 @@ def pair_matrix(flows: pd.DataFrame, steps: pd.DataFrame, n_nodes: int) -> np.nd
 
 def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> bytes:
     """Heatmap of ``matrix`` (bytes per step, src rows x dst columns), cells labelled in GB."""
-    fig = _figure("pair_heatmap")
-    ax = fig.add_axes((0.17, 0.12, 0.78, 0.74))
-    n = matrix.shape[0]
-    gb = matrix / 1e9
-    ax.imshow(gb, cmap="viridis", vmin=0, vmax=max(float(gb.max()), 1e-9), interpolation="nearest")
-    ax.set_xticks(range(n), [_host(i) for i in range(n)], rotation=30 if n > 4 else 0)
-    ax.set_yticks(range(n), [_host(i) for i in range(n)])
-    ax.set_xlabel("destination")
-    ax.set_ylabel("source")
-    if n <= 8:
-        top = float(gb.max()) or 1.0
-        for i in range(n):
-            for j in range(n):
-                if i != j:
-                    ax.text(
-                        j,
-                        i,
-                        f"{gb[i, j]:.2f}",
-                        ha="center",
-                        va="center",
-                        fontsize=9,
-                        color="black" if gb[i, j] > 0.6 * top else "white",
-                    )
-    ax.set_title(f"{run_id}\nnetwork GB per steady step, by pair (total {gb.sum():.2f} GB)", fontsize=10)
-    return _save(fig, path)
+    with kept_figure("pair_heatmap", _HEATMAP_AXES) as (fig, (ax,)):
+        n = matrix.shape[0]
+        gb = matrix / 1e9
+        ax.imshow(gb, cmap="viridis", vmin=0, vmax=max(float(gb.max()), 1e-9), interpolation="nearest")
+        ax.set_xticks(range(n), [_host(i) for i in range(n)], rotation=30 if n > 4 else 0)
+        ax.set_yticks(range(n), [_host(i) for i in range(n)])
+        ax.set_xlabel("destination")
+        ax.set_ylabel("source")
+        if n <= 8:
+            top = float(gb.max()) or 1.0
+            for i in range(n):
+                for j in range(n):
+                    if i != j:
+                        ax.text(
+                            j,
+                            i,
+                            f"{gb[i, j]:.2f}",
+                            ha="center",
+                            va="center",
+                            fontsize=9,
+                            color="black" if gb[i, j] > 0.6 * top else "white",
+                        )
+        ax.set_title(f"{run_id}\nnetwork GB per steady step, by pair (total {gb.sum():.2f} GB)", fontsize=10)
+        return save_png(fig, path)
 
 
 def timeseries(
@@ -125,55 +98,59 @@ def timeseries(
     window and a zoom."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure("timeseries")
-    ax = fig.add_axes((0.07, 0.55, 0.76, 0.36))
-    az = fig.add_axes((0.07, 0.09, 0.76, 0.33))
-    to_gbps = 8 / bin_s / 1e9
-    if isinstance(bins, tuple):  # (matrix, present, pairs) of bin_table.read_bin_matrix: bins of the window
-        X, present, pairs = bins
-        grid = np.round(np.flatnonzero(present) * bin_s, 6)
-        per_pair = X[present].T * to_gbps
-        keys = np.array([s * (1 << 20) + d for s, d in pairs], np.int64)
-    else:
-        t = bins["t"].to_numpy(np.float64)
-        b = bins["bytes"].to_numpy(np.float64) * to_gbps
-        grid, ti = np.unique(t, return_inverse=True)
-        pair = bins["src_node"].to_numpy(np.int64) * (1 << 20) + bins["dst_node"].to_numpy(np.int64)
-        keys, pi = np.unique(pair, return_inverse=True)
-        per_pair = np.zeros((len(keys), len(grid)))
-        np.add.at(per_pair, (pi.reshape(-1), ti.reshape(-1)), b)
-    order = np.argsort(-per_pair.sum(axis=1), kind="stable")[:top]
-    series = [("all pairs", per_pair.sum(axis=0), "black", 1.0)]
-    for k, j in enumerate(order):
-        s, d = divmod(int(keys[j]), 1 << 20)
-        series.append((f"{_host(s)} -> {_host(d)}", per_pair[j], _PAIR_COLORS[k % len(_PAIR_COLORS)], 0.8))
-    end = float(grid.max()) + bin_s if len(grid) else bin_s
-    zoom = grid < zoom_s
-    for label, y, color, lw in series:
-        ax.plot(
-            grid, y, drawstyle="steps-post", color=color, lw=lw, label=label, alpha=0.9 if color == "black" else 0.75
+    with kept_figure("timeseries", _TWO_PANELS) as (fig, (ax, az)):
+        to_gbps = 8 / bin_s / 1e9
+        if isinstance(bins, tuple):  # (matrix, present, pairs) of bin_table.read_bin_matrix: bins of the window
+            X, present, pairs = bins
+            grid = np.round(np.flatnonzero(present) * bin_s, 6)
+            per_pair = X[present].T * to_gbps
+            keys = np.array([s * (1 << 20) + d for s, d in pairs], np.int64)
+        else:
+            t = bins["t"].to_numpy(np.float64)
+            b = bins["bytes"].to_numpy(np.float64) * to_gbps
+            grid, ti = np.unique(t, return_inverse=True)
+            pair = bins["src_node"].to_numpy(np.int64) * (1 << 20) + bins["dst_node"].to_numpy(np.int64)
+            keys, pi = np.unique(pair, return_inverse=True)
+            per_pair = np.zeros((len(keys), len(grid)))
+            np.add.at(per_pair, (pi.reshape(-1), ti.reshape(-1)), b)
+        order = np.argsort(-per_pair.sum(axis=1), kind="stable")[:top]
+        series = [("all pairs", per_pair.sum(axis=0), "black", 1.0)]
+        for k, j in enumerate(order):
+            s, d = divmod(int(keys[j]), 1 << 20)
+            series.append((f"{_host(s)} -> {_host(d)}", per_pair[j], _PAIR_COLORS[k % len(_PAIR_COLORS)], 0.8))
+        end = float(grid.max()) + bin_s if len(grid) else bin_s
+        zoom = grid < zoom_s
+        for label, y, color, lw in series:
+            ax.plot(
+                grid,
+                y,
+                drawstyle="steps-post",
+                color=color,
+                lw=lw,
+                label=label,
+                alpha=0.9 if color == "black" else 0.75,
+            )
+            az.plot(
+                grid[zoom], y[zoom], drawstyle="steps-post", color=color, lw=lw, alpha=0.9 if color == "black" else 0.75
+            )
+        # few ticks, and grid lines as one collection: matplotlib's cost here is mostly the Tick
+        # objects (five artists each; Axes.grid restyles all of them)
+        ax.set_xticks(np.linspace(0, end, 4) if end > 0 else [0])
+        zoom_ticks = np.arange(0, zoom_s + 1e-9, 1.0)
+        az.set_xticks(zoom_ticks)
+        for a, lim in ((ax, end), (az, zoom_s)):
+            a.yaxis.set_major_locator(MaxNLocator(3))
+            a.set_xlim(0, lim)
+            a.set_ylabel("Gbit/s")
+        az.vlines(zoom_ticks, 0, 1, transform=az.get_xaxis_transform(), colors="#0000004d", lw=0.8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.set_title(
+            f"{run_id}: traffic per {bin_s * 1000:g} ms bin"
+            + (f" (step time {step_time_s * 1000:.1f} ms)" if step_time_s else ""),
+            fontsize=10,
         )
-        az.plot(
-            grid[zoom], y[zoom], drawstyle="steps-post", color=color, lw=lw, alpha=0.9 if color == "black" else 0.75
-        )
-    # few ticks, and grid lines as one collection: matplotlib's cost here is mostly the Tick
-    # objects (five artists each; Axes.grid restyles all of them)
-    ax.set_xticks(np.linspace(0, end, 4) if end > 0 else [0])
-    zoom_ticks = np.arange(0, zoom_s + 1e-9, 1.0)
-    az.set_xticks(zoom_ticks)
-    for a, lim in ((ax, end), (az, zoom_s)):
-        a.yaxis.set_major_locator(MaxNLocator(3))
-        a.set_xlim(0, lim)
-        a.set_ylabel("Gbit/s")
-    az.vlines(zoom_ticks, 0, 1, transform=az.get_xaxis_transform(), colors="#0000004d", lw=0.8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(
-        f"{run_id}: traffic per {bin_s * 1000:g} ms bin"
-        + (f" (step time {step_time_s * 1000:.1f} ms)" if step_time_s else ""),
-        fontsize=10,
-    )
-    az.set_xlabel(f"t (s); the first {zoom_s:g} s")
-    return _save(fig, path)
+        az.set_xlabel(f"t (s); the first {zoom_s:g} s")
+        return save_png(fig, path)
 
 
 _CLASS_COLORS = {"host_up": "#1f77b4", "leaf_spine": "#d62728", "spine_leaf": "#ff7f0e", "host_down": "#2ca02c"}
@@ -184,42 +161,40 @@ def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, 
     links in every bin of a ``link_bins`` table; the full window and a zoom on its first ``zoom_s`` s."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure("link_utilisation")
-    ax = fig.add_axes((0.07, 0.55, 0.76, 0.36))
-    az = fig.add_axes((0.07, 0.09, 0.76, 0.33))
-    util = link_bins["bytes"].to_numpy(np.float64) * 8 / link_bins["bin_s"].to_numpy(np.float64)
-    util = 100 * util / link_bins["capacity_bps"].to_numpy(np.float64)
-    grid, ti = np.unique(link_bins["t"].to_numpy(np.float64), return_inverse=True)
-    ids, li = np.unique(link_bins["link_id"].to_numpy(np.int64), return_inverse=True)
-    bin_s = float(link_bins["bin_s"].iloc[0]) if len(link_bins) else 0.1
-    # (bin, link) grid of utilisations (a link missing from a bin: 0), and each link's class
-    table = np.zeros((len(grid), len(ids)))
-    table[ti.reshape(-1), li.reshape(-1)] = util
-    link_class = np.empty(len(ids), dtype=object)
-    link_class[li.reshape(-1)] = link_bins["link_class"].to_numpy()
-    for name, color in _CLASS_COLORS.items():
-        sel = link_class == name
-        if not sel.any():
-            continue
-        peak = table[:, sel].max(axis=1)
-        n_links = int(sel.sum())
-        label = f"{name}\n({n_links} links)"
-        zoom = grid < zoom_s
-        ax.plot(grid, peak, drawstyle="steps-post", color=color, lw=0.9, alpha=0.8, label=label)
-        az.plot(grid[zoom], peak[zoom], drawstyle="steps-post", color=color, lw=0.9, alpha=0.8)
-    end = float(grid.max()) + bin_s if len(grid) else bin_s
-    ax.set_xticks(np.linspace(0, end, 4))
-    az.set_xticks(np.arange(0, zoom_s + 1e-9, 1.0))
-    for a, lim in ((ax, end), (az, zoom_s)):
-        a.yaxis.set_major_locator(MaxNLocator(3))
-        a.set_xlim(0, lim)
-        a.set_ylim(bottom=0)
-        a.set_ylabel("utilisation (%)")
-    routes = str(link_bins["routes"].iloc[0]) if len(link_bins) else ""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(f"{run_id}: busiest link per class, {bin_s * 1000:g} ms bins (routes {routes})", fontsize=10)
-    az.set_xlabel(f"t (s); the first {zoom_s:g} s")
-    return _save(fig, path)
+    with kept_figure("link_utilisation", _TWO_PANELS) as (fig, (ax, az)):
+        util = link_bins["bytes"].to_numpy(np.float64) * 8 / link_bins["bin_s"].to_numpy(np.float64)
+        util = 100 * util / link_bins["capacity_bps"].to_numpy(np.float64)
+        grid, ti = np.unique(link_bins["t"].to_numpy(np.float64), return_inverse=True)
+        ids, li = np.unique(link_bins["link_id"].to_numpy(np.int64), return_inverse=True)
+        bin_s = float(link_bins["bin_s"].iloc[0]) if len(link_bins) else 0.1
+        # (bin, link) grid of utilisations (a link missing from a bin: 0), and each link's class
+        table = np.zeros((len(grid), len(ids)))
+        table[ti.reshape(-1), li.reshape(-1)] = util
+        link_class = np.empty(len(ids), dtype=object)
+        link_class[li.reshape(-1)] = link_bins["link_class"].to_numpy()
+        for name, color in _CLASS_COLORS.items():
+            sel = link_class == name
+            if not sel.any():
+                continue
+            peak = table[:, sel].max(axis=1)
+            n_links = int(sel.sum())
+            label = f"{name}\n({n_links} links)"
+            zoom = grid < zoom_s
+            ax.plot(grid, peak, drawstyle="steps-post", color=color, lw=0.9, alpha=0.8, label=label)
+            az.plot(grid[zoom], peak[zoom], drawstyle="steps-post", color=color, lw=0.9, alpha=0.8)
+        end = float(grid.max()) + bin_s if len(grid) else bin_s
+        ax.set_xticks(np.linspace(0, end, 4))
+        az.set_xticks(np.arange(0, zoom_s + 1e-9, 1.0))
+        for a, lim in ((ax, end), (az, zoom_s)):
+            a.yaxis.set_major_locator(MaxNLocator(3))
+            a.set_xlim(0, lim)
+            a.set_ylim(bottom=0)
+            a.set_ylabel("utilisation (%)")
+        routes = str(link_bins["routes"].iloc[0]) if len(link_bins) else ""
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.set_title(f"{run_id}: busiest link per class, {bin_s * 1000:g} ms bins (routes {routes})", fontsize=10)
+        az.set_xlabel(f"t (s); the first {zoom_s:g} s")
+        return save_png(fig, path)
 
 
 def step_anatomy_chart(
@@ -237,60 +212,59 @@ def step_anatomy_chart(
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure("step_anatomy")
-    ax = fig.add_axes((0.09, 0.11, 0.62, 0.72))
-    hosts = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
-    lane_h = 0.36
-    yticks, ylabels = [], []
-    for i, host in enumerate(hosts):
-        y0 = (len(hosts) - 1 - i) * 1.0
-        for kind, dy, color in (("compute", 0.2, "#1f77b4"), ("communication", -0.2, "#d62728")):
-            s = spans[(spans["host"] == host) & (spans["kind"] == kind)]
-            bars = list(zip(s["start_us"] / 1000, (s["end_us"] - s["start_us"]) / 1000))
-            if bars:
-                ax.broken_barh(
-                    bars,
-                    (y0 + dy - lane_h / 2, lane_h),
-                    facecolors=color,
-                    edgecolor="none",
-                    linewidth=0,
-                    antialiased=False,
+    with kept_figure("step_anatomy", _ANATOMY_AXES) as (fig, (ax,)):
+        hosts = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
+        lane_h = 0.36
+        yticks, ylabels = [], []
+        for i, host in enumerate(hosts):
+            y0 = (len(hosts) - 1 - i) * 1.0
+            for kind, dy, color in (("compute", 0.2, "#1f77b4"), ("communication", -0.2, "#d62728")):
+                s = spans[(spans["host"] == host) & (spans["kind"] == kind)]
+                bars = list(zip(s["start_us"] / 1000, (s["end_us"] - s["start_us"]) / 1000))
+                if bars:
+                    ax.broken_barh(
+                        bars,
+                        (y0 + dy - lane_h / 2, lane_h),
+                        facecolors=color,
+                        edgecolor="none",
+                        linewidth=0,
+                        antialiased=False,
+                    )
+            yticks.append(y0)
+            ylabels.append(host)
+            row = anatomy_row[anatomy_row["host"] == host]
+            if len(row):
+                r = row.iloc[0]
+                fig.text(
+                    0.73,
+                    0.83 - (i + 0.5) * 0.72 / max(len(hosts), 1),
+                    f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
+                    f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
+                    f"  idle {r.idle_us / 1000:.1f} ms",
+                    fontsize=8,
+                    va="center",
                 )
-        yticks.append(y0)
-        ylabels.append(host)
-        row = anatomy_row[anatomy_row["host"] == host]
-        if len(row):
-            r = row.iloc[0]
-            fig.text(
-                0.73,
-                0.83 - (i + 0.5) * 0.72 / max(len(hosts), 1),
-                f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
-                f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
-                f"  idle {r.idle_us / 1000:.1f} ms",
-                fontsize=8,
-                va="center",
-            )
-    ax.set_yticks(yticks, ylabels, fontsize=8)
-    xmax = step_time_us / 1000
-    xticks = [x for x in MaxNLocator(6).tick_values(0, xmax) if 0 <= x <= xmax]
-    ax.set_xticks(xticks)
-    ax.vlines(xticks, 0, 1, transform=ax.get_xaxis_transform(), colors="#0000004d", lw=0.8, zorder=0)
-    ax.set_xlim(0, xmax)
-    ax.legend(
-        handles=[
-            Patch(color="#1f77b4", label="compute (upper lane)"),
-            Patch(color="#d62728", label="network (lower lane)"),
-        ],
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.06),
-        ncol=2,
-        fontsize=8,
-        frameon=False,
-    )
-    ax.set_ylim(-0.6, len(hosts) - 0.4)
-    ax.set_xlabel("ms from the step start")
-    fig.suptitle(f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms)", fontsize=10, y=0.97)
-    return _save(fig, path)
+        ax.set_yticks(yticks, ylabels, fontsize=8)
+        xmax = step_time_us / 1000
+        xticks = [x for x in MaxNLocator(6).tick_values(0, xmax) if 0 <= x <= xmax]
+        ax.set_xticks(xticks)
+        ax.vlines(xticks, 0, 1, transform=ax.get_xaxis_transform(), colors="#0000004d", lw=0.8, zorder=0)
+        ax.set_xlim(0, xmax)
+        ax.legend(
+            handles=[
+                Patch(color="#1f77b4", label="compute (upper lane)"),
+                Patch(color="#d62728", label="network (lower lane)"),
+            ],
+            loc="lower left",
+            bbox_to_anchor=(0.0, 1.06),
+            ncol=2,
+            fontsize=8,
+            frameon=False,
+        )
+        ax.set_ylim(-0.6, len(hosts) - 0.4)
+        ax.set_xlabel("ms from the step start")
+        fig.suptitle(f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms)", fontsize=10, y=0.97)
+        return save_png(fig, path)
 
 
 # --------------------------------------------------------------------------- per dataset
@@ -303,7 +277,7 @@ def _layout_key(layout: str) -> tuple:
 
 def bytes_vs_published(runs: pd.DataFrame, published: pd.DataFrame, path: Path | None = None) -> bytes:
     """Grouped bars per run: our inter-node GB per step and the published figure (where there is one)."""
-    fig = _figure("bytes_vs_published")
+    fig = new_figure("bytes_vs_published")
     ax = fig.add_axes((0.18, 0.08, 0.76, 0.86))
     ours = runs.set_index("run_id")["inter_node_bytes_per_step"] / 1e9
     pub = published[published["status"] == "ok"].set_index("run_id")["inter_node_gb_per_step"].astype(float)
@@ -322,14 +296,14 @@ def bytes_vs_published(runs: pd.DataFrame, published: pd.DataFrame, path: Path |
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("bytes per step against the published figures (label: this build vs published)", fontsize=10)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def step_time_by_layout(runs: pd.DataFrame, published: pd.DataFrame, path: Path | None = None) -> bytes:
     """Step time (ms) by layout, one panel per GPU, one line per workload; published as hollow marks."""
     from matplotlib.lines import Line2D
 
-    fig = _figure("step_time_by_layout")
+    fig = new_figure("step_time_by_layout")
     gpus = sorted(set(runs["gpu"]) | set(published.loc[published["status"] == "ok", "gpu"]))
     layouts = sorted(
         set(runs["layout"]) | set(published["n_nodes"].astype(str) + "x" + published["gpus_per_node"].astype(str)),
@@ -376,4 +350,4 @@ def step_time_by_layout(runs: pd.DataFrame, published: pd.DataFrame, path: Path 
     ]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.84, 0.88), fontsize=8, frameon=False)
     fig.suptitle("step time by layout", fontsize=10)
-    return _save(fig, path)
+    return save_png(fig, path)
