@@ -162,3 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     except RunMatrixError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def run() -> None:
+    """The ``phantora-assets`` command (and ``python -m phantora_assets.cli``): :func:`main`, then exit
+    with its code without tearing the interpreter down. The exit handlers run (``atexit``: logging,
+    multiprocessing's children, temporary folders) and the standard streams are flushed; then the
+    process ends (``os._exit``) instead of freeing every object and module one by one, which took
+    0.8 s after a build's last line (~300k objects). Every output was already closed and renamed
+    into place. An exception (``SystemExit`` of argparse included) ends the process the usual way."""
+    import atexit
+
+    code = main()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (| head) or stream: nothing more to show
+            pass
+    os._exit(code)
