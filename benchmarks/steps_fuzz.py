@@ -107,9 +107,8 @@ def make_run(seed: int, with_compute: bool = False) -> Run:
             its = {int(i) for i in rng.choice(n_iter, size=min(n_iter, int(rng.integers(2, 5))), replace=False)}
             what = f"at {sorted(its)}"
         extra = (target, its, round(float(rng.uniform(0.0, 0.97)) * T, 1))
-        desc.append(
-            f"  extra 1-element all_reduce on {'own comm' if target == n_comm else f'comm {target}'} {what}, at {extra[2]} us"
-        )
+        on = "own comm" if target == n_comm else f"comm {target}"
+        desc.append(f"  extra 1-element all_reduce on {on} {what}, at {extra[2]} us")
     warm = rng.random() < 0.3
     jitter = float(rng.uniform(0.005, 0.03)) if kind == "jittered" or (kind == "cut" and rng.random() < 0.5) else 0.0
     lengths = T * (1 + rng.uniform(-jitter, jitter, n_iter))
@@ -169,7 +168,7 @@ def classify(run: Run) -> tuple[str, str]:
         sr = detect_steps(run.flows, compute=run.compute)
     except StepDetectionError as e:
         return "refused", e.rule
-    except Exception:  # noqa: BLE001 - the harness counts every other exception as a crash
+    except Exception:  # the harness counts every other exception as a crash
         return "crash", traceback.format_exc(limit=-3).strip().splitlines()[-1]
     n_iter = len(run.starts)
     lengths = np.diff(np.append(run.starts, run.end))
