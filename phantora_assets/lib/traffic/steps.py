@@ -87,7 +87,8 @@ Definitions used here (all documented choices):
   next step's start). Kept only when that cut passes the time check and its steps are ordered in
   time. Left open: a cut inside one communicator's pattern rotates its periods.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
-  first call precedes every anchor call (its calls open a step, as the first step shows): then the
+  first call precedes the anchors' first step (its calls open a step, as the first step shows; the
+  anchors' warm-up calls before their first full period left out): then the
   calls ending the gap that repeat the end of that head open the later step, the others (an
   occasional call just before the next step's head) stay in the earlier one, so they move no step start.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
