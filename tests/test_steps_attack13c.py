@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_steps import FlowBuilder
 
+from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import detect_steps
 from phantora_assets.lib.traffic.trace_checks import run_trace_checks
 
@@ -59,3 +60,43 @@ def test_warm_up_call_of_an_anchor_does_not_hide_the_head_of_a_sequence_assigned
     ok = f["count"].to_numpy() != 99
     assert (sr._period_step[ok] == it[ok]).all()  # observed: every send in the previous step
     assert sr.steps["start_us"].tolist() == [it * step_us + 100 for it in range(20)]
+
+
+def _parts_run(setter_every: int | None, pattern, n_iter: int = 23):
+    """Communicator a0 issues ``pattern`` ((op, count, offset_us) ...) every iteration; a 1-element
+    all-reduce on its own communicator c0 every ``setter_every``-th iteration (None: never)."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    for it in range(n_iter):
+        s = 100.0 + it * T
+        for op, count, off in pattern:
+            fb.ring("00000000000000a0", RING, op, count, "F32", s + off, 1)
+        if setter_every and it % setter_every == 0:
+            fb.ring("00000000000000c0", RING, "all_reduce", 1, "F32", s + 318.6, 0)
+    return fb.frame()
+
+
+# was (fuzz seeds 317, 543): "three identical all-gathers per iteration (every 1000 us as a block) and a
+#    1-element all-reduce on its own communicator every 4th iteration: the all-reduce set the step, 12
+#    all-gathers a step: 6 steps of 4000 us, every check passing" -- a step of 4 iterations (gradient
+#    accumulation) or an occasional collective: nothing in the flows tells, so refused
+def test_step_of_evenly_repeating_parts_set_by_a_rare_call_is_refused():
+    flows = _parts_run(4, [("all_gather", 4096, 120.0), ("all_gather", 4096, 535.0), ("all_gather", 4096, 788.0)])
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(flows)  # observed: 6 steps of 4000.0 us
+    assert ei.value.rule == "steps ambiguous"
+    assert "repeats a block of 3 calls every 1000.000 us, 4 blocks a step" in ei.value.detail
+
+
+def test_parts_told_apart_by_their_gaps_keep_the_step():
+    """Two equal blocks 547 and 453 us apart (every iteration alike) are one step's two parts, not
+    an occasional collective's steps: the step of the communicator that calls once an iteration."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    for it in range(17):
+        s = 100.0 + it * T
+        for op, count, off in (("all_gather", 8, 380.0), ("all_gather", 8, 448.0), ("all_reduce", 4096, 838.0)):
+            fb.ring("00000000000000a0", [0, 2], op, count, "F32", s + off, 1)
+        for off in (314.0, 861.0):
+            fb.ring("00000000000000b0", [0, 2], "all_gather", 4096, "F32", s + off, 1)
+            fb.ring("00000000000000b0", [0, 2], "all_gather", 8, "F32", s + off + 50.0, 1)
+    sr = detect_steps(fb.frame())
+    assert len(sr.steps) == 17 and sr.step_time_us == T
