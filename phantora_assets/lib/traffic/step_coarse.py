@@ -341,6 +341,49 @@ def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, in
     return None
 
 
+def parts_of_a_step(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
+    """Why the steps of ``cut`` may be several iterations, or None (steps module docstring, "Steps of
+    equal parts"): an anchor sequence cut into steps of ``k >= 2`` of its primitive periods whose
+    blocks of ``m`` periods (``m`` a proper divisor of ``k``) start evenly spaced in time (gaps within
+    ``PART_REL_TOL``), while another anchor takes one primitive period a step and so sets the step."""
+    setters = [j for j in cut.anchors if j in prim and cut.period[j] == prim[j]]
+    for i in cut.anchors + cut.by_time if setters else []:
+        p = prim.get(i, 0)
+        k = cut.period[i] // p if p and cut.period[i] % p == 0 else 1
+        for m in (m for m in range(1, k) if k % m == 0):
+            g = _block_gaps(cs, per, i, m * p)
+            med = float(np.median(g)) if len(g) >= 2 else 0.0
+            if med <= 0 or float(np.abs(g - med).max()) > PART_REL_TOL * med or _told_apart(g, k // m):
+                continue
+            return (
+                f"{cs.name(i)} repeats a block of {m * p} calls every {med:.3f} us, {k // m} blocks a step "
+                f"because {cs.name(setters[0])} repeats once a step: steps of {k // m} iterations, or of one "
+                "with an occasional collective; the trace has no compute rhythm to tell"
+            )
+    return None
+
+
+#: Parts of a step are told apart by their gaps when the gaps' means at two places of the cycle differ
+#: by more than this many times the spread at one place, and by more than ``TOLD_APART_MIN`` of the median.
+TOLD_APART_SPREADS = 3.0
+TOLD_APART_MIN = 0.02
+
+
+def _told_apart(g: np.ndarray, parts: int) -> bool:
+    """The gaps ``g`` (us) between consecutive parts (blocks, steps) cycle every ``parts``: at least 2
+    cycles, and the gaps at one place of the cycle differ from those at another by more than
+    ``TOLD_APART_SPREADS`` times the gaps at one place differ among themselves and ``TOLD_APART_MIN`` of
+    their median (a step's own rhythm, not jitter: random jitter up to 3 % passes 1 time in 50 or less)."""
+    n = len(g) // parts * parts
+    if parts < 2 or n < 2 * parts:
+        return False
+    at = g[:n].reshape(-1, parts)
+    between = float(np.ptp(at.mean(axis=0)))
+    return between > TOLD_APART_SPREADS * float(np.ptp(at, axis=0).max()) and between > TOLD_APART_MIN * float(
+        np.median(g)
+    )
+
+
 def broken_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:
     """A repeating sequence whose calls before its periodic tail hold ``min_repeats`` copies of its
     period's block: a period broken inside the run (a call in some steps only), not warm-up."""

@@ -185,8 +185,9 @@ def _cut(
     check that every anchor sequence's first call of a steady step comes before the next step starts.
 
     A time-assigned call between two steps of the anchors (after the last anchor call of one, before
-    the first of the next) goes to the earlier step, unless the sequence's first call precedes every
-    anchor call (its calls come first in a step, as the run's first step shows): then the calls
+    the first of the next) goes to the earlier step, unless the sequence's first call precedes the
+    anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's
+    warm-up calls before its first full period do not count): then the calls
     ending the gap that repeat the end of that head open the later step (:func:`_opening_steps`).
 
     Raises:
@@ -230,7 +231,7 @@ def _cut(
         a_ts = pd.Series(ts_s[anchor_rows]).groupby(step_sorted[anchor_rows])
         a_starts = a_ts.min().reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
         a_lasts = a_ts.max().reindex(np.arange(n_steps)).to_numpy(dtype=np.float64)
-        first_anchor = float(ts_s[np.isin(seq_id, np.asarray(anchors))].min())
+        first_anchor = float(np.nanmin(a_starts))  # the anchors' first step (their warm-up calls left out)
         for i in by_time:
             rows = seq_id == i
             if float(ts_s[rows].min()) < first_anchor:  # its calls open a step (the head of the first one)

@@ -308,7 +308,8 @@ def occasional(
         return []
     step_us = float(np.median([s for s in steps_us if s is not None]))
     for i in few:
-        every = _regular_step_us(cs, i, best[i], counts[i], 1)  # its first period may hold the warm-up
+        # its first period may hold the warm-up: left out when 2 gaps remain (3 calls: both kept)
+        every = _regular_step_us(cs, i, best[i], counts[i], 1 if counts[i] > 3 else 0)
         if every is None or whole(every / step_us) is None:
             return []
     return few

@@ -87,7 +87,8 @@ Definitions used here (all documented choices):
   next step's start). Kept only when that cut passes the time check and its steps are ordered in
   time. Left open: a cut inside one communicator's pattern rotates its periods.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
-  first call precedes every anchor call (its calls open a step, as the first step shows): then the
+  first call precedes the anchors' first step (its calls open a step, as the first step shows; the
+  anchors' warm-up calls before their first full period left out): then the
   calls ending the gap that repeat the end of that head open the later step, the others (an
   occasional call just before the next step's head) stay in the earlier one, so they move no step start.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
@@ -107,10 +108,11 @@ Definitions used here (all documented choices):
   880 us), are a step of ``g`` times as many calls, kept when those steps are a rhythm, else
   ``"steps ambiguous"``; other gaps are kept as late steps (a straggler, a checkpoint step, also every
   20th) when at most 15 % of at least 12 are off their median, else refused (``"steps ambiguous"``).
-* **Steps of equal parts** (no compute rhythm;
-  :func:`~phantora_assets.lib.traffic.step_coarse.split_with_extras`): an anchor whose step is ``g >= 2``
-  copies of one block of calls, evenly spaced in time, plus a few other calls (a call every 2nd
-  iteration on a communicator that calls every iteration makes a 2-iteration period) is refused:
+* **Steps of equal parts** (no compute rhythm; ``step_coarse.split_with_extras``, ``parts_of_a_step``):
+  an anchor whose step is ``g >= 2`` copies of one block, evenly spaced in time, plus a few other calls
+  (a call every 2nd iteration on a communicator that calls every iteration), or a sequence whose step
+  is ``g >= 2`` blocks evenly spaced in time (gaps within 10 %, not told apart by gaps cycling every
+  ``g``) because another repeats once a step (a rare call on its own communicator), is refused:
   ``"steps ambiguous"``, a step of several iterations or an occasional collective.
 * **Compute rhythm** (``compute`` given; :mod:`~phantora_assets.lib.traffic.step_verify`): each
   host's Computation events, as a sequence of durations, have a period (the same longest-tail
@@ -122,9 +124,8 @@ Definitions used here (all documented choices):
   time before an iteration's first call, so a call between two iterations stays in its own): the
   extra collective then sits in some steady steps only, and the blocking ``steps_match`` check
   names them. Steps of ``1/g`` compute period (two equal gradient buckets per step read as two
-  steps) are replaced by the steps of
-  ``g`` times as many calls of the reference sequence when those agree with the rhythm. Any
-  other disagreement, or a re-cut whose steady steps mostly differ, is
+  steps) are replaced by the steps of ``g`` times as many calls of the reference sequence when those
+  agree with the rhythm. Any other disagreement, or a re-cut whose steady steps mostly differ, is
   :class:`StepDetectionError` ``"steps disagree with compute"``.
 """
 
@@ -144,6 +145,7 @@ from phantora_assets.lib.traffic.step_coarse import (
     _overlap,
     broken_period,
     offbeat_anchor,
+    parts_of_a_step,
     split_with_extras,
     unjustified_multiple,
 )
@@ -259,13 +261,11 @@ def detect_steps(
         StepResult (see the module docstring for the definitions).
 
     Raises:
-        StepDetectionError: no flows, a communicator rank whose calls never repeat
-            (rule ``"steps never repeat"``), communicators that disagree on the number or
-            the timing of steps (rule ``"steps disagree"``), every communicator repeating
-            its pattern within a step with two incompatible steps ordered in time (rule
-            ``"steps ambiguous"``; also a period of repeated blocks with no compute rhythm), no
-            steady step left (rule ``"no steady step"``), or steps
-            the compute rhythm contradicts (rule ``"steps disagree with compute"``).
+        StepDetectionError: no flows, a communicator rank whose calls never repeat (rule ``"steps never
+            repeat"``), communicators that disagree on the number or the timing of steps (``"steps disagree"``),
+            two incompatible steps or steps of parts nothing tells apart (``"steps ambiguous"``), a period
+            broken inside the run (``"steps irregular"``), no steady step left (``"no steady step"``), or
+            steps the compute rhythm contradicts (``"steps disagree with compute"``).
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -347,6 +347,8 @@ def detect_steps(
         raise _fail(src, "steps ambiguous", block)
     if (offbeat := offbeat_anchor(cs, cut) or unjustified_multiple(cs, per, prim, cut)) is not None:
         raise _fail(src, "steps irregular", offbeat)
+    if rhythm is None and (block := parts_of_a_step(cs, per, prim, cut)) is not None:
+        raise _fail(src, "steps ambiguous", block)
     period, steps, starts = cut.period, cut.steps, cut.starts
     first_steady, n_complete = cut.first_steady, cut.n_complete
     period_step = np.empty(n_rows, dtype=np.int64)
