@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -87,3 +88,63 @@ def test_a_deep_config_tree_is_refused_by_name_and_nothing_is_copied(tmp_path, r
     run = paths.run_folder(spec)
     assert not (run / "config").exists() and not (run / "run.log").exists()
     assert [p.name for p in run.parent.iterdir() if p.name.startswith(".")] == []
+
+
+# ---- Chakra folders: the comm-groups file and the ETs must be regular files ---------------------
+def _chakra_folder(tmp: Path) -> Path:
+    from phantora_assets.lib.chakra.et_io import EtNode, write_et
+
+    node = EtNode(1, "c", 7, start_us=10, dur_us=5, attrs={"is_cpu_op": False, "comm_type": 0, "comm_size": 1000})
+    tmp.mkdir()
+    for r in range(2):
+        write_et(tmp / f"t.{r}.et", {"rank": r}, [node])
+    return tmp
+
+
+GROUPS_CASES = {
+    # was: followed (a file outside the folder read as the groups); FIFO and directory: ignored, the
+    # groups inferred from pg_name instead, silently
+    "link": (lambda p, out: p.symlink_to(out), "symlink in run folder"),
+    "fifo": (lambda p, out: os.mkfifo(p), "not a regular file"),
+    "directory": (lambda p, out: p.mkdir(), "not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPS_CASES))
+def test_a_comm_groups_file_that_is_no_regular_file_is_refused(tmp_path, case):
+    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    from phantora_assets.lib.chakra.ingest import read_folder
+
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"0": [0, 1]}))
+    folder = _chakra_folder(tmp_path / "ets")
+    make, rule = GROUPS_CASES[case]
+    make(folder / "t.comm_groups.json", outside)
+    with pytest.raises(FileRuleError) as ei:
+        read_folder(folder, 1)
+    assert (ei.value.path, ei.value.rule) == (str(folder / "t.comm_groups.json"), rule)
+
+
+def test_two_comm_groups_files_are_refused_not_one_picked(tmp_path):
+    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    from phantora_assets.lib.chakra.ingest import read_folder
+
+    folder = _chakra_folder(tmp_path / "ets")
+    (folder / "a.comm_groups.json").write_text(json.dumps({"0": [0, 1]}))
+    (folder / "t.comm_groups.json").write_text(json.dumps({"0": [1, 0]}))
+    with pytest.raises(FileRuleError) as ei:
+        read_folder(folder, 1)  # was: a.comm_groups.json used, t.comm_groups.json ignored
+    assert ei.value.rule == "comm groups" and "a.comm_groups.json" in ei.value.detail
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_et_that_is_no_regular_file_is_refused_by_rule(tmp_path, kind):
+    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    from phantora_assets.lib.chakra.ingest import read_folder
+
+    folder = _chakra_folder(tmp_path / "ets")
+    (folder / "t.1.et").unlink()
+    os.mkfifo(folder / "t.1.et") if kind == "fifo" else (folder / "t.1.et").mkdir()
+    with pytest.raises(FileRuleError) as ei:
+        read_folder(folder, 1)  # was: FileNotFoundError 'no such Chakra ET file'
+    assert (ei.value.path, ei.value.rule) == (str(folder / "t.1.et"), "not a regular file")
