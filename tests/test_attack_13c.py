@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from phantora_assets.paths import DataPaths
 from phantora_assets.sources import phantora_import
 from phantora_assets.stages.simulation import run_spec_record
 
+ROOT = Path(__file__).resolve().parent.parent
 W4 = "phantora_a100_40g_W4_2x1"
 DEPTH = 300  # deeper than _shallow_stack allows: Python 3.11's os.walk recursed once per level
 
@@ -148,3 +150,20 @@ def test_an_et_that_is_no_regular_file_is_refused_by_rule(tmp_path, kind):
     with pytest.raises(FileRuleError) as ei:
         read_folder(folder, 1)  # was: FileNotFoundError 'no such Chakra ET file'
     assert (ei.value.path, ei.value.rule) == (str(folder / "t.1.et"), "not a regular file")
+
+
+# ---- a folder name that is not UTF-8 ------------------------------------------------------------
+def test_a_run_folder_under_a_non_utf8_name_is_skipped_with_the_reason(tmp_path):
+    # was: registered, then UnicodeEncodeError writing imports.toml (a traceback, exit 1)
+    spec, raw, its = analytic(W4)
+    top = Path(os.fsdecode(os.fsencode(tmp_path) + b"/run\xff"))
+    folder = write_run_folder(top, spec, raw, run_log=megatron_log(its, 2, 16000.0))
+    found, skipped = discover(top)
+    assert found == []
+    assert [(s.path, "not UTF-8" in s.reason) for s in skipped] == [(folder, True)]
+    data = tmp_path / "data"
+    cli = [sys.executable, "-m", "phantora_assets.cli", "import", "--data-dir", str(data), "--no-build", str(top)]
+    done = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "is not UTF-8 text" in done.stderr and "Traceback" not in done.stderr
+    assert not (data / "imports.toml").exists()
