@@ -167,3 +167,42 @@ def test_a_run_folder_under_a_non_utf8_name_is_skipped_with_the_reason(tmp_path)
     assert done.returncode == 2, done.stderr
     assert "is not UTF-8 text" in done.stderr and "Traceback" not in done.stderr
     assert not (data / "imports.toml").exists()
+
+
+# ---- query: the result's memory is bounded ------------------------------------------------------
+def _query(data: Path, sql: str, *fmt: str) -> tuple[int, str, str, int]:
+    """(exit code, stdout, stderr, peak RSS in MiB) of `phantora-assets query` run as its own process."""
+    cli = [sys.executable, "-m", "phantora_assets.cli", "query", "--data-dir", str(data), sql, *fmt]
+    out, err = data / "query.out", data / "query.err"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(cli, cwd=ROOT, stdout=fo, stderr=fe)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, out.read_text(), err.read_text(), usage.ru_maxrss // 1024
+
+
+@pytest.fixture
+def tiny_db(tmp_path) -> Path:
+    import duckdb
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with duckdb.connect(str(DataPaths(data).duckdb_path)) as con:
+        con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    return data
+
+
+def test_a_query_whose_table_would_not_fit_is_refused_in_bounded_memory(tiny_db):
+    # was: every row fetched into Python, then formatted: 30 M rows took 111 s and 8.6 GiB RSS
+    code, out, err, rss = _query(tiny_db, "select i from range(20000000) t(i)")
+    assert code == 2 and out == ""
+    assert "larger than 256 MiB" in err and "--format csv" in err, err
+    assert rss < 1024, f"peak RSS {rss} MiB"
+
+
+def test_a_large_csv_result_streams_in_bounded_memory(tiny_db):
+    code, out, err, rss = _query(tiny_db, "select i, i * 2 as j from range(4000000) t(i)", "--format", "csv")
+    assert code == 0, err
+    lines = out.split("\n")
+    assert lines[:3] == ["i,j", "0,0", "1,2"] and lines[-2:] == ["3999999,7999998", ""] and len(lines) == 4000002
+    assert rss < 700, f"peak RSS {rss} MiB"
