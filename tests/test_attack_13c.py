@@ -206,3 +206,29 @@ def test_a_large_csv_result_streams_in_bounded_memory(tiny_db):
     lines = out.split("\n")
     assert lines[:3] == ["i,j", "0,0", "1,2"] and lines[-2:] == ["3999999,7999998", ""] and len(lines) == 4000002
     assert rss < 700, f"peak RSS {rss} MiB"
+
+
+# ---- a trace with duplicate keys ----------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="JSON with a key twice in one object is ambiguous (RFC 8259: names SHOULD be unique), but the "
+    "reader takes the last value silently: _tracescan.c hands such a batch to msgspec (ONCE), which keeps "
+    'the last. Measured: every Communication event with "dur":<true>,"dur":0.001 imported as a run '
+    "folder built 'ok', every check passing, windows.csv cv 0.4315 -> 0.4401 in the second window. "
+    "Should: TraceFormatError 'duplicate key' naming the line (scanner and msgspec path alike)",
+)
+def test_a_trace_event_with_a_key_twice_is_refused(tmp_path):
+    from phantora_assets.lib.errors import TraceFormatError
+    from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace
+
+    _, raw, _ = analytic(W4)
+    path = tmp_path / "timeline.json"
+    write_chrome_trace(raw, path)
+    lines = path.read_text().split("\n")
+    k = next(i for i, line in enumerate(lines) if '"cat":"Communication"' in line)
+    lines[k] = lines[k].replace('"ph":"X",', '"ph":"X","dur":0.001,', 1)  # "dur" before and after
+    assert lines[k].count('"dur":') == 2
+    path.write_text("\n".join(lines))
+    with pytest.raises(TraceFormatError) as ei:
+        read_trace(path, workers=0)
+    assert ei.value.rule == "duplicate key" and "line" in ei.value.detail
