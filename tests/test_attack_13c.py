@@ -232,3 +232,21 @@ def test_a_trace_event_with_a_key_twice_is_refused(tmp_path):
     with pytest.raises(TraceFormatError) as ei:
         read_trace(path, workers=0)
     assert ei.value.rule == "duplicate key" and "line" in ei.value.detail
+
+
+# ---- Kineto: a kernel of negative duration --------------------------------------------------------
+def test_a_kineto_nccl_kernel_of_negative_duration_is_refused(tmp_path):
+    # was: converted into a flow of zero duration (start = end), every other round 400 us long, silently
+    from kineto_traces import Coll, rank_trace, write_traces
+
+    from phantora_assets.lib.errors import TraceFormatError
+    from phantora_assets.lib.kineto.run import convert, read_folder
+
+    traces = {r: rank_trace(r, 2, [Coll("allreduce", 1000, 1000, "Float", (0, 1))], steps=4) for r in range(2)}
+    kernel = next(e for e in traces[0]["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    kernel["dur"] = -50
+    write_traces(tmp_path, traces, gz=False)
+    with pytest.raises(TraceFormatError) as ei:
+        convert(read_folder(tmp_path, 1))
+    assert ei.value.rule == "negative duration" and ei.value.path.endswith("rank-0.pt.trace.json")
+    assert "-50" in ei.value.detail
