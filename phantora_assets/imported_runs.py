@@ -34,7 +34,7 @@ import tomli_w
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_override
 from phantora_assets.lib.errors import FileRuleError, RunMatrixError
 from phantora_assets.lib.phantora.run_folder import TRACE_NAMES, RunFolder, Skipped, discover
-from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.lib.store.io import atomic_write_text, walk
 from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
 
 IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
@@ -126,7 +126,7 @@ def _profiled_candidates(root: Path) -> list[Path]:
     from phantora_assets.sources import chakra, kineto
 
     out: list[Path] = []
-    for dirpath, dirnames, _files in os.walk(root):
+    for dirpath, dirnames, _files in walk(root):  # any depth (os.walk of Python 3.11 recursed)
         here = Path(dirpath)
         if kineto.is_trace_folder(here) or chakra.is_et_folder(here):
             out.append(here)

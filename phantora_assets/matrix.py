@@ -240,7 +240,8 @@ def validate(spec: RunSpec, entry: str) -> None:
     Checks, in this order: the types of every field (no coercion), the known workload, GPU,
     source and published status, nodes and gpus_per_node >= 1, bin_s, the largest layout
     (:data:`MAX_NODES`, :data:`MAX_WORLD_SIZE`), the workload's parallelism rules, ``path`` with
-    ``import`` and profiled sources only (``name`` with the latter), then every topology key.
+    ``import`` and profiled sources only (``name`` with the latter) and UTF-8 text (a folder name
+    of undecodable bytes is refused: the registry could not be written), then every topology key.
     """
     _check_fields(spec, entry)
     world = spec.world_size
@@ -255,6 +256,8 @@ def validate(spec: RunSpec, entry: str) -> None:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
         raise RunMatrixError(f"{entry}: path is only allowed with source = 'import' (source is {spec.source!r})")
+    if spec.path.encode("utf-8", "replace").decode() != spec.path:  # a file name's undecodable bytes
+        raise RunMatrixError(f"{entry}: path {spec.path!r} is not UTF-8 text (the registry and records are): rename it")
     _check_topology(spec, entry)
 
 

@@ -177,7 +177,7 @@ def test_settings_and_other_statements_are_refused(root, sandbox, capsys, sql) -
 
 def test_sandbox_holds_without_the_statement_check(root, sandbox) -> None:
     """The settings alone stop the attacks: a statement the type check let through would still fail."""
-    from phantora_assets.cli.commands import sandboxed_connection
+    from phantora_assets.cli.query import sandboxed_connection
 
     out = sandbox / "out.csv"
     with sandboxed_connection(DataPaths(root).duckdb_path) as con:

@@ -35,7 +35,8 @@ import sys
 
 from phantora_assets.cli.build import cmd_build
 from phantora_assets.cli.chakra import cmd_chakra
-from phantora_assets.cli.commands import cmd_import, cmd_query, cmd_runs, cmd_sweep, format_rows
+from phantora_assets.cli.commands import cmd_import, cmd_runs, cmd_sweep
+from phantora_assets.cli.query import cmd_query, format_rows
 from phantora_assets.paths import DATA_DIR_ENV
 
 __all__ = [

@@ -23,8 +23,16 @@ from pathlib import Path
 from phantora_assets.checks import reset_checks
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.phantora.docker_config import missing_listing
-from phantora_assets.lib.phantora.run_folder import IMPORT_DIRS, IMPORT_FILES, refusal, refuse_links, trace_file
-from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path
+from phantora_assets.lib.phantora.run_folder import (
+    IMPORT_DIRS,
+    IMPORT_FILES,
+    MAX_DEPTH,
+    refusal,
+    refuse_links,
+    too_deep,
+    trace_file,
+)
+from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, walk
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import ImportRecord, write_record
@@ -117,17 +125,20 @@ def _link_or_copy(dir_fd: int, name: str, src: Path, dst: Path) -> int:
         os.close(fd)
 
 
-def _copy_tree(dir_fd: int, src: Path, dst: Path) -> int:
-    """Copy the directory open at ``dir_fd`` (``src``) to a new ``dst`` (permission bits and
-    times kept, as ``shutil.copytree``); the number of regular files copied."""
+def _copy_tree(dir_fd: int, src: Path, dst: Path, top: str, depth: int = 0) -> int:
+    """Copy the directory open at ``dir_fd`` (``src``, ``depth`` levels below ``top``/) to a new
+    ``dst`` (permission bits and times kept, as ``shutil.copytree``); the number of regular files
+    copied. A directory grown deeper than ``MAX_DEPTH`` since it was checked is refused (``too deep``)."""
     dst.mkdir()
     n = 0
     for name in sorted(os.listdir(dir_fd)):
         is_dir = stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode)
+        if is_dir and depth >= MAX_DEPTH:
+            raise too_deep(src / name, top)
         fd = _open(name, dir_fd, src / name, directory=is_dir)
         try:
             if is_dir:
-                n += _copy_tree(fd, src / name, dst / name)
+                n += _copy_tree(fd, src / name, dst / name, top, depth + 1)
             else:
                 _copy_fd(fd, dst / name)
                 _copy_stat(fd, dst / name)
@@ -147,7 +158,7 @@ def _replace_tree(dir_fd: int, name: str, src: Path, dst: Path) -> int:
     try:
         fd = _open(name, dir_fd, src / name, directory=True)
         try:
-            n = _copy_tree(fd, src / name, tmp)
+            n = _copy_tree(fd, src / name, tmp, name)
         finally:
             os.close(fd)
     except BaseException:
@@ -264,7 +275,7 @@ def input_files(folder: Path) -> list[str]:
     followed), so an edited netconfig or command file makes the build stale too."""
     names = list(IMPORT_FILES)
     for sub in IMPORT_DIRS:
-        for dirpath, dirnames, files in os.walk(folder / sub):
+        for dirpath, dirnames, files in walk(folder / sub):  # any depth, no RecursionError
             dirnames.sort()
             here = Path(dirpath)
             links = [d for d in dirnames if (here / d).is_symlink()]  # os.walk does not enter them

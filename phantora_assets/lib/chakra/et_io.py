@@ -192,7 +192,7 @@ def et_files(folder: str | Path) -> dict[int, Path]:
     Raises:
         FileNotFoundError: ``folder`` is not a directory.
         FileRuleError: ``ET names`` (two prefixes; a rank twice, e.g. ``t.1.et`` and ``t.01.et``: a
-            TraceFormatError), ``symlink in run folder``.
+            TraceFormatError), ``symlink in run folder``, ``not a regular file`` (a FIFO, a directory).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -205,6 +205,8 @@ def et_files(folder: str | Path) -> dict[int, Path]:
             continue
         if p.is_symlink():
             raise FileRuleError(p, "symlink in run folder", "the import does not follow links")
+        if not p.is_file():  # a FIFO would block its reader; a directory is no ET
+            raise FileRuleError(p, "not a regular file", "an ET must be a regular file")
         prefixes.add(stem)
         if int(rank) in out:
             raise TraceFormatError(p, "ET names", f"rank {int(rank)} again (also {out[int(rank)].name})")

@@ -31,6 +31,7 @@ all-to-all: kind; every rank's ET is present, so every group is cross-checked), 
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,20 @@ def is_et_folder(folder: str | Path) -> bool:
 
 
 def _groups_file(folder: Path) -> Path | None:
-    found = sorted(p for p in folder.glob("*.comm_groups.json") if p.is_file())
+    """The folder's one ``*.comm_groups.json``, or None. Raises FileRuleError: it is a link
+    (``symlink in run folder``: never followed) or no regular file (a FIFO, a directory), or there
+    are several (``comm groups``: which one holds the groups is ambiguous)."""
+    found = sorted(p for p in folder.glob("*.comm_groups.json") if not p.name.startswith("."))
+    for p in found:
+        mode = p.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            raise FileRuleError(p, "symlink in run folder", "the import does not follow links")
+        if not stat.S_ISREG(mode):
+            raise FileRuleError(p, "not a regular file", "the comm groups must be a regular file")
+    if len(found) > 1:
+        raise TraceFormatError(
+            found[1], "comm groups", f"one comm-groups file per folder, found {[p.name for p in found]}"
+        )
     return found[0] if found else None
 
 

@@ -210,8 +210,11 @@ def _placement(t: Meta, path: Path, world_size: int | None, rank: int | None) ->
 
 
 def _time(v: Any, path: Path, name: str, what: str) -> float:
-    """An event's ``ts`` / ``dur`` (us) as a finite float. Raises TraceFormatError ``invalid trace``."""
+    """An event's ``ts`` / ``dur`` (us) as a finite float. Raises TraceFormatError ``invalid trace``, or
+    ``negative duration`` (was: a kernel of dur -50 became a flow of duration 0, silently)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300:
+        if what == "dur" and v < 0:
+            raise TraceFormatError(path, "negative duration", f"event {name[:80]!r}: dur {v!r} us")
         return float(v)
     raise TraceFormatError(path, "invalid trace", f"event {name[:80]!r}: {what} {v!r} is not a number of us")
 

@@ -34,12 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.lib.errors import FileRuleError, RunMatrixError
+from phantora_assets.lib.store.io import walk
 from phantora_assets.matrix import RunSpec, gpu_specs, presets, validate
 
 TRACE_NAMES = ("timeline.json.gz", "timeline.json")
 #: The files and directories of a run folder the import copies or links (all optional).
 IMPORT_FILES = ("run.log", "timeline.bin", *TRACE_NAMES)
 IMPORT_DIRS = ("config", "perfdb_missing")
+#: Directory levels allowed under an ``IMPORT_DIRS`` entry (Phantora writes one or two).
+MAX_DEPTH = 32
 _LAYOUT = re.compile(r"^(W\d+)_(\d+)x(\d+)$")
 
 #: netconfig.toml key (under [simulator] or [topology.args]) -> presets [cluster] key.
@@ -108,6 +111,11 @@ def refusal(path: Path, mode: int, target: str | None = None) -> FileRuleError |
     return None
 
 
+def too_deep(path: Path, name: str) -> FileRuleError:
+    """The error for directory ``path``, more than :data:`MAX_DEPTH` levels below ``name``/."""
+    return FileRuleError(path, "too deep", f"more than {MAX_DEPTH} levels of directories under {name}/ of a run folder")
+
+
 def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DIRS) -> None:
     """Check, before anything is copied, that the entries ``names`` of ``folder`` (absent ones
     are fine) and everything under those that are directories are regular files or directories
@@ -116,7 +124,8 @@ def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DI
     Raises:
         FileRuleError: naming the first offending entry, rule ``symlink in run folder``,
             ``not a regular file`` (also a directory named as one of ``IMPORT_FILES``) or ``not a
-            directory`` (a file named as one of ``IMPORT_DIRS``).
+            directory`` (a file named as one of ``IMPORT_DIRS``), ``too deep`` (more than
+            :data:`MAX_DEPTH` directory levels under one of ``IMPORT_DIRS``).
     """
     for name in names:
         top = folder / name
@@ -132,11 +141,13 @@ def refuse_links(folder: Path, names: tuple[str, ...] = IMPORT_FILES + IMPORT_DI
             raise FileRuleError(top, "not a regular file", f"{name} of a run folder is a file, not a directory")
         if not stat.S_ISDIR(mode):
             continue
-        for dirpath, dirnames, filenames in os.walk(top):  # a linked directory is listed, never entered
+        for dirpath, dirnames, filenames in walk(top):  # a linked directory is listed, never entered
             for entry in sorted(dirnames + filenames):
                 path = Path(dirpath) / entry
                 if (err := refusal(path, path.lstat().st_mode)) is not None:
                     raise err
+            if dirnames and len(Path(dirpath).relative_to(top).parts) >= MAX_DEPTH:
+                raise too_deep(Path(dirpath) / sorted(dirnames)[0], name)
 
 
 def topology_from_netconfig(path: Path) -> dict[str, Any]:
@@ -225,7 +236,7 @@ def discover(root: str | Path) -> tuple[list[RunFolder], list[Skipped]]:
     if _LAYOUT.match(root.resolve().name):
         candidates = [root]
     else:
-        for dirpath, dirnames, _files in os.walk(root):
+        for dirpath, dirnames, _files in walk(root):  # any depth (os.walk of Python 3.11 recursed)
             dirnames.sort()
             here = Path(dirpath)
             for d in list(dirnames):

@@ -241,6 +241,33 @@ def _csv_columns(df, float_format: str) -> dict | None:
     return columns
 
 
+def walk(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` (top-down, the caller may prune ``dirnames``, a linked directory listed but
+    never entered, an unreadable directory skipped), without recursion: Python 3.11's ``os.walk``
+    takes a stack frame a level, so a tree 1,000 directories deep raised ``RecursionError``."""
+    stack = [os.fspath(top)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirnames: list[str] = []
+        filenames: list[str] = []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(e.name)
+        yield here, dirnames, filenames
+        for d in reversed(dirnames):
+            sub = os.path.join(here, d)
+            if not os.path.islink(sub):
+                stack.append(sub)
+
+
 def same_path(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve()
