@@ -13,6 +13,11 @@ instance back to the default storage starts an empty event log (the files differ
 A process that forks (``ForkRunLauncher``) never reuses its parent's connection: the storage makes
 a new one when it finds itself in another process.
 
+Dagster asks the schema again and again whether a table or an ``asset_keys`` column exists (before
+every asset check event and asset event: a new engine and a schema query each time, ~1,600 times
+in a build of the shipped matrix). The storage remembers the tables and columns it has found: a
+migration only ever adds them, and one not found is asked again next time.
+
 Configure in ``dagster.yaml``; without ``base_dir`` the instance's root directory is used (the
 ``$DAGSTER_HOME`` folder, or the temporary one ``dagster dev`` makes when it is unset)::
 
@@ -69,6 +74,8 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
         self._depth = threading.local()
         self._inst_data_ = inst_data
         self._ready = False
+        self._tables: set[str] = set()  # tables and asset_keys columns known to exist
+        self._key_columns: set[str] = set()
         if base_dir is not None:
             self._set_up(base_dir)
 
@@ -120,6 +127,16 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
                     yield conn
             finally:
                 self._depth.n = 0
+
+    def has_table(self, table_name: str) -> bool:
+        if table_name not in self._tables and super().has_table(table_name):
+            self._tables.add(table_name)
+        return table_name in self._tables
+
+    def _has_asset_key_col_on_connection(self, conn: db.engine.Connection, column_name: str) -> bool:
+        if column_name not in self._key_columns and super()._has_asset_key_col_on_connection(conn, column_name):
+            self._key_columns.add(column_name)
+        return column_name in self._key_columns
 
     def dispose(self) -> None:
         if self._pooled is not None and os.getpid() == self._pid:
