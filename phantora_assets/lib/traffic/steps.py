@@ -88,9 +88,9 @@ Definitions used here (all documented choices):
   time. Left open: a cut inside one communicator's pattern rotates its periods.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
   first call precedes the anchors' first step (its calls open a step, as the first step shows; the
-  anchors' warm-up calls before their first full period left out): then the
-  calls ending the gap that repeat the end of that head open the later step, the others (an
-  occasional call just before the next step's head) stay in the earlier one, so they move no step start.
+  anchors' warm-up calls before their first full period left out): then the calls ending the gap that
+  repeat the end of that head (calls of a kind it lacks passed over: a logging call inside it) open the
+  later step, the others (an occasional call just before the next step's head) stay in the earlier one.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
   sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
   time) that are a rhythm in time (every gap within 10 % of the median, warm-up gaps left out) with
