@@ -188,7 +188,8 @@ def _cut(
     the first of the next) goes to the earlier step, unless the sequence's first call precedes the
     anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's
     warm-up calls before its first full period do not count): then the calls
-    ending the gap that repeat the end of that head open the later step (:func:`_opening_steps`).
+    ending the gap that repeat the end of that head (other kinds passed over) open the later step
+    (:func:`_opening_steps`).
 
     Raises:
         StepDetectionError: ``"steps disagree"`` (step counts more than ``warmup_steps + 1``
@@ -269,18 +270,24 @@ def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray
     anchors' first call) are its head: a call in the anchors' step ``k`` or before step 0 is in it; of
     the calls in the gap before step ``k``, the last ones that repeat the end of the head open step
     ``k`` (-1 after the last step), the others end step ``k - 1`` (an occasional call does not move a
-    step's start)."""
+    step's start); calls of a kind the head lacks (a logging all-reduce inside it) are passed over, and
+    open step ``k`` after a call that repeats the head."""
     g0, n, n_steps = int(cs.seq_call_start[i]), int(cs.seq_len[i]), len(a_starts)
     ts, tok = cs.ts_s[cs.call_rows[g0 : g0 + n]], cs.call_tok[g0 : g0 + n]
     head = tok[ts < first_anchor]
     step = np.searchsorted(a_lasts, ts, side="left")  # the step a call is in, or opens
     gi = np.flatnonzero((step >= 1) & ((step == n_steps) | (ts < a_starts[np.minimum(step, n_steps - 1)])))
-    if len(gi):  # runs of calls in one gap: place r from the run's end, matched against the head's end
-        new_run = np.r_[True, step[gi[1:]] != step[gi[:-1]]]
-        run_first, run_of, pos = np.flatnonzero(new_run), np.cumsum(new_run) - 1, np.arange(len(gi))
-        r = np.append(run_first[1:], len(gi))[run_of] - 1 - pos
-        match = (r < len(head)) & (tok[gi] == head[len(head) - 1 - np.minimum(r, len(head) - 1)])
-        step[gi[pos <= np.maximum.reduceat(np.where(match, -1, pos), run_first)[run_of]]] -= 1
+    gh = gi[np.isin(tok[gi], head)]  # the gap calls of a kind the head has, matched against it
+    opens = np.full(n_steps + 1, n, dtype=np.int64)  # per gap: first call that opens the later step
+    if len(gh):  # runs of calls in one gap: place r from the run's end, matched against the head's end
+        new_run = np.r_[True, step[gh[1:]] != step[gh[:-1]]]
+        run_first, run_of, pos = np.flatnonzero(new_run), np.cumsum(new_run) - 1, np.arange(len(gh))
+        run_last = np.append(run_first[1:], len(gh)) - 1
+        r = run_last[run_of] - pos
+        match = (r < len(head)) & (tok[gh] == head[len(head) - 1 - np.minimum(r, len(head) - 1)])
+        last_bad = np.maximum.reduceat(np.where(match, run_first[run_of] - 1, pos), run_first)  # last mismatch
+        opens[step[gh[run_first[last_bad < run_last]]]] = gh[last_bad[last_bad < run_last] + 1]
+    step[gi[gi < opens[step[gi]]]] -= 1
     step = np.where(step < n_steps, step, -1)
     return step[cs.call_no[cs.seq_start[i] : cs.seq_end[i]] - g0]
 

@@ -69,8 +69,8 @@ def compute_rhythm(compute: pd.DataFrame | None, min_repeats: int = 3) -> Comput
     durations within ``TOKEN_REL_TOL`` of each other, chained, are one token); its period is the
     one with the longest periodic tail repeating at least ``min_repeats`` times. None when
     ``compute`` is None or empty, a host read has no period, its periods' durations differ by
-    more than ``PERIOD_REL_TOL`` from their median, or the hosts' period
-    lengths differ by more than ``PERIOD_REL_TOL``.
+    more than ``PERIOD_REL_TOL`` from their median (with 4 periods or more the first, warm-up, may be
+    longer and is left out), or the hosts' period lengths differ by more than ``PERIOD_REL_TOL``.
     """
     if compute is None or len(compute) == 0:
         return None
@@ -92,10 +92,11 @@ def compute_rhythm(compute: pd.DataFrame | None, min_repeats: int = 3) -> Comput
         n = pz.full_periods(p)
         starts = ts[len(ts) - (np.arange(n, dtype=np.int64) + 1) * p][::-1]
         d = np.diff(starts)
-        if len(d) == 0:
+        steady = d[1:] if len(d) >= 3 else d  # the first (warm-up) period may last longer
+        if len(d) == 0 or float(d[0]) < (1.0 - PERIOD_REL_TOL) * float(np.median(steady)):
             return None
-        med = float(np.median(d))
-        if med <= 0 or float(np.abs(d - med).max()) > PERIOD_REL_TOL * med:
+        med = float(np.median(steady))
+        if med <= 0 or float(np.abs(steady - med).max()) > PERIOD_REL_TOL * med:
             return None
         found.append(ComputeRhythm(med, starts, int(p), h))
     lengths = np.array([r.period_us for r in found])
@@ -254,7 +255,8 @@ def agree_with_compute(
     g = whole(ratio)
     if g is not None:
         return recut_by_compute(cs, cut, rhythm, warmup_steps, src)
-    g = whole(1.0 / ratio) if ratio > 0 else None
+    s = cut.starts[cut.first_steady :][np.isfinite(cut.starts[cut.first_steady :])]  # parts of a step may be uneven:
+    g = whole(rhythm.period_us * (len(s) - 1) / (s[-1] - s[0])) if len(s) > 1 and s[-1] > s[0] else None  # mean step
     if g is not None:
         got = coarsen(g)
         if not isinstance(got, str) and agrees(multiple_of(_step_us(got), rhythm)):
@@ -282,12 +284,16 @@ def occasional(
     repeating: list[int],
     primary: Callable[[list[int]], tuple[dict[int, int], dict[int, int], list[int]]],
     warmup_steps: int,
+    rhythm: ComputeRhythm | None = None,
 ) -> list[int]:
     """The sequences that repeat only every ``g >= 2`` steps of the others (steps module docstring,
     "Occasional collectives"), or ``[]``: those with the fewest full periods (within ``warmup_steps +
     1``), when the others alone cut steps by ``primary`` (the sub-period rule; none assigned by time)
-    that are a rhythm in time (:func:`_regular_step_us`) with a pattern of at least 2 kinds of call on
-    one of them or at least 2 of them, and each of the few repeats every whole ``g >= 2`` of those steps."""
+    and either those steps last the compute ``rhythm`` (the few then may come at any steps), or, with
+    no rhythm, they are a rhythm in time (:func:`_regular_step_us`) with a pattern of at least 2 kinds
+    of call on one of them or at least 2 of them, each of the few repeats every whole ``g >= 2`` of
+    those steps and repeats a kind of call in its period unless it has one call (a period of several
+    calls, each of its own kind, is a step's pattern as much as an occasional collective)."""
     slack = warmup_steps + 1
     counts = {i: per[i].full_periods(best[i]) for i in repeating}
     c_ref = min(counts.values())
@@ -302,12 +308,19 @@ def occasional(
     if by_time:
         return []
     g0 = cs.seq_call_start
+    if rhythm is not None:
+        gaps = [np.diff(cs.step_bounds(i, period[i], n[i])[0][::-1])[slack:] for i in rest]
+        gaps = [g for g in gaps if len(g)]
+        return few if gaps and agrees(float(np.median(np.concatenate(gaps))) / rhythm.period_us) else []
     kinds = [len(set(cs.call_tok[g0[i] + cs.seq_len[i] - period[i] : g0[i] + cs.seq_len[i]].tolist())) for i in rest]
     steps_us = [_regular_step_us(cs, i, period[i], n[i], slack) for i in rest]
     if (max(kinds) < 2 and len(rest) < 2) or any(s is None for s in steps_us):
         return []
     step_us = float(np.median([s for s in steps_us if s is not None]))
     for i in few:
+        toks = cs.call_tok[g0[i] + cs.seq_len[i] - best[i] : g0[i] + cs.seq_len[i]]
+        if best[i] > 1 and len(set(toks.tolist())) == best[i]:  # calls of as many kinds: a step's pattern
+            return []
         # its first period may hold the warm-up: left out when 2 gaps remain (3 calls: both kept)
         every = _regular_step_us(cs, i, best[i], counts[i], 1 if counts[i] > 3 else 0)
         if every is None or whole(every / step_us) is None:

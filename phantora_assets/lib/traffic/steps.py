@@ -88,15 +88,15 @@ Definitions used here (all documented choices):
   time. Left open: a cut inside one communicator's pattern rotates its periods.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
   first call precedes the anchors' first step (its calls open a step, as the first step shows; the
-  anchors' warm-up calls before their first full period left out): then the
-  calls ending the gap that repeat the end of that head open the later step, the others (an
-  occasional call just before the next step's head) stay in the earlier one, so they move no step start.
+  anchors' warm-up calls before their first full period left out): then the calls ending the gap that
+  repeat the end of that head (calls of a kind it lacks passed over: a logging call inside it) open the
+  later step, the others (an occasional call just before the next step's head) stay in the earlier one.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.step_verify.occasional`): the
   sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
-  time) that are a rhythm in time (every gap within 10 % of the median, warm-up gaps left out) with
-  at least 2 kinds of call on one of them or at least 2 of them, and the few repeat every whole
-  ``g >= 2`` of those steps (a logging
-  all-reduce on its own communicator every 5th step): the step is the others', the few are assigned
+  time) that last the compute rhythm (the few at any steps), or, without one, are a rhythm in time
+  (gaps within 10 % of the median, warm-up left out) with 2+ kinds of call on one of them or 2+ of
+  them, and the few repeat every whole ``g >= 2`` of those steps, each a call or a period repeating a
+  kind (a logging all-reduce every 5th step): the step is the others', the few are assigned
   by time and occur in some steps only (the blocking ``steps_match`` names them). Without a compute
   rhythm, a period of ``q`` calls that ends with a block of ``b`` calls (``2 <= b <= q/3``, 2 kinds)
   repeated 3+ times (one communicator with an extra call every few steps) is refused:
@@ -116,14 +116,14 @@ Definitions used here (all documented choices):
   ``"steps ambiguous"``, a step of several iterations or an occasional collective.
 * **Compute rhythm** (``compute`` given; :mod:`~phantora_assets.lib.traffic.step_verify`): each
   host's Computation events, as a sequence of durations, have a period (the same longest-tail
-  rule); its length in time is the compute rhythm (none when a host's periods differ by more
-  than 5 % or hosts disagree). The steady steps must last it (within 10 %). Steps of a whole
+  rule); its length in time is the compute rhythm (none when a host's periods, the first (warm-up)
+  left out, differ by more than 5 % or hosts disagree). The steady steps must last it (10 %). Steps of a whole
   ``g >= 2`` compute periods (an irregular collective, e.g. a logging all-reduce every 5th
   iteration, made the period 5 iterations) are re-cut at the compute periods, the phase kept
   (every communicators' step start is a step start; each boundary half-way into the shortest quiet
   time before an iteration's first call, so a call between two iterations stays in its own): the
   extra collective then sits in some steady steps only, and the blocking ``steps_match`` check
-  names them. Steps of ``1/g`` compute period (two equal gradient buckets per step read as two
+  names them. Steps of ``1/g`` compute period by their mean (two equal gradient buckets per step read as two
   steps) are replaced by the steps of ``g`` times as many calls of the reference sequence when those
   agree with the rhythm. Any other disagreement, or a re-cut whose steady steps mostly differ, is
   :class:`StepDetectionError` ``"steps disagree with compute"``.
@@ -316,9 +316,10 @@ def detect_steps(
         raise _fail(src, "steps irregular", broken)
 
     # ---- steps: by the sub-period rule, else several periods on every sequence -------
+    rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
     try:
         primary = lambda seqs: _primary_periods(cs, per, prim, seqs, warmup_steps, src)
-        extra = occasional(cs, per, prim, repeating, primary, warmup_steps)
+        extra = occasional(cs, per, prim, repeating, primary, warmup_steps, rhythm)
         period, counts, by_time = primary([i for i in repeating if i not in extra])
         by_time += extra
         cut = _cut(cs, period, counts, by_time, repeating, warmup_steps, src)
@@ -337,7 +338,6 @@ def detect_steps(
             if not isinstance(coarse, str):
                 cut = coarse
     cut = _start_aligned(cs, cut, repeating, warmup_steps, src)
-    rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
     coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
     cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
     if rhythm is None:
