@@ -379,6 +379,8 @@ def _read_whole(path: Path) -> _Assembly:
         m = re.search(r"byte (\d+)", str(exc))
         ln = line0 + data.count(b"\n", 0, int(m.group(1))) if m else "?"
         raise td.BatchError("invalid JSON", f"line {ln}: {exc}") from None
+    if (twice := tb.duplicate_key(data, line0)) is not None:  # msgspec kept the last value
+        raise td.BatchError(*twice)
     dec = td.BatchDecoder()
     asm.tables[0] = (dec.names.values, dec.hosts.values, dec.comms.values)
     if events:
