@@ -86,3 +86,27 @@ def test_the_same_keys_in_different_objects_are_not_a_key_twice(trace_lines, tmp
     slow = read_trace(path, chunk_bytes=16384, workers=0)
     assert fast.n_events == slow.n_events == 1199
     assert len(fast.flows) == len(slow.flows) == sum('"cat":"Communication"' in ln for ln in trace_lines) > 0
+
+
+# ---- host names: one spelling per host ------------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["host-01", "host-002", "host-0000000000000000000000001"])
+def test_a_zero_padded_host_name_is_refused(trace_lines, tmp_path, spelling):
+    # was: host-01 read as host-1 (node 0): a trace with both spellings merged two hosts into one node
+    lines = list(trace_lines)
+    k = next(i for i in range(len(lines) // 2, len(lines)) if '"dst":"host-2"' in lines[i])
+    lines[k] = lines[k].replace('"dst":"host-2"', f'"dst":"{spelling}"', 1)
+    path = tmp_path / "timeline.json"
+    path.write_text("\n".join(lines))
+    with pytest.raises(TraceFormatError) as ei:
+        read_trace(path, workers=0)
+    assert ei.value.rule == "bad host name"
+    assert ei.value.detail == f"{spelling!r} is not of the form host-<k>, k >= 1 written without leading zeros"
+
+
+def test_the_compute_anatomy_refuses_a_zero_padded_host_name_too():
+    from phantora_assets.lib.traffic.anatomy import node_of
+
+    assert node_of("host-1") == 0 and node_of("host-10") == 9 and node_of("host-9223372036854775808") == 2**63 - 1
+    for bad in ("host-01", "host-0", "host-", "host-1 "):
+        with pytest.raises(ValueError, match="written without leading zeros"):
+            node_of(bad)
