@@ -4,6 +4,9 @@ Real files on disk (tmp_path), no mocks. Each test failed before its fix (the co
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 from run_folders import analytic
 
@@ -110,3 +113,47 @@ def test_the_compute_anatomy_refuses_a_zero_padded_host_name_too():
     for bad in ("host-01", "host-0", "host-", "host-1 "):
         with pytest.raises(ValueError, match="written without leading zeros"):
             node_of(bad)
+
+
+# ---- Kineto: two NCCL kernels with one correlation id ---------------------------------------------
+def _kineto_folder(tmp_path, change) -> None:
+    from kineto_traces import Coll, rank_trace, write_traces
+
+    traces = {r: rank_trace(r, 2, [Coll("allreduce", 1000, 1000, "Float", (0, 1))], steps=4) for r in range(2)}
+    events = traces[0]["traceEvents"]
+    k = next(i for i, e in enumerate(events) if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    change(events, k)
+    write_traces(tmp_path, traces, gz=False)
+
+
+def test_two_nccl_kernels_of_one_correlation_are_refused_naming_it(tmp_path):
+    # was: the last one timed the collective, silently (a flow 500 us later than its launch)
+    from phantora_assets.lib.kineto.run import convert, read_folder
+
+    def twice(events, k):
+        events.append({**events[k], "ts": events[k]["ts"] + 500})
+
+    _kineto_folder(tmp_path, twice)
+    events = json.loads((tmp_path / "rank-0.pt.trace.json").read_text())["traceEvents"]
+    kernel = next(e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    with pytest.raises(TraceFormatError) as ei:
+        convert(read_folder(tmp_path, 1))
+    assert ei.value.rule == "ambiguous kernel" and ei.value.path.endswith("rank-0.pt.trace.json")
+    corr = kernel["args"]["correlation"]
+    assert ei.value.detail.startswith(f"correlation {corr!r} (the launch in record_param_comms at ts ")
+    assert f"at ts {float(kernel['ts'])} dur {float(kernel['dur'])} and " in ei.value.detail
+    assert ei.value.detail.endswith(f"at ts {float(kernel['ts'] + 500)} dur {float(kernel['dur'])}")
+
+
+def test_a_kernel_repeated_exactly_is_one_kernel(tmp_path):
+    from phantora_assets.lib.kineto.run import convert, read_folder
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    _kineto_folder(ref, lambda events, k: None)
+    same = tmp_path / "same"
+    same.mkdir()
+    _kineto_folder(same, lambda events, k: events.append(dict(events[k])))
+    a, b = convert(read_folder(ref, 1)), convert(read_folder(same, 1))
+    assert a.n_collectives == b.n_collectives == 8 and a.timed_by_kernel == b.timed_by_kernel == 8
+    pd.testing.assert_frame_equal(a.raw, b.raw, check_exact=True)
