@@ -209,14 +209,6 @@ def test_a_large_csv_result_streams_in_bounded_memory(tiny_db):
 
 
 # ---- a trace with duplicate keys ----------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="JSON with a key twice in one object is ambiguous (RFC 8259: names SHOULD be unique), but the "
-    "reader takes the last value silently: _tracescan.c hands such a batch to msgspec (ONCE), which keeps "
-    'the last. Measured: every Communication event with "dur":<true>,"dur":0.001 imported as a run '
-    "folder built 'ok', every check passing, windows.csv cv 0.4315 -> 0.4401 in the second window. "
-    "Should: TraceFormatError 'duplicate key' naming the line (scanner and msgspec path alike)",
-)
 def test_a_trace_event_with_a_key_twice_is_refused(tmp_path):
     from phantora_assets.lib.errors import TraceFormatError
     from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace

@@ -225,6 +225,7 @@ class _Kept:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.nccl: dict[Any, Event] = {}  # NCCL kernels by correlation id
+        self.twice: dict[Any, tuple[Event, Event]] = {}  # ids of two NCCL kernels of different times
         self.sized: list[Event] = []  # NCCL kernels that carry the size args themselves
         self.launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}  # CUDA runtime calls per thread
         self.ops: list[Event] = []  # record_param_comms
@@ -244,7 +245,9 @@ class _Kept:
             if e.cat == "kernel":
                 if "nccl" in name.lower() or "rccl" in name.lower():
                     if args is not None and args.correlation is not None:
-                        self.nccl[args.correlation] = e
+                        had = self.nccl.setdefault(args.correlation, e)
+                        if (had.ts, had.dur) != (e.ts, e.dur):  # refused if an op is timed by it
+                            self.twice.setdefault(args.correlation, (had, e))
                     if args is not None and args.collective is not None and args.in_nelems is not None:
                         self.sized.append(e)
                 else:
@@ -285,7 +288,7 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
     unsized = kept.unsized
     for e in kept.ops:
         a = e.args or Args()
-        k = _kernel_of(e, launches, kept.nccl)
+        k = _kernel_of(e, launches, kept)
         if (a.collective is None or a.in_nelems is None) and k is not None and k.args is not None:
             a = k.args if k.args.collective is not None else a
         if a.collective is None or a.in_nelems is None:
@@ -350,8 +353,14 @@ def _collective(
     )
 
 
-def _kernel_of(op: Event, launches: dict[tuple[Any, Any], list[tuple[float, Any]]], by_corr: dict[Any, Event]):
-    """The NCCL kernel launched inside ``op`` on its thread (the first one), or None."""
+def _kernel_of(op: Event, launches: dict[tuple[Any, Any], list[tuple[float, Any]]], kept: _Kept):
+    """The NCCL kernel launched inside ``op`` on its thread (the first one), or None.
+
+    Raises:
+        TraceFormatError: ``ambiguous kernel``: two NCCL kernels of different times carry that launch's
+            ``correlation`` (was: the last one timed the op, silently). Real traces give each launch its
+            own id; a kernel that times no op (e.g. one standing for itself) is not refused.
+    """
     calls = launches.get((op.pid, op.tid))
     if not calls:
         return None
@@ -359,6 +368,14 @@ def _kernel_of(op: Event, launches: dict[tuple[Any, Any], list[tuple[float, Any]
     for i in range(bisect_left(calls, float(op.ts), key=lambda c: c[0]), len(calls)):
         if calls[i][0] > end:
             break
-        if calls[i][1] in by_corr:
-            return by_corr[calls[i][1]]
+        if (corr := calls[i][1]) in kept.twice:
+            a, b = kept.twice[corr]
+            raise TraceFormatError(
+                kept.path,
+                "ambiguous kernel",
+                f"correlation {corr!r} (the launch in {op.name} at ts {op.ts}) is carried by two NCCL kernels: "
+                f"{str(a.name)[:80]!r} at ts {a.ts} dur {a.dur} and {str(b.name)[:80]!r} at ts {b.ts} dur {b.dur}",
+            )
+        if corr in kept.nccl:
+            return kept.nccl[corr]
     return None

@@ -7,8 +7,10 @@
  * does not handle exactly as the msgspec schema of trace_decode does. None is not an error: the
  * caller then decodes the batch with msgspec, which gives the result or names the broken rule.
  * So this scanner is strict: it accepts only well-formed JSON of the expected shapes (ASCII
- * strings without escapes in the fields it keeps, integers that fit int64, no duplicate fields,
- * nesting at most 64 deep) and answers None for everything else. Numbers are converted as
+ * strings without escapes in the fields it keeps, integers that fit int64, no key twice in any
+ * object of an event (keys compared as written: a key with an escape in a skipped object, or an
+ * object of more than 64 keys, is declined), nesting at most 64 deep) and answers None for
+ * everything else. Numbers are converted as
  * msgspec converts them (correctly rounded floats; exact integers).
  *
  * The scan runs without the GIL (the batch buffer is held for its duration), so that inflating
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #define MAX_DEPTH 64
+#define MAX_OBJ_KEYS 64 /* keys of one object checked for duplicates; more: declined */
 #define MAX_KEYS 16 /* at most this many call names / dtypes */
 
 typedef struct {
@@ -316,6 +319,17 @@ static int next_member(const char **pp, const char *e, char close) {
     return 0;
 }
 
+/* A key of an object not seen before in it (JSON does not say which of two values counts, and
+ * msgspec would keep the last silently): 0, k added to keys[0..*n); -1 when it is there already
+ * or the object has too many keys to check here (the msgspec path then checks it). */
+static int key_new(Span *keys, int *n, Span k) {
+    for (int i = 0; i < *n; i++)
+        if (keys[i].n == k.n && memcmp(keys[i].p, k.p, k.n) == 0) return -1;
+    if (*n == MAX_OBJ_KEYS) return -1;
+    keys[(*n)++] = k;
+    return 0;
+}
+
 static int skip_value(const char **pp, const char *e, int depth);
 
 static int skip_container(const char **pp, const char *e, int depth, char close) {
@@ -326,9 +340,14 @@ static int skip_container(const char **pp, const char *e, int depth, char close)
         *pp = p + 1;
         return 0;
     }
+    Span keys[MAX_OBJ_KEYS];
+    int n_keys = 0;
     for (;;) {
         if (close == '}') {
+            const char *q = p;
             if (parse_string(&p, e, NULL) < 0) return -1;
+            Span k = {q + 1, p - q - 2}; /* as written: one with an escape is not compared here */
+            if (memchr(k.p, '\\', k.n) || key_new(keys, &n_keys, k) < 0) return -1;
             WS(p, e);
             if (p >= e || *p != ':') return -1;
             p++;
@@ -379,6 +398,8 @@ static int walk_object(const char **pp, const char *e, int depth, FieldFn fn, vo
         *pp = p + 1;
         return 0;
     }
+    Span others[MAX_OBJ_KEYS]; /* the keys fn skips (fn takes each of its own keys once) */
+    int n_others = 0;
     for (;;) {
         Span key;
         if (parse_string(&p, e, &key) < 0) return -1;
@@ -388,7 +409,7 @@ static int walk_object(const char **pp, const char *e, int depth, FieldFn fn, vo
         WS(p, e);
         int r = fn(st, key, &p, e);
         if (r < 0) return -1;
-        if (r == 1 && skip_value(&p, e, depth + 1) < 0) return -1;
+        if (r == 1 && (key_new(others, &n_others, key) < 0 || skip_value(&p, e, depth + 1) < 0)) return -1;
         int more = next_member(&p, e, '}');
         if (more <= 0) {
             *pp = p;

@@ -53,7 +53,8 @@ __all__ = ["ParsedTrace", "read_trace", "write_chrome_trace", "comm_id_of", "def
 
 #: Largest ts/dur (µs) accepted; beyond it float64 can no longer hold integers exactly.
 MAX_TIME_US = td.MAX_TIME_US
-_HOST_RE = re.compile(r"host-([0-9]+)")
+_HOST_RE = re.compile(r"host-([1-9][0-9]*)")  # as Phantora names hosts: no 0, no leading zero (no "host-01")
+_HOST_FORM = "host-<k>, k >= 1 written without leading zeros"
 
 
 @dataclass(frozen=True)
@@ -248,9 +249,9 @@ class _Assembly:
 
     def _node(self, host: str) -> int:
         m = _HOST_RE.fullmatch(host) if isinstance(host, str) else None
-        k = m.group(1).lstrip("0") if m else ""
-        if not k:
-            raise TraceFormatError(self.path, "bad host name", f"{host!r} is not of the form host-<k>, k >= 1")
+        if not m:  # host-01 beside host-1 would have been one node (was: read as host-1, silently)
+            raise TraceFormatError(self.path, "bad host name", f"{host!r:.80} is not of the form {_HOST_FORM}")
+        k = m.group(1)
         if len(k) > 19 or int(k) > 2**63:  # (no int() of a 5000-digit k); node k - 1 is an int64
             raise TraceFormatError(self.path, "host outside the layout", f"host-{k[:30]}: k - 1 beyond int64")
         return int(k) - 1
@@ -379,6 +380,8 @@ def _read_whole(path: Path) -> _Assembly:
         m = re.search(r"byte (\d+)", str(exc))
         ln = line0 + data.count(b"\n", 0, int(m.group(1))) if m else "?"
         raise td.BatchError("invalid JSON", f"line {ln}: {exc}") from None
+    if (twice := tb.duplicate_key(data, line0)) is not None:  # msgspec kept the last value
+        raise td.BatchError(*twice)
     dec = td.BatchDecoder()
     asm.tables[0] = (dec.names.values, dec.hosts.values, dec.comms.values)
     if events:

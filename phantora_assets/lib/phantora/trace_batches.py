@@ -19,6 +19,7 @@ Errors: :class:`StreamError` (rule, detail) for a file-level problem (``corrupt 
 array never closes, a trailing comma); ``chrome_trace.read_trace`` adds the file name.
 """
 
+import json
 import queue
 import threading
 import types
@@ -79,6 +80,44 @@ def locator(body: bytes, offset: int, line_of: Callable[[int], int]) -> Callable
         return f"event {i} of the batch starting at line {line0}"
 
     return where
+
+
+class _Twice(Exception):
+    pass
+
+
+def _no_key_twice(pairs: list) -> None:
+    if len(pairs) > 1 and len(dict(pairs)) < len(pairs):
+        keys = [k for k, _ in pairs]
+        raise _Twice(next(k for n, k in enumerate(keys) if k in keys[:n]))
+
+
+_pairs_checker = json.JSONDecoder(object_pairs_hook=_no_key_twice)
+
+
+def duplicate_key(doc: bytes, line0: int) -> tuple[str, str] | None:
+    """``(rule, detail)`` when a key comes twice in one object of an element of the JSON array
+    ``doc`` (text msgspec decoded, its first byte on line ``line0``), else None. Rule ``duplicate
+    key``: JSON does not say which value counts (RFC 8259: names SHOULD be unique) and msgspec
+    keeps the last silently; the C scanner declines such a batch, so it is checked here."""
+    try:
+        json.loads(doc, object_pairs_hook=_no_key_twice)  # the keys of every object (C but the hook)
+        return None
+    except RecursionError as exc:
+        return "invalid JSON", f"an event of the text starting at line {line0} nests too deep: {exc}"
+    except _Twice:
+        pass
+    text, i = doc.decode("utf-8", "surrogatepass"), 1  # (error path) which element: one at a time
+    while True:
+        while text[i] in " \t\r\n,":
+            i += 1
+        if text[i] == "]":
+            return "duplicate key", f"the text starting at line {line0}: a key twice in one object"  # (not reached)
+        try:
+            i = _pairs_checker.raw_decode(text, i)[1]
+        except _Twice as exc:
+            where = f"line {line0 + text.count(chr(10), 0, i)}"
+            return "duplicate key", f"{where}: key {exc.args[0]!r} twice in one object of the event (which value?)"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,15 +7,16 @@ This module imports neither pandas nor dagster.
 ``_tracescan.scan`` (C, built with the package; it runs without the GIL and returns the flow
 columns directly), which takes the batches it can decode exactly as the msgspec schema below
 would and declines the others (odd shapes, non-ASCII text, escapes in kept strings, integers
-beyond int64, any broken rule). A declined batch is decoded in one ``msgspec`` call into typed
-Structs (the schema of ``docs/PHANTORA_FORMATS.md`` section 3: a union tagged by ``cat``; the
-NCCL call is a one-key dict whose key is a ``Literal`` of the six calls, ``dtype`` a ``Literal``
-of the ten dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``) and pulls the flow columns
-out with C-level ``map``/``zip`` passes. Strings are coded through per-decoder tables
-(:class:`CodeTable`); each distinct communicator object text is decoded and validated once.
-Computation events are only summed per host. Times (``ts``, ``dur``) are float64 µs, at most
-:data:`MAX_TIME_US`; counts and bytes int64. The code tables :data:`CALLS` / :data:`DTYPES`
-(indices of the ``call`` / ``dtype`` columns) are shared with the reader and the C scanner.
+beyond int64, a key twice in an object, any broken rule). A declined batch is decoded in one
+``msgspec`` call (its keys then checked by ``trace_batches.duplicate_key``) into typed Structs
+(the schema of ``docs/PHANTORA_FORMATS.md`` section 3: a union tagged by ``cat``; the NCCL call
+is a one-key dict whose key is a ``Literal`` of the six calls, ``dtype`` a ``Literal`` of the ten
+dtypes; Computation ``meta`` is skipped as ``msgspec.Raw``) and pulls the flow columns out with
+C-level ``map``/``zip`` passes. Strings are coded through per-decoder tables (:class:`CodeTable`);
+each distinct communicator object text is decoded and validated once. Computation events are
+only summed per host. Times (``ts``, ``dur``) are float64 µs, at most :data:`MAX_TIME_US`; counts
+and bytes int64. The code tables :data:`CALLS` / :data:`DTYPES` (indices of the ``call`` /
+``dtype`` columns) are shared with the reader and the C scanner.
 
 Errors are raised as :class:`BatchError` (rule, detail naming the line) or :class:`NeedWholeDoc`
 (the text is in another layout); ``read_trace`` adds the file name.
@@ -32,7 +33,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
-from phantora_assets.lib.phantora.trace_batches import locator, looks_like_layout
+from phantora_assets.lib.phantora.trace_batches import duplicate_key, locator, looks_like_layout
 from phantora_assets.lib.traffic.ring import CALL_TO_OP, DTYPE_BYTES
 
 _tracescan: types.ModuleType | None  # _tracescan.pyi declares scan()
@@ -102,16 +103,14 @@ class _Payload(msgspec.Struct, gc=False):
     count: int
     dtype: _DType
     comm: msgspec.Raw  # {"rank": r, "id": [128 ints]}: decoded once per distinct text
-    root: int = -1
-    # op / peer / stream are not needed (stream = event tid); "stream": null is accepted.
+    root: int = -1  # op / peer / stream are not needed (stream = event tid); "stream": null is accepted
 
 
 class _CommArgs(msgspec.Struct, gc=False):
     Communication: tuple[_Flow, dict[_CallName, _Payload]]
 
 
-# "ph" is not checked (Phantora writes only complete "X" events).
-class _CommEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Communication"):
+class _CommEvent(msgspec.Struct, gc=False, tag_field="cat", tag="Communication"):  # "ph" is not checked (all "X")
     name: str
     ts: float
     dur: float
@@ -207,8 +206,8 @@ class BatchDecoder:
             return locator(bytes(buf[1 : end - 1]), offset, line_of)(i)
 
         if self.fast and _tracescan is not None:
-            # the compiled scanner takes the batches it decodes exactly as msgspec would; for any
-            # other batch (and to name a broken rule) msgspec decodes it below
+            # the compiled scanner takes the batches it decodes exactly as msgspec would; any other
+            # batch (one with a key twice, one breaking a rule) msgspec decodes below, naming the rule
             with memoryview(buf) as whole, whole[:end] as batch:
                 res = _tracescan.scan(batch, _CALLS_B, _DTYPES_B)
             cols = self._scanned(res)
@@ -231,6 +230,8 @@ class BatchDecoder:
             m = re.search(r"byte (\d+)", str(exc))
             ln = line_of(offset) + body.count(b"\n", 0, max(0, int(m.group(1)) - 1)) if m else "?"
             raise BatchError("invalid JSON", f"line {ln}: {exc}") from None
+        if (twice := duplicate_key(bytes(view), line_of(offset))) is not None:  # msgspec kept the last
+            raise BatchError(*twice)
         cols = self._columns(events, where)  # on error buf is abandoned: no release needed
         del events  # drops every msgspec.Raw into buf, so that buf can be resized
         view.release()

@@ -76,7 +76,7 @@ SPAN_COLUMNS: dict[str, str] = {
     "end_us": "float64",  # <= step_time_us
 }
 
-_HOST_RE = re.compile(r"host-([0-9]+)")
+_HOST_RE = re.compile(r"host-([1-9][0-9]{0,18})")  # as chrome_trace reads hosts: host-01 is not host-1
 
 
 class _Host(msgspec.Struct):
@@ -104,8 +104,8 @@ _comp_args_list = msgspec.json.Decoder(list[_CompArgs])
 def node_of(host: str) -> int:
     """``host-k`` -> node ``k - 1``."""
     m = _HOST_RE.fullmatch(host)
-    if not m or int(m.group(1)) < 1:
-        raise ValueError(f"{host!r} is not of the form host-<k>, k >= 1")
+    if not m:
+        raise ValueError(f"{host!r:.80} is not of the form host-<k>, k >= 1 written without leading zeros")
     return int(m.group(1)) - 1
 
 
