@@ -97,15 +97,23 @@ def _load() -> str:
 
 
 def _share_scanner(src: Path) -> None:
-    """Give the exported baseline this checkout's compiled trace scanner when its C source is the
-    same file (``git archive`` exports no build products; without it the baseline would read traces
-    on the slower msgspec path and look slower than it is)."""
+    """Give the exported baseline a compiled trace scanner (``git archive`` exports no build
+    products; without it the baseline would read traces on the slower pure-Python path and look
+    slower than it is): this checkout's when its C source is the same file, else the baseline's own
+    source compiled as ``pip install`` would (``-O3``, the Python headers)."""
+    import sysconfig
+
     ours = ROOT / "phantora_assets" / "lib" / "phantora" / "_tracescan.c"
     built = sorted(ours.parent.glob("_tracescan*.so"))
     for c in src.rglob("_tracescan.c"):
         if built and ours.is_file() and c.read_bytes() == ours.read_bytes():
             shutil.copy2(built[0], c.parent / built[0].name)
             print(f"baseline: using this checkout's compiled scanner for {c.relative_to(src)} (same source)")
+            continue
+        out = c.parent / ("_tracescan" + sysconfig.get_config_var("EXT_SUFFIX"))
+        cc = ["gcc", "-O3", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(c), "-o", str(out)]
+        subprocess.run(cc, check=True)
+        print(f"baseline: compiled its own scanner {c.relative_to(src)} (-O3)")
 
 
 #: user and system CPU seconds of the last :func:`_timed` command (its whole process tree)
