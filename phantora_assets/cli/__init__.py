@@ -171,14 +171,25 @@ def run() -> None:
     multiprocessing's children, temporary folders) and the standard streams are flushed; then the
     process ends (``os._exit``) instead of freeing every object and module one by one, which took
     0.8 s after a build's last line (~300k objects). Every output was already closed and renamed
-    into place. An exception (``SystemExit`` of argparse included) ends the process the usual way."""
+    into place. An exception (``SystemExit`` of argparse included) ends the process the usual way.
+    Output that cannot be written at that flush (a full disk, a file size limit) is said on stderr
+    and the exit code is 120, as the interpreter's own exit does; a reader that left (``| head``)
+    and a stream that is closed or absent (``>&-``) are not errors."""
     import atexit
 
     code = main()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (| head) or stream: nothing more to show
+            if stream is not None:
+                stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader is gone, or the stream closed
             pass
+        except OSError as exc:
+            code = code or 120
+            try:
+                os.write(2, f"phantora-assets: output lost: writing {name} failed: {exc}\n".encode())
+            except OSError:
+                pass
     os._exit(code)
