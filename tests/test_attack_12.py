@@ -65,3 +65,36 @@ def test_a_closed_stdout_is_not_a_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_build_whose_reader_left_exits_with_the_builds_outcome(tmp_path: Path) -> None:
+    """`phantora-assets build | head -1`: a build whose stdout reader is gone (here before the first
+    line) still ends with its outcome's code, without a traceback, and its runs are on the instance.
+    Was: the BrokenPipeError of the first run line ended it with a traceback and exit 1 after a
+    successful build."""
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has left
+    data = tmp_path / "data"
+    env = _env()
+    env.pop("DAGSTER_HOME", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(data), "--no-plots"]
+            + ["--run", "phantora_l40s_W1_2x1", "--run", "phantora_l40s_W2_2x1"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    with DagsterInstance.from_config(str(data / "dagster_home")) as instance:
+        runs = instance.get_runs()
+        assert {r.job_name for r in runs} == {"perf_dbs", "all_runs", "dataset"}
+        assert all(r.status == DagsterRunStatus.SUCCESS for r in runs), [(r.job_name, r.status) for r in runs]

@@ -272,27 +272,33 @@ def _build_in(
         finally:
             runs.launcher.shutdown()
             gc.unfreeze()
-        failures = 0
-        rows = []
-        for spec in specs:
-            status = _status(paths, spec, done[spec.run_id], instance)
-            failures += status.startswith("FAILED")
-            rows.append((spec.run_id, status))
-            if not quiet:
-                print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
+        rows = [(spec, _status(paths, spec, done[spec.run_id], instance)) for spec in specs]
+        failures = sum(status.startswith("FAILED") for _, status in rows)
+        dataset_errs = None
         if dataset.status.value != "SUCCESS":
             failures += 1
-            errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
-            print(f"dataset: FAILED: {'; '.join(errs)[:300]}", file=sys.stderr)
-        elapsed = time.perf_counter() - t0
-        print(
-            f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({runs.jobs} worker{'s' if runs.jobs > 1 else ''}): "
-            f"{sum(r[1].startswith('ok') for r in rows)} ok, "
-            f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
-            f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
-        )
-        print(f"dataset:     {paths.dataset_dir.resolve()}")
-        print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
-        print(f"run folders: {(paths.root / 'traces').resolve()}")
-        print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")
+            dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+        try:
+            _report(paths, rows, dataset_errs, time.perf_counter() - t0, runs.jobs, home, quiet)
+        except BrokenPipeError:  # the reader left (| head): the exit code still tells the outcome
+            pass
         return 1 if failures else 0
+
+
+def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, home: str, quiet: bool) -> None:
+    """The build's last lines: each run's status, the dataset's failure, the counts and where things are."""
+    if not quiet:
+        for spec, status in rows:
+            print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
+    if dataset_errs is not None:
+        print(f"dataset: FAILED: {'; '.join(dataset_errs)[:300]}", file=sys.stderr)
+    print(
+        f"\nbuilt {len(rows)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
+        f"{sum(r[1].startswith('ok') for r in rows)} ok, "
+        f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
+        f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
+    )
+    print(f"dataset:     {paths.dataset_dir.resolve()}")
+    print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
+    print(f"run folders: {(paths.root / 'traces').resolve()}")
+    print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")
