@@ -98,3 +98,54 @@ def test_a_build_whose_reader_left_exits_with_the_builds_outcome(tmp_path: Path)
         runs = instance.get_runs()
         assert {r.job_name for r in runs} == {"perf_dbs", "all_runs", "dataset"}
         assert all(r.status == DagsterRunStatus.SUCCESS for r in runs), [(r.job_name, r.status) for r in runs]
+
+
+def _drain(fd: int) -> None:
+    while os.read(fd, 1 << 16):
+        pass
+
+
+def test_sigterm_while_the_build_reports_exits_143_with_a_message(tmp_path: Path) -> None:
+    """SIGTERM after every run ended, while the build prints its report (here: held in a write to a
+    full pipe, as with a paused terminal or a slow reader): exit 143 and the "build stopped" message,
+    as at any other moment. Was: a `_Terminated: SIGTERM` traceback and exit 1."""
+    import fcntl
+    import threading
+    import time
+
+    read, write = os.pipe()
+    fcntl.fcntl(write, 1031, 4096)  # F_SETPIPE_SZ: one page
+    os.set_blocking(write, False)
+    try:
+        while True:
+            os.write(write, b"x" * 512)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write, True)  # full: the build's first line of output waits for a reader
+    env = _env()
+    env.pop("DAGSTER_HOME", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(tmp_path / "data"), "--no-plots"]
+        + ["--run", "phantora_l40s_W1_2x1", "--run", "phantora_l40s_W3_2x1"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    os.close(write)
+    try:
+        deadline = time.monotonic() + 300
+        while "pipe_write" not in Path(f"/proc/{proc.pid}/wchan").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "the build never wrote its report"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        threading.Thread(target=_drain, args=(read,), daemon=True).start()  # the reader comes back
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "build stopped: terminated (SIGTERM)" in err, err
+    assert "Traceback" not in err, err
