@@ -149,3 +149,31 @@ def test_sigterm_while_the_build_reports_exits_143_with_a_message(tmp_path: Path
     assert proc.returncode == 143, err
     assert "build stopped: terminated (SIGTERM)" in err, err
     assert "Traceback" not in err, err
+
+
+def test_a_reader_that_leaves_mid_output_is_not_a_traceback(tmp_path: Path) -> None:
+    """`phantora-assets query "..." --format csv | head -1` on a result larger than stdout's buffer:
+    the reader leaves while the rows are written. Exit 141 (128 + SIGPIPE, as a shell reports `seq
+    | head`), nothing on stderr. Was: a BrokenPipeError traceback from the csv writer, exit 1."""
+    import duckdb
+
+    data = tmp_path / "data"
+    data.mkdir()
+    duckdb.connect(str(data / "phantora.duckdb")).close()
+    read, write = os.pipe()
+    os.close(read)  # the reader has left
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "phantora_assets.cli", "query", "select * from range(200000)"]
+            + ["--format", "csv", "--data-dir", str(data)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == "", proc.stderr

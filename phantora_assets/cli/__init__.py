@@ -174,10 +174,21 @@ def run() -> None:
     into place. An exception (``SystemExit`` of argparse included) ends the process the usual way.
     Output that cannot be written at that flush (a full disk, a file size limit) is said on stderr
     and the exit code is 120, as the interpreter's own exit does; a reader that left (``| head``)
-    and a stream that is closed or absent (``>&-``) are not errors."""
+    and a stream that is closed or absent (``>&-``) are not errors. A reader that leaves while
+    ``main`` writes (``query ... | head``) ends it with 141 (128 + SIGPIPE, as a shell reports a
+    writer that the pipe ended), without a traceback."""
     import atexit
 
-    code = main()
+    try:
+        code = main()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # another pipe (e.g. to a run worker): a real error
+            raise
+        code = 141
+        try:  # what is left in stdout's buffer has no reader either: drop it at the flush below
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
     atexit._run_exitfuncs()
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -193,3 +204,15 @@ def run() -> None:
             except OSError:
                 pass
     os._exit(code)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end was closed (poll says POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
