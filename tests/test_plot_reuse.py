@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -65,3 +66,45 @@ def test_a_plot_that_raises_drops_its_kept_figure(built, tmp_path) -> None:
         plots.step_anatomy_chart(spans, broken, "r", step, 71000.0)
     assert "step_anatomy" not in figures._KEPT
     assert plots.step_anatomy_chart(spans, rows, "r", step, 71000.0) == good
+
+
+def _bins(n: int, value: float = 1e9) -> pd.DataFrame:
+    """``n`` 100 ms bins of traffic host-1 -> host-2 and back (``value`` bytes each)."""
+    t = [i * 0.1 for i in range(n) for _ in (0, 1)]
+    return pd.DataFrame({"t": t, "bytes": value, "src_node": [0, 1] * n, "dst_node": [1, 0] * n})
+
+
+def _link_bins(n: int, value: float = 1e9) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "t": [i * 0.1 for i in range(n)],
+            "bytes": value,
+            "bin_s": 0.1,
+            "capacity_bps": 1e11,
+            "link_id": 0,
+            "link_class": "host_up",
+            "routes": "ecmp",
+        }
+    )
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")
+@pytest.mark.parametrize(
+    "draw_busy, draw_idle",
+    [
+        # a run without any network bin (one host) after a busy one
+        (lambda: plots.timeseries(_bins(50), "busy", 0.1), lambda: plots.timeseries(_bins(0), "idle", 0.1)),
+        # bins whose bytes are NaN: nothing to autoscale on either
+        (lambda: plots.timeseries(_bins(50), "busy", 0.1), lambda: plots.timeseries(_bins(3, np.nan), "idle", 0.1)),
+        (lambda: plots.link_utilisation(_link_bins(50), "busy"), lambda: plots.link_utilisation(_link_bins(0), "idle")),
+    ],
+    ids=["timeseries-no-bins", "timeseries-nan", "link_utilisation-no-bins"],
+)
+def test_a_run_with_no_data_after_a_busy_one_does_not_keep_its_axis_range(draw_busy, draw_idle) -> None:
+    """Found by the issue-12 attack: the y range of a kept axes with nothing to autoscale on was the
+    previous run's (80-160 Gbit/s ticks on an empty plot) where a new figure shows its default."""
+    figures._KEPT.clear()
+    draw_busy()
+    kept = draw_idle()
+    figures._KEPT.clear()
+    assert kept == draw_idle()

@@ -171,14 +171,48 @@ def run() -> None:
     multiprocessing's children, temporary folders) and the standard streams are flushed; then the
     process ends (``os._exit``) instead of freeing every object and module one by one, which took
     0.8 s after a build's last line (~300k objects). Every output was already closed and renamed
-    into place. An exception (``SystemExit`` of argparse included) ends the process the usual way."""
+    into place. An exception (``SystemExit`` of argparse included) ends the process the usual way.
+    Output that cannot be written at that flush (a full disk, a file size limit) is said on stderr
+    and the exit code is 120, as the interpreter's own exit does; a reader that left (``| head``)
+    and a stream that is closed or absent (``>&-``) are not errors. A reader that leaves while
+    ``main`` writes (``query ... | head``) ends it with 141 (128 + SIGPIPE, as a shell reports a
+    writer that the pipe ended), without a traceback."""
     import atexit
 
-    code = main()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (| head) or stream: nothing more to show
+    try:
+        code = main()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # another pipe (e.g. to a run worker): a real error
+            raise
+        code = 141
+        try:  # what is left in stdout's buffer has no reader either: drop it at the flush below
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
             pass
+    atexit._run_exitfuncs()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            if stream is not None:
+                stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader is gone, or the stream closed
+            pass
+        except OSError as exc:
+            code = code or 120
+            try:
+                os.write(2, f"phantora-assets: output lost: writing {name} failed: {exc}\n".encode())
+            except OSError:
+                pass
     os._exit(code)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end was closed (poll says POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False

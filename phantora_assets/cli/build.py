@@ -249,14 +249,7 @@ def _build_in(
             done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
             dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
         except (BuildAborted, KeyboardInterrupt) as e:
-            if isinstance(e, BuildAborted):
-                why = str(e)
-            elif isinstance(e, _Terminated) and e.signum == signal.SIGHUP:
-                why = "hung up (SIGHUP: its terminal closed)"
-            elif isinstance(e, _Terminated):
-                why = f"terminated ({e.args[0]})"
-            else:
-                why = "interrupted (Ctrl-C / SIGINT)"
+            why = str(e) if isinstance(e, BuildAborted) else _why(e)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
                 signal.signal(sig, signal.SIG_IGN)  # clean-up short (restored by _signals_interrupt)
             runs.stop(why)
@@ -266,33 +259,57 @@ def _build_in(
                 print(msg, file=sys.stderr)
             except OSError:
                 pass
-            if isinstance(e, _Terminated):
-                return 128 + e.signum  # 143 for SIGTERM, 129 for SIGHUP
-            return 130 if isinstance(e, KeyboardInterrupt) else 1
+            return _signal_code(e) if isinstance(e, KeyboardInterrupt) else 1
         finally:
             runs.launcher.shutdown()
             gc.unfreeze()
-        failures = 0
-        rows = []
-        for spec in specs:
-            status = _status(paths, spec, done[spec.run_id], instance)
-            failures += status.startswith("FAILED")
-            rows.append((spec.run_id, status))
-            if not quiet:
-                print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
-        if dataset.status.value != "SUCCESS":
-            failures += 1
-            errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
-            print(f"dataset: FAILED: {'; '.join(errs)[:300]}", file=sys.stderr)
-        elapsed = time.perf_counter() - t0
-        print(
-            f"\nbuilt {len(specs)} runs in {elapsed:.1f} s ({runs.jobs} worker{'s' if runs.jobs > 1 else ''}): "
-            f"{sum(r[1].startswith('ok') for r in rows)} ok, "
-            f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
-            f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
-        )
-        print(f"dataset:     {paths.dataset_dir.resolve()}")
-        print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
-        print(f"run folders: {(paths.root / 'traces').resolve()}")
-        print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")
+        try:
+            rows = [(spec, _status(paths, spec, done[spec.run_id], instance)) for spec in specs]
+            failures = sum(status.startswith("FAILED") for _, status in rows)
+            dataset_errs = None
+            if dataset.status.value != "SUCCESS":
+                failures += 1
+                dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+            _report(paths, rows, dataset_errs, time.perf_counter() - t0, runs.jobs, home, quiet)
+        except BrokenPipeError:  # the reader left (| head): the exit code still tells the outcome
+            pass
+        except KeyboardInterrupt as e:  # every run had ended: only the report is cut short
+            try:
+                print(f"\nbuild stopped: {_why(e)} while reporting; every run had ended", file=sys.stderr)
+            except OSError:
+                pass
+            return _signal_code(e)
         return 1 if failures else 0
+
+
+def _why(e: KeyboardInterrupt) -> str:
+    """What stopped the build, for its last message."""
+    if isinstance(e, _Terminated) and e.signum == signal.SIGHUP:
+        return "hung up (SIGHUP: its terminal closed)"
+    if isinstance(e, _Terminated):
+        return f"terminated ({e.args[0]})"
+    return "interrupted (Ctrl-C / SIGINT)"
+
+
+def _signal_code(e: KeyboardInterrupt) -> int:
+    """128 + the signal, as a shell reports a process it ended: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP."""
+    return 128 + e.signum if isinstance(e, _Terminated) else 130
+
+
+def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, home: str, quiet: bool) -> None:
+    """The build's last lines: each run's status, the dataset's failure, the counts and where things are."""
+    if not quiet:
+        for spec, status in rows:
+            print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
+    if dataset_errs is not None:
+        print(f"dataset: FAILED: {'; '.join(dataset_errs)[:300]}", file=sys.stderr)
+    print(
+        f"\nbuilt {len(rows)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
+        f"{sum(r[1].startswith('ok') for r in rows)} ok, "
+        f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
+        f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
+    )
+    print(f"dataset:     {paths.dataset_dir.resolve()}")
+    print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
+    print(f"run folders: {(paths.root / 'traces').resolve()}")
+    print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")

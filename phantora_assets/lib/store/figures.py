@@ -74,7 +74,9 @@ def kept_figure(name: str, rects: Sequence[Rect]) -> Iterator[tuple[Any, list[An
 
 def _empty(fig, axes: list[Any]) -> None:
     """Remove what a plot added (figure texts, and each axes' artists and legend), clear titles and
-    axis labels, and make the data limits empty and autoscaled again, as on a new axes."""
+    axis labels, and make the data limits empty and autoscaled again, as on a new axes: the view
+    limits back to the unit box a new axes has, else a run with no data to autoscale on (no network
+    bin, NaN) kept the previous run's y range."""
     for t in list(fig.texts):
         t.remove()
     for ax in axes:
@@ -87,6 +89,8 @@ def _empty(fig, axes: list[Any]) -> None:
         ax.set_xlabel("")
         ax.set_ylabel("")
         ax.dataLim.set_points(np.array([[np.inf, np.inf], [-np.inf, -np.inf]]))
+        ax._stale_viewlims = dict.fromkeys(ax._stale_viewlims, False)
+        ax._viewLim.set_points(np.array([[0.0, 0.0], [1.0, 1.0]]))  # not mutated: autoscale decides
         ax.ignore_existing_data_limits = True
         ax.set_autoscale_on(True)
 
