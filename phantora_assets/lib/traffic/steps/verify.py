@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _fail, _Periodicity, _step_table
+from phantora_assets.lib.traffic.steps.cut import _Calls, _Cut, _fail, _Periodicity, _step_table
 
 #: Hosts whose compute sequence is read (first, middle and last by name): enough to agree on one
 #: rhythm, and bounded work on a trace of thousands of hosts.
@@ -36,7 +36,7 @@ TOKEN_REL_TOL = 0.01
 AGREE_REL_TOL = 0.10
 #: Steps that are no rhythm are kept (as late steps) when at most this share is off the median.
 LATE_SHARE = 0.15
-#: The longest cycle of steps read as one step of several parts (as ``step_coarse.MAX_REPETITIONS``).
+#: The longest cycle of steps read as one step of several parts (as ``coarse.MAX_REPETITIONS``).
 MAX_CYCLE = 64
 #: A cycle of steps is one step of several parts when its off-median steps take this share of its time.
 PARTS_SHARE = 0.25
