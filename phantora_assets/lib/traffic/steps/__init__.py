@@ -85,7 +85,17 @@ Definitions used here (all documented choices):
   communicator is used in the run's first step) lacks its LAST steps, not its first: it is numbered
   from step 0 and the steps it lacks are not steady (the last steady step is then timed by the
   next step's start). Kept only when that cut passes the time check and its steps are ordered in
-  time. Left open: a cut inside one communicator's pattern rotates its periods.
+  time.
+* **A trace cut inside a pattern** (:func:`~phantora_assets.lib.traffic.steps.align._head_aligned`):
+  the run starts with a step, its end can be anywhere. An anchor sequence periodic from its first
+  call (its periodic tail covers it) whose calls are no whole number of periods ends inside its last
+  period (the last iteration holds the first calls of its pattern): counted from the end, each of its
+  periods would hold the end of one iteration and the start of the next. Then every anchor periodic
+  from its first call is numbered from step 0 (its periods start with its first call, the calls after
+  its last full period are the last step, not steady), and an anchor with calls before its periodic
+  tail (a warm-up) takes the step whose start its first full period follows. Kept only when that cut
+  passes the time check and its steps are ordered in time (a first step lacking its first calls fails
+  it), else the cut from the end stands.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
   first call precedes the anchors' first step (its calls open a step, as the first step shows; the
   anchors' warm-up calls before their first full period left out): then the calls ending the gap that

@@ -178,10 +178,12 @@ def _cut(
     warmup_steps: int,
     src: str,
     shift: dict[int, int] | None = None,
+    head: dict[int, int] | None = None,
 ) -> _Cut:
     """Number the full periods of every anchor sequence (aligned to its end, or ``shift[i]`` steps
     before it: the trace ends inside that sequence's next ``shift[i]`` steps, which are then not
-    steady), assign the time-assigned sequences by the anchors' steps, build the step table and
+    steady; or from its call ``head[i]`` on, its calls after its last full period in the next step),
+    assign the time-assigned sequences by the anchors' steps, build the step table and
     check that every anchor sequence's first call of a steady step comes before the next step starts.
 
     A time-assigned call between two steps of the anchors (after the last anchor call of one, before
@@ -208,9 +210,9 @@ def _cut(
             f"{cs.name(hi)} has {counts[hi]} steps (period {period[hi]} calls) but "
             f"{cs.name(lo)} has {counts[lo]} (period {period[lo]} calls)",
         )
-    n_steps = n_max
     sh = {i: (shift or {}).get(i, 0) for i in anchors}
-    first_steady = max(n_max - counts[i] - sh[i] for i in anchors) + warmup_steps
+    n_steps = max(n_max, *(counts[i] + sh[i] for i in anchors))
+    first_steady = max(n_steps - counts[i] - sh[i] for i in anchors) + warmup_steps
     # with time-assigned sequences the last step is cut short by the end of the trace
     n_complete = n_steps - max(sh.values()) - (1 if by_time else 0)
     if first_steady >= n_complete:
@@ -224,7 +226,10 @@ def _cut(
     for i in anchors:
         q_arr[i], nper[i], lead[i] = period[i], counts[i], n_steps - counts[i] - sh[i]
     local = cs.call_no - cs.seq_call_start[seq_id]  # call index within its sequence
-    first_full = cs.seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
+    first_full = cs.seq_len - nper * q_arr
+    for i, h in (head or {}).items():
+        first_full[i] = h
+    first_full = first_full[seq_id]
     rel = local - first_full
     step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0), lead[seq_id] + rel // q_arr[seq_id], -1)
     if by_time:
@@ -290,30 +295,6 @@ def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray
     step[gi[gi < opens[step[gi]]]] -= 1
     step = np.where(step < n_steps, step, -1)
     return step[cs.call_no[cs.seq_start[i] : cs.seq_end[i]] - g0]
-
-
-def _start_aligned(cs: _Calls, cut: _Cut, repeating: list[int], warmup_steps: int, src: str) -> _Cut:
-    """``cut`` renumbered when the trace ends inside its last step (steps module docstring, "A trace
-    cut short"): every anchor sequence with fewer full periods than the most and no call before its
-    first full period is numbered from step 0, so the steps it lacks are the last ones, which are not
-    steady. Kept only when that cut holds (the check of :func:`_cut`, steps ordered in time); else
-    ``cut``, unchanged."""
-    shift = {}
-    for i in cut.anchors:
-        missing = cut.n_steps - cut.counts[i]
-        if missing and int(cs.seq_len[i]) == cut.counts[i] * cut.period[i]:
-            shift[i] = missing
-    if not shift:
-        return cut
-    period = {i: cut.period[i] for i in cut.anchors}
-    try:
-        got = _cut(cs, period, dict(cut.counts), list(cut.by_time), repeating, warmup_steps, src, shift)
-    except StepDetectionError:
-        return cut
-    rows = (got.step_sorted >= 0) & np.isin(cs.seq_id, np.asarray(got.anchors))
-    span = pd.Series(cs.ts_s[rows]).groupby(got.step_sorted[rows]).agg(["min", "max"])
-    in_order = bool((span["max"].to_numpy()[:-1] <= span["min"].to_numpy()[1:]).all())
-    return got if in_order else cut
 
 
 def _step_table(

@@ -10,6 +10,7 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
+from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
 from phantora_assets.lib.traffic.steps.coarse import (
     _coarse_cut,
     _coarser,
@@ -26,7 +27,6 @@ from phantora_assets.lib.traffic.steps.cut import (
     _Periodicity,
     _primary_periods,
     _sequences,
-    _start_aligned,
 )
 from phantora_assets.lib.traffic.steps.verify import (
     agree_with_compute,
@@ -215,7 +215,7 @@ def detect_steps(
             coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
             if not isinstance(coarse, str):
                 cut = coarse
-    cut = _start_aligned(cs, cut, repeating, warmup_steps, src)
+    cut = _head_aligned(cs, _start_aligned(cs, cut, repeating, warmup_steps, src), per, repeating, warmup_steps, src)
     coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
     cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
     if rhythm is None:

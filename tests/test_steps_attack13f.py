@@ -1,0 +1,70 @@
+"""Sixth pass over step detection (issue 13): runs found silently wrong by ``benchmarks/steps_fuzz.py``
+(seeds 300-899, flows only and ``--with-compute``), each reduced to a run with a known ground truth
+(iterations ``T`` apart). Each test's "was:" comment says what ``detect_steps`` returned before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_steps import FlowBuilder
+
+from phantora_assets.lib.traffic.steps import detect_steps
+
+T = 1000.0
+RING = [0, 1, 2, 3]
+
+
+def _compute(starts: np.ndarray) -> pd.DataFrame:
+    """Three kernels an iteration (at 0, 170 and 800 us of it) on each host."""
+    rows = [
+        (h, s + o, d)
+        for s in starts
+        for o, d in ((0.0, 150.0), (170.0, 60.0), (800.0, 90.0))
+        for h in ("host-1", "host-2")
+    ]
+    return pd.DataFrame(rows, columns=["host", "ts_us", "dur_us"])
+
+
+def _iteration(flows: pd.DataFrame, starts: np.ndarray) -> np.ndarray:
+    return np.searchsorted(starts, flows["ts_us"].to_numpy(), side="right") - 1
+
+
+def _cut_inside_a_pattern(n: int, cut_at: float) -> tuple[pd.DataFrame, np.ndarray]:
+    """``n`` iterations: a ring of 4 ranks with three calls (86, 311 and 839 us into each iteration) and a
+    pair with one (512 us); the trace ends ``cut_at`` us into the last iteration."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    starts = 100.0 + T * np.arange(n)
+    for s in starts:
+        for off, (op, count) in zip((86.0, 311.0, 839.0), (("all_gather", 8), ("all_reduce", 4096), ("all_gather", 8))):
+            fb.ring("00000000000d0000", RING, op, count, "F32", s + off, 1)
+        fb.ring("00000000000d0001", [0, 2], "all_reduce", 1024, "F32", s + 512.0, 1)
+    flows = fb.frame()
+    return flows[flows["ts_us"] < starts[-1] + cut_at].reset_index(drop=True), starts
+
+
+# was (fuzz seeds 305, 308, 326, ...: 'misplaced (rotated)'): "a trace cut 358 us into its last
+#    iteration (two of the ring's three calls in it): the ring's periods counted from its end each held
+#    the last call of one iteration and the first two of the next; the steps started 839 us into an
+#    iteration: step time right, every steady step holding flows of two iterations"
+@pytest.mark.parametrize("with_compute", [False, True])
+def test_trace_cut_inside_a_pattern_keeps_the_steps_at_the_iteration_starts(with_compute):
+    flows, starts = _cut_inside_a_pattern(12, 358.0)
+    sr = detect_steps(
+        flows, compute=_compute(starts)[lambda c: c["ts_us"] < flows["ts_us"].max()] if with_compute else None
+    )
+    assert len(sr.steps) == 12
+    np.testing.assert_allclose(sr.steps["start_us"].to_numpy(), starts + 86.0)
+    assert sr.step_time_us == T
+    assert sr.steady_steps == list(range(1, 11))  # the last step, cut short, is not steady
+    steady = sr.flows["step"].to_numpy() >= 0
+    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])
+
+
+def test_trace_cut_after_a_whole_pattern_is_unchanged():
+    flows, starts = _cut_inside_a_pattern(12, 900.0)  # every call of the last iteration in the trace
+    sr = detect_steps(flows)
+    assert len(sr.steps) == 12 and sr.step_time_us == T
+    np.testing.assert_allclose(sr.steps["start_us"].to_numpy(), starts + 86.0)
+    steady = sr.flows["step"].to_numpy() >= 0
+    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])
