@@ -68,3 +68,21 @@ def test_trace_cut_after_a_whole_pattern_is_unchanged():
     np.testing.assert_allclose(sr.steps["start_us"].to_numpy(), starts + 86.0)
     steady = sr.flows["step"].to_numpy() >= 0
     np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])
+
+
+# was (fuzz seeds 572, 578): "one pair whose iteration is a 2-call block three times (376, 395; 595, 638;
+#    736, 836 us), the trace cut 820 us into its last iteration: the steps of three blocks (the gaps'
+#    cycle) were counted from the end, so each started 736 us into an iteration"
+def test_steps_of_several_blocks_cut_inside_the_last_iteration_start_with_the_first_block():
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    starts = 100.0 + T * np.arange(23)
+    for s in starts:
+        for off in (376.0, 395.0, 595.0, 638.0, 736.0, 836.0):
+            fb.ring("00000000000d0000", [0, 1], "all_gather", 4096, "F32", s + off, 1)
+    flows = fb.frame()
+    flows = flows[flows["ts_us"] < starts[-1] + 820.0].reset_index(drop=True)
+    sr = detect_steps(flows)
+    assert len(sr.steps) == 23 and sr.step_time_us == T
+    np.testing.assert_allclose(sr.steps["start_us"].to_numpy(), starts + 376.0)
+    steady = sr.flows["step"].to_numpy() >= 0
+    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])

@@ -95,7 +95,8 @@ Definitions used here (all documented choices):
   its last full period are the last step, not steady), and an anchor with calls before its periodic
   tail (a warm-up) takes the step whose start its first full period follows. Kept only when that cut
   passes the time check and its steps are ordered in time (a first step lacking its first calls fails
-  it), else the cut from the end stands.
+  it), else the cut from the end stands. Steps of several periods (``g`` times as many calls:
+  "Steps in rhythm", "Compute rhythm") are aligned the same way and by "A trace cut short".
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
   first call precedes the anchors' first step (its calls open a step, as the first step shows; the
   anchors' warm-up calls before their first full period left out): then the calls ending the gap that

@@ -215,8 +215,15 @@ def detect_steps(
             coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
             if not isinstance(coarse, str):
                 cut = coarse
-    cut = _head_aligned(cs, _start_aligned(cs, cut, repeating, warmup_steps, src), per, repeating, warmup_steps, src)
-    coarser = lambda g: _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src)
+    aligned = lambda c: _head_aligned(
+        cs, _start_aligned(cs, c, repeating, warmup_steps, src), per, repeating, warmup_steps, src
+    )
+    cut = aligned(cut)
+    coarser = lambda g: (
+        c
+        if isinstance(c := _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src), str)
+        else aligned(c)
+    )
     cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
     if rhythm is None:
         cut = steps_in_rhythm(cut, coarser, src)
