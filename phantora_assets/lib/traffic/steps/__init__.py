@@ -134,7 +134,11 @@ Definitions used here (all documented choices):
   (every communicators' step start is a step start; each boundary half-way into the shortest quiet
   time before an iteration's first call, so a call between two iterations stays in its own): the
   extra collective then sits in some steady steps only, and the blocking ``steps_match`` check
-  names them. Steps of ``1/g`` compute period by their mean (two equal gradient buckets per step read as two
+  names them. A re-cut with a step boundary inside a communicator's own period (its primitive period,
+  at most its calls a step, a whole number of them in its periodic tail, so their phase is known;
+  :func:`~phantora_assets.lib.traffic.steps.align.split_period`) would start every step mid-iteration
+  (the phase taken from an irregular collective's steps): ``"steps disagree with compute"``.
+  Steps of ``1/g`` compute period by their mean (two equal gradient buckets per step read as two
   steps) are replaced by the steps of ``g`` times as many calls of the reference sequence when those
   agree with the rhythm. Any other disagreement, or a re-cut whose steady steps mostly differ, is
   :class:`StepDetectionError` ``"steps disagree with compute"``.

@@ -6,8 +6,11 @@ stopped inside its last iteration) breaks that: a communicator with no call in t
 lacks its last step (:func:`_start_aligned`), and one whose last iteration holds only the first calls
 of its pattern ends with a part of a period, so its periods counted from the end are rotated: each
 holds the end of one iteration and the start of the next (:func:`_head_aligned`).
+The same phase question for steps re-cut at the compute rhythm: :func:`split_period` (a step
+boundary inside a communicator's own period).
 
-Raises nothing: a cut that does not hold is not taken (the callers keep the one they have).
+Raises nothing: a cut that does not hold is not taken (the callers keep the one they have); a
+split period is returned as the reason the caller refuses.
 """
 
 from __future__ import annotations
@@ -84,3 +87,21 @@ def _head_aligned(
     except StepDetectionError:
         return cut
     return got if _in_order(cs, got) else cut
+
+
+def split_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
+    """Why ``cut`` (steps re-cut at the compute rhythm) splits a sequence's own period, or None (steps
+    module docstring, "Compute rhythm"): a sequence whose primitive period ``p`` (a whole number of them
+    in its periodic tail, so their phase is known) is at most its calls per step has a step boundary
+    inside one of them: the steps start mid-iteration."""
+    for i, p in prim.items():
+        n, tail = int(cs.seq_len[i]), per[i].tail(p)
+        if tail % p or p > cut.period.get(i, 0):
+            continue
+        g0 = int(cs.seq_call_start[i])
+        step = cut.step_sorted[cs.call_rows[g0 + n - tail : g0 + n]]
+        inside = np.flatnonzero((step[1:] != step[:-1]) & (step[:-1] >= 0) & ((np.arange(1, tail) % p) != 0))
+        if len(inside):
+            t = float(cs.ts_s[cs.call_rows[g0 + n - tail + int(inside[0]) + 1]])
+            return f"{cs.name(i)}: a step starts at {t:.3f} us, inside its period of {p} calls"
+    return None

@@ -10,7 +10,7 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
+from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned, split_period
 from phantora_assets.lib.traffic.steps.coarse import (
     _coarse_cut,
     _coarser,
@@ -224,7 +224,10 @@ def detect_steps(
         if isinstance(c := _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src), str)
         else aligned(c)
     )
-    cut = agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)
+    if (recut := agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)) is not cut:
+        if (split := split_period(cs, per, prim, recut)) is not None:
+            raise _fail(src, "steps disagree with compute", split)
+        cut = recut
     if rhythm is None:
         cut = steps_in_rhythm(cut, coarser, src)
     block = (repeated_block(cs, per, cut) or split_with_extras(cs, cut)) if rhythm is None else None
