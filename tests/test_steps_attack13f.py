@@ -127,3 +127,26 @@ def test_recut_at_the_compute_rhythm_that_splits_a_communicators_period_is_refus
         detect_steps(flows, compute=compute)
     assert ei.value.rule == "steps disagree with compute"
     assert "inside its period of 3 calls" in ei.value.detail
+
+
+# was (fuzz seed 682, flows only and with compute): "two pairs each calling once an iteration at 196 us
+#    (each call up to 5 us late), a 1-element all-reduce every 4th iteration at 65 us on the second:
+#    that one's calls, assigned by time, went to the previous step whenever they came a few us before
+#    the first pair's call that opens the step: step time right, flows of half the steps misplaced"
+@pytest.mark.parametrize("with_compute", [False, True])
+def test_call_issued_with_the_call_opening_a_step_is_in_that_step(with_compute):
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    starts = 100.0 + T * np.arange(24)
+    late = np.random.default_rng(682).uniform(0.0, 5.0, (24, 2))
+    for it, s in enumerate(starts):
+        fb.ring("00000000000d0000", [0, 1], "all_reduce", 8, "F32", s + 196.0 + late[it, 0], 1)
+        if it % 4 == 1:
+            fb.ring("00000000000d0001", [0, 2], "all_reduce", 1, "F32", s + 65.0, 0)
+        fb.ring("00000000000d0001", [0, 2], "all_gather", 4096, "F32", s + 196.0 + late[it, 1], 1)
+    flows = fb.frame()
+    assert (late[:, 1] < late[:, 0]).sum() == 14  # the second pair's call first in 14 iterations
+    sr = detect_steps(flows, compute=_compute(starts) if with_compute else None)
+    assert abs(sr.step_time_us - T) < 5.0
+    steady = (sr.flows["step"].to_numpy() >= 0) & (sr.flows["count"].to_numpy() != 1)
+    assert steady.sum() > 0
+    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])

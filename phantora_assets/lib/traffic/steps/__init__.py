@@ -102,6 +102,8 @@ Definitions used here (all documented choices):
   anchors' warm-up calls before their first full period left out): then the calls ending the gap that
   repeat the end of that head (calls of a kind it lacks passed over: a logging call inside it) open the
   later step, the others (an occasional call just before the next step's head) stay in the earlier one.
+  Calls of a kind that comes within 1 % of a step time of the anchors' step start, just after it in some
+  steps and just before it in others, are issued with the call that opens the step: they open it too.
 * **Occasional collectives** (:func:`~phantora_assets.lib.traffic.steps.verify.occasional`): the
   sequences with the fewest full periods, when the others alone cut steps (sub-period rule, none by
   time) that last the compute rhythm (the few at any steps), or, without one, are a rhythm in time

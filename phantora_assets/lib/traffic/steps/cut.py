@@ -188,10 +188,10 @@ def _cut(
 
     A time-assigned call between two steps of the anchors (after the last anchor call of one, before
     the first of the next) goes to the earlier step, unless the sequence's first call precedes the
-    anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's
-    warm-up calls before its first full period do not count): then the calls
-    ending the gap that repeat the end of that head (other kinds passed over) open the later step
-    (:func:`_opening_steps`).
+    anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's warm-up
+    calls before its first full period do not count): then the calls ending the gap that repeat the end of
+    that head (other kinds passed over) open the later step (:func:`_opening_steps`), as do calls issued
+    with the anchors' first call of it (:func:`_concurrent`).
 
     Raises:
         StepDetectionError: ``"steps disagree"`` (step counts more than ``warmup_steps + 1``
@@ -244,6 +244,7 @@ def _cut(
                 step_sorted[rows] = _opening_steps(cs, i, a_starts, a_lasts, first_anchor)
             else:
                 step_sorted[rows] = np.searchsorted(a_starts, ts_s[rows], side="right") - 1
+            step_sorted[rows] = _concurrent(cs, rows, step_sorted[rows], a_starts, a_lasts)
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
             period[i] = int(np.median(per_step[first_steady:n_complete]))
     steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_complete)
@@ -268,6 +269,23 @@ def _cut(
                 f"(periods {period[s_i]} and {period[o]} calls)",
             )
     return _Cut(period, counts, anchors, by_time, n_steps, first_steady, n_complete, step_sorted, steps, starts)
+
+
+#: A time-assigned call within this share of a step time of the anchors' step start is concurrent with it.
+CONCURRENT_SHARE = 0.01
+
+
+def _concurrent(cs: _Calls, rows: np.ndarray, step: np.ndarray, starts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+    """``step`` (of the sorted ``rows`` of a time-assigned sequence), its calls of a kind that comes within
+    ``CONCURRENT_SHARE`` of a step time of the anchors' step start, just after it in some steps and just
+    before it (after the previous step's anchor calls) in others, in the later step: issued with its first call."""
+    n, ts, tok = len(starts), cs.ts_s[rows], cs.call_tok[cs.call_no[rows]]
+    gaps = np.diff(starts[np.isfinite(starts)])
+    tol = CONCURRENT_SHARE * float(np.median(gaps)) if len(gaps) else 0.0
+    k, nxt = np.clip(step, 0, n - 1), np.clip(step + 1, 0, n - 1)
+    after, before = (step >= 0) & (ts - starts[k] <= tol), (step >= 0) & (step + 1 < n) & (ts > lasts[k])
+    before &= starts[nxt] - ts <= tol
+    return np.where(before & np.isin(tok, np.intersect1d(tok[after], tok[before])), step + 1, step)
 
 
 def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray, first_anchor: float) -> np.ndarray:
