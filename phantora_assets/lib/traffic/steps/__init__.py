@@ -116,7 +116,8 @@ Definitions used here (all documented choices):
   ``"steps ambiguous"`` (:func:`~phantora_assets.lib.traffic.steps.verify.repeated_block`).
 * **Steps in rhythm** (no compute rhythm; :func:`~phantora_assets.lib.traffic.steps.verify.steps_in_rhythm`):
   the steady steps must be a rhythm in time (every gap between step starts within 10 % of their
-  median). Gaps that repeat exactly every ``g >= 2`` steps (at most 64), the off-median ones taking
+  median). Gaps that repeat every ``g >= 2`` steps (at most 64; each within 10 % of the gap ``g``
+  steps later, or of the median gap for a shorter one: a call's jitter), the off-median ones taking
   at least a quarter of the cycle (two calls 120 us apart in a 1000 us iteration give steps of 120 and
   880 us), are a step of ``g`` times as many calls, kept when those steps are a rhythm, else
   ``"steps ambiguous"``; other gaps are kept as late steps (a straggler, a checkpoint step, also every
