@@ -170,3 +170,36 @@ def test_cycle_of_gaps_with_a_short_gap_is_read_despite_a_calls_jitter():
     assert lengths[1:-1].min() * 0.97 <= sr.step_time_us <= lengths[1:-1].max() * 1.03
     steady = sr.flows["step"].to_numpy() >= 0
     np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])
+
+
+def _warm_cut_run(pair: bool) -> tuple[pd.DataFrame, np.ndarray]:
+    """12 iterations, the first a 1400 us warm-up whose ring opens with two extra calls: the ring's three
+    calls a step of ``_cut_inside_a_pattern`` (and with ``pair`` the pair's call at 512 us); the trace
+    ends 358 us into the last iteration (two of the ring's three calls in it)."""
+    fb = FlowBuilder({r: r % 2 for r in range(4)})
+    lengths = np.full(12, T)
+    lengths[0] = 1400.0
+    starts = 100.0 + np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
+    for it, s in enumerate(starts):
+        if it == 0:
+            for k in range(2):
+                fb.ring("00000000000d0000", RING, "all_reduce", 200 + k, "Bf16", s + 2.0 * k, 0)
+        for off, (op, count) in zip((86.0, 311.0, 839.0), (("all_gather", 8), ("all_reduce", 4096), ("all_gather", 8))):
+            fb.ring("00000000000d0000", RING, op, count, "F32", s + off, 1)
+        if pair:
+            fb.ring("00000000000d0001", [0, 2], "all_reduce", 1024, "F32", s + 512.0, 1)
+    flows = fb.frame()
+    return flows[flows["ts_us"] < starts[-1] + 358.0].reset_index(drop=True), starts
+
+
+# was (fuzz seeds 473, 812: 'misplaced (rotated)'): "the ring's warm-up calls before its periodic tail
+#    kept it from being numbered from its first call: its periods, counted from the end, each held the
+#    last call of one iteration and the first two of the next"
+def test_cut_inside_a_pattern_after_warm_up_calls_is_told_by_the_other_communicator():
+    flows, starts = _warm_cut_run(pair=True)
+    sr = detect_steps(flows)
+    assert len(sr.steps) == 12 and sr.step_time_us == T
+    np.testing.assert_allclose(sr.steps["start_us"].to_numpy()[1:], starts[1:] + 86.0)
+    steady = sr.flows["step"].to_numpy() >= 0
+    assert steady.sum() > 0
+    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])

@@ -87,16 +87,21 @@ Definitions used here (all documented choices):
   next step's start). Kept only when that cut passes the time check and its steps are ordered in
   time.
 * **A trace cut inside a pattern** (:func:`~phantora_assets.lib.traffic.steps.align._head_aligned`):
-  the run starts with a step, its end can be anywhere. An anchor sequence periodic from its first
-  call (its periodic tail covers it) whose calls are no whole number of periods ends inside its last
-  period (the last iteration holds the first calls of its pattern): counted from the end, each of its
-  periods would hold the end of one iteration and the start of the next. Then every anchor periodic
-  from its first call is numbered from step 0 (its periods start with its first call, the calls after
-  its last full period are the last step, not steady), and an anchor with calls before its periodic
-  tail (a warm-up) takes the step whose start its first full period follows. Kept only when that cut
-  passes the time check and its steps are ordered in time (a first step lacking its first calls fails
-  it), else the cut from the end stands. Steps of several periods (``g`` times as many calls:
-  "Steps in rhythm", "Compute rhythm") are aligned the same way and by "A trace cut short".
+  the run starts with a step, its end can be anywhere. An anchor sequence whose periodic tail is no
+  whole number of periods ends inside its last period (the last iteration holds the first calls of
+  its pattern): counted from the end, each of its periods would hold the end of one iteration and the
+  start of the next. When its tail covers it (periodic from its first call), or when it has warm-up
+  calls before its tail and another anchor is periodic from its first call, every anchor periodic from
+  its first call is numbered from step 0 (its calls after its last full period are the last step, not
+  steady), and an anchor with warm-up calls from the step whose start its tail's first call follows
+  (step 0 if none). Kept only when that cut passes the time check and its steps are ordered in time
+  (a first step lacking its first calls fails it when another communicator calls before them), else the
+  cut from the end stands. Steps of several periods (``g`` times as many calls: "Steps in rhythm",
+  "Compute rhythm") are aligned the same way and by "A trace cut short". Left open: such a tail after
+  warm-up calls when no anchor is periodic from its first call (one communicator with a warm-up) keeps
+  the cut from the end: nothing in the flows tells a trace cut inside its pattern from a warm-up in place
+  of its first calls (a real trace, W5 2x2, has 130 warm-up calls, then a tail of 19 periods of 131 calls
+  and 2), and the compute rhythm's phase is not read.
 * **Time-assigned calls between the anchors' steps** go to the earlier step, unless the sequence's
   first call precedes the anchors' first step (its calls open a step, as the first step shows; the
   anchors' warm-up calls before their first full period left out): then the calls ending the gap that

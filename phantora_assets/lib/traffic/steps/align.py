@@ -51,37 +51,43 @@ def _start_aligned(cs: _Calls, cut: _Cut, repeating: list[int], warmup_steps: in
 
 
 def _head_aligned(
-    cs: _Calls, cut: _Cut, per: list[_Periodicity], repeating: list[int], warmup_steps: int, src: str
+    cs: _Calls,
+    cut: _Cut,
+    per: list[_Periodicity],
+    repeating: list[int],
+    warmup_steps: int,
+    src: str,
 ) -> _Cut:
     """``cut`` renumbered from the run's first step when the trace ends inside a pattern (steps module
-    docstring, "A trace cut inside a pattern"): an anchor sequence periodic from its first call whose
-    calls are no whole number of periods has its last period cut short (the run starts with a step;
-    its end can be anywhere). Every anchor periodic from its first call is then numbered from step 0
-    (its calls after its last full period: the last step, not steady); an anchor with calls before
-    its periodic tail (warm-up) takes the step whose start its first full period follows. Kept only
-    when that cut holds (the check of :func:`_cut`, steps ordered in time); else ``cut``, unchanged."""
-    q = {i: cut.period[i] for i in cut.anchors}
-    whole = [i for i in cut.anchors if per[i].tail(q[i]) == int(cs.seq_len[i])]  # periodic from call 0
-    if not any(int(cs.seq_len[i]) % q[i] for i in whole):
+    docstring, "A trace cut inside a pattern"): an anchor sequence whose periodic tail is no whole number
+    of periods has its last period cut short (the run starts with a step; its end can be anywhere), when
+    the tail starts at its first call, or, after calls of its warm-up, when another anchor periodic from
+    its first call tells the steps. Every anchor periodic from its first call is then numbered from step
+    0; an anchor with warm-up calls takes the step whose start the start of its periodic tail follows,
+    step 0 if none (its calls after its last full period: the last step, not steady). Kept only when
+    that cut holds (the check of :func:`_cut`, steps ordered in time); else ``cut``, unchanged."""
+    q, n = {i: cut.period[i] for i in cut.anchors}, {i: int(cs.seq_len[i]) for i in cut.anchors}
+    tail = {i: per[i].tail(q[i]) for i in cut.anchors}
+    whole = [i for i in cut.anchors if tail[i] == n[i]]  # periodic from call 0
+    part = [i for i in cut.anchors if tail[i] % q[i]]  # a part period at one end of its periodic tail
+    if not part or not whole:  # none periodic from its first call: a cut, or a warm-up in place of first calls?
         return cut
-    counts = {i: int(cs.seq_len[i]) // q[i] for i in whole}
-    n_total = max(counts[i] + (1 if int(cs.seq_len[i]) % q[i] else 0) for i in whole)
+    counts = {i: tail[i] // q[i] for i in cut.anchors}
+    extra = {i: 1 if tail[i] % q[i] else 0 for i in cut.anchors}
+    n_total = max(counts[i] + extra[i] for i in whole)
     starts = np.full(n_total, np.inf)  # start of each step: the first call of a period of these anchors
     for i in whole:
-        g0 = int(cs.seq_call_start[i])
-        k = np.arange(counts[i] + (1 if int(cs.seq_len[i]) % q[i] else 0))
-        starts[k] = np.minimum(starts[k], cs.ts_s[cs.call_rows[g0 + k * q[i]]])
-    shift = {i: n_total - counts[i] for i in whole}
-    head = dict.fromkeys(whole, 0)
+        k = np.arange(counts[i] + extra[i])
+        starts[k] = np.minimum(starts[k], cs.ts_s[cs.call_rows[int(cs.seq_call_start[i]) + k * q[i]]])
+    head = {i: n[i] - tail[i] for i in whole + part}
+    lead = dict.fromkeys(whole, 0)
     for j in cut.anchors:
-        if j in shift:
-            continue
-        counts[j] = cut.counts[j]
-        first = int(cs.seq_call_start[j] + cs.seq_len[j] - counts[j] * q[j])  # its first full period
-        lead = int(np.searchsorted(starts, cs.ts_s[cs.call_rows[first]], side="right")) - 1
-        if lead < 0 or lead + counts[j] > n_total:
-            return cut
-        shift[j] = n_total - counts[j] - lead
+        if j not in lead:
+            counts[j] = counts[j] if j in head else cut.counts[j]
+            first = int(cs.seq_call_start[j]) + (head[j] if j in head else n[j] - counts[j] * q[j])
+            lead[j] = max(0, int(np.searchsorted(starts, cs.ts_s[cs.call_rows[first]], side="right")) - 1)
+    n_total = max(n_total, *(lead[i] + counts[i] + (extra[i] if i in head else 0) for i in cut.anchors))
+    shift = {i: n_total - counts[i] - lead[i] for i in cut.anchors}
     try:
         got = _cut(cs, q, counts, list(cut.by_time), repeating, warmup_steps, src, shift, head)
     except StepDetectionError:
