@@ -20,8 +20,9 @@ per iteration, every flow of a steady step in one iteration), ``refused`` (StepD
 rule), ``wrong`` (a step time that is a multiple or a fraction of the iteration: silently wrong),
 ``misplaced`` (the step time is right but a steady step holds flows of two iterations: silently
 wrong too; the flows of the extra calls are not checked: where a step starts in the quiet time
-between two iterations is a convention; a cut inside one communicator's pattern rotates its
-periods, a case the README leaves open, counted apart as ``misplaced (rotated)``) or ``crash`` (any other
+between two iterations is a convention; a cut inside one communicator's pattern, when it rotates
+its periods, is counted apart as ``misplaced (rotated)``: the README leaves open a communicator with
+warm-up calls that no other communicator periodic from its first call tells) or ``crash`` (any other
 exception). Prints the counts per class and the seeds of every silently wrong or crashing run;
 ``--show SEED`` prints that run's description and the detector's answer. Exit status 1 when any run
 is silently wrong or crashed.
@@ -62,7 +63,7 @@ class Run:
     end: float  # nominal end of the last iteration
     kind: str
     desc: list[str]
-    rotated: bool  # the cut falls inside a communicator's pattern (README: left open)
+    rotated: bool  # the cut falls inside a communicator's pattern (README: partly left open)
 
 
 def _pattern(rng: np.random.Generator) -> tuple[list[tuple[str, int]], np.ndarray, str]:

@@ -371,7 +371,7 @@ def test_repetitions_beyond_the_search_bound_are_refused_with_the_reason():
     """Every communicator issues 100 equal calls per step: the fallback does not search steps of
     more than MAX_REPETITIONS (64) periods, so the run is refused with that reason (quickly), not
     cut wrongly or searched for minutes."""
-    from phantora_assets.lib.traffic.step_coarse import MAX_REPETITIONS
+    from phantora_assets.lib.traffic.steps.coarse import MAX_REPETITIONS
 
     fb = FlowBuilder()
     tp, dp = "0000000000000f11", "0000000000000f12"

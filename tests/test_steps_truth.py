@@ -185,6 +185,31 @@ def _generated_run(patterns, reps, warmup_noise, extra, jitter, seed, extra_at=9
 @example(patterns=[[0]], reps=3, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_PLAIN)
 # issue 13: cut inside the last iteration; flows only
 @example(patterns=[[0, 1], [2]], reps=8, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_CUT_FLOWS_ONLY)
+# issue 13 (attack13f): cut inside a pattern (two of three calls kept; two of four equal calls), the steps
+# at the iteration starts
+@example(
+    patterns=[[0, 1, 2], [3]],
+    reps=8,
+    warmup_noise=[],
+    extra=None,
+    jitter=_NO_JITTER,
+    seed=0,
+    cut=0.2,
+    with_compute=False,
+)
+@example(
+    patterns=[[0, 1, 2], [3]],
+    reps=8,
+    warmup_noise=[],
+    extra=None,
+    jitter=_NO_JITTER,
+    seed=0,
+    cut=0.2,
+    with_compute=True,
+)
+@example(
+    patterns=[[0, 0, 0, 0]], reps=8, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, cut=0.2, with_compute=False
+)
 @example(patterns=[[0], [1]], reps=12, warmup_noise=[], extra=(1, 5), jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
 # found by the random profile (seed 3): 6 equal calls 120 us apart, 2 iterations, flows only: not 12 steps
 @example(patterns=[[0] * 6], reps=2, warmup_noise=[], extra=None, jitter=_NO_JITTER, seed=0, **_FLOWS_ONLY)
@@ -207,13 +232,13 @@ def test_property_steps_are_right_or_refused(patterns, reps, warmup_noise, extra
     flows, ce, starts, t = _generated_run(patterns, reps, warmup_noise, extra, jitter, seed)
     lengths = np.diff(starts + [t])
     primitive = [min(d for d in range(1, len(p) + 1) if p == p[:d] * (len(p) // d)) for p in patterns]
-    if cut is not None and any(d < len(p) for d, p in zip(primitive, patterns)):
-        return  # left open: a cut inside a pattern repeated within the step rotates its periods
+    if cut is not None and any(d < len(p) for d, p in zip(primitive, patterns)) and (warmup_noise or extra is not None):
+        return  # left open: a cut inside a pattern repeated within the step, with warm-up (or extra) calls
     if cut is not None:  # the trace ends inside its last iteration
         end = starts[-1] + cut * (t - starts[-1])
         last = [sum(starts[-1] + 40 * c + 120 * k < end for k in range(len(p))) for c, p in enumerate(patterns)]
-        if any(0 < n < len(p) for n, p in zip(last, patterns)):
-            return  # left open: a cut inside one communicator's pattern rotates its periods
+        if any(0 < n < len(p) for n, p in zip(last, patterns)) and (warmup_noise or extra is not None):
+            return  # left open: a cut inside the pattern of a communicator with warm-up (or extra) calls
         flows = flows[flows["ts_us"] < end].reset_index(drop=True)
         ce = ce[ce["ts_us"] < end]
         lengths = lengths[:-1]

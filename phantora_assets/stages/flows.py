@@ -146,7 +146,7 @@ def _detect_steps(
 ) -> steps.StepResult:
     """Steps from the run's step markers when its source has them (``profiler_steps``: a Kineto
     run's ``ProfilerStep#N`` spans, ``lib/kineto/step_spans.py``), else the communicator rule
-    checked against the compute rhythm of ``compute`` (``lib/traffic/steps.py``)."""
+    checked against the compute rhythm of ``compute`` (``lib/traffic/steps/``)."""
     marks = getattr(get_source(spec.source), "profiler_steps", None)
     spans = marks(paths, spec) if marks is not None else None
     if spans is None:

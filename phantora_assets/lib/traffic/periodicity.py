@@ -202,7 +202,7 @@ def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarr
     return period, strength
 
 
-# ---- periodic tails of token sequences (step detection: lib/traffic/step_cut.py) ----------------
+# ---- periodic tails of token sequences (step detection: lib/traffic/steps/cut.py) ----------------
 
 
 def _z_function(seq: list[int]) -> list[int]:

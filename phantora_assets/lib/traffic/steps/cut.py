@@ -178,18 +178,20 @@ def _cut(
     warmup_steps: int,
     src: str,
     shift: dict[int, int] | None = None,
+    head: dict[int, int] | None = None,
 ) -> _Cut:
     """Number the full periods of every anchor sequence (aligned to its end, or ``shift[i]`` steps
     before it: the trace ends inside that sequence's next ``shift[i]`` steps, which are then not
-    steady), assign the time-assigned sequences by the anchors' steps, build the step table and
+    steady; or from its call ``head[i]`` on, its calls after its last full period in the next step),
+    assign the time-assigned sequences by the anchors' steps, build the step table and
     check that every anchor sequence's first call of a steady step comes before the next step starts.
 
     A time-assigned call between two steps of the anchors (after the last anchor call of one, before
     the first of the next) goes to the earlier step, unless the sequence's first call precedes the
-    anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's
-    warm-up calls before its first full period do not count): then the calls
-    ending the gap that repeat the end of that head (other kinds passed over) open the later step
-    (:func:`_opening_steps`).
+    anchors' first step (its calls come first in a step, as the run's first step shows; an anchor's warm-up
+    calls before its first full period do not count): then the calls ending the gap that repeat the end of
+    that head (other kinds passed over) open the later step (:func:`_opening_steps`), as do calls issued
+    with the anchors' first call of it (:func:`_concurrent`).
 
     Raises:
         StepDetectionError: ``"steps disagree"`` (step counts more than ``warmup_steps + 1``
@@ -208,9 +210,9 @@ def _cut(
             f"{cs.name(hi)} has {counts[hi]} steps (period {period[hi]} calls) but "
             f"{cs.name(lo)} has {counts[lo]} (period {period[lo]} calls)",
         )
-    n_steps = n_max
     sh = {i: (shift or {}).get(i, 0) for i in anchors}
-    first_steady = max(n_max - counts[i] - sh[i] for i in anchors) + warmup_steps
+    n_steps = max(n_max, *(counts[i] + sh[i] for i in anchors))
+    first_steady = max(n_steps - counts[i] - sh[i] for i in anchors) + warmup_steps
     # with time-assigned sequences the last step is cut short by the end of the trace
     n_complete = n_steps - max(sh.values()) - (1 if by_time else 0)
     if first_steady >= n_complete:
@@ -224,7 +226,10 @@ def _cut(
     for i in anchors:
         q_arr[i], nper[i], lead[i] = period[i], counts[i], n_steps - counts[i] - sh[i]
     local = cs.call_no - cs.seq_call_start[seq_id]  # call index within its sequence
-    first_full = cs.seq_len[seq_id] - nper[seq_id] * q_arr[seq_id]
+    first_full = cs.seq_len - nper * q_arr
+    for i, h in (head or {}).items():
+        first_full[i] = h
+    first_full = first_full[seq_id]
     rel = local - first_full
     step_sorted = np.where((rel >= 0) & (nper[seq_id] > 0), lead[seq_id] + rel // q_arr[seq_id], -1)
     if by_time:
@@ -239,6 +244,7 @@ def _cut(
                 step_sorted[rows] = _opening_steps(cs, i, a_starts, a_lasts, first_anchor)
             else:
                 step_sorted[rows] = np.searchsorted(a_starts, ts_s[rows], side="right") - 1
+            step_sorted[rows] = _concurrent(cs, rows, step_sorted[rows], a_starts, a_lasts)
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
             period[i] = int(np.median(per_step[first_steady:n_complete]))
     steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_complete)
@@ -263,6 +269,23 @@ def _cut(
                 f"(periods {period[s_i]} and {period[o]} calls)",
             )
     return _Cut(period, counts, anchors, by_time, n_steps, first_steady, n_complete, step_sorted, steps, starts)
+
+
+#: A time-assigned call within this share of a step time of the anchors' step start is concurrent with it.
+CONCURRENT_SHARE = 0.01
+
+
+def _concurrent(cs: _Calls, rows: np.ndarray, step: np.ndarray, starts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+    """``step`` (of the sorted ``rows`` of a time-assigned sequence), its calls of a kind that comes within
+    ``CONCURRENT_SHARE`` of a step time of the anchors' step start, just after it in some steps and just
+    before it (after the previous step's anchor calls) in others, in the later step: issued with its first call."""
+    n, ts, tok = len(starts), cs.ts_s[rows], cs.call_tok[cs.call_no[rows]]
+    gaps = np.diff(starts[np.isfinite(starts)])
+    tol = CONCURRENT_SHARE * float(np.median(gaps)) if len(gaps) else 0.0
+    k, nxt = np.clip(step, 0, n - 1), np.clip(step + 1, 0, n - 1)
+    after, before = (step >= 0) & (ts - starts[k] <= tol), (step >= 0) & (step + 1 < n) & (ts > lasts[k])
+    before &= starts[nxt] - ts <= tol
+    return np.where(before & np.isin(tok, np.intersect1d(tok[after], tok[before])), step + 1, step)
 
 
 def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray, first_anchor: float) -> np.ndarray:
@@ -290,30 +313,6 @@ def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray
     step[gi[gi < opens[step[gi]]]] -= 1
     step = np.where(step < n_steps, step, -1)
     return step[cs.call_no[cs.seq_start[i] : cs.seq_end[i]] - g0]
-
-
-def _start_aligned(cs: _Calls, cut: _Cut, repeating: list[int], warmup_steps: int, src: str) -> _Cut:
-    """``cut`` renumbered when the trace ends inside its last step (steps module docstring, "A trace
-    cut short"): every anchor sequence with fewer full periods than the most and no call before its
-    first full period is numbered from step 0, so the steps it lacks are the last ones, which are not
-    steady. Kept only when that cut holds (the check of :func:`_cut`, steps ordered in time); else
-    ``cut``, unchanged."""
-    shift = {}
-    for i in cut.anchors:
-        missing = cut.n_steps - cut.counts[i]
-        if missing and int(cs.seq_len[i]) == cut.counts[i] * cut.period[i]:
-            shift[i] = missing
-    if not shift:
-        return cut
-    period = {i: cut.period[i] for i in cut.anchors}
-    try:
-        got = _cut(cs, period, dict(cut.counts), list(cut.by_time), repeating, warmup_steps, src, shift)
-    except StepDetectionError:
-        return cut
-    rows = (got.step_sorted >= 0) & np.isin(cs.seq_id, np.asarray(got.anchors))
-    span = pd.Series(cs.ts_s[rows]).groupby(got.step_sorted[rows]).agg(["min", "max"])
-    in_order = bool((span["max"].to_numpy()[:-1] <= span["min"].to_numpy()[1:]).all())
-    return got if in_order else cut
 
 
 def _step_table(

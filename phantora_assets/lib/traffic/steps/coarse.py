@@ -15,7 +15,7 @@ import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import copies_before_tail
-from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.cut import _Calls, _Cut, _cut, _fail, _Periodicity
 
 
 def _ordered(bounds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -93,7 +93,7 @@ def _coarse_try(
     "Several repetitions per step on every communicator"), or the reason it does not hold.
     ``same[i]``: the first sequence with the calls (tokens and start times) of sequence ``i``.
     ``indivisible=False`` skips the last rule (no steady step splits into steps of its own): the
-    compute rhythm showed the steps of ``k`` periods (step_verify)."""
+    compute rhythm showed the steps of ``k`` periods (verify)."""
     slack = warmup_steps + 1
     q_r = k * best[r]
     n_r = per[r].full_periods(q_r)

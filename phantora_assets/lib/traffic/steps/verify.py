@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.step_cut import _Calls, _Cut, _fail, _Periodicity, _step_table
+from phantora_assets.lib.traffic.steps.cut import _Calls, _Cut, _fail, _Periodicity, _step_table
 
 #: Hosts whose compute sequence is read (first, middle and last by name): enough to agree on one
 #: rhythm, and bounded work on a trace of thousands of hosts.
@@ -36,7 +36,7 @@ TOKEN_REL_TOL = 0.01
 AGREE_REL_TOL = 0.10
 #: Steps that are no rhythm are kept (as late steps) when at most this share is off the median.
 LATE_SHARE = 0.15
-#: The longest cycle of steps read as one step of several parts (as ``step_coarse.MAX_REPETITIONS``).
+#: The longest cycle of steps read as one step of several parts (as ``coarse.MAX_REPETITIONS``).
 MAX_CYCLE = 64
 #: A cycle of steps is one step of several parts when its off-median steps take this share of its time.
 PARTS_SHARE = 0.25
@@ -357,11 +357,12 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
     """``cut`` when its steady steps are a rhythm in time (steps module docstring, "Steps in
     rhythm"; for traces with no compute rhythm). Else, when the steady steps' durations are a cycle of
     ``g`` (``2 <= g <= MAX_CYCLE``, at least 2 cycles: each step within ``AGREE_REL_TOL`` of the step
-    ``g`` later, the same steps off the median in every cycle, the sums of ``g`` steps a rhythm) whose
-    off-median steps take at least ``PARTS_SHARE`` of the cycle's time (the parts of a step bunched
-    before one long gap), the steps of ``g`` times as many calls (``coarsen(g)``) when those are a
-    rhythm; else ``cut`` when at most ``LATE_SHARE`` of at least ``LATE_MIN_STEPS`` steps are off their
-    median (late steps: a straggler, a checkpoint, a periodic one too). Work: O(MAX_CYCLE * steps).
+    ``g`` later, or of the median step when shorter (a call's jitter), the same steps off the median in
+    every cycle, the sums of ``g`` steps a rhythm) whose off-median steps take at least ``PARTS_SHARE``
+    of the cycle's time (the parts of a step bunched before one long gap), the steps of ``g`` times as
+    many calls (``coarsen(g)``) when those are a rhythm; else ``cut`` when at most ``LATE_SHARE`` of at
+    least ``LATE_MIN_STEPS`` steps are off their median (late steps: a straggler, a checkpoint, a
+    periodic one too). Work: O(MAX_CYCLE * steps).
 
     Raises:
         StepDetectionError: ``"steps ambiguous"``: a cycle whose coarser steps fail, or steps that
@@ -375,9 +376,9 @@ def steps_in_rhythm(cut: _Cut, coarsen: Callable[[int], _Cut | str], src: str) -
     med = float(np.median(d))
     off = np.abs(d - med) > AGREE_REL_TOL * med
     seen = f"the steady steps last {', '.join(f'{x:.3f}' for x in d[:6])}{' ...' if len(d) > 6 else ''} us"
-    acc = np.concatenate([[0.0], np.cumsum(d)])
+    acc, tol = np.concatenate([[0.0], np.cumsum(d)]), AGREE_REL_TOL * np.maximum(d, med)  # short gaps: of the median
     for g in range(2, min(len(d) // 2, MAX_CYCLE) + 1):
-        if (off[g:] != off[:-g]).any() or (np.abs(d[g:] - d[:-g]) > AGREE_REL_TOL * np.maximum(d[g:], d[:-g])).any():
+        if (off[g:] != off[:-g]).any() or (np.abs(d[g:] - d[:-g]) > np.maximum(tol[g:], tol[:-g])).any():
             continue
         if not _is_rhythm(acc[g:] - acc[:-g]) or float(d[off].sum()) < PARTS_SHARE * float(d.sum()):
             continue
