@@ -170,15 +170,29 @@ def test_a_run_folder_under_a_non_utf8_name_is_skipped_with_the_reason(tmp_path)
 
 
 # ---- query: the result's memory is bounded ------------------------------------------------------
+#: runs the CLI as ``python -m phantora_assets.cli`` does and, as the command exits (its exit handlers
+#: run before ``os._exit``), writes the process's own peak RSS (VmHWM, kB) to the file in argv[1]. Not
+#: the child's rusage: a child forked from a large pytest process counts the parent's pages as its
+#: own until it execs (ru_maxrss was 2,303 MiB in a full test run for a 300 MiB query).
+_PEAK = (
+    "import atexit, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "def peak():\n"
+    "    kb = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')]\n"
+    "    open(out, 'w').write(kb[0])\n"
+    "atexit.register(peak)\n"
+    "runpy.run_module('phantora_assets.cli', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def _query(data: Path, sql: str, *fmt: str) -> tuple[int, str, str, int]:
     """(exit code, stdout, stderr, peak RSS in MiB) of `phantora-assets query` run as its own process."""
-    cli = [sys.executable, "-m", "phantora_assets.cli", "query", "--data-dir", str(data), sql, *fmt]
+    peak = data / "query.peak"
+    cli = [sys.executable, "-c", _PEAK, str(peak), "query", "--data-dir", str(data), sql, *fmt]
     out, err = data / "query.out", data / "query.err"
     with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen(cli, cwd=ROOT, stdout=fo, stderr=fe)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out.read_text(), err.read_text(), usage.ru_maxrss // 1024
+        code = subprocess.run(cli, cwd=ROOT, stdout=fo, stderr=fe, timeout=600).returncode
+    return code, out.read_text(), err.read_text(), int(peak.read_text()) // 1024
 
 
 @pytest.fixture
