@@ -105,3 +105,21 @@ def test_real_w5_trace_cut_inside_its_last_iteration(w5_trace, tmp_path):
     except StepDetectionError:
         return
     assert _misplaced(sr, flows, starts) == []
+
+
+# was: "right (19 steps at the iteration starts)": the cost of the refusal above. The real analytic
+#    l40s W3 2x1 trace cut 13 % into its second-to-last step: a communicator with 1 warm-up call, its tail
+#    3 calls into a period of 8, another periodic from its first call; the same calls as a whole trace whose
+#    warm-up call took the place of its first call
+def test_real_w3_trace_cut_inside_a_pattern_after_a_warm_up_call_is_refused(tmp_path):
+    _spec, raw, _iters = analytic("phantora_l40s_W3_2x1")
+    path = tmp_path / "timeline.json.gz"
+    write_chrome_trace(raw, path)
+    tr = read_trace(path, compute_events=True)
+    full = detect_steps(tr.flows, compute=tr.compute_events)
+    assert len(full.steps) == 20
+    end = full.steps["start_us"].to_numpy()[-2] + 0.13 * full.step_time_us
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(tr.flows[tr.flows["ts_us"] < end].reset_index(drop=True))
+    assert ei.value.rule == "steps ambiguous"
+    assert "1 warm-up calls, then a periodic tail 3 calls into a period of 8" in ei.value.detail
