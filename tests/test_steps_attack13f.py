@@ -194,12 +194,13 @@ def _warm_cut_run(pair: bool) -> tuple[pd.DataFrame, np.ndarray]:
 
 # was (fuzz seeds 473, 812: 'misplaced (rotated)'): "the ring's warm-up calls before its periodic tail
 #    kept it from being numbered from its first call: its periods, counted from the end, each held the
-#    last call of one iteration and the first two of the next"
-def test_cut_inside_a_pattern_after_warm_up_calls_is_told_by_the_other_communicator():
-    flows, starts = _warm_cut_run(pair=True)
-    sr = detect_steps(flows)
-    assert len(sr.steps) == 12 and sr.step_time_us == T
-    np.testing.assert_allclose(sr.steps["start_us"].to_numpy()[1:], starts[1:] + 86.0)
-    steady = sr.flows["step"].to_numpy() >= 0
-    assert steady.sum() > 0
-    np.testing.assert_array_equal(sr.flows["step"].to_numpy()[steady], _iteration(flows, starts)[steady])
+#    last call of one iteration and the first two of the next". Numbering it from its tail's first call
+#    (this session) was right here, but silently wrong for the same calls read the other way: a warm-up
+#    call in place of the ring's first call in a trace not cut (tests/test_steps_attack13g.py); the
+#    pair, one call a step, does not tell the ring's phase: refused, named.
+def test_cut_inside_a_pattern_after_warm_up_calls_is_refused_as_ambiguous():
+    flows, _starts = _warm_cut_run(pair=True)
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(flows)
+    assert ei.value.rule == "steps ambiguous"
+    assert "2 warm-up calls, then a periodic tail 2 calls into a period of 3" in ei.value.detail

@@ -96,7 +96,10 @@ Definitions used here (all documented choices):
   steady), and an anchor with warm-up calls from the step whose start its tail's first call follows
   (step 0 if none). Kept only when that cut passes the time check and its steps are ordered in time
   (a first step lacking its first calls fails it when another communicator calls before them), else the
-  cut from the end stands. Steps of several periods (``g`` times as many calls: "Steps in rhythm",
+  cut from the end stands. When that cut holds for an anchor with warm-up calls, both cuts fit its calls
+  (a trace cut inside its pattern after warm-up calls, or a whole trace whose warm-up calls replace its
+  first calls) and another anchor's periods do not tell its phase: ``"steps ambiguous"``.
+  Steps of several periods (``g`` times as many calls: "Steps in rhythm",
   "Compute rhythm") are aligned the same way and by "A trace cut short". Left open: such a tail after
   warm-up calls when no anchor is periodic from its first call (one communicator with a warm-up) keeps
   the cut from the end: nothing in the flows tells a trace cut inside its pattern from a warm-up in place

@@ -9,8 +9,9 @@ holds the end of one iteration and the start of the next (:func:`_head_aligned`)
 The same phase question for steps re-cut at the compute rhythm: :func:`split_period` (a step
 boundary inside a communicator's own period).
 
-Raises nothing: a cut that does not hold is not taken (the callers keep the one they have); a
-split period is returned as the reason the caller refuses.
+A cut that does not hold is not taken (the callers keep the one they have); a split period is
+returned as the reason the caller refuses. Raises StepDetectionError "steps ambiguous" for a periodic
+tail after warm-up calls that both cuts fit (:func:`_head_aligned`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,17 @@ def _head_aligned(
         got = _cut(cs, q, counts, list(cut.by_time), repeating, warmup_steps, src, shift, head)
     except StepDetectionError:
         return cut
-    return got if _in_order(cs, got) else cut
+    if not _in_order(cs, got):
+        return cut
+    if warm := [j for j in part if head[j]]:  # the tail's first call opens a period only if the trace is cut
+        j = warm[0]
+        raise StepDetectionError(
+            src,
+            "steps ambiguous",
+            f"{cs.name(j)}: {head[j]} warm-up calls, then a periodic tail {tail[j] % q[j]} calls into a period "
+            f"of {q[j]}: a trace cut inside its pattern or warm-up calls in place of its first calls",
+        )
+    return got
 
 
 def split_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
