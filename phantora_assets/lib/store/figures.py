@@ -89,8 +89,8 @@ def _empty(fig, axes: list[Any]) -> None:
         ax.set_xlabel("")
         ax.set_ylabel("")
         ax.dataLim.set_points(np.array([[np.inf, np.inf], [-np.inf, -np.inf]]))
-        ax._stale_viewlims = dict.fromkeys(ax._stale_viewlims, False)
-        ax._viewLim.set_points(np.array([[0.0, 0.0], [1.0, 1.0]]))  # not mutated: autoscale decides
+        ax.set_xlim(0.0, 1.0)  # a new axes' unit box (this turns autoscaling off: on again below)
+        ax.set_ylim(0.0, 1.0)
         ax.ignore_existing_data_limits = True
         ax.set_autoscale_on(True)
 
