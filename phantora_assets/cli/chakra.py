@@ -3,8 +3,7 @@
 Writes ``OUT_DIR/P.<rank>.et`` for every rank and ``OUT_DIR/P.comm_groups.json``
 (``lib/chakra/export.py``; P defaults to the run_id), for a run of any source whose
 ``validated_flows`` has been materialized (``phantora-assets build --run RUN_ID``). Exit 2 with a
-message naming the run or file: an unknown run_id, a run not built, ``mlc-chakra`` missing, or a
-trace that breaks a rule.
+message naming the run or file: an unknown run_id, a run not built, or a trace that breaks a rule.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ def cmd_chakra(args: argparse.Namespace) -> int:
             paths.chrome_trace(spec), pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), Path(args.out_dir),
             args.prefix or spec.run_id, spec.run_id, spec.gpus_per_node, spec.world_size,
         )  # fmt: skip
-    except (ImportError, FileRuleError, ValueError) as exc:
+    except (FileRuleError, ValueError) as exc:
         print(f"chakra: {exc}", file=sys.stderr)
         return 2
     steps = summary.steady_steps
