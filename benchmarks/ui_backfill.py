@@ -65,7 +65,7 @@ def _dataset_run(instance, after: float):
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (a benchmark script: start, backfill, poll and report, in order)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--keep", type=Path, default=None, help="copy the backfill's DAGSTER_HOME here")
