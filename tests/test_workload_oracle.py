@@ -258,3 +258,56 @@ def test_oracle_placement_is_a_partition(case):
         assert set(seen.values()) == {1}, f"a rank is in two {group} groups"
     if pred.sizes["tp"] > 1:
         assert len(by_kind["tp"]) == gpus
+
+
+# --------------------------------------------------------------------------- the oracle's own numbers
+def _megatron(model: dict, parallel: dict, train: dict) -> dict:
+    base = {"kind": "dense", "layers": 4, "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "kv_heads": 8}
+    return {
+        "framework": "megatron",
+        "model": {**base, "vocab": 128256, **model},
+        "parallel": parallel,
+        "train": {"seq_len": 1024, "micro_batch": 1, **train},
+    }
+
+
+def test_oracle_hand_counts():
+    """Closed forms worked by hand on small cases (not by the oracle's code paths)."""
+    s, h = 1024, 4096
+    # W1's published rule (presets.toml): TP = 2, no SP, 4 layers: 18 all-reduces of [s, b, h] bf16
+    # per micro-batch (embedding fwd, 2 fwd + 2 bwd per layer, LM-head bwd) + 3 fp32 [s, b]
+    pred = predict(_megatron({}, {"tp": 2, "dp": 2, "zero": 1}, {"grad_accumulation": 1}), 4, 2)
+    assert pred.multiset(("tp", (0, 1))) == Counter(
+        {Call("all_reduce", s * h, "bf16"): 18, Call("all_reduce", s, "fp32"): 3}
+    )
+    # with sequence parallelism: per layer 2 AG + 2 RS forward, 4 AG + 2 RS backward; embedding RS
+    # fwd + AG bwd; head AG fwd, AG + RS bwd; one all-reduce of the 9 norm weights per step
+    pred = predict(
+        _megatron({}, {"tp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}, {"grad_accumulation": 2}), 2, 2
+    )
+    n = s * h // 2
+    tp = pred.multiset(("tp", (0, 1)))
+    assert tp[Call("all_gather", n, "bf16")] == 2 * (4 * 6 + 1 + 2)  # layers, embedding bwd, head fwd + bwd
+    assert tp[Call("reduce_scatter", n, "bf16")] == 2 * (4 * 4 + 1 + 1)
+    assert tp[Call("all_reduce", 9 * h, "bf16")] == 1
+    # PP = 2, 4 micro-batches, 1F1B: 4 activations forward, 4 gradients back, [s, b, h] bf16
+    pred = predict(_megatron({}, {"pp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 4}), 2, 1)
+    assert pred.multiset(("pp", (0, 1))) == Counter({Call("send_recv", s * h, "bf16"): 4})
+    assert pred.multiset(("pp", (1, 0))) == Counter({Call("send_recv", s * h, "bf16"): 4})
+    # interleaved, 2 chunks per rank, 2 micro-batches: 0 -> 1 carries 2 x 2 forward + (2 - 1) x 2
+    # wrap gradients; 1 -> 0 the same the other way
+    par = {"pp": 2, "dp": 1, "zero": 1, "pp_schedule": "interleaved", "virtual_stages": 2}
+    pred = predict(_megatron({}, par, {"grad_accumulation": 2}), 2, 1)
+    assert pred.multiset(("pp", (0, 1)))[Call("send_recv", s * h, "bf16")] == 6
+    # CP = 2 ring: per layer 1 KV send forward, 2 backward (KV, then dKV), packed K and V of
+    # s/2 tokens x 8 kv heads x 128; with CP = 2 both go to the one peer
+    pred = predict(_megatron({}, {"cp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 1}), 2, 2)
+    assert pred.multiset(("cp", (0, 1))) == Counter({Call("send_recv", 2 * (s // 2) * 8 * 128, "bf16"): 3 * 4})
+    # distributed optimizer over DP x CP: W1's 4-layer TP-2 buffer on one rank holds 961,581,056
+    # elements (embedding and output 262,668,288 each, 109,060,096 a layer, the final norm 4,096);
+    # its buckets, padded to lcm(2, 128), are reduce-scattered and all-gathered once each
+    pred = predict(_megatron({}, {"tp": 2, "dp": 2, "zero": 1}, {"grad_accumulation": 1}), 4, 2)
+    dp = pred.calls[("dp", (0, 2))]
+    padded = [2 * c.count for c in dp if c.op == "reduce_scatter"]
+    assert [2 * c.count for c in dp if c.op == "all_gather"] == padded
+    assert all(k % 128 == 0 for k in padded) and 0 <= sum(padded) - 961_581_056 < 128 * len(padded)
