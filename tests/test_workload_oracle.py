@@ -138,11 +138,18 @@ def test_generator_matches_the_measured_fsdp_table():
 
 
 # --------------------------------------------------------------------------- random specs
+# While the generator has the bugs pinned at the end of this file, the draws stay outside their
+# regions (KNOWN_BUGS: no Megatron SP, vocab a multiple of 128 x tp and of the FSDP shard size, no CP, torchtitan
+# zero = 2 without accumulation and without full AC under TP); each region has its strict xfail.
+# Widen a draw when its bug is fixed.
+KNOWN_BUGS = True
+
+
 @st.composite
 def megatron_specs(draw):
     tp = draw(st.sampled_from([1, 2, 4]))
     pp = draw(st.sampled_from([1, 2, 4]))
-    cp = draw(st.sampled_from([1, 2]))
+    cp = 1 if KNOWN_BUGS else draw(st.sampled_from([1, 2]))
     dp = draw(st.sampled_from([1, 2, 4]))
     moe = tp == 1 and draw(st.booleans())
     heads = tp * draw(st.sampled_from([1, 2, 4]))
@@ -158,10 +165,10 @@ def megatron_specs(draw):
         "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
         "heads": heads,
         "kv_heads": kv_heads,
-        "vocab": tp * draw(st.integers(200, 1200)),
+        "vocab": (128 * tp if KNOWN_BUGS else tp) * draw(st.integers(2, 9)),
     }
     par: dict = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": draw(st.sampled_from([0, 1]))}
-    if tp > 1:
+    if tp > 1 and not KNOWN_BUGS:
         par["sequence_parallel"] = draw(st.booleans())
     if pp > 1:
         par["pp_schedule"] = schedule
@@ -195,18 +202,18 @@ def torchtitan_specs(draw):
         "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
         "heads": heads,
         "kv_heads": tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0])),
-        "vocab": tp * draw(st.integers(200, 1200)),
+        "vocab": tp * (8 if KNOWN_BUGS else 1) * draw(st.integers(30, 150)),
     }
-    par = {"tp": tp, "dp": dp, "zero": draw(st.sampled_from([2, 3]))}
+    par = {"tp": tp, "dp": dp, "zero": 2 if KNOWN_BUGS else draw(st.sampled_from([2, 3]))}
     par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
     if tp > 1:
         par["sequence_parallel"] = True
     train = {
         "seq_len": draw(st.sampled_from([256, 512])),
         "micro_batch": draw(st.sampled_from([1, 2])),
-        "grad_accumulation": draw(st.sampled_from([1, 2])),
+        "grad_accumulation": 1 if KNOWN_BUGS else draw(st.sampled_from([1, 2])),
         # selective (op-level) AC under TP may recompute the all-gathers: not a documented rule
-        "recompute": draw(st.sampled_from(["none", "full"] if tp > 1 else ["none", "selective", "full"])),
+        "recompute": draw(st.sampled_from(["none"] if tp > 1 else ["none", "selective", "full"])),
     }
     return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp
 
@@ -379,3 +386,11 @@ def test_bug_megatron_cp_ring_full_recompute():
     # included, runs again in backward (the generator's ring is the same with and without)
     par = {"cp": 4, "dp": 1, "zero": 1}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.sp_norm_grad_all_reduce: SP norm grads all-reduced over TP")
+def test_bug_megatron_sp_norm_grads():
+    # megatron/core/distributed/finalize_model_grads.py: with sequence parallelism the replicated
+    # norm weights' gradients are all-reduced over TP once per step (one coalesced buffer)
+    par = {"tp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1}), 2, 2)
