@@ -115,10 +115,15 @@ def workload_table(row: dict) -> dict:
 def full_depth_rows(max_gpus: int) -> list[dict]:
     """One dict per published full-depth row: published and simulated step time and error
     (``simulated_s`` None, with ``why``, where the row was not simulated)."""
-    try:
-        from phantora_assets.lib.sim.collectives import run_spec_of
-    except ImportError:
-        run_spec_of = None
+    import importlib
+
+    run_spec_of = None
+    for name in ("phantora_assets.lib.workload.collectives", "phantora_assets.lib.sim.collectives"):
+        try:
+            run_spec_of = importlib.import_module(name).run_spec_of
+            break
+        except ImportError:
+            continue
     with THROUGHPUT.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     out = []
@@ -128,7 +133,7 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
         rec["floor_s"] = gemm_floor_s(r)
         rec |= {"simulated_s": None, "error": None, "why": ""}
         if run_spec_of is None:
-            rec["why"] = "workload schema not landed (phantora_assets.lib.sim.collectives)"
+            rec["why"] = "workload schema not landed (phantora_assets.lib.workload.collectives)"
         elif int(r["gpus"]) > max_gpus:
             rec["why"] = f"more than --max-gpus {max_gpus}"
         else:

@@ -4,7 +4,7 @@
   communicator's calls (op, count, dtype) of one steady step. Hypothesis draws valid workload specs
   (framework, dense / MoE, tp / pp / dp / ep / cp, ZeRO, sequence parallelism, schedule, gradient
   accumulation, recompute) and the generator's per-step calls
-  (``phantora_assets.lib.sim.collectives.step_collectives``) must equal the oracle's exactly, call
+  (``phantora_assets.lib.workload.collectives.step_collectives``) must equal the oracle's exactly, call
   for call (multiset per communicator) and so byte for byte.
 * ``tests/data/tracelens/nccl_summary_long.csv`` (AMD TraceLens, MIT) is a measured per-collective
   table of a real FSDP run: Llama-3-70B on 8 MI300X in one node. The oracle and the generator must
@@ -86,7 +86,15 @@ def test_oracle_matches_the_measured_fsdp_table():
 
 # --------------------------------------------------------------------------- the generator side
 def _collectives():
-    return pytest.importorskip("phantora_assets.lib.sim.collectives", reason="issue 26 generator not landed yet")
+    """The generator's API (docs/WORKLOADS.md); skips while it has not landed."""
+    import importlib
+
+    for name in ("phantora_assets.lib.workload.collectives", "phantora_assets.lib.sim.collectives"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    pytest.skip("issue 26 generator (phantora_assets.lib.workload.collectives) not landed yet")
 
 
 def generated(table: dict, gpus: int, gpus_per_node: int, gpu: str = "h100") -> dict[Comm, list[Call]]:
@@ -107,11 +115,13 @@ def generated(table: dict, gpus: int, gpus_per_node: int, gpu: str = "h100") -> 
     return out
 
 
-def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int) -> None:
+def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int, skip_groups: tuple[str, ...] = ()) -> None:
     pred = predict(table, gpus, gpus_per_node)
     got = generated(table, gpus, gpus_per_node)
     diffs = []
     for comm in sorted(set(got) | set(pred.calls)):
+        if comm[0] in skip_groups:
+            continue
         g = got.get(comm, [])
         if comm in pred.totals_only:
             gt: dict[tuple[str, str], int] = {}
@@ -142,7 +152,8 @@ def test_generator_matches_the_measured_fsdp_table():
 # regions (KNOWN_BUGS): no Megatron sequence parallelism, no Megatron full recompute, no CP, no
 # interleaved schedule with dp > 1, vocab a
 # multiple of 128 x tp and of the FSDP shard size, torchtitan zero = 2 without accumulation and
-# without full AC under TP. Each region has its strict xfail; widen a draw when its bug is fixed.
+# without full AC under TP, torchtitan PP's DP and TP calls not compared. Each region has its strict
+# xfail; widen a draw when its bug is fixed.
 KNOWN_BUGS = True
 
 
@@ -196,10 +207,13 @@ def megatron_specs(draw):
 def torchtitan_specs(draw):
     tp = draw(st.sampled_from([1, 2, 4]))
     dp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 1, 2, 4]))
+    schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"])) if pp > 1 else "1f1b"
+    v = 2 if schedule == "interleaved" else 1
     heads = tp * draw(st.sampled_from([1, 2, 4]))
     model = {
         "kind": "dense",
-        "layers": draw(st.integers(1, 4)),
+        "layers": pp * v * draw(st.integers(1, 3)),
         "hidden": heads * 64,
         "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
         "heads": heads,
@@ -208,16 +222,22 @@ def torchtitan_specs(draw):
     }
     par = {"tp": tp, "dp": dp, "zero": 2 if KNOWN_BUGS else draw(st.sampled_from([2, 3]))}
     par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
+    if pp > 1:
+        par |= {"pp": pp, "pp_schedule": schedule} | ({"virtual_stages": v} if v > 1 else {})
     if tp > 1:
         par["sequence_parallel"] = True
     train = {
         "seq_len": draw(st.sampled_from([256, 512])),
         "micro_batch": draw(st.sampled_from([1, 2])),
-        "grad_accumulation": 1 if KNOWN_BUGS else draw(st.sampled_from([1, 2])),
+        "grad_accumulation": pp * draw(st.sampled_from([1, 2]))
+        if pp > 1
+        else 1
+        if KNOWN_BUGS
+        else draw(st.sampled_from([1, 2])),
         # selective (op-level) AC under TP may recompute the all-gathers: not a documented rule
         "recompute": draw(st.sampled_from(["none"] if tp > 1 else ["none", "selective", "full"])),
     }
-    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp
+    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp
 
 
 @st.composite
@@ -249,7 +269,9 @@ def any_spec(draw):
 def test_generated_collectives_match_the_oracle(case):
     _collectives()
     table, gpus, gpn = case
-    assert_matches_oracle(table, gpus, gpn)
+    # torchtitan with PP: the DP and TP calls are pinned (test_bug_torchtitan_pp_*); the PP messages still compared
+    pp_titan = table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1
+    assert_matches_oracle(table, gpus, gpn, ("dp", "tp") if KNOWN_BUGS and pp_titan else ())
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -422,3 +444,22 @@ def test_bug_megatron_full_recompute_moe():
     moe = {"kind": "moe", "experts": 4, "topk": 1, "moe_ffn_hidden": 256}
     par = {"dp": 2, "zero": 1, "ep": 2}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}, **moe), 2, 2)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="rule torchtitan.pp_gathers_once: with PP each FSDP unit is gathered once a step"
+)
+def test_bug_torchtitan_pp_gathers_once():
+    # torchtitan apply_fsdp: "For PP, do not reshard after forward to avoid per-microbatch
+    # all-gathers"; torch pipelining keeps resharding and gradient sync off until the last
+    # micro-batch's backward: one all-gather and one reduce-scatter per unit and step
+    par = {"dp": 2, "zero": 3, "pp": 2, "pp_schedule": "1f1b"}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule torchtitan.pp_embedding_backward: stage 0 all-gathers the embedding grad")
+def test_bug_torchtitan_pp_embedding_backward():
+    # tok_embeddings RowwiseParallel(output_layouts=Shard(1)): its output gradient is all-gathered
+    # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
+    par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4, ("dp",))
