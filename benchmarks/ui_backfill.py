@@ -218,11 +218,8 @@ def _daemon_path(path: str, tmp: Path, env0: dict[str, str], storage: dict[str, 
                 tail = sub.stdout[-2000:] + sub.stderr[-2000:]
                 raise SystemExit(f"dagster job backfill exited {sub.returncode}:\n{tail}")
         submit_s = time.time() - t0
-        first = None
         while time.time() - t0 < timeout:
             recs = [r for r in instance.get_run_records() if r.dagster_run.job_name == JOB]
-            if recs and first is None:
-                first = min(r.create_timestamp.timestamp() for r in recs) - t0
             if recs and all(r.dagster_run.is_finished for r in recs):
                 last = max(r.end_time or 0 for r in recs)
                 ds = _dataset_run(instance, last)
@@ -232,6 +229,7 @@ def _daemon_path(path: str, tmp: Path, env0: dict[str, str], storage: dict[str, 
         else:
             tail = (work / "daemon.log").read_text()[-3000:]
             raise SystemExit(f"{path}: timed out after {timeout:.0f} s; daemon log tail:\n{tail}")
+        created = sorted(r.create_timestamp.timestamp() - t0 for r in recs)
         statuses: dict[str, int] = {}
         for r in recs:
             statuses[r.dagster_run.status.value] = statuses.get(r.dagster_run.status.value, 0) + 1
@@ -240,7 +238,8 @@ def _daemon_path(path: str, tmp: Path, env0: dict[str, str], storage: dict[str, 
             "runs": len(recs),
             "statuses": statuses,
             "submit": submit_s,
-            "first": first,
+            "first": created[0],
+            "last_created": created[-1],
             "green": statuses == {"SUCCESS": len(recs)} and ds.dagster_run.status.value == "SUCCESS",
             "sensor": ds.dagster_run.tags.get("dagster/sensor_name", "?"),
             "dataset_status": ds.dagster_run.status.value,
@@ -316,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f", {path}/build = {r['wall'] / build_s:.2f}" if build_s else ""
             print(
                 f"{path}: {r['wall']:7.1f} s  ({r['runs']} runs {r['statuses']}; submitted in {r['submit']:.1f} s, "
-                f"first run created {r['first']:.1f} s after the click; dataset run {r['dataset_status']}, "
-                f"launched by {r['sensor']}, ended {r['after_last']:.1f} s after the last run){ratio}",
+                f"runs created {r['first']:.1f}-{r['last_created']:.1f} s after the click; "
+                f"dataset run {r['dataset_status']}, launched by {r['sensor']}, "
+                f"ended {r['after_last']:.1f} s after the last run){ratio}",
                 flush=True,
             )
             ok &= r["green"]
