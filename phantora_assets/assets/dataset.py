@@ -16,7 +16,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="dataset",
         deps=["binned_flows"],
-        check_specs=check_specs("window_features"),
+        check_specs=check_specs("window_features", p.runs),
         kinds={"parquet", "pandera"},
         description="One row per (window_s, window_start_s): detector features of each 1 s and 15 s window "
         "(aligned to t = 0) computed from the run's 100 ms bins.",
@@ -32,7 +32,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         group_name="dataset",
         # raw_timeline: simulation.json / run_log.json (FLOPs, memory); validated_flows: trace_summary.json
         deps=["raw_timeline", "validated_flows", window_features],
-        check_specs=check_specs("run_summary"),
+        check_specs=check_specs("run_summary", p.runs),
         kinds={"parquet", "pandera"},
         description="The run's runs.csv row: step time (s), inter-node bytes per steady step, layout, "
         "parallelism, NIC bandwidth (bytes/s), roofline figures where timing is a roofline.",
