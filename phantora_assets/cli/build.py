@@ -147,7 +147,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     Raises:
         RunMatrixError: S is not an allowed width (``lib/bins/width.bin_s_rule``), or the matrix is invalid.
     """
-    from phantora_assets.imported_runs import matrix_for
+    from phantora_assets.imported_runs import matrix_for, remember_watched
 
     bin_s = getattr(args, "bin_s", None)
     if bin_s is not None and (rule := bin_s_rule(bin_s)):
@@ -155,6 +155,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
             data_dir = Path(args.data_dir)
+            remember_watched(data_dir)  # the watched folder's runs stay runs of the data root
             matrix = matrix_for(data_dir)
             unknown = set(args.run or []) - {s.run_id for s in matrix}
             if unknown:
