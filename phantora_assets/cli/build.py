@@ -217,7 +217,7 @@ def _build_in(
 ) -> int:
     """:func:`_build` in the build's environment (``_build_env``)."""
     from phantora_assets import assets as a
-    from phantora_assets.definitions import build_defs
+    from phantora_assets.definitions import build_defs, seed_run_partitions
 
     paths = DataPaths(data_dir)
     specs = [s for s in matrix if not only or s.run_id in only]
@@ -232,6 +232,7 @@ def _build_in(
         if reaped and not quiet:
             print(f"marked {len(reaped)} run(s) left unfinished by an interrupted build as failed", flush=True)
         defs = build_defs(data_dir, matrix)
+        seed_run_partitions(instance, [s.run_id for s in matrix])  # the run partitions are dynamic
         skip = set() if plots else set(a.PLOT_ASSET_NAMES)
         sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
         run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}
