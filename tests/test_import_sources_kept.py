@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pandas as pd
 from run_folders import analytic, deepspeed_log, write_run_folder
 
+from phantora_assets.assets.common import RUN_PARTITIONS
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, effective_matrix, read_registry
 from phantora_assets.matrix import RunSpec
@@ -51,8 +53,13 @@ def test_a_cli_import_keeps_the_runs_of_the_watched_folder(tmp_path: Path, monke
     assert any(ln.startswith(WATCHED.run_id) for ln in capsys.readouterr().out.splitlines())
 
     # explicit removal: `forget` takes it out of the registry, and the next dataset leaves it out
+    with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
+        assert WATCHED.run_id in instance.get_dynamic_partitions(RUN_PARTITIONS)
     assert main(["forget", WATCHED.run_id, "--data-dir", str(data)]) == 0
     assert WATCHED.run_id not in {s.run_id for s in effective_matrix(data)}
+    with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
+        assert WATCHED.run_id not in instance.get_dynamic_partitions(RUN_PARTITIONS)
+        assert CLI.run_id in instance.get_dynamic_partitions(RUN_PARTITIONS)
     assert main(["build", "--data-dir", str(data), "--run", CLI.run_id, "--no-plots", "--quiet"]) == 0
     status = _status(data)
     assert WATCHED.run_id not in status.index and status.loc[CLI.run_id, "status"] == "included"

@@ -80,8 +80,29 @@ def cmd_forget(args: argparse.Namespace) -> int:
         return 2
     for s in removed:
         print(f"forgot {s.run_id:34s} (was {s.path})")
+    home = _instance_home(Path(args.data_dir))
+    if home is not None:  # the run partition goes too (runs and materializations stay in the history)
+        import dagster as dg
+
+        from phantora_assets.assets.common import RUN_PARTITIONS
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
+            for s in removed:
+                if s.run_id in have:
+                    instance.delete_dynamic_partition(RUN_PARTITIONS, s.run_id)
+        print(f"removed their run partitions from the Dagster instance {home}")
     print("the dataset leaves them out from its next materialization (phantora-assets build, or the daemon)")
     return 0
+
+
+def _instance_home(data_dir: Path) -> Path | None:
+    """The Dagster instance a build of ``data_dir`` records into (``$DAGSTER_HOME``, else
+    ``<data_dir>/dagster_home``), when it exists."""
+    import os
+
+    home = Path(os.environ["DAGSTER_HOME"]) if os.environ.get("DAGSTER_HOME") else data_dir / "dagster_home"
+    return home if (home / "dagster.yaml").is_file() else None
 
 
 def _profiled_spec(folder: Path, args: argparse.Namespace):
