@@ -9,12 +9,12 @@ import hashlib
 import shutil
 from pathlib import Path
 
-import dagster as dg
 import duckdb
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 import yaml
+from materialize import ephemeral_with_runs
 
 from phantora_assets import contracts
 from phantora_assets.definitions import build_defs
@@ -33,7 +33,7 @@ def dataset(tmp_path_factory) -> Path:
     defs = build_defs(root, specs)
     for spec in specs:
         res = defs.resolve_job_def("all_runs").execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         )
         assert res.success
     result = dataset_stage.export_dataset(specs, DataPaths(root))
@@ -216,7 +216,7 @@ def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, mo
     res = (
         build_defs(root, [spec])
         .resolve_job_def("all_runs")
-        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+        .execute_in_process(partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET)
     )
     assert res.success
     result = dataset_stage.export_dataset([spec], DataPaths(root))
@@ -253,7 +253,7 @@ def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch)
         spec = dataclasses.replace(base, bin_s=bin_s)
         job = build_defs(root, [spec]).resolve_job_def("all_runs")
         assert job.execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         ).success
         assert dataset_stage.export_dataset([spec], DataPaths(root)).outcome.passed
         d = root / "phantora_v0"

@@ -18,6 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 from run_folders import write_run_folder
 
 from phantora_assets import checks
@@ -76,7 +77,7 @@ def runs(tmp_path_factory) -> Runs:
     data = tmp_path_factory.mktemp("honest") / "data"
     specs = [s for s in load_run_matrix() if s.run_id in (OOM, FITS)]
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM, FITS])
     seen: list[str] = []
 
     class _Keep(logging.Handler):
@@ -192,7 +193,7 @@ def test_imported_run_that_reports_cuda_out_of_memory_is_skipped_too(tmp_path):
     specs = [s for s in effective_matrix(data) if s.run_id == OOM]
     assert specs[0].source == "import"
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM])
     res = _run(defs, OOM, instance)
     assert res.success
     assert _applicable(_materialized(res)) == {"raw_timeline"}
