@@ -31,6 +31,7 @@ from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, r
     TOPOLOGY_NAMES,
     topology_rule,
 )
+from phantora_assets.lib.sim.workload_spec import Parallel, WorkloadSpec, parse_gpu, parse_workloads
 from phantora_assets.sources import SOURCE_NAMES
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
@@ -58,9 +59,79 @@ def presets() -> dict[str, Any]:
 
 
 @cache
-def gpu_specs() -> dict[str, dict[str, Any]]:
+def shipped_gpu_specs() -> dict[str, dict[str, Any]]:
     """``gpus.toml``: one dict per GPU key (memory_gb, peak_bf16_flops, mem_bw_bytes_per_s, ...)."""
     return _package_toml("gpus.toml")
+
+
+@cache
+def shipped_workloads() -> dict[str, WorkloadSpec]:
+    """The shipped workloads W1..W5 (``presets.toml [workloads.*]``, the same schema as a user's)."""
+    return parse_workloads(presets()["workloads"], "presets.toml")
+
+
+def gpu_specs() -> dict[str, dict[str, Any]]:
+    """The GPUs a run may name: ``gpus.toml``'s and the ``[gpus.NAME]`` tables of the run-matrix
+    file in use (``$PHANTORA_ASSETS_RUN_MATRIX``; checked as :func:`~phantora_assets.lib.sim.
+    workload_spec.parse_gpu` says)."""
+    extra = _matrix_tables(run_matrix_path())[1]
+    return {**shipped_gpu_specs(), **extra} if extra else shipped_gpu_specs()
+
+
+def workload_specs() -> dict[str, WorkloadSpec]:
+    """The workloads a run may name: the shipped ones and the run-matrix file's ``[workloads.NAME]``."""
+    extra = _matrix_tables(run_matrix_path())[0]
+    return {**shipped_workloads(), **extra} if extra else shipped_workloads()
+
+
+_TABLES: dict[str, tuple[tuple[int, ...] | None, tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]]] = {}
+
+
+def _matrix_tables(path: Path | None) -> tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]:
+    """The ``[workloads.*]`` and ``[gpus.*]`` of a run-matrix file (none for the shipped one),
+    parsed once per state of the file. A name of a shipped workload or GPU is refused."""
+    if path is None:
+        return {}, {}
+    stamp = _stamp(path)
+    hit = _TABLES.get(str(path))
+    if hit is not None and hit[0] == stamp and stamp is not None:
+        return hit[1]
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}, {}  # load_run_matrix reports the unreadable file
+    got = _file_tables(data, str(path))
+    _TABLES[str(path)] = (stamp, got)
+    return got
+
+
+def _file_tables(data: dict[str, Any], name: str) -> tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]:
+    unknown = set(data) - {"run", "workloads", "gpus"}
+    if unknown:
+        raise RunMatrixError(f"{name}: unknown top-level keys {sorted(unknown)} (known: run, workloads, gpus)")
+    wls = parse_workloads(data.get("workloads", {}), name)
+    clash = set(wls) & set(shipped_workloads())
+    if clash:
+        raise RunMatrixError(f"{name}: [workloads.{sorted(clash)[0]}] is a shipped workload: name yours differently")
+    for w in wls:
+        if not _NAME.match(w):
+            raise RunMatrixError(f"{name}: [workloads.{w}]: a workload name is [a-z0-9_], up to 100 characters")
+    gpus_t = data.get("gpus", {})
+    if not isinstance(gpus_t, dict):
+        raise RunMatrixError(f"{name}: gpus must be a table of [gpus.NAME] tables, {_got(gpus_t)}")
+    gpus = {g: parse_gpu(g, t, name) for g, t in gpus_t.items()}
+    clash = set(gpus) & set(shipped_gpu_specs())
+    if clash:
+        raise RunMatrixError(f"{name}: [gpus.{sorted(clash)[0]}] is a shipped GPU (gpus.toml): name yours differently")
+    for g in gpus:
+        if not _NAME.match(g):
+            raise RunMatrixError(f"{name}: [gpus.{g}]: a GPU name is [a-z0-9_], up to 100 characters")
+    return wls, gpus
+
+
+@cache
+def _resolved(wl: WorkloadSpec, world: int, ep_size: int | None) -> Parallel:
+    return wl.resolve(world, "run", ep_size)
 
 
 @dataclass(frozen=True)
@@ -79,7 +150,9 @@ class RunSpec:
         name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), and the rank
             of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
         bin_s: width of the run's bins, s (``lib/bins/width.py``: 0.001 .. 1.0; v1's 0.1 by default).
-        ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the GPU count); EDP = world / ep.
+        ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the workload's ``parallel.ep``).
+        workload_def, gpu_def: the ``[workloads.NAME]`` / ``[gpus.NAME]`` of a user's matrix file the run
+            names (None / () for a shipped workload / GPU: :func:`workload_specs`, :func:`gpu_specs`).
     """
 
     workload: str
@@ -94,6 +167,8 @@ class RunSpec:
     rank: int | None = None
     bin_s: float = DEFAULT_BIN_S
     ep_size: int | None = None
+    workload_def: WorkloadSpec | None = None
+    gpu_def: tuple[tuple[str, Any], ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -108,18 +183,36 @@ class RunSpec:
         return self.n_nodes * self.gpus_per_node
 
     @property
+    def wl(self) -> WorkloadSpec:
+        """The run's workload (schema: lib/sim/workload_spec.py). KeyError for a profiled run."""
+        return self.workload_def or workload_specs()[self.workload]
+
+    @property
+    def par(self) -> Parallel:
+        """The run's parallel sizes (the workload resolved on the layout; cached)."""
+        return _resolved(self.wl, self.world_size, self.ep_size)
+
+    @property
     def preset(self) -> dict[str, Any]:
+        """The workload's table as written (``{"framework": "", "model": ""}`` for a profiled run)."""
         if self.source in PROFILED_SOURCES:  # no preset: a profiled run is what its traces show
             return {"framework": "", "model": ""}
-        return presets()["workloads"][self.workload]
+        return self.wl.table()
 
     @property
     def framework(self) -> str:
-        return self.preset["framework"]
+        return "" if self.source in PROFILED_SOURCES else self.wl.framework
+
+    @property
+    def model_name(self) -> str:
+        """The model's display name (``model.name``, else the workload's name); "" for a profiled run."""
+        return "" if self.source in PROFILED_SOURCES else self.wl.model_name
 
     @property
     def gpu_spec(self) -> dict[str, Any]:
-        return {} if self.source in PROFILED_SOURCES else gpu_specs()[self.gpu]
+        if self.source in PROFILED_SOURCES:
+            return {}
+        return dict(self.gpu_def) if self.gpu_def else gpu_specs()[self.gpu]
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -128,35 +221,57 @@ class RunSpec:
 
     @property
     def tp(self) -> int:
-        return int(self.preset.get("tensor_parallel_size", 1))
+        return self.par.tp
+
+    @property
+    def pp(self) -> int:
+        return self.par.pp
+
+    @property
+    def cp(self) -> int:
+        return self.par.cp
 
     @property
     def ep(self) -> int:
-        if not self.preset.get("expert_parallel"):
-            return 1
-        return self.world_size if self.ep_size is None else self.ep_size
+        return self.par.ep
 
     @property
     def dp(self) -> int:
-        """Data-parallel size of the dense parameters."""
-        return self.world_size // self.tp
+        """Data-parallel size of the dense parameters (world / (tp x pp x cp))."""
+        return self.par.dp
 
     @property
     def zero_stage(self) -> int:
-        return int(self.preset.get("zero_stage", 0))
+        return self.par.zero
+
+    @property
+    def iterations(self) -> int:
+        return self.wl.train.iterations
 
     @property
     def parallelism(self) -> str:
-        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``."""
+        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``;
+        a general job lists tp, pp (with its schedule when not 1F1B), cp, ep, dp and, for deepspeed and
+        torchtitan, zero: ``tp=4,pp=2,dp=2,zero=3``."""
         if not self.workload:
             return f"world={self.world_size}"
-        if self.ep > 1:
-            return f"ep={self.ep}" if self.ep == self.world_size else f"ep={self.ep},dp={self.dp}"
-        if self.tp > 1:
-            return f"tp={self.tp},dp={self.dp}"
-        if self.zero_stage:
-            return f"dp={self.dp},zero={self.zero_stage}"
-        return f"dp={self.dp}"
+        p = self.par
+        if p.ep > 1 and p.ep == self.world_size:
+            return f"ep={p.ep}"
+        parts = [f"tp={p.tp}"] if p.tp > 1 else []
+        if p.pp > 1:
+            sched = (
+                ""
+                if p.pp_schedule == "1f1b"
+                else f"({p.pp_schedule}{p.virtual_stages if p.virtual_stages > 1 else ''})"
+            )
+            parts.append(f"pp={p.pp}{sched}")
+        parts += [f"cp={p.cp}"] if p.cp > 1 else []
+        parts += [f"ep={p.ep}"] if p.ep > 1 else []
+        parts.append(f"dp={p.dp}")
+        if p.zero and self.framework != "megatron":
+            parts.append(f"zero={p.zero}")
+        return ",".join(parts)
 
     @property
     def trace_dir(self) -> str:
@@ -196,9 +311,13 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
             raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
     elif spec.name:
         raise RunMatrixError(f"{entry}: name is only allowed with source = {' | '.join(PROFILED_SOURCES)}")
-    elif spec.workload not in (wl := presets()["workloads"]):
+    elif spec.workload_def is None and spec.workload not in (wl := workload_specs()):
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
-    elif spec.gpu not in gpu_specs():
+    elif spec.workload_def is not None and spec.workload_def.name != spec.workload:
+        raise RunMatrixError(
+            f"{entry}: workload {spec.workload!r} carries the definition of {spec.workload_def.name!r}"
+        )
+    elif not spec.gpu_def and spec.gpu not in gpu_specs():
         raise RunMatrixError(f"{entry}: unknown GPU {spec.gpu!r} (known: {', '.join(sorted(gpu_specs()))})")
     if spec.source not in SOURCES:
         raise RunMatrixError(f"{entry}: unknown source {spec.source!r} (known: {', '.join(SOURCES)})")
@@ -244,14 +363,8 @@ def validate(spec: RunSpec, entry: str) -> None:
     of undecodable bytes is refused: the registry could not be written), then every topology key.
     """
     _check_fields(spec, entry)
-    world = spec.world_size
-    tp = spec.tp
-    if world % tp or world < tp:
-        raise RunMatrixError(
-            f"{entry}: layout {spec.layout} has {world} GPU(s); {spec.workload} needs tensor_parallel_size={tp} "
-            f"to divide the GPU count"
-        )
-    _check_ep(spec, entry)
+    if spec.source not in PROFILED_SOURCES:
+        _check_layout(spec, entry)
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
@@ -261,27 +374,55 @@ def validate(spec: RunSpec, entry: str) -> None:
     _check_topology(spec, entry)
 
 
+def _check_layout(spec: RunSpec, entry: str) -> None:
+    """The workload's layout rules on the run's GPU count (:meth:`WorkloadSpec.resolve`), the
+    published runs' wording first: tp alone not dividing the GPU count, and the entry's ``ep``."""
+    wl, world = spec.wl, spec.world_size
+    p = wl.parallel
+    if p.dp == "rest" and p.pp == p.cp == 1 and world % p.tp:
+        raise RunMatrixError(
+            f"{entry}: layout {spec.layout} has {world} GPU(s); {spec.workload} needs tensor_parallel_size={p.tp} "
+            f"to divide the GPU count"
+        )
+    _check_ep(spec, entry)
+    wl.resolve(world, f"{entry}", spec.ep_size)
+
+
 def _check_ep(spec: RunSpec, entry: str) -> None:
-    """``ep``: an integer from 1 to the GPU count that divides the GPU count and the experts, MoE only."""
-    world, ep, experts = spec.world_size, spec.ep_size, int(spec.preset.get("num_moe_experts", 0))
-    if ep is None and spec.preset.get("expert_parallel") and experts % world:
-        why = f"sets expert_model_parallel_size = GPU count, which must divide num_moe_experts={experts} (or set ep)"
+    """``ep``: an integer from 1 to the expert mesh (the GPU count for a one-stage, etp = 1 job)
+    that divides it and the experts, Megatron MoE only."""
+    wl, world, ep = spec.wl, spec.world_size, spec.ep_size
+    experts, moe = wl.model.experts, wl.model.kind == "moe" and wl.framework == "megatron"
+    p = wl.parallel
+    mesh = world // (p.pp * (p.etp or p.tp)) if world % (p.pp * (p.etp or p.tp)) == 0 else world
+    where = "the GPU count" if mesh == world else f"the expert mesh ({mesh} ranks: GPUs / (pp x etp))"
+    if ep is None and moe and p.ep == "dp" and experts % mesh:
+        what = "GPU count" if mesh == world else "expert mesh"
+        why = f"sets expert_model_parallel_size = {what}, which must divide num_moe_experts={experts} (or set ep)"
     elif ep is None:
         return
     elif not _is_int(ep):
         raise RunMatrixError(f"{entry}: ep must be an integer, {_got(ep)}")
-    elif not spec.preset.get("expert_parallel"):
+    elif not moe:
         raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
-    elif not 1 <= ep <= world or world % ep or experts % ep:
-        why = f"needs ep from 1 to {world} dividing the GPU count and num_moe_experts={experts}, got {ep}"
+    elif not 1 <= ep <= mesh or mesh % ep or experts % ep:
+        why = f"needs ep from 1 to {mesh} dividing {where} and num_moe_experts={experts}, got {ep}"
     else:
         return
     raise RunMatrixError(f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} {why}")
 
 
-def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSpec]:
+def parse_entries(
+    entries: object,
+    source_name: str = "runs.toml",
+    workloads: dict[str, WorkloadSpec] | None = None,
+    gpus: dict[str, dict[str, Any]] | None = None,
+) -> list[RunSpec]:
     """Turn ``[[run]]`` tables into validated RunSpecs (values as written: nothing is coerced);
-    run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables."""
+    run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables;
+    ``workloads`` / ``gpus`` the file's own ``[workloads.NAME]`` / ``[gpus.NAME]`` (a run naming
+    one carries its definition)."""
+    workloads, gpus = workloads or {}, gpus or {}
     if not isinstance(entries, list):
         hint = " (write [[run]], not [run])" if isinstance(entries, dict) else ""
         raise RunMatrixError(f"{source_name}: run must be an array of tables ([[run]] entries){hint}, {_got(entries)}")
@@ -314,6 +455,10 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             rank=raw.get("rank"),
             bin_s=raw.get("bin_s", DEFAULT_BIN_S),
             ep_size=raw.get("ep"),
+            workload_def=workloads.get(raw["workload"]) if isinstance(raw["workload"], str) else None,
+            gpu_def=tuple(sorted(gpus[raw["gpu"]].items()))
+            if isinstance(raw["gpu"], str) and raw["gpu"] in gpus
+            else (),
         )
         validate(spec, label)
         if spec.run_id in seen:
@@ -376,7 +521,8 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise RunMatrixError(f"{path}: cannot read run matrix ({exc})") from exc
         name = str(path)
-    specs = parse_entries(data.get("run", []), name)
+    wls, gpus = _file_tables(data, name) if path is not None else ({}, {})
+    specs = parse_entries(data.get("run", []), name, wls, gpus)
     _PARSED[key] = (stamp, specs)
     return list(specs)
 

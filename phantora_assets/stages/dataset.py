@@ -87,8 +87,10 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "peak_flops": gpu["peak_bf16_flops"] if analytic else None,
         "alpha": gpu["matmul_efficiency"] if analytic else None,
         "workload": spec.workload,
-        "framework": {"megatron": "Megatron", "deepspeed": "DeepSpeed"}.get(spec.framework, spec.framework),
-        "model": spec.preset["model"],
+        "framework": {"megatron": "Megatron", "deepspeed": "DeepSpeed", "torchtitan": "TorchTitan"}.get(
+            spec.framework, spec.framework
+        ),
+        "model": spec.model_name,
         "parallelism": spec.parallelism,
         "gpu": spec.gpu,
         "gpus_per_node": spec.gpus_per_node,

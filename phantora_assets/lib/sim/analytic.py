@@ -60,7 +60,7 @@ from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
-from phantora_assets.matrix import RunSpec, presets
+from phantora_assets.matrix import RunSpec
 
 TINY_COLLECTIVE_BYTES = 4096
 WARMUP_COMPUTE_FACTOR = 1.2
@@ -81,7 +81,7 @@ class AnalyticSimulator:
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
-        self.iterations = int(iterations or presets()["common"]["iterations"])
+        self.iterations = int(iterations or spec.iterations)
         self.G = spec.gpus_per_node
         self.world = spec.world_size
         self.rng = np.random.default_rng(seed_of(spec.run_id, "analytic"))

@@ -56,6 +56,8 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         sp.framework,
         sp.tp,
         sp.ep,
+        sp.cp,
+        sp.par.etp,
         model.seq,
         model.mbs,
         model.hidden,
@@ -84,10 +86,14 @@ class TorchOps(OptimizerOps):
         self.h = model.hidden
         self.f = model.ffn
         self.tp = model.spec.tp
+        self.cp = model.spec.cp
         self.nh = model.heads
         self.nkv = model.kv_heads
         self.d = model.head_dim
         self.v = model.vocab
+        if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
+            t = self.tp
+            self.nh, self.nkv, self.f, self.v = self.nh // t, max(1, self.nkv // t), self.f // t, self.v // t
 
     # ================================================================== Megatron (local spec)
     def _mlin_fwd(self, k_in: int, n_out: int) -> list[Kernel]:
@@ -149,15 +155,16 @@ class TorchOps(OptimizerOps):
         qkv = (self.nh + 2 * self.nkv) * d // tp
         proj_in = self.nh * d // tp
         rope = self._mrope(self.nh // tp) + self._mrope(max(1, self.nkv // tp))
-        core = self._mcore_attention(phase)
+        core = self._mcore_attention(phase) * self.cp  # ring attention: cp blocks of [s/cp, s/cp]
         if phase == "fwd":
             return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
         return self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv)
 
     @_memo
-    def megatron_mlp(self, phase: str) -> list[Kernel]:
-        """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual."""
-        h, f = self.h, self.f // self.tp
+    def megatron_mlp(self, phase: str, ffn: int | None = None) -> list[Kernel]:
+        """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual; ``ffn`` its width
+        (default the model's)."""
+        h, f = self.h, (ffn or self.f) // self.tp
         glu = T(B16, self.s, 1, f)
         if phase == "fwd":
             return self._mlin_fwd(h, 2 * f) + [_r2("Mul", glu)] + self._mlin_fwd(f, h) + self._bda("fwd")
@@ -180,8 +187,9 @@ class TorchOps(OptimizerOps):
         """SequentialMLP over the local experts; each gets (s*topk/E) tokens from every EP rank."""
         m = self.m
         local = m.experts // m.spec.ep
-        tok = (self.s * m.topk // m.experts) * m.spec.ep
-        h, f = self.h, self.f
+        s_tok = self.s // self.tp if (self.tp > 1 and m.spec.par.sequence_parallel) else self.s
+        tok = (s_tok * m.topk // m.experts) * m.spec.ep * m.spec.par.etp
+        h, f = self.h, self.f // m.spec.par.etp
         a, p = T(B16, tok, f), T(B16, tok, 1)
         if phase == "fwd":
             one = [_mat((tok, h), (h, 2 * f)), _r2("Mul", a), ew("Mul", [a, p]), _mat((tok, f), (f, h))]
