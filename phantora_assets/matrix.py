@@ -31,7 +31,8 @@ from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, r
     TOPOLOGY_NAMES,
     topology_rule,
 )
-from phantora_assets.lib.sim.workload_spec import Parallel, WorkloadSpec, parse_gpu, parse_workloads
+from phantora_assets.lib.workload import tables
+from phantora_assets.lib.workload.spec import Parallel, WorkloadSpec, _got, parallelism_label, parse_workloads
 from phantora_assets.sources import SOURCE_NAMES
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
@@ -45,7 +46,6 @@ PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU;
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 _ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
 _ENTRY_KEYS += ("path", "name", "rank", "bin_s", "ep")
-_TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
 def _package_toml(name: str) -> dict[str, Any]:
@@ -72,66 +72,20 @@ def shipped_workloads() -> dict[str, WorkloadSpec]:
 
 def gpu_specs() -> dict[str, dict[str, Any]]:
     """The GPUs a run may name: ``gpus.toml``'s and the ``[gpus.NAME]`` tables of the run-matrix
-    file in use (``$PHANTORA_ASSETS_RUN_MATRIX``; checked as :func:`~phantora_assets.lib.sim.
-    workload_spec.parse_gpu` says)."""
-    extra = _matrix_tables(run_matrix_path())[1]
+    file in use (``$PHANTORA_ASSETS_RUN_MATRIX``; :func:`~phantora_assets.lib.workload.tables.parse_gpu`)."""
+    extra = tables.tables_of_file(run_matrix_path(), shipped_workloads(), shipped_gpu_specs())[1]
     return {**shipped_gpu_specs(), **extra} if extra else shipped_gpu_specs()
 
 
 def workload_specs() -> dict[str, WorkloadSpec]:
     """The workloads a run may name: the shipped ones and the run-matrix file's ``[workloads.NAME]``."""
-    extra = _matrix_tables(run_matrix_path())[0]
+    extra = tables.tables_of_file(run_matrix_path(), shipped_workloads(), shipped_gpu_specs())[0]
     return {**shipped_workloads(), **extra} if extra else shipped_workloads()
-
-
-_TABLES: dict[str, tuple[tuple[int, ...] | None, tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]]] = {}
-
-
-def _matrix_tables(path: Path | None) -> tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]:
-    """The ``[workloads.*]`` and ``[gpus.*]`` of a run-matrix file (none for the shipped one),
-    parsed once per state of the file. A name of a shipped workload or GPU is refused."""
-    if path is None:
-        return {}, {}
-    stamp = _stamp(path)
-    hit = _TABLES.get(str(path))
-    if hit is not None and hit[0] == stamp and stamp is not None:
-        return hit[1]
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}, {}  # load_run_matrix reports the unreadable file
-    got = _file_tables(data, str(path))
-    _TABLES[str(path)] = (stamp, got)
-    return got
-
-
-def _file_tables(data: dict[str, Any], name: str) -> tuple[dict[str, WorkloadSpec], dict[str, dict[str, Any]]]:
-    unknown = set(data) - {"run", "workloads", "gpus"}
-    if unknown:
-        raise RunMatrixError(f"{name}: unknown top-level keys {sorted(unknown)} (known: run, workloads, gpus)")
-    wls = parse_workloads(data.get("workloads", {}), name)
-    clash = set(wls) & set(shipped_workloads())
-    if clash:
-        raise RunMatrixError(f"{name}: [workloads.{sorted(clash)[0]}] is a shipped workload: name yours differently")
-    for w in wls:
-        if not _NAME.match(w):
-            raise RunMatrixError(f"{name}: [workloads.{w}]: a workload name is [a-z0-9_], up to 100 characters")
-    gpus_t = data.get("gpus", {})
-    if not isinstance(gpus_t, dict):
-        raise RunMatrixError(f"{name}: gpus must be a table of [gpus.NAME] tables, {_got(gpus_t)}")
-    gpus = {g: parse_gpu(g, t, name) for g, t in gpus_t.items()}
-    clash = set(gpus) & set(shipped_gpu_specs())
-    if clash:
-        raise RunMatrixError(f"{name}: [gpus.{sorted(clash)[0]}] is a shipped GPU (gpus.toml): name yours differently")
-    for g in gpus:
-        if not _NAME.match(g):
-            raise RunMatrixError(f"{name}: [gpus.{g}]: a GPU name is [a-z0-9_], up to 100 characters")
-    return wls, gpus
 
 
 @cache
 def _resolved(wl: WorkloadSpec, world: int, ep_size: int | None) -> Parallel:
-    return wl.resolve(world, "run", ep_size)
+    return tables.resolve(wl, world, "run", ep_size)
 
 
 @dataclass(frozen=True)
@@ -184,7 +138,7 @@ class RunSpec:
 
     @property
     def wl(self) -> WorkloadSpec:
-        """The run's workload (schema: lib/sim/workload_spec.py). KeyError for a profiled run."""
+        """The run's workload (schema: lib/workload/spec.py). KeyError for a profiled run."""
         return self.workload_def or workload_specs()[self.workload]
 
     @property
@@ -224,14 +178,6 @@ class RunSpec:
         return self.par.tp
 
     @property
-    def pp(self) -> int:
-        return self.par.pp
-
-    @property
-    def cp(self) -> int:
-        return self.par.cp
-
-    @property
     def ep(self) -> int:
         return self.par.ep
 
@@ -245,56 +191,15 @@ class RunSpec:
         return self.par.zero
 
     @property
-    def iterations(self) -> int:
-        return self.wl.train.iterations
-
-    @property
     def parallelism(self) -> str:
-        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``;
-        a general job lists tp, pp (with its schedule when not 1F1B), cp, ep, dp and, for deepspeed and
-        torchtitan, zero: ``tp=4,pp=2,dp=2,zero=3``."""
-        if not self.workload:
-            return f"world={self.world_size}"
-        p = self.par
-        if p.ep > 1 and p.ep == self.world_size:
-            return f"ep={p.ep}"
-        parts = [f"tp={p.tp}"] if p.tp > 1 else []
-        if p.pp > 1:
-            sched = (
-                ""
-                if p.pp_schedule == "1f1b"
-                else f"({p.pp_schedule}{p.virtual_stages if p.virtual_stages > 1 else ''})"
-            )
-            parts.append(f"pp={p.pp}{sched}")
-        parts += [f"cp={p.cp}"] if p.cp > 1 else []
-        parts += [f"ep={p.ep}"] if p.ep > 1 else []
-        parts.append(f"dp={p.dp}")
-        if p.zero and self.framework != "megatron":
-            parts.append(f"zero={p.zero}")
-        return ",".join(parts)
+        """Published-style parallelism string (``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``
+        for a profiled run; :func:`~phantora_assets.lib.workload.spec.parallelism_label`)."""
+        return parallelism_label(self.par, self.framework) if self.workload else f"world={self.world_size}"
 
     @property
     def trace_dir(self) -> str:
         """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
         return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _got(value: object) -> str:
-    """``got <value> (<TOML type>)`` for a message (booleans spelled as in TOML, long values cut)."""
-    shown = str(value).lower() if isinstance(value, bool) else repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return f"got {shown} ({_TOML_KINDS.get(type(value), type(value).__name__)})"
-
-
-def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: object) -> str:
-    """``<workload> <gpu> <layout>`` of an entry for its label; ``?`` for a value of the wrong type."""
-    name = [v if isinstance(v, str) else "?" for v in (workload, gpu)]
-    layout = "x".join(str(v) if _is_int(v) else "?" for v in (nodes, gpus_per_node))
-    return f"{name[0]} {name[1]} {layout}"
 
 
 def _check_fields(spec: RunSpec, entry: str) -> None:
@@ -304,7 +209,7 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
         if not isinstance(value, str):
             raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
     for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
-        if not _is_int(count):
+        if not tables._is_int(count):
             raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
     if spec.source in PROFILED_SOURCES:
         if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
@@ -332,7 +237,7 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
             f"{entry}: layout {spec.layout} ({spec.world_size} GPUs) is larger than the simulator supports: at most "
             f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
         )
-    if spec.rank is not None and not (spec.source == "kineto" and _is_int(spec.rank) and 0 <= spec.rank < world):
+    if spec.rank is not None and not (spec.source == "kineto" and tables._is_int(spec.rank) and 0 <= spec.rank < world):
         raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {_got(spec.rank)}")
 
 
@@ -364,7 +269,7 @@ def validate(spec: RunSpec, entry: str) -> None:
     """
     _check_fields(spec, entry)
     if spec.source not in PROFILED_SOURCES:
-        _check_layout(spec, entry)
+        tables.check_layout(spec, entry)
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
@@ -372,44 +277,6 @@ def validate(spec: RunSpec, entry: str) -> None:
     if spec.path.encode("utf-8", "replace").decode() != spec.path:  # a file name's undecodable bytes
         raise RunMatrixError(f"{entry}: path {spec.path!r} is not UTF-8 text (the registry and records are): rename it")
     _check_topology(spec, entry)
-
-
-def _check_layout(spec: RunSpec, entry: str) -> None:
-    """The workload's layout rules on the run's GPU count (:meth:`WorkloadSpec.resolve`), the
-    published runs' wording first: tp alone not dividing the GPU count, and the entry's ``ep``."""
-    wl, world = spec.wl, spec.world_size
-    p = wl.parallel
-    if p.dp == "rest" and p.pp == p.cp == 1 and world % p.tp:
-        raise RunMatrixError(
-            f"{entry}: layout {spec.layout} has {world} GPU(s); {spec.workload} needs tensor_parallel_size={p.tp} "
-            f"to divide the GPU count"
-        )
-    _check_ep(spec, entry)
-    wl.resolve(world, f"{entry}", spec.ep_size)
-
-
-def _check_ep(spec: RunSpec, entry: str) -> None:
-    """``ep``: an integer from 1 to the expert mesh (the GPU count for a one-stage, etp = 1 job)
-    that divides it and the experts, Megatron MoE only."""
-    wl, world, ep = spec.wl, spec.world_size, spec.ep_size
-    experts, moe = wl.model.experts, wl.model.kind == "moe" and wl.framework == "megatron"
-    p = wl.parallel
-    mesh = world // (p.pp * (p.etp or p.tp)) if world % (p.pp * (p.etp or p.tp)) == 0 else world
-    where = "the GPU count" if mesh == world else f"the expert mesh ({mesh} ranks: GPUs / (pp x etp))"
-    if ep is None and moe and p.ep == "dp" and experts % mesh:
-        what = "GPU count" if mesh == world else "expert mesh"
-        why = f"sets expert_model_parallel_size = {what}, which must divide num_moe_experts={experts} (or set ep)"
-    elif ep is None:
-        return
-    elif not _is_int(ep):
-        raise RunMatrixError(f"{entry}: ep must be an integer, {_got(ep)}")
-    elif not moe:
-        raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
-    elif not 1 <= ep <= mesh or mesh % ep or experts % ep:
-        why = f"needs ep from 1 to {mesh} dividing {where} and num_moe_experts={experts}, got {ep}"
-    else:
-        return
-    raise RunMatrixError(f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} {why}")
 
 
 def parse_entries(
@@ -438,7 +305,7 @@ def parse_entries(
         extra = set(raw) - set(_ENTRY_KEYS)
         if extra:
             raise RunMatrixError(f"{entry}: unknown keys {sorted(extra)}")
-        label = f"{entry} ({_describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
+        label = f"{entry} ({tables._describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
         topology = raw.get("topology", {})
         if not isinstance(topology, dict):
             raise RunMatrixError(f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {_got(topology)}")
@@ -476,7 +343,9 @@ def check_specs(specs: list[RunSpec], source_name: str) -> None:
     for i, spec in enumerate(specs):
         if not isinstance(spec, RunSpec):
             raise RunMatrixError(f"{source_name} #{i + 1}: not a RunSpec, {_got(spec)}")
-        entry = f"{source_name} #{i + 1} ({_describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
+        entry = (
+            f"{source_name} #{i + 1} ({tables._describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
+        )
         validate(spec, entry)
         if spec.run_id in seen:
             raise RunMatrixError(f"{entry}: duplicate run_id {spec.run_id}")
@@ -487,14 +356,6 @@ def run_matrix_path() -> Path | None:
     """The user's run matrix file from ``PHANTORA_ASSETS_RUN_MATRIX``, or None for the shipped one."""
     value = os.environ.get(RUN_MATRIX_ENV)
     return Path(value) if value else None
-
-
-def _stamp(path: Path) -> tuple[int, ...] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 _PARSED: dict[str, tuple[tuple[int, ...] | None, list[RunSpec]]] = {}
@@ -509,7 +370,7 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
     """
     path = Path(path) if path else run_matrix_path()
     key = str(path) if path is not None else ""
-    stamp = _stamp(path) if path is not None else None
+    stamp = tables.file_stamp(path) if path is not None else None
     hit = _PARSED.get(key)
     if hit is not None and hit[0] == stamp and (path is None or stamp is not None):
         return list(hit[1])
@@ -521,7 +382,9 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise RunMatrixError(f"{path}: cannot read run matrix ({exc})") from exc
         name = str(path)
-    wls, gpus = _file_tables(data, name) if path is not None else ({}, {})
+    wls, gpus = (
+        tables.file_tables(data, name, shipped_workloads(), shipped_gpu_specs()) if path is not None else ({}, {})
+    )
     specs = parse_entries(data.get("run", []), name, wls, gpus)
     _PARSED[key] = (stamp, specs)
     return list(specs)

@@ -14,12 +14,10 @@ Only what Phantora times is listed: ops it does not intercept (embedding, fused 
 permute, copy_, zero_, sqrt, lerp, ...) cost zero in Phantora and are absent here. Each
 method returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank.
 
-The lists are built from a run's
-:class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (its dimensions, tp/ep, and the
-per-rank parameter shapes); the step programs of :mod:`~phantora_assets.lib.sim.workloads` call
-:func:`torch_ops` with their model, so the dependency runs workloads -> torch_ops ->
-optimizer_ops -> workload_layout, never back. Tensor shapes are element dims, sizes element
-counts; nothing here raises for a valid layout. No Dagster import.
+Built from a run's :class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (dimensions,
+tp/cp/ep, per-rank shapes; torchtitan's on TP shards); the step programs call :func:`torch_ops`
+(workloads -> torch_ops -> optimizer_ops -> workload_layout, never back). Shapes are element dims,
+sizes element counts; nothing raises for a valid layout. No Dagster import.
 """
 
 from __future__ import annotations
@@ -54,10 +52,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
     key = (
         sp.workload,
         sp.framework,
-        sp.tp,
-        sp.ep,
-        sp.cp,
-        sp.par.etp,
+        sp.par,
         model.seq,
         model.mbs,
         model.hidden,
@@ -86,14 +81,13 @@ class TorchOps(OptimizerOps):
         self.h = model.hidden
         self.f = model.ffn
         self.tp = model.spec.tp
-        self.cp = model.spec.cp
+        self.cp = model.spec.par.cp
         self.nh = model.heads
         self.nkv = model.kv_heads
         self.d = model.head_dim
         self.v = model.vocab
         if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
-            t = self.tp
-            self.nh, self.nkv, self.f, self.v = self.nh // t, max(1, self.nkv // t), self.f // t, self.v // t
+            self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
 
     # ================================================================== Megatron (local spec)
     def _mlin_fwd(self, k_in: int, n_out: int) -> list[Kernel]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from phantora_assets.lib.sim.workload_spec import Parallel
 from phantora_assets.lib.sim.workload_types import MEGATRON_BUCKET_ELEMENTS, Communicator, Param
+from phantora_assets.lib.workload.spec import Parallel
 from phantora_assets.matrix import RunSpec
 
 #: a communicator kind -> the parallelism group of its flows (docs/WORKLOADS.md "Groups")
@@ -87,7 +87,7 @@ class WorkloadLayout:
         m, t = self.spec.wl.model, self.spec.wl.train
         self.seq_len = t.seq_len
         self.seq = (
-            t.seq_len // self.spec.cp
+            t.seq_len // self.spec.par.cp
         )  # the tokens of a micro-batch on one rank (context parallelism splits them)
         self.mbs = t.micro_batch
         self.layers = m.layers
@@ -235,17 +235,17 @@ class WorkloadLayout:
     # ------------------------------------------------------------------ pipeline stages
     def layers_per_chunk(self) -> int:
         """Layers of one model chunk (pp x virtual_stages chunks in all)."""
-        return self.layers // (self.spec.pp * self.spec.par.virtual_stages)
+        return self.layers // (self.spec.par.pp * self.spec.par.virtual_stages)
 
     def stage_of_layer(self, i: int) -> int:
         """Pipeline stage holding layer ``i``: chunk c = i // layers_per_chunk lives on stage c % pp
         (Megatron-core's and torchtitan's interleaved placement; c // pp is its virtual stage)."""
-        return (i // self.layers_per_chunk()) % self.spec.pp
+        return (i // self.layers_per_chunk()) % self.spec.par.pp
 
     def chunk_layers(self, stage: int, v: int) -> range:
         """Layers of virtual stage ``v`` of ``stage`` (global chunk v * pp + stage)."""
         n = self.layers_per_chunk()
-        c = v * self.spec.pp + stage
+        c = v * self.spec.par.pp + stage
         return range(c * n, (c + 1) * n)
 
     def stage_of(self, module: str) -> int:
@@ -253,11 +253,11 @@ class WorkloadLayout:
         layer on the last, a layer's modules on its layer's stage."""
         if module.startswith("layers."):
             return self.stage_of_layer(int(module.split(".")[1]))
-        return 0 if module.startswith("embedding") else self.spec.pp - 1
+        return 0 if module.startswith("embedding") else self.spec.par.pp - 1
 
     def stage_params(self, stage: int | None) -> list[Param]:
         """Parameters held by the ranks of ``stage`` (all for None or a one-stage job)."""
-        if stage is None or self.spec.pp == 1:
+        if stage is None or self.spec.par.pp == 1:
             return self.params
         cache = self.__dict__.setdefault("_stage_params", {})
         if stage not in cache:
@@ -266,7 +266,7 @@ class WorkloadLayout:
 
     def stage_ranks(self, stage: int) -> range:
         """Global ranks of pipeline stage ``stage`` (pp is the outermost coordinate)."""
-        n = self.spec.world_size // self.spec.pp
+        n = self.spec.world_size // self.spec.par.pp
         return range(stage * n, (stage + 1) * n)
 
     def dense_params_local(self, stage: int | None = None) -> list[tuple[str, int]]:
@@ -328,7 +328,7 @@ class WorkloadLayout:
     def grad_sync_size(self) -> int:
         """Ranks a dense gradient is reduced over: dp x cp (Megatron's data-parallel group with
         context parallelism; dp alone when cp = 1)."""
-        return self.spec.dp * self.spec.cp
+        return self.spec.dp * self.spec.par.cp
 
     def megatron_dense_buckets(self, stage: int | None = None) -> list[tuple[int, list[tuple[Param, int, int]]]]:
         """The DDP grad buffer of the dense parameters of ``stage``: parameters in reverse order, a

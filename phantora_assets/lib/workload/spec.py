@@ -10,7 +10,8 @@ A workload is a table with three sub-tables (docs/WORKLOADS.md lists every key):
 :func:`parse_workload` checks one table on its own (types as written, nothing coerced; known keys
 only; ranges; the shape rules that do not depend on the GPU count: tp divides heads and kv_heads,
 pp x virtual_stages divides layers, experts divisible by ep, ...) and returns a frozen, hashable
-:class:`WorkloadSpec`. :meth:`WorkloadSpec.resolve` adds the rules of a layout (dp x tp x pp x cp
+:class:`WorkloadSpec`. :func:`~phantora_assets.lib.workload.tables.resolve` adds the rules of a
+layout (dp x tp x pp x cp
 == GPUs, ep dividing the expert mesh, global_batch divisible by micro_batch x dp) and returns the
 :class:`Parallel` sizes of one run. Both raise :class:`~phantora_assets.lib.errors.RunMatrixError`
 naming the entry and the rule. Pure data: no Dagster import, no simulator import.
@@ -19,7 +20,6 @@ naming the entry and the rule. Pure data: no Dagster import, no simulator import
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,65 +215,6 @@ class WorkloadSpec:
     def model_name(self) -> str:
         return self.model.name or self.name
 
-    def resolve(self, world: int, entry: str, ep_override: int | None = None) -> Parallel:
-        """The sizes of this workload on ``world`` GPUs (``ep_override``: a ``[[run]]`` entry's
-        ``ep``). Raises RunMatrixError naming ``entry`` and the rule."""
-        p, m, t = self.parallel, self.model, self.train
-        w = f"{entry}: workload {self.name}"
-        fixed = p.tp * p.pp * p.cp
-        if p.dp == REST:
-            if world % fixed:
-                raise RunMatrixError(
-                    f"{w}: tp x pp x cp = {p.tp} x {p.pp} x {p.cp} = {fixed} must divide the GPU count {world} "
-                    f'(dp = "rest" takes the GPUs left)'
-                )
-            dp = world // fixed
-        else:
-            dp = int(p.dp)
-            if dp * fixed != world:
-                raise RunMatrixError(
-                    f"{w}: dp x tp x pp x cp = {dp} x {p.tp} x {p.pp} x {p.cp} = {dp * fixed} must equal the GPU "
-                    f'count {world} (or write dp = "rest")'
-                )
-        etp = p.tp if p.etp is None else p.etp
-        mesh = dp * p.cp * p.tp  # ranks of one pipeline stage
-        if m.kind == "moe" and self.framework == "megatron":
-            ep = mesh // etp if p.ep == "dp" else int(p.ep)
-            if ep_override is not None:
-                ep = ep_override
-            if mesh % etp or (mesh // etp) % ep:
-                raise RunMatrixError(
-                    f"{w}: ep = {ep} must divide dp x cp x tp / etp = {dp} x {p.cp} x {p.tp} / {etp} = {mesh // etp}"
-                    " (Megatron-core's expert mesh: etp x ep x edp = the ranks of a pipeline stage)"
-                )
-            if m.experts % ep:
-                raise RunMatrixError(f"{w}: experts = {m.experts} must be divisible by ep = {ep}")
-        elif ep_override is not None:
-            raise RunMatrixError(f"{entry}: ep is only allowed for a Megatron MoE workload ({self.name} is not)")
-        else:
-            ep = 1
-        edp = mesh // (ep * etp)
-        if p.dp_replicate > 1 and dp % p.dp_replicate:
-            raise RunMatrixError(f"{w}: dp_replicate = {p.dp_replicate} must divide dp = {dp} (HSDP)")
-        if t.global_batch is not None:
-            if t.global_batch % (t.micro_batch * dp):
-                raise RunMatrixError(
-                    f"{w}: global_batch = {t.global_batch} must be divisible by micro_batch x dp = "
-                    f"{t.micro_batch} x {dp} = {t.micro_batch * dp}"
-                )
-            mbs = t.global_batch // (t.micro_batch * dp)
-        else:
-            mbs = int(t.grad_accumulation or 1)
-        if p.pp_schedule == "interleaved" and p.pp > 1 and mbs % p.pp:
-            raise RunMatrixError(
-                f"{w}: the interleaved schedule needs micro-batches per step ({mbs}) divisible by pp = {p.pp}"
-                " (Megatron-core's rule)"
-            )
-        return Parallel(
-            world, p.tp, p.pp, dp, p.cp, ep, etp, edp, mbs, p.sequence_parallel, p.zero, p.dp_replicate,
-            p.pp_schedule if p.pp > 1 else "none", p.virtual_stages,
-        )  # fmt: skip
-
 
 def _choice(value: str, choices: tuple[str, ...], key: str, where: str) -> None:
     if value not in choices:
@@ -414,38 +355,19 @@ def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]
     return {name: parse_workload(name, t, source_name) for name, t in tables.items()}
 
 
-GPU_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
-    "name": ((str,), ...),
-    "memory_gb": ((int, float), ...),
-    "peak_bf16_flops": ((int, float), ...),
-    "mem_bw_bytes_per_s": ((int, float), ...),
-    "matmul_efficiency": ((int, float), ...),
-    "memory_efficiency": ((int, float), ...),
-    "l2_bytes": ((int,), 0),
-    "l2_bw_bytes_per_s": ((int, float), 0),
-    "kernel_floor_ns": ((int, float), 1000),
-    "gemm_floor_ns": ((int, float), 4900),
-    "perfdb": ((str,), ""),
-    "source": ((str,), ""),
-}
-
-
-def parse_gpu(name: str, table: object, source_name: str) -> dict[str, Any]:
-    """One ``[gpus.NAME]`` table (the keys of ``gpus.toml``), checked: known keys, TOML types,
-    positive finite peaks, efficiencies in (0, 1]. Returns the dict with defaults filled in."""
-    where = f"{source_name} [gpus.{name}]"
-    d = _fields(table, GPU_KEYS, where)
-    for k in ("memory_gb", "peak_bf16_flops", "mem_bw_bytes_per_s"):
-        if not (math.isfinite(d[k]) and d[k] > 0):
-            raise RunMatrixError(f"{where}: {k} must be > 0 and finite, got {d[k]!r}")
-    for k in ("matmul_efficiency", "memory_efficiency"):
-        if not 0 < d[k] <= 1:
-            raise RunMatrixError(f"{where}: {k} must be in (0, 1], got {d[k]!r}")
-    for k in ("l2_bytes", "l2_bw_bytes_per_s", "kernel_floor_ns", "gemm_floor_ns"):
-        if not (math.isfinite(d[k]) and d[k] >= 0):
-            raise RunMatrixError(f"{where}: {k} must be >= 0 and finite, got {d[k]!r}")
-    if not d["perfdb"]:
-        d["perfdb"] = name
-    if not d["source"]:
-        d.pop("source")
-    return d
+def parallelism_label(par: Parallel, framework: str) -> str:
+    """Published-style parallelism string: ``ep=N`` when ep spans every GPU, else tp, pp (with its
+    schedule when not 1F1B), cp, ep, dp and, for deepspeed and torchtitan, zero: ``tp=2,dp=4``,
+    ``dp=4,zero=3``, ``tp=4,pp=2(interleaved2),dp=2,zero=3``."""
+    if par.ep > 1 and par.ep == par.world:
+        return f"ep={par.ep}"
+    parts = [f"tp={par.tp}"] if par.tp > 1 else []
+    if par.pp > 1:
+        vs = par.virtual_stages if par.virtual_stages > 1 else ""
+        parts.append(f"pp={par.pp}" + ("" if par.pp_schedule == "1f1b" else f"({par.pp_schedule}{vs})"))
+    parts += [f"cp={par.cp}"] if par.cp > 1 else []
+    parts += [f"ep={par.ep}"] if par.ep > 1 else []
+    parts.append(f"dp={par.dp}")
+    if par.zero and framework != "megatron":
+        parts.append(f"zero={par.zero}")
+    return ",".join(parts)
