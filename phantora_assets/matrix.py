@@ -16,7 +16,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -136,12 +136,12 @@ class RunSpec:
     def world_size(self) -> int:
         return self.n_nodes * self.gpus_per_node
 
-    @property
+    @cached_property
     def wl(self) -> WorkloadSpec:
         """The run's workload (schema: lib/workload/spec.py). KeyError for a profiled run."""
         return self.workload_def or workload_specs()[self.workload]
 
-    @property
+    @cached_property
     def par(self) -> Parallel:
         """The run's parallel sizes (the workload resolved on the layout; cached)."""
         return _resolved(self.wl, self.world_size, self.ep_size)

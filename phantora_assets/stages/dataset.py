@@ -151,6 +151,8 @@ def database_tables() -> list[database.Table]:
         "op": "all_reduce | all_gather | reduce_scatter | broadcast | send | recv",
         "comm_id": "communicator: 16 hex chars of blake2b of the NCCL id",
         "step": "step index (-1: before the first step)",
+        "group": "parallelism group of the flow's communicator: tp | cp | ep | dp | pp | other "
+        '(docs/WORKLOADS.md "Groups": dp covers dp x cp, expert-data-parallel and HSDP replicas)',
     }
     return [
         database.Table(
@@ -187,7 +189,7 @@ def database_tables() -> list[database.Table]:
         ),
         database.Table(
             "flows",
-            {**FLOW_COLUMNS, "step": "int64"},
+            {**FLOW_COLUMNS, "step": "int64", "group": "str"},
             "flows.parquet",
             "The validated per-flow table: one row per network flow (src_node != dst_node) of the "
             "run's trace, with op, communicator and step.",

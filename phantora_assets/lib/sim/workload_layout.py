@@ -25,49 +25,9 @@ import math
 from dataclasses import dataclass, field
 
 from phantora_assets.lib.sim.workload_types import MEGATRON_BUCKET_ELEMENTS, Communicator, Param
-from phantora_assets.lib.workload.spec import Parallel
+from phantora_assets.lib.workload.pipeline import stage_bounds
+from phantora_assets.lib.workload.placement import groups_of, rank_coords
 from phantora_assets.matrix import RunSpec
-
-#: a communicator kind -> the parallelism group of its flows (docs/WORKLOADS.md "Groups")
-GROUP_OF_KIND: dict[str, str] = {
-    "tp": "tp",
-    "cp": "cp",
-    "pp": "pp",
-    "ep": "ep",
-    "dp": "dp",
-    "dp_cp": "dp",
-    "edp": "dp",
-    "dp_rep": "dp",
-}
-
-
-def rank_coords(par: Parallel, rank: int) -> dict[str, int]:
-    """Coordinates of global ``rank``: tp, cp, dp, pp (rank = tp + TP*(cp + CP*(dp + DP*pp))),
-    dp_shard / dp_rep (dp = dp_shard + dp_shard_size * dp_rep), and the expert mesh's etp, ep,
-    edp (stage-local rank = etp + ETP*(ep + EP*edp))."""
-    tp, cp, dp = par.tp, par.cp, par.dp
-    c = {"tp": rank % tp, "cp": (rank // tp) % cp, "dp": (rank // (tp * cp)) % dp, "pp": rank // (tp * cp * dp)}
-    shard = dp // par.dp_replicate
-    c["dp_shard"], c["dp_rep"] = c["dp"] % shard, c["dp"] // shard
-    local = rank % (tp * cp * dp)
-    c["etp"], c["ep"], c["edp"] = local % par.etp, (local // par.etp) % par.ep, local // (par.etp * par.ep)
-    return c
-
-
-def groups_of(par: Parallel, kind: str, dims: tuple[str, ...]) -> list[Communicator]:
-    """The communicators of ``kind``: global ranks grouped by equal coordinates outside ``dims``
-    (:func:`rank_coords`), each group ascending, groups in order of their first rank."""
-    dims_all = (
-        ("tp", "cp", "dp_shard", "dp_rep", "pp") if "dp_shard" in dims or "dp_rep" in dims else ("tp", "cp", "dp", "pp")
-    )
-    if dims[0] in ("ep", "edp"):
-        dims_all = ("etp", "ep", "edp", "pp")
-    keep = [d for d in dims_all if d not in dims and not (d == "dp" and "dp" in dims)]
-    found: dict[tuple[int, ...], list[int]] = {}
-    for r in range(par.world):
-        c = rank_coords(par, r)
-        found.setdefault(tuple(c[d] for d in keep), []).append(r)
-    return [Communicator(f"{kind}{i}", kind, tuple(g)) for i, g in enumerate(found.values())]
 
 
 def ceil_to(x: int, m: int) -> int:
@@ -234,16 +194,31 @@ class WorkloadLayout:
 
     # ------------------------------------------------------------------ pipeline stages
     def layers_per_chunk(self) -> int:
-        """Layers of one model chunk (pp x virtual_stages chunks in all)."""
+        """Layers of one model chunk (pp x virtual_stages chunks in all; the largest with uneven stages)."""
+        if self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers:
+            return max(b - a for a, b in self._bounds())
         return self.layers // (self.spec.par.pp * self.spec.par.virtual_stages)
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        par = self.spec.wl.parallel
+        return stage_bounds(par.pp, self.layers, par.first_stage_layers, par.last_stage_layers)
 
     def stage_of_layer(self, i: int) -> int:
         """Pipeline stage holding layer ``i``: chunk c = i // layers_per_chunk lives on stage c % pp
-        (Megatron-core's and torchtitan's interleaved placement; c // pp is its virtual stage)."""
+        (Megatron-core's and torchtitan's interleaved placement; c // pp is its virtual stage);
+        with uneven first / last stages, the stage whose bounds hold i."""
+        if self.spec.par.pp > 1 and (
+            self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers
+        ):
+            return next(st for st, (a, b) in enumerate(self._bounds()) if a <= i < b)
         return (i // self.layers_per_chunk()) % self.spec.par.pp
 
     def chunk_layers(self, stage: int, v: int) -> range:
         """Layers of virtual stage ``v`` of ``stage`` (global chunk v * pp + stage)."""
+        if self.spec.par.pp > 1 and (
+            self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers
+        ):
+            return range(*self._bounds()[stage])
         n = self.layers_per_chunk()
         c = v * self.spec.par.pp + stage
         return range(c * n, (c + 1) * n)

@@ -6,6 +6,8 @@
 * :func:`step_collectives`: every :class:`CollectiveCall` of one steady (or the warm-up) step, in
   issue order per communicator, over the programs of all pipeline stages.
 * :func:`collective_table`: the same grouped per (communicator, op, dtype, count).
+* :func:`comm_groups`: the parallelism group (tp, cp, ep, dp, pp, other) of each communicator of a
+  run's flow table (the flows' ``group`` column).
 
 docs/WORKLOADS.md "Python API" documents the fields. The programs come from
 :class:`~phantora_assets.lib.sim.workloads.WorkloadModel`; nothing is simulated. Raises
@@ -19,12 +21,14 @@ from typing import Any
 
 import pandas as pd
 
-from phantora_assets.lib.sim.workload_layout import GROUP_OF_KIND
+from phantora_assets.lib.phantora.chrome_trace import comm_id_of
+from phantora_assets.lib.sim.keys import comm_id_bytes
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
-from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.sim.workloads import WorkloadModel, workload_model
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
+from phantora_assets.lib.workload.placement import GROUP_OF_KIND
 from phantora_assets.lib.workload.spec import WorkloadSpec, parse_workload
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.matrix import PROFILED_SOURCES, RunSpec, validate
 
 
 @dataclass(frozen=True)
@@ -123,3 +127,36 @@ def collective_table(spec: RunSpec, warmup: bool = False) -> pd.DataFrame:
         return df.assign(calls=pd.Series(dtype="int64"))
     keys = ["comm", "group", "op", "dtype", "count", "bytes_per_call", "ranks"]
     return df.groupby(keys, sort=True).size().rename("calls").reset_index()
+
+
+def comm_groups(spec: RunSpec, flows: pd.DataFrame) -> dict[str, str]:
+    """``comm_id -> group`` for every communicator of ``flows`` (``columns.FLOW_COLUMNS``) of run
+    ``spec`` (docs/WORKLOADS.md "Groups"):
+
+    * analytic runs: the communicator named by the id (``keys.comm_id_bytes`` of its name) takes
+      its kind's group (:data:`~phantora_assets.lib.sim.workload_layout.GROUP_OF_KIND`);
+    * other runs of a known workload (Phantora in Docker, imports): the global ranks that send on
+      the communicator (host index x gpus_per_node + the stream's device) and its size (the
+      largest ``comm_rank`` + 1) are matched against the communicators the generator builds for
+      the run's layout: the group of the one kind with a communicator of that size holding every
+      sender, else ``other``;
+    * runs without a workload (Kineto, Chakra) and anything unmatched: ``other``.
+    """
+    ids = flows["comm_id"].unique().tolist() if len(flows) else []
+    if not ids or spec.source in PROFILED_SOURCES or not spec.workload:
+        return {c: "other" for c in ids}
+    model = workload_model(spec)
+    comms = [c for cs in model.comms.values() for c in cs]
+    if spec.source == "analytic":
+        named = {comm_id_of(comm_id_bytes(spec.run_id, c.name)): group_of(c) for c in comms}
+        return {c: named.get(c, "other") for c in ids}
+    g = spec.gpus_per_node
+    rank = flows["src_node"].to_numpy() * g + (flows["stream"].to_numpy() >> 32)
+    frame = pd.DataFrame({"comm_id": flows["comm_id"].to_numpy(), "rank": rank, "comm_rank": flows["comm_rank"]})
+    out: dict[str, str] = {}
+    for cid, part in frame.groupby("comm_id", sort=False):
+        members = set(part["rank"].tolist())
+        size = int(part["comm_rank"].max()) + 1
+        kinds = {group_of(c) for c in comms if len(c.ranks) >= max(size, 2) and members <= set(c.ranks)}
+        out[str(cid)] = kinds.pop() if len(kinds) == 1 else "other"
+    return out

@@ -81,3 +81,21 @@ def in_flight(kind: str, pp: int, stage: int, micro_batches: int, vs: int = 1) -
         live += 1 if phase == "F" else -1
         peak = max(peak, live)
     return peak
+
+
+def stage_bounds(pp: int, layers: int, first: int | None, last: int | None) -> list[tuple[int, int]]:
+    """(first layer, end) of each of ``pp`` stages (one model chunk per stage): the first and last
+    stages hold ``first`` / ``last`` layers when set (Megatron-core's
+    ``num_layers_in_first/last_pipeline_stage``), the others share the rest evenly."""
+    mid = pp - (first is not None) - (last is not None)
+    each = (layers - (first or 0) - (last or 0)) // mid if mid else 0
+    sizes = [each] * pp
+    if first is not None:
+        sizes[0] = first
+    if last is not None:
+        sizes[-1] = last
+    out, a = [], 0
+    for n in sizes:
+        out.append((a, a + n))
+        a += n
+    return out

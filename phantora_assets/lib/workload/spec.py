@@ -72,6 +72,8 @@ _PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "dp_replicate": ((int,), 1),
     "pp_schedule": ((str,), "1f1b"),
     "virtual_stages": ((int,), 1),
+    "first_stage_layers": ((int,), None),
+    "last_stage_layers": ((int,), None),
 }
 _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "seq_len": ((int,), ...),
@@ -158,6 +160,8 @@ class ParallelSpec:
     dp_replicate: int = 1
     pp_schedule: str = "1f1b"
     virtual_stages: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,17 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:
             raise RunMatrixError(f"{pw}: pp_schedule = 'interleaved' needs virtual_stages >= 2")
     elif vs != 1:
         raise RunMatrixError(f"{pw}: virtual_stages > 1 needs pp_schedule = 'interleaved'")
-    if model.layers % (pp * vs):
+    fl, ll = pd_["first_stage_layers"], pd_["last_stage_layers"]
+    if fl is not None or ll is not None:
+        mid = pp - (fl is not None) - (ll is not None)
+        rest = model.layers - (fl or 0) - (ll or 0)
+        if pp < 2 or vs > 1 or min(fl or 1, ll or 1) < 1 or rest < 0 or (rest % mid if mid else rest):
+            raise RunMatrixError(
+                f"{pw}: first_stage_layers / last_stage_layers need pp >= 2, virtual_stages = 1, at least one "
+                f"layer each, and the other {mid} stage(s) to share the remaining layers evenly "
+                f"(layers = {model.layers})"
+            )
+    elif model.layers % (pp * vs):
         what = f"pp x virtual_stages = {pp} x {vs}" if vs > 1 else f"pp = {pp}"
         raise RunMatrixError(f"{pw}: {what} must divide layers = {model.layers} (whole layers per pipeline stage)")
     if isinstance(pd_["ep"], int) and pd_["ep"] > 1 or pd_["ep"] == "dp":
