@@ -70,6 +70,7 @@ def group_of(comm: Communicator) -> str:
 
 
 def _stage_comms(model: WorkloadModel, kind: str, stage: int) -> list[Communicator]:
+    """The communicators of ``kind`` a collective of ``stage``'s program runs on (all for ``pp``)."""
     comms = model.comms.get(kind, [])
     if kind == "pp" or model.spec.par.pp == 1:
         return comms
@@ -81,7 +82,8 @@ def step_collectives(spec: RunSpec, warmup: bool = False) -> list[CollectiveCall
     """Every collective of one step of ``spec`` (steady, or the warm-up step with the init
     broadcasts before it), one :class:`CollectiveCall` per (call, communicator), in issue order:
     stage by stage, each stage's program in order. A pipeline send (listed by both stages'
-    programs) is given once, with its stage -1."""
+    programs) and a pipeline all-reduce (listed by every stage) are given once, the send with
+    stage -1, the all-reduce with the first stage's number."""
     model = WorkloadModel(spec)
     out: list[CollectiveCall] = []
     seen_p2p: set[str] = set()
@@ -104,6 +106,10 @@ def step_collectives(spec: RunSpec, warmup: bool = False) -> list[CollectiveCall
                         )  # fmt: skip
                 continue
             if isinstance(item, (Collective, AllToAll)):
+                if item.kind == "pp":  # a collective over the pipeline: listed by every stage
+                    if item.tag in seen_p2p:
+                        continue
+                    seen_p2p.add(item.tag)
                 op = item.op if isinstance(item, Collective) else "all_to_all"
                 for c in _stage_comms(model, item.kind, stage):
                     nbytes = item.count * DTYPE_BYTES[item.dtype]
