@@ -42,8 +42,8 @@ def test_sweep_varies_schema_keys_and_refuses_bad_points():
 
 def test_cli_sweep_set(tmp_path, capsys):
     out = tmp_path / "s.csv"
-    rc = main(["sweep", "--layouts", "2x4", "--bandwidths", "200", "--workloads", "W4", "--set", "train.micro_batch=1,2",
-               "--out", str(out), "--jobs", "1", "--quiet"])  # fmt: skip
+    args = ["sweep", "--layouts", "2x4", "--bandwidths", "200", "--workloads", "W4"]
+    rc = main([*args, "--set", "train.micro_batch=1,2", "--out", str(out), "--jobs", "1", "--quiet"])
     assert rc == 0
     df = pd.read_csv(out)
     assert list(df["settings"]) == ["train.micro_batch=1", "train.micro_batch=2"] and set(df["status"]) == {"ok"}
