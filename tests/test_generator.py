@@ -116,9 +116,10 @@ def test_torchtitan_fsdp2_gathers_per_block_forward_and_backward():
     m = spec.par.micro_batches  # 8 / 4 = 2
     df = collective_table(spec)
     dp = df[df.group == "dp"].groupby(["op", "dtype"]).calls.sum().to_dict()
-    # 8 blocks gathered in forward and again in backward per micro-batch, root once per micro-batch, x 2 dp comms
-    assert dp[("all_gather", "Bf16")] == 2 * (8 * 2 * m + m)
-    assert dp[("reduce_scatter", "F32")] == 2 * (8 + 1)  # fp32 gradients, once a step (last micro-batch)
+    # 8 blocks gathered in forward and, but the last (reshard_after_forward = layer_id < n_layers - 1),
+    # again in backward per micro-batch; the root once per micro-batch; x 2 dp comms
+    assert dp[("all_gather", "Bf16")] == 2 * (8 * m + 7 * m + m)
+    assert dp[("reduce_scatter", "F32")] == 2 * (8 + 1) * m  # fp32 gradients every backward (sync stays on)
     kept = run_spec_of(_t("torchtitan", sequence_parallel=True, zero=2, pp=1), 1, 8, "h100", "t2")
     assert collective_table(kept).query("group == 'dp' and op == 'all_gather'").calls.sum() == 2 * (8 * m + m)
 

@@ -56,7 +56,8 @@ class WorkloadLayout:
         self.heads = m.heads
         self.kv_heads = m.kv_heads
         self.head_dim = m.head_dim
-        self.vocab = m.vocab
+        # Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by 128)
+        self.vocab = ceil_to(m.vocab, 128 * self.spec.par.tp) if self.spec.framework == "megatron" else m.vocab
         self.experts = m.experts
         self.topk = m.topk
         self.params = self._build_params()

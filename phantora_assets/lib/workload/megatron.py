@@ -178,6 +178,27 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.bwd"))
         comp(f"layers.{i}.router.bwd", "bwd", ops.megatron_router("bwd"))
 
+    def layer_fwd(i: int, gate: bool) -> None:
+        """Layer i's forward (again before its backward with full recompute: its collectives too)."""
+        if gate:
+            need(f"layers.{i}.attn")
+        tp_sp("all_gather", f"layers.{i}.attention.fwd.all_gather")
+        cp_ring(i, "fwd")
+        comp(f"layers.{i}.attention.fwd", "fwd", ops.megatron_attention("fwd"))
+        tp_ar(f"layers.{i}.attention.fwd.all_reduce")
+        tp_sp("reduce_scatter", f"layers.{i}.attention.fwd.reduce_scatter")
+        if gate:
+            need(f"layers.{i}.mlp")
+        if model.is_moe_layer(i):
+            moe_fwd(i)
+        else:
+            tp_sp("all_gather", f"layers.{i}.mlp.fwd.all_gather")
+            comp(f"layers.{i}.mlp.fwd", "fwd", ops.megatron_mlp("fwd", model.ffn_hidden))
+            tp_sp("reduce_scatter", f"layers.{i}.mlp.fwd.reduce_scatter")
+        tp_ar(f"layers.{i}.mlp.fwd.all_reduce")
+
+    full_recompute = self.spec.wl.train.recompute == "full"
+
     def forward(mb: int, v: int) -> None:
         chunk = v * pp + stage
         gate = mb == 0  # overlap_param_gather: the first micro-batch's pre-hooks wait
@@ -188,22 +209,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             tp_ar("embedding.fwd.all_reduce")
             tp_sp("reduce_scatter", "embedding.fwd.reduce_scatter")
         for i in self.chunk_layers(stage, v):
-            if gate:
-                need(f"layers.{i}.attn")
-            tp_sp("all_gather", f"layers.{i}.attention.fwd.all_gather")
-            cp_ring(i, "fwd")
-            comp(f"layers.{i}.attention.fwd", "fwd", ops.megatron_attention("fwd"))
-            tp_ar(f"layers.{i}.attention.fwd.all_reduce")
-            tp_sp("reduce_scatter", f"layers.{i}.attention.fwd.reduce_scatter")
-            if gate:
-                need(f"layers.{i}.mlp")
-            if model.is_moe_layer(i):
-                moe_fwd(i)
-            else:
-                tp_sp("all_gather", f"layers.{i}.mlp.fwd.all_gather")
-                comp(f"layers.{i}.mlp.fwd", "fwd", ops.megatron_mlp("fwd", model.ffn_hidden))
-                tp_sp("reduce_scatter", f"layers.{i}.mlp.fwd.reduce_scatter")
-            tp_ar(f"layers.{i}.mlp.fwd.all_reduce")
+            layer_fwd(i, gate)
         if chunk == pp * vs - 1:
             if gate:
                 need("final_norm", "output_layer")
@@ -257,6 +263,8 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             tp_sp("reduce_scatter", "output_layer.bwd.reduce_scatter")
             grads_ready("output_layer", "final_norm")
         for i in reversed(self.chunk_layers(stage, v)):
+            if full_recompute:  # tensor_parallel.checkpoint of the whole layer: its forward runs again
+                layer_fwd(i, False)
             if model.is_moe_layer(i):
                 moe_bwd(i)
             else:
@@ -292,6 +300,11 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     if dp > 1:
         items.append(Collective(gk, "all_reduce", 1, "F32", "loss.average"))
         items.append(Collective(gk, "all_reduce", 1, "F32", "grad_norm.dp"))
+    if tp_on and sp:  # finalize_model_grads: the replicated norm weights' gradients, one coalesced buffer
+        norms = sum(
+            p.numel for p in self.stage_params(stage) if not p.tp_sharded and not p.expert and len(p.shape) == 1
+        )
+        items.append(Collective("tp", "all_reduce", norms, "Bf16", "finalize.layernorm_grads.all_reduce"))
     if tp_on:
         items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
     if pp > 1:

@@ -38,6 +38,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     reshard = par.zero == 3
     n = len(self.comms["dp"][0].ranks)  # FSDP mesh: dp_shard x cp
     hsdp = "dp_rep" in self.comms
+    full_ac = self.spec.wl.train.recompute == "full"
     items: list[Item] = []
     pending: list[str] = []
 
@@ -57,19 +58,27 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     units: dict[str, int] = {}
     for p in self.stage_params(stage):
         u = ".".join(p.module.split(".")[:2]) if p.module.startswith("layers.") else "root"
-        units[u] = units.get(u, 0) + -(-self.local_numel(p) // n)
+        rows = p.shape[0] if p.shape else self.local_numel(p)  # fully_shard splits dim 0 in ceil(rows / n)
+        units[u] = units.get(u, 0) + -(-rows // n) * (self.local_numel(p) // max(rows, 1))
     gathered: set[tuple[str, str, int]] = set()
     rs_tags: list[str] = []
 
     def gather(u: str, phase: str, mb: int) -> None:
+        phase, mb = ("fwd", 0) if pp > 1 else (phase, mb)  # with PP a unit is gathered once a step
         tag = f"fsdp.{u}.{phase}.mb{mb}.all_gather"
         if fsdp and u in units and (u, phase, mb) not in gathered:
             gathered.add((u, phase, mb))
             items.append(Collective("dp", "all_gather", units[u], "Bf16", tag, blocking=False))
 
     def wait(u: str, phase: str, mb: int) -> None:
+        phase, mb = ("fwd", 0) if pp > 1 else (phase, mb)
         if fsdp and u in units:
             pending.append(f"fsdp.{u}.{phase}.mb{mb}.all_gather")
+
+    def regather(i: int) -> bool:
+        """Block i is gathered again for its backward: zero 3 without PP, all but the last block
+        (torchtitan: reshard_after_forward = layer_id < n_layers - 1; with PP: never)."""
+        return reshard and pp == 1 and i < self.layers - 1
 
     def reduce(u: str) -> None:
         if fsdp and u in units:
@@ -111,17 +120,24 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     def backward(mb: int, v: int, sync: bool) -> None:
         chunk = v * pp + stage
         layers = list(reversed(self.chunk_layers(stage, v)))
-        if reshard and layers:
+        if layers and regather(layers[0]):
             gather(f"layers.{layers[0]}", "bwd", mb)
         if chunk == pp * vs - 1:
             comp("output_layer.bwd", "bwd", ops.hf_head("bwd"))
             tp_c("ag", "output_layer.bwd.all_gather")
             tp_c("rs", "output_layer.bwd.reduce_scatter")
         for k, i in enumerate(layers):
-            if reshard:
-                if k + 1 < len(layers):
-                    gather(f"layers.{layers[k + 1]}", "bwd", mb)
+            if k + 1 < len(layers) and regather(layers[k + 1]):
+                gather(f"layers.{layers[k + 1]}", "bwd", mb)
+            if regather(i):
                 wait(f"layers.{i}", "bwd", mb)
+            if full_ac:  # checkpointed block: its forward, TP redistributes included, runs again
+                tp_c("ag", f"layers.{i}.attention.recompute.all_gather")
+                comp(f"layers.{i}.attention.recompute", "bwd", ops.hf_attention("fwd"))
+                tp_c("rs", f"layers.{i}.attention.recompute.reduce_scatter")
+                tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
+                comp(f"layers.{i}.mlp.recompute", "bwd", ops.hf_llama_mlp("fwd"))
+                tp_c("rs", f"layers.{i}.mlp.recompute.reduce_scatter")
             tp_c("ag", f"layers.{i}.mlp.bwd.all_gather")
             comp(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd"))
             tp_c("rs", f"layers.{i}.mlp.bwd.reduce_scatter")
@@ -132,6 +148,8 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 reduce(f"layers.{i}")
         if chunk == 0:
             comp("embedding.bwd", "bwd", [])
+        if sync and pp == 1:
+            reduce("root")  # no PP: every backward reduce-scatters (gradient sync stays on)
 
     plan = schedule(par.pp_schedule, pp, stage, par.micro_batches, vs)
     last_b = max(mb for ph, mb, _ in plan if ph == "B")
@@ -140,9 +158,10 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         if phase == "F":
             forward(mb, v)
         else:
-            backward(mb, v, mb == last_b)
+            backward(mb, v, mb == last_b or pp == 1)
         p2p(self, items, stage, phase, mb, v, "send")
-    reduce("root")
+    if pp > 1:
+        reduce("root")
     local = sum(self.local_numel(p) for p in self.stage_params(stage))
     if not fsdp and len(self.comms["dp"][0].ranks) > 1:  # DDP: fp32 buckets of 25 MiB
         bucket, left, b = 25 * 2**20 // 4, local, 0
