@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
@@ -60,10 +61,14 @@ from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
+from phantora_assets.lib.workload.collectives import trace_events_per_step
 from phantora_assets.lib.workload.dag import build_dag
 from phantora_assets.matrix import RunSpec
 
 TINY_COLLECTIVE_BYTES = 4096
+#: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest
+#: traces measured through every per-run asset within 2 GB peak RSS a stage (docs/WORKLOADS.md "Scale").
+MAX_TRACE_EVENTS = 5_000_000
 WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 
@@ -159,6 +164,14 @@ class AnalyticSimulator:
         memory = estimate_memory(model)
         if not memory.fits:
             return SimulationResult(spec, memory, None)
+        if self.emit:
+            events = trace_events_per_step(spec) * self.iterations
+            if events > MAX_TRACE_EVENTS:
+                raise RunMatrixError(
+                    f"{spec.run_id}: the trace would hold about {events:,} events ({self.iterations} iterations), more "
+                    f"than the {MAX_TRACE_EVENTS:,} the per-run assets build within their memory bound: refused before "
+                    "simulating; lower train.iterations (>= 2), the micro-batches per step or the layout"
+                )
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)

@@ -166,3 +166,25 @@ def comm_groups(spec: RunSpec, flows: pd.DataFrame) -> dict[str, str]:
         kinds = {group_of(c) for c in comms if len(c.ranks) >= max(size, 2) and members <= set(c.ranks)}
         out[str(cid)] = kinds.pop() if len(kinds) == 1 else "other"
     return out
+
+
+def _flows_per_call(op: str, n: int) -> int:
+    if n < 2:
+        return 0
+    if op == "all_to_all":
+        return n * (n - 1)
+    return n - 1 if op == "broadcast" else n
+
+
+def trace_events_per_step(spec: RunSpec) -> int:
+    """Events of one steady step in the run's raw timeline: one per rank per compute item of its
+    stage, one per flow of every collective (ring ops n, broadcast n - 1, all-to-all n(n - 1), a
+    send 1). What the simulator emits; counted from the programs, nothing simulated."""
+    model = WorkloadModel(spec)
+    events = 0
+    for stage, program in enumerate(model.stage_programs()):
+        ranks = len(model.stage_ranks(stage))
+        events += ranks * sum(1 for item in program if not isinstance(item, (Collective, AllToAll, SendRecv)))
+    for c in step_collectives(spec):
+        events += 1 if c.op == "send" else _flows_per_call(c.op, len(c.ranks))
+    return events
