@@ -17,7 +17,9 @@ from phantora_assets.lib.traffic.window_features import FEATURES
 from phantora_assets.sources import SOURCE_NAMES
 
 #: A simulated or imported Phantora run, or a profiled run named by its import (matrix.PROFILED_SOURCES).
-_RUN_ID = Check.str_matches(r"^(phantora_[a-z0-9_]+_W\d+_\d+x\d+|(?!phantora_)[a-z0-9][a-z0-9_]*)$")
+_RUN_ID = Check.str_matches(
+    r"^(phantora_[a-z0-9_]+_(W\d+|[a-z0-9][a-z0-9_]*)_\d+x\d+|(?!phantora_)[a-z0-9][a-z0-9_]*)$"
+)
 
 #: Unit of every column of the published tables, kept in each pandera Column's ``metadata["unit"]``
 #: (the dataset card's data dictionary reads it there; "" = no unit: an id, a name or a label).
@@ -123,9 +125,15 @@ RUNS = _with_units(
                 nullable=True,
                 description="roofline matmul efficiency (roofline timing only)",
             ),
-            "workload": Column(str, Check.str_matches(r"^(W\d+)?$"), description="W1..W5; empty for a profiled run"),
-            "framework": Column(str, description="Megatron | DeepSpeed (the preset), or what a profiled run used"),
-            "model": Column(str, description="the model of the workload preset (a 4-layer slice)"),
+            "workload": Column(
+                str,
+                Check.str_matches(r"^(W\d+|[a-z0-9][a-z0-9_]*)?$"),
+                description="W1..W5 or a [workloads.NAME] of the run matrix; empty for a profiled run",
+            ),
+            "framework": Column(
+                str, description="Megatron | DeepSpeed | TorchTitan (the workload), or what a profiled run used"
+            ),
+            "model": Column(str, description="the model of the workload (model.name; W1-W5: 4-layer slices)"),
             "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),
             "gpu": Column(str, description="GPU model: a key of gpus.toml, or the profiled device"),
             "gpus_per_node": Column("int64", Check.ge(1), description="GPUs per host"),

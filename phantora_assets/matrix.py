@@ -16,7 +16,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, r
     TOPOLOGY_NAMES,
     topology_rule,
 )
+from phantora_assets.lib.workload import tables
+from phantora_assets.lib.workload.spec import Parallel, WorkloadSpec, _got, parallelism_label, parse_workloads
 from phantora_assets.sources import SOURCE_NAMES
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
@@ -44,7 +46,6 @@ PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU;
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 _ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
 _ENTRY_KEYS += ("path", "name", "rank", "bin_s", "ep")
-_TOML_KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
 def _package_toml(name: str) -> dict[str, Any]:
@@ -58,9 +59,33 @@ def presets() -> dict[str, Any]:
 
 
 @cache
-def gpu_specs() -> dict[str, dict[str, Any]]:
+def shipped_gpu_specs() -> dict[str, dict[str, Any]]:
     """``gpus.toml``: one dict per GPU key (memory_gb, peak_bf16_flops, mem_bw_bytes_per_s, ...)."""
     return _package_toml("gpus.toml")
+
+
+@cache
+def shipped_workloads() -> dict[str, WorkloadSpec]:
+    """The shipped workloads W1..W5 (``presets.toml [workloads.*]``, the same schema as a user's)."""
+    return parse_workloads(presets()["workloads"], "presets.toml")
+
+
+def gpu_specs() -> dict[str, dict[str, Any]]:
+    """The GPUs a run may name: ``gpus.toml``'s and the ``[gpus.NAME]`` tables of the run-matrix
+    file in use (``$PHANTORA_ASSETS_RUN_MATRIX``; :func:`~phantora_assets.lib.workload.tables.parse_gpu`)."""
+    extra = tables.tables_of_file(run_matrix_path(), shipped_workloads(), shipped_gpu_specs())[1]
+    return {**shipped_gpu_specs(), **extra} if extra else shipped_gpu_specs()
+
+
+def workload_specs() -> dict[str, WorkloadSpec]:
+    """The workloads a run may name: the shipped ones and the run-matrix file's ``[workloads.NAME]``."""
+    extra = tables.tables_of_file(run_matrix_path(), shipped_workloads(), shipped_gpu_specs())[0]
+    return {**shipped_workloads(), **extra} if extra else shipped_workloads()
+
+
+@cache
+def _resolved(wl: WorkloadSpec, world: int, ep_size: int | None) -> Parallel:
+    return tables.resolve(wl, world, "run", ep_size)
 
 
 @dataclass(frozen=True)
@@ -79,7 +104,9 @@ class RunSpec:
         name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), and the rank
             of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
         bin_s: width of the run's bins, s (``lib/bins/width.py``: 0.001 .. 1.0; v1's 0.1 by default).
-        ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the GPU count); EDP = world / ep.
+        ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the workload's ``parallel.ep``).
+        workload_def, gpu_def: the ``[workloads.NAME]`` / ``[gpus.NAME]`` of a user's matrix file the run
+            names (None / () for a shipped workload / GPU: :func:`workload_specs`, :func:`gpu_specs`).
     """
 
     workload: str
@@ -94,6 +121,8 @@ class RunSpec:
     rank: int | None = None
     bin_s: float = DEFAULT_BIN_S
     ep_size: int | None = None
+    workload_def: WorkloadSpec | None = None
+    gpu_def: tuple[tuple[str, Any], ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -107,19 +136,37 @@ class RunSpec:
     def world_size(self) -> int:
         return self.n_nodes * self.gpus_per_node
 
+    @cached_property
+    def wl(self) -> WorkloadSpec:
+        """The run's workload (schema: lib/workload/spec.py). KeyError for a profiled run."""
+        return self.workload_def or workload_specs()[self.workload]
+
+    @cached_property
+    def par(self) -> Parallel:
+        """The run's parallel sizes (the workload resolved on the layout; cached)."""
+        return _resolved(self.wl, self.world_size, self.ep_size)
+
     @property
     def preset(self) -> dict[str, Any]:
+        """The workload's table as written (``{"framework": "", "model": ""}`` for a profiled run)."""
         if self.source in PROFILED_SOURCES:  # no preset: a profiled run is what its traces show
             return {"framework": "", "model": ""}
-        return presets()["workloads"][self.workload]
+        return self.wl.table()
 
     @property
     def framework(self) -> str:
-        return self.preset["framework"]
+        return "" if self.source in PROFILED_SOURCES else self.wl.framework
+
+    @property
+    def model_name(self) -> str:
+        """The model's display name (``model.name``, else the workload's name); "" for a profiled run."""
+        return "" if self.source in PROFILED_SOURCES else self.wl.model_name
 
     @property
     def gpu_spec(self) -> dict[str, Any]:
-        return {} if self.source in PROFILED_SOURCES else gpu_specs()[self.gpu]
+        if self.source in PROFILED_SOURCES:
+            return {}
+        return dict(self.gpu_def) if self.gpu_def else gpu_specs()[self.gpu]
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -128,35 +175,26 @@ class RunSpec:
 
     @property
     def tp(self) -> int:
-        return int(self.preset.get("tensor_parallel_size", 1))
+        return self.par.tp
 
     @property
     def ep(self) -> int:
-        if not self.preset.get("expert_parallel"):
-            return 1
-        return self.world_size if self.ep_size is None else self.ep_size
+        return self.par.ep
 
     @property
     def dp(self) -> int:
-        """Data-parallel size of the dense parameters."""
-        return self.world_size // self.tp
+        """Data-parallel size of the dense parameters (world / (tp x pp x cp))."""
+        return self.par.dp
 
     @property
     def zero_stage(self) -> int:
-        return int(self.preset.get("zero_stage", 0))
+        return self.par.zero
 
     @property
     def parallelism(self) -> str:
-        """Published-style parallelism string, e.g. ``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``."""
-        if not self.workload:
-            return f"world={self.world_size}"
-        if self.ep > 1:
-            return f"ep={self.ep}" if self.ep == self.world_size else f"ep={self.ep},dp={self.dp}"
-        if self.tp > 1:
-            return f"tp={self.tp},dp={self.dp}"
-        if self.zero_stage:
-            return f"dp={self.dp},zero={self.zero_stage}"
-        return f"dp={self.dp}"
+        """Published-style parallelism string (``tp=2,dp=4``, ``ep=4``, ``dp=4,zero=3``, ``world=8``
+        for a profiled run; :func:`~phantora_assets.lib.workload.spec.parallelism_label`)."""
+        return parallelism_label(self.par, self.framework) if self.workload else f"world={self.world_size}"
 
     @property
     def trace_dir(self) -> str:
@@ -164,41 +202,27 @@ class RunSpec:
         return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _got(value: object) -> str:
-    """``got <value> (<TOML type>)`` for a message (booleans spelled as in TOML, long values cut)."""
-    shown = str(value).lower() if isinstance(value, bool) else repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return f"got {shown} ({_TOML_KINDS.get(type(value), type(value).__name__)})"
-
-
-def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: object) -> str:
-    """``<workload> <gpu> <layout>`` of an entry for its label; ``?`` for a value of the wrong type."""
-    name = [v if isinstance(v, str) else "?" for v in (workload, gpu)]
-    layout = "x".join(str(v) if _is_int(v) else "?" for v in (nodes, gpus_per_node))
-    return f"{name[0]} {name[1]} {layout}"
-
-
-def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901 (one check per run-matrix key, each with its message)
+def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (one check a key of the entry)
     """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
     strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():
         if not isinstance(value, str):
             raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
     for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
-        if not _is_int(count):
+        if not tables._is_int(count):
             raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
     if spec.source in PROFILED_SOURCES:
         if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
             raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
     elif spec.name:
         raise RunMatrixError(f"{entry}: name is only allowed with source = {' | '.join(PROFILED_SOURCES)}")
-    elif spec.workload not in (wl := presets()["workloads"]):
+    elif spec.workload_def is None and spec.workload not in (wl := workload_specs()):
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
-    elif spec.gpu not in gpu_specs():
+    elif spec.workload_def is not None and spec.workload_def.name != spec.workload:
+        raise RunMatrixError(
+            f"{entry}: workload {spec.workload!r} carries the definition of {spec.workload_def.name!r}"
+        )
+    elif not spec.gpu_def and spec.gpu not in gpu_specs():
         raise RunMatrixError(f"{entry}: unknown GPU {spec.gpu!r} (known: {', '.join(sorted(gpu_specs()))})")
     if spec.source not in SOURCES:
         raise RunMatrixError(f"{entry}: unknown source {spec.source!r} (known: {', '.join(SOURCES)})")
@@ -213,7 +237,7 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901 (one check p
             f"{entry}: layout {spec.layout} ({spec.world_size} GPUs) is larger than the simulator supports: at most "
             f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
         )
-    if spec.rank is not None and not (spec.source == "kineto" and _is_int(spec.rank) and 0 <= spec.rank < world):
+    if spec.rank is not None and not (spec.source == "kineto" and tables._is_int(spec.rank) and 0 <= spec.rank < world):
         raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {_got(spec.rank)}")
 
 
@@ -244,14 +268,8 @@ def validate(spec: RunSpec, entry: str) -> None:
     of undecodable bytes is refused: the registry could not be written), then every topology key.
     """
     _check_fields(spec, entry)
-    world = spec.world_size
-    tp = spec.tp
-    if world % tp or world < tp:
-        raise RunMatrixError(
-            f"{entry}: layout {spec.layout} has {world} GPU(s); {spec.workload} needs tensor_parallel_size={tp} "
-            f"to divide the GPU count"
-        )
-    _check_ep(spec, entry)
+    if spec.source not in PROFILED_SOURCES:
+        tables.check_layout(spec, entry)
     if spec.source == "import" and not spec.path:
         raise RunMatrixError(f"{entry}: source 'import' needs the run folder as path = \"...\"")
     if spec.path and spec.source not in ("import", *PROFILED_SOURCES):
@@ -261,27 +279,17 @@ def validate(spec: RunSpec, entry: str) -> None:
     _check_topology(spec, entry)
 
 
-def _check_ep(spec: RunSpec, entry: str) -> None:
-    """``ep``: an integer from 1 to the GPU count that divides the GPU count and the experts, MoE only."""
-    world, ep, experts = spec.world_size, spec.ep_size, int(spec.preset.get("num_moe_experts", 0))
-    if ep is None and spec.preset.get("expert_parallel") and experts % world:
-        why = f"sets expert_model_parallel_size = GPU count, which must divide num_moe_experts={experts} (or set ep)"
-    elif ep is None:
-        return
-    elif not _is_int(ep):
-        raise RunMatrixError(f"{entry}: ep must be an integer, {_got(ep)}")
-    elif not spec.preset.get("expert_parallel"):
-        raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
-    elif not 1 <= ep <= world or world % ep or experts % ep:
-        why = f"needs ep from 1 to {world} dividing the GPU count and num_moe_experts={experts}, got {ep}"
-    else:
-        return
-    raise RunMatrixError(f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} {why}")
-
-
-def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSpec]:
+def parse_entries(
+    entries: object,
+    source_name: str = "runs.toml",
+    workloads: dict[str, WorkloadSpec] | None = None,
+    gpus: dict[str, dict[str, Any]] | None = None,
+) -> list[RunSpec]:
     """Turn ``[[run]]`` tables into validated RunSpecs (values as written: nothing is coerced);
-    run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables."""
+    run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables;
+    ``workloads`` / ``gpus`` the file's own ``[workloads.NAME]`` / ``[gpus.NAME]`` (a run naming
+    one carries its definition)."""
+    workloads, gpus = workloads or {}, gpus or {}
     if not isinstance(entries, list):
         hint = " (write [[run]], not [run])" if isinstance(entries, dict) else ""
         raise RunMatrixError(f"{source_name}: run must be an array of tables ([[run]] entries){hint}, {_got(entries)}")
@@ -297,7 +305,7 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
         extra = set(raw) - set(_ENTRY_KEYS)
         if extra:
             raise RunMatrixError(f"{entry}: unknown keys {sorted(extra)}")
-        label = f"{entry} ({_describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
+        label = f"{entry} ({tables._describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
         topology = raw.get("topology", {})
         if not isinstance(topology, dict):
             raise RunMatrixError(f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {_got(topology)}")
@@ -314,6 +322,10 @@ def parse_entries(entries: object, source_name: str = "runs.toml") -> list[RunSp
             rank=raw.get("rank"),
             bin_s=raw.get("bin_s", DEFAULT_BIN_S),
             ep_size=raw.get("ep"),
+            workload_def=workloads.get(raw["workload"]) if isinstance(raw["workload"], str) else None,
+            gpu_def=tuple(sorted(gpus[raw["gpu"]].items()))
+            if isinstance(raw["gpu"], str) and raw["gpu"] in gpus
+            else (),
         )
         validate(spec, label)
         if spec.run_id in seen:
@@ -331,7 +343,9 @@ def check_specs(specs: list[RunSpec], source_name: str) -> None:
     for i, spec in enumerate(specs):
         if not isinstance(spec, RunSpec):
             raise RunMatrixError(f"{source_name} #{i + 1}: not a RunSpec, {_got(spec)}")
-        entry = f"{source_name} #{i + 1} ({_describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
+        entry = (
+            f"{source_name} #{i + 1} ({tables._describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
+        )
         validate(spec, entry)
         if spec.run_id in seen:
             raise RunMatrixError(f"{entry}: duplicate run_id {spec.run_id}")
@@ -342,14 +356,6 @@ def run_matrix_path() -> Path | None:
     """The user's run matrix file from ``PHANTORA_ASSETS_RUN_MATRIX``, or None for the shipped one."""
     value = os.environ.get(RUN_MATRIX_ENV)
     return Path(value) if value else None
-
-
-def _stamp(path: Path) -> tuple[int, ...] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 _PARSED: dict[str, tuple[tuple[int, ...] | None, list[RunSpec]]] = {}
@@ -364,7 +370,7 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
     """
     path = Path(path) if path else run_matrix_path()
     key = str(path) if path is not None else ""
-    stamp = _stamp(path) if path is not None else None
+    stamp = tables.file_stamp(path) if path is not None else None
     hit = _PARSED.get(key)
     if hit is not None and hit[0] == stamp and (path is None or stamp is not None):
         return list(hit[1])
@@ -376,7 +382,10 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise RunMatrixError(f"{path}: cannot read run matrix ({exc})") from exc
         name = str(path)
-    specs = parse_entries(data.get("run", []), name)
+    wls, gpus = (
+        tables.file_tables(data, name, shipped_workloads(), shipped_gpu_specs()) if path is not None else ({}, {})
+    )
+    specs = parse_entries(data.get("run", []), name, wls, gpus)
     _PARSED[key] = (stamp, specs)
     return list(specs)
 

@@ -139,6 +139,8 @@ class TraceSummary(msgspec.Struct, kw_only=True):
         step_time_us: median steady step, us. network_bytes_per_step: bytes of one steady step
             with src_node != dst_node. chosen_step: the steady step the 180 s build repeats.
         periods: comm_id -> period in calls. compute_busy_us: host -> sum of Computation dur, us.
+        network_bytes_by_group: parallelism group (tp, cp, ep, dp, pp, other; docs/WORKLOADS.md
+            "Groups") -> network bytes of one steady step (mean over the steady steps).
     """
 
     run_id: str
@@ -151,6 +153,7 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     n_network_flows: int
     periods: dict[str, int] = {}
     compute_busy_us: dict[str, float] = {}
+    network_bytes_by_group: dict[str, int] = {}
 
 
 class RunSpecRecord(msgspec.Struct, kw_only=True):

@@ -23,6 +23,7 @@ exposed_comm_fraction      exposed_comm_ms / step_time_ms
 inter_node_bytes_per_step  network bytes of one steady step (src host != dst host), both directions
 perf_db_fraction           share of compute time timed by the GPU's perf DB (rest: roofline)
 sim_s                      wall time of the point's simulation
+settings                   the workload keys the point sets (``--set parallel.tp=4``), "" for none
 =========================  ================================================================
 
 By default the spine-uplink port bandwidth follows the host bandwidth (``uplink_bw_gbps =
@@ -34,7 +35,9 @@ No Dagster import.
 
 from __future__ import annotations
 
+import itertools
 import time
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +45,8 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.lib.workload.spec import parse_workload
+from phantora_assets.matrix import RunSpec, presets, validate, workload_specs
 
 SWEEP_COLUMNS = [
     "workload",
@@ -66,6 +70,7 @@ SWEEP_COLUMNS = [
     "inter_node_bytes_per_step",
     "perf_db_fraction",
     "sim_s",
+    "settings",
 ]
 
 
@@ -80,8 +85,11 @@ class SweepPoint:
     rack_size: int | None = None
     nspines: int | None = None
     ecmp: str | None = None
+    settings: tuple[tuple[str, Any], ...] = ()
 
     def spec(self) -> RunSpec:
+        """The point's RunSpec; with ``settings`` (``("parallel.tp", 4), ...``) the workload's table
+        with those keys set, validated by the schema (RunMatrixError naming the key and rule)."""
         topo: dict[str, Any] = {
             "host_bw_gbps": self.host_bw_gbps,
             "rack_uplink_port_bw_gbps": self.uplink_bw_gbps or self.host_bw_gbps,
@@ -92,7 +100,42 @@ class SweepPoint:
             topo["nspines"] = self.nspines
         if self.ecmp:
             topo["ecmp"] = self.ecmp
-        return RunSpec(self.workload, self.gpu, self.nodes, self.gpus_per_node, topology=tuple(sorted(topo.items())))
+        wl = None
+        if self.settings:
+            table = workload_specs()[self.workload].table()
+            for key, value in self.settings:
+                sect, _, k = key.rpartition(".")
+                target = table.setdefault(sect, {}) if sect else table
+                if not isinstance(target, dict):
+                    raise RunMatrixError(f"sweep --set {key}: {sect} is not a table of the workload")
+                target[k] = value
+            wl = parse_workload(self.workload, table, f"sweep --set {settings_label(self.settings)}")
+        topology = tuple(sorted(topo.items()))
+        return RunSpec(self.workload, self.gpu, self.nodes, self.gpus_per_node, topology=topology, workload_def=wl)
+
+
+def settings_label(settings: tuple[tuple[str, Any], ...]) -> str:
+    """``parallel.tp=4 train.micro_batch=2`` (the sweep table's ``settings`` column)."""
+    return " ".join(f"{k}={v}" for k, v in settings)
+
+
+def parse_set(text: str) -> tuple[str, list[Any]]:
+    """``"parallel.tp=2,4,8"`` -> ("parallel.tp", [2, 4, 8]): each value as a TOML value (integer,
+    float, boolean, quoted string), else the bare text as a string (``dp=rest``).
+
+    Raises:
+        ValueError: no ``=`` or no value.
+    """
+    key, sep, values = text.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ValueError(f"--set {text!r} is not <section>.<key>=<value>[,<value>...] (e.g. parallel.tp=2,4,8)")
+    out: list[Any] = []
+    for v in values.split(","):
+        try:
+            out.append(tomllib.loads(f"v = {v.strip()}")["v"])
+        except tomllib.TOMLDecodeError:
+            out.append(v.strip())
+    return key.strip(), out
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -105,15 +148,24 @@ def parse_layout(text: str) -> tuple[int, int]:
 
 
 def grid(
-    layouts: Iterable[str], bandwidths: Iterable[float], workloads: Iterable[str], gpu: str, **topology: Any
+    layouts: Iterable[str],
+    bandwidths: Iterable[float],
+    workloads: Iterable[str],
+    gpu: str,
+    sets: Iterable[tuple[str, list[Any]]] = (),
+    **topology: Any,
 ) -> list[SweepPoint]:
-    """Every (workload, layout, bandwidth) point, in that nesting order."""
+    """Every (workload, layout, bandwidth, schema settings) point, in that nesting order; ``sets``
+    (:func:`parse_set`) vary workload keys (their cartesian product)."""
+    sets = list(sets)
+    combos = [tuple(zip([k for k, _ in sets], vals)) for vals in itertools.product(*[v for _, v in sets])]
     pts = []
     for wl in workloads:
         for lay in layouts:
             n, g = parse_layout(lay)
             for bw in bandwidths:
-                pts.append(SweepPoint(wl, gpu, n, g, float(bw), **topology))
+                for combo in combos:
+                    pts.append(SweepPoint(wl, gpu, n, g, float(bw), **topology, settings=combo))
     return pts
 
 
@@ -121,10 +173,17 @@ def simulate_point(point: SweepPoint) -> dict[str, Any]:
     """One row of the sweep table (see module docstring)."""
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
-    spec = point.spec()
-    cluster = spec.cluster
+    try:
+        spec = point.spec()
+    except RunMatrixError as exc:
+        spec, bad = RunSpec(point.workload, point.gpu, point.nodes, point.gpus_per_node), str(exc)
+    else:
+        bad = ""
+    cluster = {**spec.cluster, "host_bw_gbps": point.host_bw_gbps}
+    cluster["rack_uplink_port_bw_gbps"] = point.uplink_bw_gbps or point.host_bw_gbps
     row: dict[str, Any] = {
         "workload": spec.workload,
+        "settings": settings_label(point.settings),
         "gpu": spec.gpu,
         "layout": spec.layout,
         "n_nodes": spec.n_nodes,
@@ -137,6 +196,8 @@ def simulate_point(point: SweepPoint) -> dict[str, Any]:
         "nspines": int(cluster["nspines"]),
         "ecmp": str(cluster["ecmp"]),
     }
+    if bad:
+        return {**row, "status": f"invalid: {bad}"}
     try:
         validate(spec, f"sweep point {spec.workload} {spec.gpu} {spec.layout}")
     except RunMatrixError as exc:
@@ -180,3 +241,7 @@ def run_sweep(points: list[SweepPoint], jobs: int = 1) -> pd.DataFrame:
         df[c] = df[c].astype("int64")
     df["inter_node_bytes_per_step"] = df["inter_node_bytes_per_step"].astype("Int64")
     return df
+
+
+def default_cluster() -> dict[str, Any]:
+    return dict(presets()["cluster"])

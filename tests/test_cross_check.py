@@ -115,4 +115,4 @@ def test_flows_the_model_does_not_know_are_counted_with_their_communicator():
 
 
 def test_every_kind_is_named():
-    assert KINDS == ("dp", "tp", "all_to_all", "zero_gather")
+    assert KINDS == ("dp", "tp", "all_to_all", "zero_gather", "send_recv")

@@ -21,7 +21,7 @@ from phantora_assets.lib.phantora.docker_config import (
     training_argv,
     training_hosts,
 )
-from phantora_assets.matrix import RunSpec, presets, spec_from_run_id
+from phantora_assets.matrix import RunSpec, shipped_workloads, spec_from_run_id
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker, simulator_from_env
 
@@ -225,19 +225,21 @@ def test_container_kwargs_resolve_compose_paths(tmp_path):
 def test_launch_options_agree_with_presets(workload):
     entry = launch_table()[workload]
     args = entry["args"]
-    preset = presets()["workloads"][workload]
+    wl = shipped_workloads()[workload]  # the schema's keys (presets.toml [workloads.W*])
     opts = dict(zip(args, args[1:]))
-    assert opts["--hidden_size"] == str(preset["hidden_size"])
-    assert opts["--ffn_hidden_size"] == str(preset["ffn_hidden_size"])
-    assert opts["--num_attention_heads"] == str(preset["num_attention_heads"])
-    assert opts["--vocab_size"] == str(preset["vocab_size"])
-    assert entry["launcher"] == {"megatron": "torchrun", "deepspeed": "deepspeed"}[preset["framework"]]
-    if "num_moe_experts" in preset:
-        assert opts["--num_moe_experts"] == str(preset["num_moe_experts"])
-        assert opts["--moe_router_topk"] == str(preset["moe_router_topk"])
+    assert opts["--hidden_size"] == str(wl.model.hidden)
+    assert opts["--ffn_hidden_size"] == str(wl.model.ffn_hidden)
+    assert opts["--num_attention_heads"] == str(wl.model.heads)
+    assert opts["--vocab_size"] == str(wl.model.vocab)
+    assert entry["launcher"] == {"megatron": "torchrun", "deepspeed": "deepspeed"}[wl.framework]
+    if wl.model.kind == "moe" and wl.framework == "megatron":
+        assert opts["--num_moe_experts"] == str(wl.model.experts)
+        assert opts["--moe_router_topk"] == str(wl.model.topk)
         assert opts["--expert_model_parallel_size"] == "{ep}"
-    if preset.get("zero_stage"):
-        assert opts["--zero_stage"] == str(preset["zero_stage"])
+    if wl.framework == "deepspeed" and wl.parallel.zero:
+        assert opts["--zero_stage"] == str(wl.parallel.zero)
+    if wl.framework == "megatron" and wl.parallel.tp > 1:
+        assert opts["--tensor_parallel_size"] == str(wl.parallel.tp)
 
 
 def test_perf_db_choice(tmp_path):

@@ -138,7 +138,6 @@ def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int, skip_group
     assert not diffs, f"{len(diffs)} communicators differ, first: " + "\n".join(diffs[:4])
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.last_block_kept: the last block is not resharded after forward")
 def test_generator_matches_the_measured_fsdp_table():
     # torchtitan apply_fsdp: reshard_after_forward = layer_id < n_layers - 1, so the measured run
     # all-gathers 80 + 79 blocks a step; the generator re-gathers the last block too (160)
@@ -361,9 +360,6 @@ def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
     }
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rule megatron.vocab_padding: Megatron pads the vocabulary to a multiple of 128 x tp"
-)
 def test_bug_megatron_vocab_padding():
     # megatron/training/tokenizer _vocab_size_with_padding (--make-vocab-size-divisible-by 128):
     # the embedding and output layer hold ceil(V / (128 tp)) * 128 tp rows (Llama 3's 128256 at tp 4
@@ -371,9 +367,6 @@ def test_bug_megatron_vocab_padding():
     assert_matches_oracle(_small("megatron", {"dp": 2, "zero": 0}, {"grad_accumulation": 1}, vocab=708), 2, 2)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rule torchtitan.full_ac_reruns_tp: full AC recomputes each block's TP collectives"
-)
 def test_bug_torchtitan_full_ac_tp():
     # torch.utils.checkpoint reruns the block forward in backward, redistributes included: 2 more
     # all-gathers and 2 more reduce-scatters per block and micro-batch on the TP group
@@ -381,7 +374,6 @@ def test_bug_torchtitan_full_ac_tp():
     assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 1, "recompute": "full"}), 2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.rs_every_microbatch: FSDP2 reduce-scatters every backward")
 def test_bug_torchtitan_zero2_accumulation():
     # FSDP2 keeps requires_gradient_sync = True under torchtitan's gradient accumulation, so each
     # unit's gradients are reduce-scattered (and all-reduced over dp_replicate) every micro-batch,
@@ -389,7 +381,6 @@ def test_bug_torchtitan_zero2_accumulation():
     assert_matches_oracle(_small("torchtitan", {"dp": 4, "zero": 2}, {"grad_accumulation": 2}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.fsdp_dim0_padding: FSDP2 pads each dim 0 to the mesh size")
 def test_bug_torchtitan_fsdp_padding():
     # torch fully_shard (_fsdp_param.py) shards dim 0 in chunks of ceil(rows / n): a 641-row
     # embedding on 4 shard ranks all-gathers 161 rows per rank, not 641 / 4
@@ -412,7 +403,6 @@ def test_bug_megatron_cp_ring_full_recompute():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.sp_norm_grad_all_reduce: SP norm grads all-reduced over TP")
 def test_bug_megatron_sp_norm_grads():
     # megatron/core/distributed/finalize_model_grads.py: with sequence parallelism the replicated
     # norm weights' gradients are all-reduced over TP once per step (one coalesced buffer)
@@ -420,7 +410,6 @@ def test_bug_megatron_sp_norm_grads():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1}), 2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_reruns_tp: full recompute reruns TP all-reduces")
 def test_bug_megatron_full_recompute_tp():
     # --recompute-granularity full (tensor_parallel.checkpoint of whole layers) runs each layer's
     # forward again in backward, its two RowParallelLinear all-reduces included
@@ -437,7 +426,6 @@ def test_bug_megatron_interleaved_buffers():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 2}, layers=4), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_reruns_a2a: full recompute reruns MoE all-to-alls")
 def test_bug_megatron_full_recompute_moe():
     # the checkpointed layer's forward, MoE dispatch and combine all-to-alls included, runs again
     # in backward: 6 all-to-alls per MoE layer and micro-batch, not 4
@@ -446,9 +434,6 @@ def test_bug_megatron_full_recompute_moe():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}, **moe), 2, 2)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rule torchtitan.pp_gathers_once: with PP each FSDP unit is gathered once a step"
-)
 def test_bug_torchtitan_pp_gathers_once():
     # torchtitan apply_fsdp: "For PP, do not reshard after forward to avoid per-microbatch
     # all-gathers"; torch pipelining keeps resharding and gradient sync off until the last

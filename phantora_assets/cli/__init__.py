@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--layouts", default="2x8,4x8,16x8", help="comma-separated <nodes>x<gpus_per_node>")
     w.add_argument("--bandwidths", default="100,200,400,800", help="host link bandwidths, Gbps")
-    w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5")
+    w.add_argument("--workloads", default="W1,W4", help="comma-separated W1..W5 or [workloads.NAME] of the matrix")
     w.add_argument("--gpu", default="h100", help="a key of gpus.toml")
     w.add_argument(
         "--uplink-bw",
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rack-size", type=int, default=None, help="hosts per rack (default: presets.toml)")
     w.add_argument("--nspines", type=int, default=None, help="spines (default: presets.toml)")
     w.add_argument("--ecmp", choices=["hash", "split", "first"], default=None, help="spine choice (lib/sim/network.py)")
+    w.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="vary a workload schema key, e.g. parallel.tp=2,4,8 or train.micro_batch=1,2 (repeatable: product)",
+    )
     w.add_argument("--out", default="sweep.csv", help="output table (.csv or .parquet)")
     w.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     w.add_argument("--quiet", action="store_true", help="print only the summary line")

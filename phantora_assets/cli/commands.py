@@ -148,41 +148,46 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from phantora_assets.lib.sim.workloads import WorkloadModel
 
     paths = DataPaths(Path(args.data_dir))
-    print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
-    for spec in matrix_for(paths.root):
+    specs = matrix_for(paths.root)
+    w_id = max([34, *(len(s.run_id) for s in specs)])
+    w_par = max([12, *(len(s.parallelism) for s in specs)])
+    w_model = max([10, *(len(s.model_name) for s in specs)])
+    cols = f"{'run_id':{w_id}s} {'source':9s} {'model':{w_model}s} {'parallelism':{w_par}s}"
+    print(f"{cols} {'memory GiB':>11s} {'fits':5s} built")
+    for spec in specs:
         checks = read_checks(paths.run_folder(spec))
         built = check_status(checks)
+        head = f"{spec.run_id:{w_id}s} {spec.source:9s} {spec.model_name:{w_model}s} {spec.parallelism:{w_par}s}"
         if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
-            print(f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} {'profiled':>11s} {'yes':5s} {built}")
+            print(f"{head} {'profiled':>11s} {'yes':5s} {built}")
             continue
         mem = estimate_memory(WorkloadModel(spec)).as_dict()
         fits = "yes" if mem["fits"] else "NO"
-        print(
-            f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} "
-            f"{mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}"
-        )
+        print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from phantora_assets.matrix import gpu_specs, presets
-    from phantora_assets.sweep import grid, run_sweep
+    from phantora_assets.matrix import gpu_specs, workload_specs
+    from phantora_assets.sweep import grid, parse_set, run_sweep
 
     if args.gpu not in gpu_specs():
         print(f"unknown GPU {args.gpu!r} (known: {', '.join(sorted(gpu_specs()))})", file=sys.stderr)
         return 2
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in workloads if w not in presets()["workloads"]]
+    unknown = [w for w in workloads if w not in workload_specs()]
     if unknown:
-        print(f"unknown workload(s) {unknown} (known: {', '.join(sorted(presets()['workloads']))})", file=sys.stderr)
+        print(f"unknown workload(s) {unknown} (known: {', '.join(sorted(workload_specs()))})", file=sys.stderr)
         return 2
     try:
         bandwidths = [float(b) for b in args.bandwidths.split(",") if b.strip()]
+        sets = [parse_set(x) for x in args.set or []]
         points = grid(
             [x for x in args.layouts.split(",") if x.strip()],
             bandwidths,
             workloads,
             args.gpu,
+            sets,
             uplink_bw_gbps=args.uplink_bw,
             rack_size=args.rack_size,
             nspines=args.nspines,
@@ -203,6 +208,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         show = df[
             [
                 "workload",
+                "settings",
                 "layout",
                 "host_bw_gbps",
                 "status",

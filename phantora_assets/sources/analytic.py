@@ -86,7 +86,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         ),
     )
     log = [
-        f"# analytic simulation of {spec.run_id} ({spec.framework} {spec.preset['model']}, {spec.parallelism})",
+        f"# analytic simulation of {spec.run_id} ({spec.framework} {spec.model_name}, {spec.parallelism})",
         f"# perf DB: {perfdb_status}",
         f"peak memory estimate: {mem['peak_gib']:.2f} GiB of {mem['card_gib']:.2f} GiB",
     ]

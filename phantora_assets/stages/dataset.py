@@ -86,8 +86,10 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
         "peak_flops": gpu["peak_bf16_flops"] if analytic else None,
         "alpha": gpu["matmul_efficiency"] if analytic else None,
         "workload": spec.workload,
-        "framework": {"megatron": "Megatron", "deepspeed": "DeepSpeed"}.get(spec.framework, spec.framework),
-        "model": spec.preset["model"],
+        "framework": {"megatron": "Megatron", "deepspeed": "DeepSpeed", "torchtitan": "TorchTitan"}.get(
+            spec.framework, spec.framework
+        ),
+        "model": spec.model_name,
         "parallelism": spec.parallelism,
         "gpu": spec.gpu,
         "gpus_per_node": spec.gpus_per_node,
@@ -148,6 +150,8 @@ def database_tables() -> list[database.Table]:
         "op": "all_reduce | all_gather | reduce_scatter | broadcast | send | recv",
         "comm_id": "communicator: 16 hex chars of blake2b of the NCCL id",
         "step": "step index (-1: before the first step)",
+        "group": "parallelism group of the flow's communicator: tp | cp | ep | dp | pp | other "
+        '(docs/WORKLOADS.md "Groups": dp covers dp x cp, expert-data-parallel and HSDP replicas)',
     }
     return [
         database.Table(
@@ -184,7 +188,7 @@ def database_tables() -> list[database.Table]:
         ),
         database.Table(
             "flows",
-            {**FLOW_COLUMNS, "step": "int64"},
+            {**FLOW_COLUMNS, "step": "int64", "group": "str"},
             "flows.parquet",
             "The validated per-flow table: one row per network flow (src_node != dst_node) of the "
             "run's trace, with op, communicator and step.",

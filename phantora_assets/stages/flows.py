@@ -20,6 +20,7 @@ from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
+from phantora_assets.lib.workload.collectives import comm_groups
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import (
@@ -100,7 +101,9 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     chosen = int(timed.iloc[(timed["duration_us"] - result.step_time_us).abs().argsort(kind="stable").iloc[0]]["step"])
     step_flows = result.step_flows(chosen, network_only=True)
     pdir = paths.partition_dir(spec.run_id)
-    write_parquet_frames(_network_frames(result.flows, is_net), pdir / "flows.parquet", chunk_rows=FLOW_CHUNK_ROWS)
+    groups = comm_groups(spec, result.flows)
+    frames = _network_frames(result.flows, is_net, groups)
+    write_parquet_frames(frames, pdir / "flows.parquet", chunk_rows=FLOW_CHUNK_ROWS)
     write_parquet(result.steps, pdir / "steps.parquet")
     write_parquet(step_flows, pdir / "step_flows.parquet")
     write_parquet(parsed.compute_events, pdir / "compute_events.parquet")
@@ -115,6 +118,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         n_network_flows=int(is_net.sum()),
         periods={k: int(v) for k, v in result.periods.items()},
         compute_busy_us={r.host: float(r.busy_us) for r in parsed.compute.itertuples()},
+        network_bytes_by_group=_bytes_by_group(result, is_net, groups),
     )
     write_record(pdir / "trace_summary.json", summary)
     record(paths, spec, "validated_flows", outcomes)
@@ -132,13 +136,28 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
 FLOW_CHUNK_ROWS = 500_000
 
 
-def _network_frames(flows: pd.DataFrame, is_net) -> Iterator[pd.DataFrame]:
-    """The rows of ``flows`` where ``is_net`` holds, a chunk at a time: the network-flow table is
-    never copied whole (4.9 M flows of W3 16x8 at ep 128: three 713 MB copies before, for the
-    boolean take, ``reset_index`` and its block consolidation)."""
+def _network_frames(flows: pd.DataFrame, is_net, groups: dict[str, str]) -> Iterator[pd.DataFrame]:
+    """The rows of ``flows`` where ``is_net`` holds, a chunk at a time, with their communicator's
+    parallelism ``group`` (``comm_groups``): the network-flow table is never copied whole (4.9 M
+    flows of W3 16x8 at ep 128: three 713 MB copies before, for the boolean take, ``reset_index``
+    and its block consolidation)."""
     for a in range(0, max(len(flows), 1), FLOW_CHUNK_ROWS):  # one frame at least: the columns
         part, keep = flows.iloc[a : a + FLOW_CHUNK_ROWS], is_net[a : a + FLOW_CHUNK_ROWS]
-        yield part if keep.all() else part[keep]
+        part = part if keep.all() else part[keep]
+        yield part.assign(group=part["comm_id"].map(groups).fillna("other").astype(object))
+
+
+def _bytes_by_group(result: steps.StepResult, is_net, groups: dict[str, str]) -> dict[str, int]:
+    """Network bytes of one steady step (mean over the steady steps) per parallelism group."""
+    flows = result.flows
+    steady = flows["step"].isin(list(result.steady_steps)).to_numpy() & is_net
+    n = max(len(result.steady_steps), 1)
+    per = flows.loc[steady, ["comm_id", "bytes"]].groupby("comm_id", sort=False)["bytes"].sum()
+    out: dict[str, int] = {}
+    for cid, b in per.items():
+        g = groups.get(str(cid), "other")
+        out[g] = out.get(g, 0) + int(b)
+    return {g: out[g] // n for g in sorted(out)}
 
 
 def _detect_steps(

@@ -98,7 +98,30 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
     spec_file.unlink(missing_ok=True)
     result = get_source(spec.source).raw_timeline(spec, paths, ctx)
     write_record(spec_file, now)
+    result.metadata.update(workload_metadata(spec))
     return result
+
+
+def workload_metadata(spec: RunSpec) -> dict[str, Any]:
+    """What the UI shows of a run's workload (its partition's materialization metadata): model,
+    framework, parallelism and sizes, batch; {} for a profiled run (no workload)."""
+    if not spec.workload:
+        return {}
+    wl, par = spec.wl, spec.par
+    m, t = wl.model, wl.train
+    batch = t.global_batch if t.global_batch is not None else t.micro_batch * par.dp * par.micro_batches
+    return {
+        "workload": spec.workload,
+        "model": f"{spec.model_name} ({m.kind}, {m.layers} layers, hidden {m.hidden})",
+        "framework": wl.framework,
+        "parallelism": spec.parallelism,
+        "tp_pp_dp_cp_ep": f"{par.tp} x {par.pp} x {par.dp} x {par.cp} (ep {par.ep})",
+        "pp_schedule": par.pp_schedule,
+        "zero": par.zero,
+        "batch": f"global {batch} = micro {t.micro_batch} x dp {par.dp} x {par.micro_batches} micro-batches",
+        "seq_len": t.seq_len,
+        "recompute": t.recompute,
+    }
 
 
 #: What ``raw_timeline`` itself writes in ``partitions/<run_id>/`` (every source rewrites these).

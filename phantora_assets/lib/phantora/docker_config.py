@@ -307,7 +307,7 @@ def command_txt(spec: RunSpec, settings: DockerSettings, layout: RunLayout, repl
         f"replay of the {layout.perfdb_name} perf DB (no GPU)" if replay else "profiling on the local GPU (no perf DB)"
     )
     head = [
-        f"# Phantora simulation of {spec.run_id}: {spec.framework} {spec.preset['model']} ({spec.parallelism}),",
+        f"# Phantora simulation of {spec.run_id}: {spec.framework} {spec.model_name} ({spec.parallelism}),",
         f"# {spec.n_nodes} hosts x {spec.gpus_per_node} GPUs, {mode}.",
         "# Exact commands, run from this config/ folder (phantora_assets runs the same through the Docker SDK).",
     ]

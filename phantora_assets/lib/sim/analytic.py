@@ -51,18 +51,24 @@ from pathlib import Path
 
 import numpy as np
 
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
 from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
-from phantora_assets.matrix import RunSpec, presets
+from phantora_assets.lib.workload.collectives import trace_events_per_step
+from phantora_assets.lib.workload.dag import build_dag
+from phantora_assets.matrix import RunSpec
 
 TINY_COLLECTIVE_BYTES = 4096
+#: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest
+#: traces measured through every per-run asset within 2 GB peak RSS a stage (docs/WORKLOADS.md "Scale").
+MAX_TRACE_EVENTS = 5_000_000
 WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 
@@ -81,7 +87,7 @@ class AnalyticSimulator:
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
-        self.iterations = int(iterations or presets()["common"]["iterations"])
+        self.iterations = int(iterations or spec.wl.train.iterations)
         self.G = spec.gpus_per_node
         self.world = spec.world_size
         self.rng = np.random.default_rng(seed_of(spec.run_id, "analytic"))
@@ -99,8 +105,11 @@ class AnalyticSimulator:
     def _host(self, rank: int) -> int:
         return rank // self.G
 
-    def flows_of(self, item: Collective | AllToAll, comm: Communicator) -> list[tuple[int, int, int]]:
+    def flows_of(self, item: Collective | AllToAll | SendRecv, comm: Communicator) -> list[tuple[int, int, int]]:
         """(src global rank, dst global rank, bytes) of ``item`` on ``comm``."""
+        if isinstance(item, SendRecv):
+            b = item.count * DTYPE_BYTES[item.dtype]
+            return [(comm.ranks[x], comm.ranks[y], b) for x, y in item.pairs]
         if isinstance(item, AllToAll):
             b = item.count * DTYPE_BYTES[item.dtype]
             return [(s, d, b) for s in comm.ranks for d in comm.ranks if s != d]
@@ -110,11 +119,11 @@ class AnalyticSimulator:
         ]
 
     def _flows_arrays(
-        self, item: Collective | AllToAll, comm: Communicator
+        self, item: Collective | AllToAll | SendRecv, comm: Communicator
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = (
             type(item).__name__,
-            getattr(item, "op", "a2a"),
+            getattr(item, "op", getattr(item, "pairs", "a2a")),
             item.count,
             item.dtype,
             getattr(item, "root", 0),
@@ -130,23 +139,45 @@ class AnalyticSimulator:
     def network_bytes_per_step(self) -> int:
         """Network bytes (source host != destination host) of one steady step, both directions."""
         total = 0
-        for item in self.model.step_program():
-            if isinstance(item, (Collective, AllToAll)):
-                for comm in self.model.comms[item.kind]:
+        model = self.model
+        seen: set[str] = set()
+        for st, program in enumerate(model.stage_programs()):
+            for item in program:
+                if not isinstance(item, (Collective, AllToAll, SendRecv)):
+                    continue
+                comms = model.comms[item.kind]
+                if item.kind == "pp":
+                    if item.tag in seen:
+                        continue
+                    seen.add(item.tag)
+                elif model.spec.par.pp > 1:
+                    ranks = model.stage_ranks(st)
+                    comms = [c for c in comms if c.ranks[0] in ranks]
+                for comm in comms:
                     src, dst, nbytes = self._flows_arrays(item, comm)
                     total += int(nbytes[(src // self.G) != (dst // self.G)].sum())
         return total
 
     # --------------------------------------------------------------- main loop
-    def run(self) -> SimulationResult:  # noqa: C901, PLR0912, PLR0915 (the step DAG of the workload, then its simulation)
+    def run(self) -> SimulationResult:
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
             return SimulationResult(spec, memory, None)
-        world = self.world
+        if self.emit:
+            events = trace_events_per_step(spec) * self.iterations
+            if events > MAX_TRACE_EVENTS:
+                raise RunMatrixError(
+                    f"{spec.run_id}: the trace would hold about {events:,} events ({self.iterations} iterations), more "
+                    f"than the {MAX_TRACE_EVENTS:,} the per-run assets build within their memory bound: refused before "
+                    "simulating; lower train.iterations (>= 2), the micro-batches per step or the layout"
+                )
         comm_list = [c for cs in model.comms.values() for c in cs]
-        steady = model.step_program(warmup=False)
-        warm = (model.init_program() + model.step_program(warmup=True)) if self.warmup else steady
+        stages = model.stage_programs(warmup=False)
+        warm_stages = model.stage_programs(warmup=True)
+        n_stages = len(stages)
+        steady_progs = stages
+        warm_progs = [model.init_program(st) + warm_stages[st] for st in range(n_stages)] if self.warmup else stages
         iters = self.iterations
         factors = [
             (WARMUP_COMPUTE_FACTOR if it == 0 and self.warmup else 1.0)
@@ -158,76 +189,22 @@ class AnalyticSimulator:
         # ---- per-item base durations
         base: dict[int, float] = {}
         db_ns: dict[int, float] = {}
-        for prog in (warm, steady):
-            for item in prog:
-                if isinstance(item, Compute) and id(item) not in base:
-                    base[id(item)], db_ns[id(item)] = self.timer.time_kernels(item.kernels)
+        for progs in (warm_progs, steady_progs):
+            for prog in progs:
+                for item in prog:
+                    if isinstance(item, Compute) and id(item) not in base:
+                        base[id(item)], db_ns[id(item)] = self.timer.time_kernels(item.kernels)
 
-        # ---- build the DAG
-        kind: list[int] = []  # 0 compute, 1 collective, 2 barrier
-        dur: list[float] = []  # compute duration (ns)
-        who: list[int] = []  # compute: rank; collective: communicator index
-        what: list[object] = []  # the item
-        iter_of: list[int] = []
-        dependents: list[list[int]] = []
-        deps_left: list[int] = []
-        comm_index = {c.name: i for i, c in enumerate(comm_list)}
-
-        def new(k: int, d: float, w: int, item: object, it: int, deps) -> int:
-            n = len(kind)
-            kind.append(k)
-            dur.append(d)
-            who.append(w)
-            what.append(item)
-            iter_of.append(it)
-            dependents.append([])
-            cnt = 0
-            for x in deps:
-                dependents[x].append(n)
-                cnt += 1
-            deps_left.append(cnt)
-            return n
-
-        frontier: list[list[int]] = [[] for _ in range(world)]
-        stream_last: dict[str, int] = {}
-        for it in range(n_sim):
-            program = warm if it == 0 else steady
-            factor = factors[it]
-            tags: dict[str, dict[int, int]] = {}
-            for item in program:
-                if isinstance(item, Compute):
-                    d = base[id(item)] * factor
-                    for r in range(world):
-                        deps = set(frontier[r])
-                        for tg in item.waits:
-                            node = tags.get(tg, {}).get(r)
-                            if node is not None:
-                                deps.add(node)
-                        frontier[r] = [new(0, d, r, item, it, deps)]
-                    continue
-                blocking = item.blocking
-                per_rank = tags.setdefault(item.tag, {})
-                for c in model.comms[item.kind]:
-                    deps = set()
-                    last = stream_last.get(c.name)
-                    if last is not None:
-                        deps.add(last)
-                    for r in c.ranks:
-                        deps.update(frontier[r])
-                    node = new(1, 0.0, comm_index[c.name], item, it, deps)
-                    stream_last[c.name] = node
-                    for r in c.ranks:
-                        per_rank[r] = node
-                        if blocking:
-                            frontier[r].append(node)
-            # end of iteration: every stream drains (torch.cuda.synchronize / loss.cpu() on every
-            # rank, and the next step's first collective lines the ranks up): a global barrier
-            last_nodes = {x for f in frontier for x in f} | set(stream_last.values())
-            bar = new(2, 0.0, -1, None, it, last_nodes)
-            frontier = [[bar] for _ in range(world)]
-            stream_last = {name: bar for name in stream_last}
-
+        # ---- build the DAG (lib/workload/dag.py)
+        kind, dur, who, what, iter_of, dependents, deps_left = build_dag(
+            model, comm_list, warm_progs, steady_progs, base, factors, n_sim
+        )
         start, end, flow_first, flow_end = self._event_loop(kind, dur, who, what, dependents, deps_left, comm_list)
+        if self.unfinished:
+            raise RuntimeError(
+                f"{spec.run_id}: {self.unfinished} of {len(kind)} DAG nodes never ran: the step programs wait in a "
+                "cycle (a pipeline schedule whose sends and receives do not match): a generator bug"
+            )
         self.n_nodes, self.n_flows = len(kind), len(flow_end)
 
         # ---- iterations: simulated ones, then the steady one replicated with its jitter
@@ -246,7 +223,7 @@ class AnalyticSimulator:
         busy += [busy[1] * factors[it] / factors[1] for it in range(n_sim, iters)]
         first_steady = 1 if iters > 1 else 0  # a single simulated step counts as the steady one
         exposed = [max(0.0, durations[i] - busy[i]) for i in range(first_steady, iters)]
-        steady_items = [i for i in steady if isinstance(i, Compute)]
+        steady_items = [i for i in steady_progs[0] if isinstance(i, Compute)]
         comp_step = sum(base[id(i)] for i in steady_items)
         from_db = sum(db_ns[id(i)] for i in steady_items)
         n_k = sum(len(i.kernels) for i in steady_items)
@@ -318,6 +295,16 @@ class AnalyticSimulator:
             else:
                 heapq.heappush(heap, (t, n, 0))
 
+        def completed(done: np.ndarray, t: float) -> None:
+            """Finish the collectives whose last flows are among ``done``."""
+            if len(done):
+                uniq, cnt = np.unique(flow_node[done], return_counts=True)
+                for n, c in zip(uniq.tolist(), cnt.tolist()):
+                    pending[n] -= c
+                    if pending[n] == 0:
+                        del pending[n]
+                        finish(n, t)
+
         for n in range(n_nodes):
             if deps_left[n] == 0:
                 schedule(n)
@@ -327,20 +314,13 @@ class AnalyticSimulator:
             t_heap = heap[0][0] if heap else inf
             t_net = net.next_time()
             if t_net <= t_heap and t_net != inf:
-                done = net.advance(t_net)
-                if len(done):
-                    uniq, cnt = np.unique(flow_node[done], return_counts=True)
-                    for n, c in zip(uniq.tolist(), cnt.tolist()):
-                        pending[n] -= c
-                        if pending[n] == 0:
-                            del pending[n]
-                            finish(n, t_net)
+                completed(net.advance(t_net), t_net)
                 continue
             if not heap:
                 break
             t, n, ev = heapq.heappop(heap)
-            if t > net.now:
-                net.advance(t)
+            if t > net.now:  # flows within the network's tolerance of their end complete here too
+                completed(net.advance(t), t)
             if ev == 0:
                 finish(n, t)
                 continue
@@ -366,6 +346,7 @@ class AnalyticSimulator:
             flow_node[ids] = n
             pending[n] = len(ids)
         self.net_recomputations = net.recomputations
+        self.unfinished = int(sum(1 for x in deps_left if x > 0))
         return start, end, flow_first, net.end_times()
 
 

@@ -9,11 +9,22 @@ Bytes per parameter (bf16 training with Adam):
     DeepSpeed ZeRO-3: bf16 weight partition 2 + fp32 master 4 + m 4 + v 4 + fp32 grad
         partition 4 = 18 per parameter, divided by dp; plus the gathered working set (the
         two largest modules in bf16, one in use and one prefetched or kept by reuse distance).
-Activations per layer (bytes, s tokens, no recomputation, tensor parallel t, after Korthikanti
-et al. 2022 generalised to SwiGLU/MoE): s*h*(10 + 24/t) + 5*a*s^2/t + 6*s*f_eff/t, with f_eff
-the MLP width seen per token (ffn; topk*ffn for Megatron MoE; experts*ffn plus the repeated
-input for Hugging Face gpt-oss, which runs every expert on every token). Logits: s*V/t*10
-(bf16 logits, fp32 copy and fp32 gradient). A 5 % allocator overhead is added.
+    Megatron without the distributed optimizer (zero = 0): the 12 bytes on every rank.
+    DeepSpeed ZeRO-1: as ZeRO-0; ZeRO-2: the fp32 gradient accumulator sharded over dp too.
+    TorchTitan FSDP2 (zero 2/3): fp32 sharded parameters 4 + gradients 4 + Adam m, v 8 = 16 per
+        parameter / the FSDP mesh (dp_shard x cp), plus two bf16 units gathered (the largest);
+        DDP (zero 0): the 16 bytes on every rank.
+    Parameters are those of the rank's pipeline stage; the estimate is the largest stage's.
+Activations per layer (bytes, s tokens of a micro-batch on the rank (seq / cp), tensor parallel t,
+after Korthikanti et al. 2022 generalised to SwiGLU/MoE): s*h*(10/t_sp + 24/t) + 5*a*s^2*cp/t +
+6*s*f_eff/t, t_sp = t with sequence parallelism (torchtitan's TP always) else 1; f_eff the MLP
+width seen per token (ffn; (topk + shared) * moe_ffn for a Megatron MoE layer; experts*ffn plus the
+repeated input for Hugging Face gpt-oss, which runs every expert on every token). Recompute
+``selective`` drops the attention-score term, ``full`` keeps only the layer input (2*s*h/t_sp).
+A stage keeps the activations of the micro-batches its schedule has in flight
+(:func:`~phantora_assets.lib.workload.pipeline.in_flight`: 1F1B pp - stage, GPipe all, one without
+pipelining). Logits on the last stage: s*V/t*10 (bf16 logits, fp32 copy and fp32 gradient). A 5 %
+allocator overhead is added.
 
 The verdict compares the estimate with the simulated card memory (``memory_gb`` GiB).
 """
@@ -24,6 +35,7 @@ from dataclasses import dataclass
 
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import ZERO3_PERSISTENCE_THRESHOLD
+from phantora_assets.lib.workload.pipeline import in_flight
 
 GIB = 1 << 30
 ALLOCATOR_OVERHEAD = 1.05
@@ -70,21 +82,60 @@ class MemoryEstimate:
         }
 
 
+def _per_layer(model: WorkloadLayout, i: int) -> float:
+    """Activation bytes one micro-batch leaves for layer ``i``'s backward (module docstring)."""
+    spec, par, m = model.spec, model.spec.par, model.spec.wl.model
+    s, h, t = model.seq * model.mbs, model.hidden, spec.tp
+    sp = par.sequence_parallel or (spec.framework == "torchtitan" and t > 1)
+    recompute = spec.wl.train.recompute
+    if recompute == "full":  # only the layer's input is kept
+        return 2 * s * h / (t if sp else 1)
+    input_repeat = 0.0
+    if spec.framework == "megatron":
+        f_eff = (m.topk + m.shared_experts) * model.ffn if m.is_moe_layer(i) else m.ffn_hidden
+    elif spec.zero_stage == 3 and model.experts:  # Hugging Face gpt-oss: every expert on every token
+        f_eff = model.experts * model.ffn
+        input_repeat = model.experts * s * h * 2 * 2
+    else:
+        f_eff = m.ffn_hidden
+    attn_scores = 0.0 if recompute == "selective" else 5 * model.heads * s * s * model.spec.par.cp / t
+    return s * h * (10 / (t if sp else 1) + 24 / t) + attn_scores + 6 * s * f_eff / t + input_repeat
+
+
 def estimate_memory(model: WorkloadLayout) -> MemoryEstimate:
-    """Estimate the peak memory of one rank of ``model``'s run (see module docstring)."""
-    spec = model.spec
-    s, h, f, t = model.seq * model.mbs, model.hidden, model.ffn, spec.tp
-    dense = sum(n for _, n in model.dense_params_local())
-    experts = model.expert_params_per_rank()
+    """Estimate the peak memory of one rank of ``model``'s run (see module docstring): the
+    largest over its pipeline stages."""
+    return max((estimate_stage_memory(model, st) for st in range(model.spec.par.pp)), key=lambda e: e.peak_bytes)
+
+
+def estimate_stage_memory(model: WorkloadLayout, stage: int) -> MemoryEstimate:
+    """The peak memory of one rank of pipeline stage ``stage`` (module docstring)."""
+    spec, par = model.spec, model.spec.par
+    s = model.seq * model.mbs
+    t = spec.tp
+    dense = sum(n for _, n in model.dense_params_local(stage))
+    experts = model.expert_params_per_rank(stage)
     card = int(spec.gpu_spec["memory_gb"] * GIB)
     working = 0
     if spec.framework == "megatron":
         weights: float = 2 * (dense + experts)  # int here, float (per-dp share) in the ZeRO branches
         grads: float = 2 * (dense + experts)
-        expert_dp = max(1, spec.world_size // spec.ep)
-        optim = 12 * (dense / spec.dp + experts / expert_dp)
-        f_eff = model.topk * f if model.experts else f
-        input_repeat = 0
+        if par.zero >= 1:  # distributed optimizer: fp32 master + m + v sharded over the grad-sync group
+            optim = 12 * (dense / model.grad_sync_size() + experts / par.edp)
+        else:
+            optim = 12 * (dense + experts)
+    elif spec.framework == "torchtitan":
+        local = dense
+        n = len(model.comms["dp"][0].ranks)
+        if par.zero >= 2:  # FSDP2: fp32 sharded parameters, gradients, Adam m and v; two bf16 units gathered
+            weights, grads, optim = 4 * local / n, 4 * local / n, 8 * local / n
+            units: dict[str, int] = {}
+            for p in model.stage_params(stage):
+                u = ".".join(p.module.split(".")[:2]) if p.module.startswith("layers.") else "root"
+                units[u] = units.get(u, 0) + model.local_numel(p)
+            working = 2 * sum(sorted(units.values(), reverse=True)[:2])
+        else:  # DDP: fp32 parameters, gradients, m and v on every rank
+            weights, grads, optim = 4 * local, 4 * local, 8 * local
     elif spec.zero_stage == 3:
         total = model.total_params
         weights = 2 * total / spec.dp
@@ -96,16 +147,15 @@ def estimate_memory(model: WorkloadLayout) -> MemoryEstimate:
                 mods[p.module] = mods.get(p.module, 0) + p.numel
         largest = sorted(mods.values(), reverse=True)[:2]
         working = 2 * sum(largest)
-        f_eff = model.experts * f if model.experts else f
-        input_repeat = model.experts * s * h * 2 * 2 if model.experts else 0
     else:
         total = model.total_params
         weights = 2 * total
-        grads = (2 + 4) * total
+        grads = (2 + 4) * total if spec.zero_stage < 2 else 2 * total + 4 * total / spec.dp
         optim = 12 * total / spec.dp
-        f_eff = f
-        input_repeat = 0
-    per_layer = s * h * (10 + 24 / t) + 5 * model.heads * s * s / t + 6 * s * f_eff / t + input_repeat
-    logits = s * model.vocab / t * 10
-    activations = model.layers * per_layer + logits
+    vs = par.virtual_stages
+    chunks = in_flight(par.pp_schedule, par.pp, stage, par.micro_batches, vs) if par.pp > 1 else 1
+    layers = [i for v in range(vs) for i in model.chunk_layers(stage, v)]
+    per_chunk = sum(_per_layer(model, i) for i in layers) / vs
+    logits = s * model.vocab / t * 10 if stage == par.pp - 1 else 0
+    activations = chunks * per_chunk + logits
     return MemoryEstimate(int(weights), int(grads), int(optim), int(activations), int(working), card)

@@ -27,14 +27,14 @@ import pandas as pd
 from phantora_assets.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
 from phantora_assets.lib.sim.memory import MemoryEstimate
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.traffic.ring import OP_TO_CALL
 from phantora_assets.matrix import RunSpec
 
 COMPUTE_STREAM_ID = 7
 
 #: (src global ranks, dst global ranks, bytes) of a collective's flows on a communicator
-FlowsArrays = Callable[[Collective | AllToAll, Communicator], tuple[np.ndarray, np.ndarray, np.ndarray]]
+FlowsArrays = Callable[[Collective | AllToAll | SendRecv, Communicator], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -179,7 +179,7 @@ def emit_raw_timeline(  # noqa: PLR0913 (the simulated DAG's arrays; issue 30 as
             comm = comm_list[who[n]]
             src, dst, nbytes = flows_arrays(item, comm)
             first = flow_first[n]
-            if isinstance(item, AllToAll):
+            if isinstance(item, (AllToAll, SendRecv)):
                 call, op_name, root = "NcclSend", "", -1
             else:
                 call = OP_TO_CALL[item.op]

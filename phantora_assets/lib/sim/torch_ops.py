@@ -14,12 +14,10 @@ Only what Phantora times is listed: ops it does not intercept (embedding, fused 
 permute, copy_, zero_, sqrt, lerp, ...) cost zero in Phantora and are absent here. Each
 method returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank.
 
-The lists are built from a run's
-:class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (its dimensions, tp/ep, and the
-per-rank parameter shapes); the step programs of :mod:`~phantora_assets.lib.sim.workloads` call
-:func:`torch_ops` with their model, so the dependency runs workloads -> torch_ops ->
-optimizer_ops -> workload_layout, never back. Tensor shapes are element dims, sizes element
-counts; nothing here raises for a valid layout. No Dagster import.
+Built from a run's :class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` (dimensions,
+tp/cp/ep, per-rank shapes; torchtitan's on TP shards); the step programs call :func:`torch_ops`
+(workloads -> torch_ops -> optimizer_ops -> workload_layout, never back). Shapes are element dims,
+sizes element counts; nothing raises for a valid layout. No Dagster import.
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
     key = (
         sp.workload,
         sp.framework,
-        sp.tp,
-        sp.ep,
+        sp.par,
         model.seq,
         model.mbs,
         model.hidden,
@@ -84,10 +81,13 @@ class TorchOps(OptimizerOps):
         self.h = model.hidden
         self.f = model.ffn
         self.tp = model.spec.tp
+        self.cp = model.spec.par.cp
         self.nh = model.heads
         self.nkv = model.kv_heads
         self.d = model.head_dim
         self.v = model.vocab
+        if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
+            self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
 
     # ================================================================== Megatron (local spec)
     def _mlin_fwd(self, k_in: int, n_out: int) -> list[Kernel]:
@@ -149,15 +149,16 @@ class TorchOps(OptimizerOps):
         qkv = (self.nh + 2 * self.nkv) * d // tp
         proj_in = self.nh * d // tp
         rope = self._mrope(self.nh // tp) + self._mrope(max(1, self.nkv // tp))
-        core = self._mcore_attention(phase)
+        core = self._mcore_attention(phase) * self.cp  # ring attention: cp blocks of [s/cp, s/cp]
         if phase == "fwd":
             return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
         return self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv)
 
     @_memo
-    def megatron_mlp(self, phase: str) -> list[Kernel]:
-        """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual."""
-        h, f = self.h, self.f // self.tp
+    def megatron_mlp(self, phase: str, ffn: int | None = None) -> list[Kernel]:
+        """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual; ``ffn`` its width
+        (default the model's)."""
+        h, f = self.h, (ffn or self.f) // self.tp
         glu = T(B16, self.s, 1, f)
         if phase == "fwd":
             return self._mlin_fwd(h, 2 * f) + [_r2("Mul", glu)] + self._mlin_fwd(f, h) + self._bda("fwd")
@@ -180,8 +181,9 @@ class TorchOps(OptimizerOps):
         """SequentialMLP over the local experts; each gets (s*topk/E) tokens from every EP rank."""
         m = self.m
         local = m.experts // m.spec.ep
-        tok = (self.s * m.topk // m.experts) * m.spec.ep
-        h, f = self.h, self.f
+        s_tok = self.s // self.tp if (self.tp > 1 and m.spec.par.sequence_parallel) else self.s
+        tok = (s_tok * m.topk // m.experts) * m.spec.ep * m.spec.par.etp
+        h, f = self.h, self.f // m.spec.par.etp
         a, p = T(B16, tok, f), T(B16, tok, 1)
         if phase == "fwd":
             one = [_mat((tok, h), (h, 2 * f)), _r2("Mul", a), ew("Mul", [a, p]), _mat((tok, f), (f, h))]

@@ -25,7 +25,9 @@ import math
 from dataclasses import dataclass, field
 
 from phantora_assets.lib.sim.workload_types import MEGATRON_BUCKET_ELEMENTS, Communicator, Param
-from phantora_assets.matrix import RunSpec, presets
+from phantora_assets.lib.workload.pipeline import stage_bounds
+from phantora_assets.lib.workload.placement import groups_of, rank_coords
+from phantora_assets.matrix import RunSpec
 
 
 def ceil_to(x: int, m: int) -> int:
@@ -42,18 +44,22 @@ class WorkloadLayout:
     comms: dict[str, list[Communicator]] = field(init=False)
 
     def __post_init__(self) -> None:
-        p = self.spec.preset
-        self.seq = int(presets()["common"]["sequence_length"])
-        self.mbs = int(presets()["common"]["micro_batch_size"])
-        self.layers = int(presets()["common"]["num_layers"])
-        self.hidden = int(p["hidden_size"])
-        self.ffn = int(p["ffn_hidden_size"])
-        self.heads = int(p["num_attention_heads"])
-        self.kv_heads = int(p.get("num_query_groups", p.get("num_key_value_heads", self.heads)))
-        self.head_dim = int(p.get("kv_channels", p.get("head_dim", self.hidden // self.heads)))
-        self.vocab = int(p["vocab_size"])
-        self.experts = int(p.get("num_moe_experts", p.get("num_experts", 0)))
-        self.topk = int(p.get("moe_router_topk", p.get("experts_per_token", 0)))
+        m, t = self.spec.wl.model, self.spec.wl.train
+        self.seq_len = t.seq_len
+        self.seq = (
+            t.seq_len // self.spec.par.cp
+        )  # the tokens of a micro-batch on one rank (context parallelism splits them)
+        self.mbs = t.micro_batch
+        self.layers = m.layers
+        self.hidden = m.hidden
+        self.ffn = m.moe_ffn_hidden if m.kind == "moe" else m.ffn_hidden
+        self.heads = m.heads
+        self.kv_heads = m.kv_heads
+        self.head_dim = m.head_dim
+        # Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by 128)
+        self.vocab = ceil_to(m.vocab, 128 * self.spec.par.tp) if self.spec.framework == "megatron" else m.vocab
+        self.experts = m.experts
+        self.topk = m.topk
         self.params = self._build_params()
         self.comms = self._build_comms()
 
@@ -62,11 +68,14 @@ class WorkloadLayout:
         h, f, L = self.hidden, self.ffn, self.layers
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        tpv = self.spec.tp if self.spec.framework == "megatron" else 1
+        fw = self.spec.framework
+        tpv = self.spec.tp if fw in ("megatron", "torchtitan") else 1
+        model = self.spec.wl.model
+        etp = self.spec.par.etp
         out: list[Param] = [
             Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True, shape=(self.vocab // tpv, h))
         ]
-        wl = self.spec.workload
+        arch = self.spec.wl.model.arch
         for i in range(L):
             m = f"layers.{i}"
             if self.spec.framework == "megatron":
@@ -88,7 +97,7 @@ class WorkloadLayout:
                 # TransformerConfig without qk_layernorm (W3's recorded shard sizes in
                 # perfdb/l40s confirm: its grad buffer has no 128-element norms per layer)
                 out.append(Param(f"{m}.pre_mlp_layernorm.weight", h, f"{m}.mlp", shape=(h,)))
-                if self.experts:
+                if model.is_moe_layer(i):
                     out.append(Param(f"{m}.mlp.router.weight", self.experts * h, f"{m}.mlp", shape=(self.experts, h)))
                     for e in range(self.experts):
                         out.append(
@@ -97,18 +106,45 @@ class WorkloadLayout:
                                 h * 2 * f,
                                 f"{m}.mlp",
                                 expert=True,
-                                shape=(2 * f, h),
+                                shape=(2 * f // etp, h),
                             )
                         )
                         out.append(
                             Param(
-                                f"{m}.mlp.experts.{e}.linear_fc2.weight", f * h, f"{m}.mlp", expert=True, shape=(h, f)
+                                f"{m}.mlp.experts.{e}.linear_fc2.weight",
+                                f * h,
+                                f"{m}.mlp",
+                                expert=True,
+                                shape=(h, f // etp),
+                            )
+                        )
+                    if model.shared_experts:  # one dense SwiGLU MLP of shared_experts x moe_ffn_hidden
+                        fs = model.shared_experts * f
+                        out.append(
+                            Param(
+                                f"{m}.mlp.shared_experts.linear_fc1.weight",
+                                h * 2 * fs,
+                                f"{m}.mlp",
+                                True,
+                                shape=(2 * fs // t, h),
+                            )
+                        )
+                        out.append(
+                            Param(
+                                f"{m}.mlp.shared_experts.linear_fc2.weight",
+                                fs * h,
+                                f"{m}.mlp",
+                                True,
+                                shape=(h, fs // t),
                             )
                         )
                 else:
-                    out.append(Param(f"{m}.mlp.linear_fc1.weight", h * 2 * f, f"{m}.mlp", True, shape=(2 * f // t, h)))
-                    out.append(Param(f"{m}.mlp.linear_fc2.weight", f * h, f"{m}.mlp", True, shape=(h, f // t)))
-            elif wl == "W5":  # Hugging Face gpt-oss
+                    fd = model.ffn_hidden
+                    out.append(
+                        Param(f"{m}.mlp.linear_fc1.weight", h * 2 * fd, f"{m}.mlp", True, shape=(2 * fd // t, h))
+                    )
+                    out.append(Param(f"{m}.mlp.linear_fc2.weight", fd * h, f"{m}.mlp", True, shape=(h, fd // t)))
+            elif arch == "gpt_oss":  # Hugging Face gpt-oss
                 out += [
                     Param(f"{m}.input_layernorm.weight", h, f"{m}.input_layernorm"),
                     Param(f"{m}.self_attn.q_proj.weight", h * q, f"{m}.self_attn"),
@@ -128,17 +164,19 @@ class WorkloadLayout:
                     Param(f"{m}.mlp.experts.down_proj", self.experts * f * h, f"{m}.mlp.experts"),
                     Param(f"{m}.mlp.experts.down_proj_bias", self.experts * h, f"{m}.mlp.experts"),
                 ]
-            else:  # Hugging Face Llama
+            else:  # Hugging Face Llama (DeepSpeed) / torchtitan's Llama (the same tensors; TP-sharded there)
+                sh = fw == "torchtitan" and self.spec.tp > 1
+                t = self.spec.tp if sh else 1
                 out += [
                     Param(f"{m}.input_layernorm.weight", h, f"{m}.input_layernorm", shape=(h,)),
-                    Param(f"{m}.self_attn.q_proj.weight", h * q, f"{m}.self_attn", shape=(q, h)),
-                    Param(f"{m}.self_attn.k_proj.weight", h * kv, f"{m}.self_attn", shape=(kv, h)),
-                    Param(f"{m}.self_attn.v_proj.weight", h * kv, f"{m}.self_attn", shape=(kv, h)),
-                    Param(f"{m}.self_attn.o_proj.weight", q * h, f"{m}.self_attn", shape=(h, q)),
+                    Param(f"{m}.self_attn.q_proj.weight", h * q, f"{m}.self_attn", sh, shape=(q // t, h)),
+                    Param(f"{m}.self_attn.k_proj.weight", h * kv, f"{m}.self_attn", sh, shape=(kv // t, h)),
+                    Param(f"{m}.self_attn.v_proj.weight", h * kv, f"{m}.self_attn", sh, shape=(kv // t, h)),
+                    Param(f"{m}.self_attn.o_proj.weight", q * h, f"{m}.self_attn", sh, shape=(h, q // t)),
                     Param(f"{m}.post_attention_layernorm.weight", h, f"{m}.post_attention_layernorm", shape=(h,)),
-                    Param(f"{m}.mlp.gate_proj.weight", h * f, f"{m}.mlp", shape=(f, h)),
-                    Param(f"{m}.mlp.up_proj.weight", h * f, f"{m}.mlp", shape=(f, h)),
-                    Param(f"{m}.mlp.down_proj.weight", f * h, f"{m}.mlp", shape=(h, f)),
+                    Param(f"{m}.mlp.gate_proj.weight", h * f, f"{m}.mlp", sh, shape=(f // t, h)),
+                    Param(f"{m}.mlp.up_proj.weight", h * f, f"{m}.mlp", sh, shape=(f // t, h)),
+                    Param(f"{m}.mlp.down_proj.weight", f * h, f"{m}.mlp", sh, shape=(h, f // t)),
                 ]
         out.append(Param("final_norm.weight", h, "final_norm", shape=(h,)))
         out.append(Param("output_layer.weight", self.vocab * h, "output_layer", True, shape=(self.vocab // tpv, h)))
@@ -149,57 +187,144 @@ class WorkloadLayout:
         return sum(p.numel for p in self.params)
 
     def local_numel(self, p: Param) -> int:
-        """Elements of ``p`` held by one rank before any ZeRO/optimizer sharding."""
+        """Elements of ``p`` held by one rank before any ZeRO/optimizer sharding (an expert's
+        tensor is held whole by its EP rank, split over etp)."""
         if p.expert:
-            return p.numel if self.experts == 0 else p.numel  # one expert's tensor, owned by one rank
+            return p.numel // self.spec.par.etp
         return p.numel // self.spec.tp if p.tp_sharded else p.numel
 
-    def dense_params_local(self) -> list[tuple[str, int]]:
-        """(name, elements per rank) of the DP-replicated (non-expert) parameters."""
-        return [(p.name, self.local_numel(p)) for p in self.params if not p.expert]
+    # ------------------------------------------------------------------ pipeline stages
+    def layers_per_chunk(self) -> int:
+        """Layers of one model chunk (pp x virtual_stages chunks in all; the largest with uneven stages)."""
+        if self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers:
+            return max(b - a for a, b in self._bounds())
+        return self.layers // (self.spec.par.pp * self.spec.par.virtual_stages)
 
-    def expert_params_per_rank(self) -> int:
+    def _bounds(self) -> list[tuple[int, int]]:
+        par = self.spec.wl.parallel
+        return stage_bounds(par.pp, self.layers, par.first_stage_layers, par.last_stage_layers)
+
+    def stage_of_layer(self, i: int) -> int:
+        """Pipeline stage holding layer ``i``: chunk c = i // layers_per_chunk lives on stage c % pp
+        (Megatron-core's and torchtitan's interleaved placement; c // pp is its virtual stage);
+        with uneven first / last stages, the stage whose bounds hold i."""
+        if self.spec.par.pp > 1 and (
+            self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers
+        ):
+            return next(st for st, (a, b) in enumerate(self._bounds()) if a <= i < b)
+        return (i // self.layers_per_chunk()) % self.spec.par.pp
+
+    def chunk_layers(self, stage: int, v: int) -> range:
+        """Layers of virtual stage ``v`` of ``stage`` (global chunk v * pp + stage)."""
+        if self.spec.par.pp > 1 and (
+            self.spec.wl.parallel.first_stage_layers or self.spec.wl.parallel.last_stage_layers
+        ):
+            return range(*self._bounds()[stage])
+        n = self.layers_per_chunk()
+        c = v * self.spec.par.pp + stage
+        return range(c * n, (c + 1) * n)
+
+    def stage_of(self, module: str) -> int:
+        """Stage of a parameter's module: the embedding on the first, the final norm and output
+        layer on the last, a layer's modules on its layer's stage."""
+        if module.startswith("layers."):
+            return self.stage_of_layer(int(module.split(".")[1]))
+        return 0 if module.startswith("embedding") else self.spec.par.pp - 1
+
+    def stage_params(self, stage: int | None) -> list[Param]:
+        """Parameters held by the ranks of ``stage`` (all for None or a one-stage job)."""
+        if stage is None or self.spec.par.pp == 1:
+            return self.params
+        cache = self.__dict__.setdefault("_stage_params", {})
+        if stage not in cache:
+            cache[stage] = [p for p in self.params if self.stage_of(p.module) == stage]
+        return cache[stage]
+
+    def stage_ranks(self, stage: int) -> range:
+        """Global ranks of pipeline stage ``stage`` (pp is the outermost coordinate)."""
+        n = self.spec.world_size // self.spec.par.pp
+        return range(stage * n, (stage + 1) * n)
+
+    def dense_params_local(self, stage: int | None = None) -> list[tuple[str, int]]:
+        """(name, elements per rank) of the DP-replicated (non-expert) parameters of ``stage``."""
+        return [(p.name, self.local_numel(p)) for p in self.stage_params(stage) if not p.expert]
+
+    def expert_params_per_rank(self, stage: int | None = None) -> int:
+        """Expert elements one rank of ``stage`` holds (its experts // ep experts per MoE layer)."""
         if not self.experts:
             return 0
-        per_expert = sum(p.numel for p in self.params if p.expert) // self.experts
+        ps = self.stage_params(stage)
+        per_expert = sum(self.local_numel(p) for p in ps if p.expert) // self.experts
         return per_expert * (self.experts // self.spec.ep)
 
     # ------------------------------------------------------------------ communicators
+    def coords(self, rank: int) -> dict[str, int]:
+        """The rank's coordinates in the framework's mesh (docs/WORKLOADS.md "Rank placement"):
+        ``tp`` innermost, then ``cp``, ``dp`` (torchtitan: dp_shard inner, dp_replicate outer), ``pp``
+        outermost; the expert mesh of a stage splits its tp x cp x dp ranks as etp (inner), ep, edp."""
+        return rank_coords(self.spec.par, rank)
+
     def _build_comms(self) -> dict[str, list[Communicator]]:
-        world, tp = self.spec.world_size, self.spec.tp
+        """The communicators of the run, by kind, in the order each framework creates them (kinds:
+        tp, dp, ep, edp, then cp, dp_cp, pp, dp_shard, dp_rep); each a tuple of ascending global ranks
+        that differ only in the kind's coordinates. Names: kind + index in order of first rank."""
+        par = self.spec.par
+        fw = self.spec.framework
         comms: dict[str, list[Communicator]] = {}
-        if tp > 1:
-            comms["tp"] = [Communicator(f"tp{g}", "tp", tuple(range(g * tp, (g + 1) * tp))) for g in range(world // tp)]
-            comms["dp"] = [Communicator(f"dp{t}", "dp", tuple(range(t, world, tp))) for t in range(tp)]
+
+        def add(kind: str, dims: tuple[str, ...], stage_local: bool = True) -> None:
+            comms[kind] = groups_of(par, kind, dims)
+
+        if par.tp > 1:
+            add("tp", ("tp",))
+        if fw == "torchtitan" and par.zero >= 2:
+            add("dp", ("dp", "cp"))  # FSDP2 shards over dp_shard x cp (torchtitan's dp_shard_cp mesh)
+            if par.dp_replicate > 1:
+                comms["dp"] = groups_of(par, "dp", ("dp_shard", "cp"))
+                add("dp_rep", ("dp_rep",))
         else:
-            comms["dp"] = [Communicator("dp0", "dp", tuple(range(world)))]
-        ep = self.spec.ep
-        if ep > 1:  # Megatron (tp = 1): EP groups of consecutive ranks, EDP groups strided by ep
-            comms["ep"] = [Communicator(f"ep{g}", "ep", tuple(range(g * ep, (g + 1) * ep))) for g in range(world // ep)]
-        if self.experts and self.spec.framework == "megatron" and world // max(ep, 1) > 1:
-            comms["edp"] = [Communicator(f"edp{i}", "edp", tuple(range(i, world, ep))) for i in range(ep)]
+            add("dp", ("dp",))
+        moe = self.experts and fw == "megatron"
+        if par.ep > 1:
+            add("ep", ("ep",))
+        if moe and par.edp > 1:
+            add("edp", ("edp",))
+        if par.cp > 1:
+            add("cp", ("cp",))
+            if fw == "megatron":
+                add("dp_cp", ("dp", "cp"))
+        if par.pp > 1:
+            add("pp", ("pp",))
         return comms
 
     def param_shape(self, p: Param) -> tuple[int, ...]:
         return p.shape or (self.local_numel(p),)
 
     # ------------------------------------------------------------------ Megatron buffers
-    def megatron_dense_buckets(self) -> list[tuple[int, list[tuple[Param, int, int]]]]:
-        """The DDP grad buffer of the dense parameters: parameters in reverse order, a bucket
-        closes once it holds >= max(40M, 1M x dp) elements and is padded to lcm(dp, 128).
-        Returns ``(padded_numel, [(param, offset_in_bucket, numel)])`` per bucket."""
-        dp = self.spec.dp
-        size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
-        return self._buckets([p for p in self.params if not p.expert], size, math.lcm(dp, 128))
+    def grad_sync_size(self) -> int:
+        """Ranks a dense gradient is reduced over: dp x cp (Megatron's data-parallel group with
+        context parallelism; dp alone when cp = 1)."""
+        return self.spec.dp * self.spec.par.cp
 
-    def megatron_expert_buckets(self) -> list[tuple[int, list[tuple[Param, int, int]]]]:
-        """The expert grad buffer of rank 0's local experts (expert-data-parallel size world/ep)."""
+    def megatron_dense_buckets(self, stage: int | None = None) -> list[tuple[int, list[tuple[Param, int, int]]]]:
+        """The DDP grad buffer of the dense parameters of ``stage``: parameters in reverse order, a
+        bucket closes once it holds >= max(40M, 1M x dp) elements and, with the distributed
+        optimizer (zero = 1), is padded to lcm(dp, 128) (dp: :meth:`grad_sync_size`).
+        Returns ``(padded_numel, [(param, offset_in_bucket, numel)])`` per bucket."""
+        dp = self.grad_sync_size()
+        size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
+        pad = math.lcm(dp, 128) if self.spec.zero_stage >= 1 else 1
+        return self._buckets([p for p in self.stage_params(stage) if not p.expert], size, pad)
+
+    def megatron_expert_buckets(self, stage: int | None = None) -> list[tuple[int, list[tuple[Param, int, int]]]]:
+        """The expert grad buffer of rank 0's local experts of ``stage`` (expert-data-parallel size edp)."""
         if not self.experts or self.spec.framework != "megatron":
             return []
         local = self.experts // self.spec.ep
-        mine = [p for p in self.params if p.expert and int(p.name.split(".")[4]) < local]
-        edp = max(1, self.spec.world_size // self.spec.ep)
-        return self._buckets(mine, max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * edp), math.lcm(edp, 128))
+        mine = [p for p in self.stage_params(stage) if p.expert and int(p.name.split(".")[4]) < local]
+        edp = self.spec.par.edp
+        pad = math.lcm(edp, 128) if self.spec.zero_stage >= 1 else 1
+        return self._buckets(mine, max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * edp), pad)
 
     def _buckets(self, params: list[Param], size: int, pad: int) -> list[tuple[int, list[tuple[Param, int, int]]]]:
         out: list[tuple[int, list[tuple[Param, int, int]]]] = []
@@ -216,21 +341,22 @@ class WorkloadLayout:
             out.append((ceil_to(n, pad), cur))
         return out
 
-    def megatron_optimizer_groups(self) -> list[tuple[bool, list[int]]]:
+    def megatron_optimizer_groups(self, stage: int | None = None) -> list[tuple[bool, list[int]]]:
         """Rank 0's fp32 shard pieces per AdamW param group (decay?, sizes in buffer order):
-        dense weights (decay), dense 1-D params (no decay), expert weights (decay)."""
-        dp = self.spec.dp
+        dense weights (decay), dense 1-D params (no decay), expert weights (decay). Without the
+        distributed optimizer (zero = 0) a rank updates all of its parameters."""
+        dp = self.grad_sync_size() if self.spec.zero_stage >= 1 else 1
         decay: list[int] = []
         nodecay: list[int] = []
-        for padded, members in self.megatron_dense_buckets():
+        for padded, members in self.megatron_dense_buckets(stage):
             lo, hi = 0, padded // dp  # rank 0's shard of this bucket
             for p, off, k in members:
                 a, b = max(lo, off), min(hi, off + k)
                 if b > a:
                     (decay if len(self.param_shape(p)) >= 2 else nodecay).append(b - a)
         experts: list[int] = []
-        edp = max(1, self.spec.world_size // self.spec.ep)
-        for padded, members in self.megatron_expert_buckets():
+        edp = self.spec.par.edp if self.spec.zero_stage >= 1 else 1
+        for padded, members in self.megatron_expert_buckets(stage):
             for _, off, k in members:  # rank 0's EDP shard of the bucket (all of it when edp = 1)
                 if min(padded // edp, off + k) > off:
                     experts.append(min(padded // edp, off + k) - off)

@@ -101,4 +101,21 @@ class AllToAll:
     blocking: bool = True
 
 
-Item = Compute | Collective | AllToAll
+@dataclass(frozen=True)
+class SendRecv:
+    """Point-to-point sends on every communicator of ``kind`` (of the issuing stage, or spanning
+    stages for ``pp``): for each ``(a, b)`` of ``pairs`` the communicator's rank index a sends
+    ``count`` elements to index b. A pipeline send appears in the programs of both stages
+    (matched by ``tag``): the sender goes on (``isend``), the receiver's next compute waits for it;
+    a ring exchange (context parallelism) lists every hop and is ``blocking``."""
+
+    kind: str
+    pairs: tuple[tuple[int, int], ...]
+    count: int
+    dtype: str
+    tag: str
+    blocking: bool = True
+    receiver: int = -1  # pipeline send: the stage whose program waits for it (-1: every member)
+
+
+Item = Compute | Collective | AllToAll | SendRecv

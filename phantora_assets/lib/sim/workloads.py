@@ -49,12 +49,13 @@ from phantora_assets.lib.sim.workload_types import (
     ZERO3_MAX_REUSE_DISTANCE,
     ZERO3_PERSISTENCE_THRESHOLD,
     ZERO3_PREFETCH_BUCKET_ELEMENTS,
-    AllToAll,
     Collective,
     Item,
     Param,
     compute,
 )
+from phantora_assets.lib.workload.megatron import megatron_step
+from phantora_assets.lib.workload.torchtitan import torchtitan_step
 from phantora_assets.matrix import RunSpec
 
 
@@ -68,190 +69,68 @@ class WorkloadModel(WorkloadLayout):
     """Parameters, communicators and per-step programs of one run (see module docstring)."""
 
     # ------------------------------------------------------------------ programs
-    def init_program(self) -> list[Item]:
-        """Before the first step: parameters broadcast from DP rank 0 (DDP / DeepSpeed init)."""
-        if self.spec.framework == "megatron":
-            n = sum(c for _, c in self.dense_params_local())
+    def init_program(self, stage: int = 0) -> list[Item]:
+        """Before the first step: parameters broadcast from DP rank 0 (DDP / DeepSpeed init; the
+        ranks of ``stage`` broadcast their stage's parameters). FSDP2 and ZeRO-3 shard on
+        construction: nothing."""
+        fw = self.spec.framework
+        if fw == "megatron":
+            n = sum(c for _, c in self.dense_params_local(stage))
             return [Collective("dp", "broadcast", n, "Bf16", "init.broadcast_params")]
-        if self.spec.zero_stage == 3:
-            return []  # zero.Init partitions parameters on construction
+        if self.spec.zero_stage == 3 or (fw == "torchtitan" and self.spec.zero_stage >= 2):
+            return []  # zero.Init / fully_shard partition parameters on construction
+        if fw == "torchtitan":
+            n = sum(c for _, c in self.dense_params_local(stage))
+            return [Collective("dp", "broadcast", n, "Bf16", "init.broadcast_params")]
         return [Collective("dp", "broadcast", p.numel, "Bf16", f"init.broadcast.{p.name}") for p in self.params]
 
     def step_program(self, warmup: bool = False) -> list[Item]:
-        """Items of one training step, in host issue order, for every rank (built once per
-        model; do not mutate the returned list)."""
+        """Items of one training step of the first pipeline stage, in host issue order (the whole
+        step of a one-stage job: every rank runs it). Built once per model; do not mutate."""
+        return self.stage_programs(warmup)[0]
+
+    def stage_programs(self, warmup: bool = False) -> list[list[Item]]:
+        """One program per pipeline stage (its ranks: :meth:`stage_ranks`), in host issue order.
+        A collective of stage s runs on the communicators of its kind whose ranks are in s; a
+        :class:`SendRecv` of kind ``pp`` is listed by both of its stages. Built once per model."""
         cache = self.__dict__.setdefault("_programs", {})
         if warmup not in cache:
-            if self.spec.framework == "megatron":
-                cache[warmup] = self._megatron_step(warmup)
+            fw, pp = self.spec.framework, self.spec.par.pp
+            if fw == "megatron":
+                cache[warmup] = [megatron_step(self, warmup, st) for st in range(pp)]
+            elif fw == "torchtitan":
+                cache[warmup] = [torchtitan_step(self, warmup, st) for st in range(pp)]
             elif self.spec.zero_stage == 3:
-                cache[warmup] = self._zero3_step(warmup)
+                cache[warmup] = [self._zero3_step(warmup)]
+            elif self.spec.zero_stage in (1, 2):
+                cache[warmup] = [self._deepspeed_zero12_step(warmup)]
             else:
-                cache[warmup] = self._deepspeed_zero0_step(warmup)
+                cache[warmup] = [self._deepspeed_zero0_step(warmup)]
         return cache[warmup]
 
-    def _megatron_step(self, warmup: bool) -> list[Item]:  # noqa: C901, PLR0915 (Megatron-core's step in program order, a branch per option)
-        """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
-        optimizer, ``overlap_grad_reduce=True`` (a bucket's reduce-scatter starts as soon as its
-        gradients are ready and overlaps the rest of the backward; the optimizer waits for all)
-        and ``overlap_param_gather=True`` (the first bucket's all-gather is dispatched at
-        ``zero_grad``, each forward pre-hook waits for its bucket and dispatches the next).
-        TP all-reduces and MoE all-to-alls are synchronous (critical path)."""
-        ops = torch_ops(self)
-        s, h = self.seq * self.mbs, self.hidden
-        tp_on = "tp" in self.comms and self.spec.tp > 1
-        ep_on = "ep" in self.comms
-        dp = self.spec.dp
-        items: list[Item] = []
-        pending_waits: list[str] = []
+    def _deepspeed_zero12_step(self, warmup: bool) -> list[Item]:
+        """DeepSpeed ZeRO stage 1 / 2 (bf16, ``reduce_scatter: true``, ``overlap_comm`` off): as
+        stage 0 but each 5e8-element gradient bucket is reduce-scattered (ceil(bucket / dp) per
+        rank) instead of all-reduced; the updated bf16 partitions are all-gathered after the step."""
+        return self._deepspeed_zero0_step(warmup, reduce_scatter=True)
 
-        def comp(name: str, phase: str, kernels: list) -> None:
-            waits = tuple(pending_waits)
-            pending_waits.clear()
-            if kernels or waits:
-                items.append(compute(name, phase, kernels, waits))
-
-        def tp_ar(tag: str) -> None:
-            if tp_on:
-                items.append(Collective("tp", "all_reduce", s * h, "Bf16", tag))
-
-        a2a = (s * self.topk // self.experts) * (self.experts // self.spec.ep) * h if ep_on else 0
-        buckets = self.megatron_dense_buckets() if dp > 1 else []
-        ebuckets = self.megatron_expert_buckets()
-        edp = self.spec.world_size // self.spec.ep if ep_on else 1
-        bucket_of: dict[str, int] = {p.name: b for b, (_, mem) in enumerate(buckets) for p, _, _ in mem}
-        by_module: dict[str, list[Param]] = {}
-        for p in self.params:
-            if not p.expert:
-                by_module.setdefault(p.module, []).append(p)
-
-        # ---- param all-gathers (overlap_param_gather): first needed bucket at zero_grad
-        issued: set[int] = set()
-        waited: set[int] = set()
-
-        def ag(b: int) -> None:
-            if 0 <= b < len(buckets) and b not in issued:
-                issued.add(b)
-                items.append(
-                    Collective(
-                        "dp", "all_gather", buckets[b][0] // dp, "Bf16", f"ddp.bucket{b}.all_gather", blocking=False
-                    )
-                )
-
-        def need(*modules: str) -> None:
-            for b in sorted(
-                {bucket_of[p.name] for mod in modules for p in by_module.get(mod, []) if p.name in bucket_of},
-                reverse=True,
-            ):
-                if b in waited:
-                    continue
-                ag(b)
-                pending_waits.append(f"ddp.bucket{b}.all_gather")
-                waited.add(b)
-                ag(b - 1)
-
-        if buckets:
-            ag(len(buckets) - 1)
-        for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):  # expert params, gathered over EDP
-            tag = f"ddp.expert_bucket{b}.all_gather"
-            items.append(Collective("edp", "all_gather", padded // edp, "Bf16", tag, blocking=False))
-        need("embedding")
-        comp("embedding.fwd", "fwd", ops.megatron_embedding("fwd"))
-        tp_ar("embedding.fwd.all_reduce")
-        for i in range(self.layers):
-            need(f"layers.{i}.attn")
-            comp(f"layers.{i}.attention.fwd", "fwd", ops.megatron_attention("fwd"))
-            tp_ar(f"layers.{i}.attention.fwd.all_reduce")
-            need(f"layers.{i}.mlp")
-            if ep_on:
-                comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
-                if i == 0 and edp > 1:
-                    pending_waits.extend(f"ddp.expert_bucket{b}.all_gather" for b in range(len(ebuckets)))
-                items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
-                comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
-                items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
-            else:
-                comp(f"layers.{i}.mlp.fwd", "fwd", ops.megatron_mlp("fwd"))
-            tp_ar(f"layers.{i}.mlp.fwd.all_reduce")
-        need("final_norm", "output_layer")
-        comp("output_layer.fwd", "fwd", ops.megatron_head("fwd"))
-        if tp_on:
-            for k in ("max", "predicted", "sum_exp"):
-                items.append(Collective("tp", "all_reduce", s, "F32", f"cross_entropy.{k}"))
-
-        # ---- backward; a bucket's reduce-scatter starts when all its grads are ready
-        ready: set[str] = set()
-        launched: set[int] = set()
-        elaunched: set[int] = set()
-        rs_tags: list[str] = []
-
-        def grads_ready(*modules: str) -> None:
-            ready.update(modules)
-            for b, (padded, mem) in enumerate(buckets):
-                if b not in launched and all(p.module in ready for p, _, _ in mem):
-                    launched.add(b)
-                    comp(f"ddp.bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
-                    items.append(
-                        Collective(
-                            "dp",
-                            "reduce_scatter",
-                            padded // dp,
-                            "Bf16",
-                            f"ddp.bucket{b}.reduce_scatter",
-                            blocking=False,
-                        )
-                    )
-                    rs_tags.append(f"ddp.bucket{b}.reduce_scatter")
-            for b, (padded, mem) in enumerate(ebuckets):
-                if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
-                    elaunched.add(b)
-                    comp(f"ddp.expert_bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
-                    if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
-                        tag = f"ddp.expert_bucket{b}.reduce_scatter"
-                        items.append(Collective("edp", "reduce_scatter", padded // edp, "Bf16", tag, blocking=False))
-                        rs_tags.append(tag)
-
-        comp("output_layer.bwd", "bwd", ops.megatron_head("bwd"))
-        tp_ar("output_layer.bwd.all_reduce")
-        grads_ready("output_layer", "final_norm")
-        for i in reversed(range(self.layers)):
-            if ep_on:
-                items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.bwd"))
-                comp(f"layers.{i}.moe.bwd", "bwd", ops._bda("bwd") + ops.megatron_experts("bwd"))
-                items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.bwd"))
-                comp(f"layers.{i}.router.bwd", "bwd", ops.megatron_router("bwd"))
-            else:
-                comp(f"layers.{i}.mlp.bwd", "bwd", ops.megatron_mlp("bwd"))
-            tp_ar(f"layers.{i}.mlp.bwd.all_reduce")
-            grads_ready(f"layers.{i}.mlp")
-            comp(f"layers.{i}.attention.bwd", "bwd", ops.megatron_attention("bwd"))
-            tp_ar(f"layers.{i}.attention.bwd.all_reduce")
-            grads_ready(f"layers.{i}.attn")
-        comp("embedding.bwd", "bwd", ops.megatron_embedding("bwd"))
-        grads_ready("embedding")
-        pending_waits.extend(rs_tags)  # finish_grad_sync
-        if dp > 1:
-            items.append(Collective("dp", "all_reduce", 1, "F32", "loss.average"))
-            items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm.dp"))
-        if tp_on:
-            items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
-        comp("optimizer.step", "opt", ops.megatron_optimizer(self.megatron_optimizer_groups(), warmup))
-        return items
-
-    def _deepspeed_zero0_step(self, warmup: bool) -> list[Item]:
+    def _deepspeed_zero0_step(self, warmup: bool, reduce_scatter: bool = False) -> list[Item]:
         """DeepSpeed 1-stage pipeline, bf16 optimizer (ZeRO stage 0): synchronous gradient
         all-reduce after the backward, synchronous parameter all-gather after the step (no
-        overlap on this path: ``_exec_reduce_grads`` / ``update_lp_params``)."""
+        overlap on this path: ``_exec_reduce_grads`` / ``update_lp_params``). With gradient
+        accumulation the forward and backward repeat per micro-batch, the reduction once."""
         ops = torch_ops(self)
-        items: list[Item] = [compute("embedding.fwd", "fwd", ops.hf_rotary())]
-        for i in range(self.layers):
-            items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
-            items.append(compute(f"layers.{i}.mlp.fwd", "fwd", ops.hf_llama_mlp("fwd")))
-        items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd")))
-        items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd")))
-        for i in reversed(range(self.layers)):
-            items.append(compute(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd")))
-            items.append(compute(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd")))
+        items: list[Item] = []
+        for _ in range(self.spec.par.micro_batches):
+            items.append(compute("embedding.fwd", "fwd", ops.hf_rotary()))
+            for i in range(self.layers):
+                items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
+                items.append(compute(f"layers.{i}.mlp.fwd", "fwd", ops.hf_llama_mlp("fwd")))
+            items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd")))
+            items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd")))
+            for i in reversed(range(self.layers)):
+                items.append(compute(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd")))
+                items.append(compute(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd")))
         items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
         dp = self.spec.dp
         if dp > 1:
@@ -259,13 +138,19 @@ class WorkloadModel(WorkloadLayout):
                 compute("bf16_optimizer.grads_for_reduction", "opt", ops.bf16_grads_for_reduction(self.total_params))
             )
             cur, b = 0, 0
+
+            def reduce(n: int, b: int) -> Collective:
+                if reduce_scatter:
+                    return Collective("dp", "reduce_scatter", -(-n // dp), "Bf16", f"reduce_scatter.bucket{b}")
+                return Collective("dp", "all_reduce", n, "Bf16", f"allreduce.bucket{b}")
+
             for p in reversed(self.params):
                 cur += p.numel
                 if cur >= DEEPSPEED_BUCKET_ELEMENTS:
-                    items.append(Collective("dp", "all_reduce", cur, "Bf16", f"allreduce.bucket{b}"))
+                    items.append(reduce(cur, b))
                     cur, b = 0, b + 1
             if cur:
-                items.append(Collective("dp", "all_reduce", cur, "Bf16", f"allreduce.bucket{b}"))
+                items.append(reduce(cur, b))
             items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
         padded = ceil_to(self.total_params, 2 * dp)
         partition = padded // dp

@@ -97,7 +97,8 @@ VIEWS: tuple[View, ...] = (
         WITH n AS (SELECT run_id, count(*) AS n_steady FROM steps WHERE steady GROUP BY run_id),
         per AS (
             SELECT f.run_id,
-                   CASE WHEN f.op IN ('send', 'recv') THEN 'all_to_all' ELSE f.op END AS collective,
+                   CASE WHEN f.op IN ('send', 'recv') AND f."group" IN ('pp', 'cp') THEN 'send_recv'
+                        WHEN f.op IN ('send', 'recv') THEN 'all_to_all' ELSE f.op END AS collective,
                    sum(f.bytes) AS steady_bytes, count(*) AS steady_flows,
                    count(DISTINCT f.comm_id) AS communicators
             FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
@@ -113,12 +114,39 @@ VIEWS: tuple[View, ...] = (
         "Network traffic by collective type per run: one row per (run_id, collective) present in the "
         "run's steady steps.",
         {
-            "collective": "all_reduce | all_gather | reduce_scatter | all_to_all | broadcast; all_to_all is "
-            "the NcclSend/NcclRecv flows (the MoE all-to-all is issued as grouped send/recv; no "
-            "workload here uses point-to-point otherwise)",
+            "collective": "all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast; "
+            "all_to_all is the NcclSend/NcclRecv flows of an MoE all-to-all (issued as grouped "
+            "send/recv), send_recv those of pipeline (pp) and context-parallel ring (cp) communicators",
             "bytes_per_step": "network bytes of that collective type in one steady step (mean), bytes",
             "flows_per_step": "network flows (ring hops) of that type per steady step",
             "communicators": "distinct communicators issuing it",
+            "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
+        },
+    ),
+    View(
+        "group_bytes",
+        """
+        WITH n AS (SELECT run_id, count(*) AS n_steady FROM steps WHERE steady GROUP BY run_id),
+        per AS (
+            SELECT f.run_id, f."group" AS "group", sum(f.bytes) AS steady_bytes, count(*) AS steady_flows,
+                   count(DISTINCT f.comm_id) AS communicators
+            FROM flows f JOIN steps s ON s.run_id = f.run_id AND s.step = f.step
+            WHERE s.steady GROUP BY ALL)
+        SELECT run_id, "group",
+               steady_bytes / n_steady AS bytes_per_step,
+               steady_flows / n_steady AS flows_per_step,
+               communicators,
+               steady_bytes / sum(steady_bytes) OVER (PARTITION BY run_id) AS share_of_step
+        FROM per JOIN n USING (run_id)
+        ORDER BY run_id, bytes_per_step DESC, "group"
+        """,
+        "Network traffic by parallelism group per run: one row per (run_id, group) present in the run's "
+        'steady steps (flows.group; docs/WORKLOADS.md "Groups").',
+        {
+            "group": "tp | cp | ep | dp | pp | other: the parallelism dimension the flows' communicator spans",
+            "bytes_per_step": "network bytes of that group in one steady step (mean), bytes",
+            "flows_per_step": "network flows of that group per steady step",
+            "communicators": "distinct communicators of the group",
             "share_of_step": "bytes_per_step / the run's network bytes per step (0..1)",
         },
     ),

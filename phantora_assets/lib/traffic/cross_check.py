@@ -11,9 +11,11 @@ keeping the flows whose two ranks sit on different hosts. Both sides are broken 
     tp           tensor-parallel activation all-reduces
     all_to_all   MoE token dispatch / combine (grouped NCCL send/recv)
     zero_gather  ZeRO-3 parameter all-gathers before forward and backward
+    send_recv    pipeline-parallel activations / gradients and context-parallel K/V ring exchanges
 
 How a trace flow gets its kind ("matching flows to kinds via the communicator's op/size"):
-send / recv flows are ``all_to_all``. For ring ops the model's collectives give a table
+send / recv flows are ``all_to_all`` unless the model's point-to-point sends of that size are
+pipeline / ring ones only (then ``send_recv``). For ring ops the model's collectives give a table
 ``(op, count x dtype size) -> kinds``; a flow whose signature names one kind gets it. Each
 communicator takes the kind most of its flows got (its *majority kind*); a flow whose signature
 names several kinds gets its communicator's majority kind if that is one of them (else the first
@@ -41,11 +43,12 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, SendRecv
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
+from phantora_assets.lib.workload.collectives import _stage_comms
 from phantora_assets.matrix import RunSpec
 
-KINDS = ("dp", "tp", "all_to_all", "zero_gather")
+KINDS = ("dp", "tp", "all_to_all", "zero_gather", "send_recv")
 UNMATCHED = "unmatched"
 TOLERANCE = 0.01
 LABELS = {
@@ -53,13 +56,16 @@ LABELS = {
     "tp": "TP activations",
     "all_to_all": "MoE all-to-all",
     "zero_gather": "ZeRO-3 parameter gathers",
+    "send_recv": "pipeline / context-parallel send/recv",
     UNMATCHED: "not in the model",
 }
 _P2P = ("send", "recv")
 
 
-def kind_of(item: Collective | AllToAll) -> str:
+def kind_of(item: Collective | AllToAll | SendRecv) -> str:
     """The cross-check kind of one workload-model collective."""
+    if isinstance(item, SendRecv):
+        return "send_recv"
     if isinstance(item, AllToAll) or item.kind == "ep":
         return "all_to_all"
     if item.op == "all_gather" and item.tag.startswith("zero3."):
@@ -93,16 +99,22 @@ def predict(spec: RunSpec) -> Prediction:
     gpn = spec.gpus_per_node
     by_kind = dict.fromkeys(KINDS, 0)
     sigs: dict[tuple[str, int], set[str]] = defaultdict(set)
-    for item in model.step_program(warmup=False):
-        if not isinstance(item, (Collective, AllToAll)):
-            continue
-        kind = kind_of(item)
-        op = "send" if isinstance(item, AllToAll) else item.op
-        sigs[(op, item.count * DTYPE_BYTES[item.dtype])].add(kind)
-        for comm in model.comms.get(item.kind, []):
-            for s, d, b in sim.flows_of(item, comm):
-                if s // gpn != d // gpn:
-                    by_kind[kind] += int(b)
+    seen: set[str] = set()
+    for stage, program in enumerate(model.stage_programs(warmup=False)):
+        for item in program:
+            if not isinstance(item, (Collective, AllToAll, SendRecv)):
+                continue
+            if item.kind == "pp":  # a call over the pipeline: listed by every stage it spans
+                if item.tag in seen:
+                    continue
+                seen.add(item.tag)
+            kind = kind_of(item)
+            op = item.op if isinstance(item, Collective) else "send"
+            sigs[(op, item.count * DTYPE_BYTES[item.dtype])].add(kind)
+            for comm in _stage_comms(model, item.kind, stage):
+                for s, d, b in sim.flows_of(item, comm):
+                    if s // gpn != d // gpn:
+                        by_kind[kind] += int(b)
     return Prediction(by_kind, dict(sigs))
 
 
@@ -118,7 +130,8 @@ def classify(flows: pd.DataFrame, prediction: Prediction) -> tuple[np.ndarray, n
     candidates: list[tuple[str, ...]] = []
     for op, size in zip(ops, sizes):
         if op in _P2P:
-            candidates.append(("all_to_all",))
+            p2p = prediction.signatures.get(("send", int(size)), set()) & {"all_to_all", "send_recv"}
+            candidates.append(("send_recv",) if p2p == {"send_recv"} else ("all_to_all",))
         else:
             kinds = prediction.signatures.get((str(op), int(size)), set())
             candidates.append(tuple(k for k in KINDS if k in kinds))

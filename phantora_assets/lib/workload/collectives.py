@@ -1,0 +1,190 @@
+"""The per-step collectives of a workload, per communicator: what the generator issues.
+
+* :func:`run_spec_of`: a :class:`~phantora_assets.matrix.RunSpec` (source ``analytic``) of a
+  ``[workloads.NAME]`` table (or a parsed :class:`~phantora_assets.lib.workload.spec.
+  WorkloadSpec`) on a layout, validated as a run-matrix entry.
+* :func:`step_collectives`: every :class:`CollectiveCall` of one steady (or the warm-up) step, in
+  issue order per communicator, over the programs of all pipeline stages.
+* :func:`collective_table`: the same grouped per (communicator, op, dtype, count).
+* :func:`comm_groups`: the parallelism group (tp, cp, ep, dp, pp, other) of each communicator of a
+  run's flow table (the flows' ``group`` column).
+
+docs/WORKLOADS.md "Python API" documents the fields. The programs come from
+:class:`~phantora_assets.lib.sim.workloads.WorkloadModel`; nothing is simulated. Raises
+:class:`~phantora_assets.lib.errors.RunMatrixError` for a spec the schema refuses. No Dagster import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from phantora_assets.lib.phantora.chrome_trace import comm_id_of
+from phantora_assets.lib.sim.keys import comm_id_bytes
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
+from phantora_assets.lib.sim.workloads import WorkloadModel, workload_model
+from phantora_assets.lib.traffic.ring import DTYPE_BYTES
+from phantora_assets.lib.workload.placement import GROUP_OF_KIND
+from phantora_assets.lib.workload.spec import WorkloadSpec, parse_workload
+from phantora_assets.matrix import PROFILED_SOURCES, RunSpec, validate
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective call on one communicator (docs/WORKLOADS.md "Python API")."""
+
+    comm: str
+    group: str
+    ranks: tuple[int, ...]
+    op: str
+    count: int
+    dtype: str
+    nbytes: int
+    tag: str
+    src: int = -1
+    dst: int = -1
+    stage: int = -1
+
+
+def run_spec_of(
+    table: dict[str, Any] | WorkloadSpec,
+    nodes: int,
+    gpus_per_node: int,
+    gpu: str = "h100",
+    name: str = "workload",
+    ep: int | None = None,
+) -> RunSpec:
+    """The RunSpec of workload ``table`` (named ``name``) on ``nodes`` x ``gpus_per_node`` GPUs
+    of ``gpu`` (a ``gpus.toml`` key), validated like a run-matrix entry (RunMatrixError)."""
+    wl = table if isinstance(table, WorkloadSpec) else parse_workload(name, table, "run_spec_of")
+    spec = RunSpec(wl.name, gpu, nodes, gpus_per_node, workload_def=wl, ep_size=ep)
+    validate(spec, f"run_spec_of ({wl.name} {gpu} {nodes}x{gpus_per_node})")
+    return spec
+
+
+def group_of(comm: Communicator) -> str:
+    """The parallelism group of a communicator's flows (docs/WORKLOADS.md "Groups")."""
+    return GROUP_OF_KIND.get(comm.kind, "other")
+
+
+def _stage_comms(model: WorkloadModel, kind: str, stage: int) -> list[Communicator]:
+    """The communicators of ``kind`` a collective of ``stage``'s program runs on (all for ``pp``)."""
+    comms = model.comms.get(kind, [])
+    if kind == "pp" or model.spec.par.pp == 1:
+        return comms
+    ranks = model.stage_ranks(stage)
+    return [c for c in comms if c.ranks[0] in ranks]
+
+
+def step_collectives(spec: RunSpec, warmup: bool = False) -> list[CollectiveCall]:
+    """Every collective of one step of ``spec`` (steady, or the warm-up step with the init
+    broadcasts before it), one :class:`CollectiveCall` per (call, communicator), in issue order:
+    stage by stage, each stage's program in order. A pipeline send (listed by both stages'
+    programs) and a pipeline all-reduce (listed by every stage) are given once, the send with
+    stage -1, the all-reduce with the first stage's number."""
+    model = WorkloadModel(spec)
+    out: list[CollectiveCall] = []
+    seen_p2p: set[str] = set()
+    for stage, program in enumerate(model.stage_programs(warmup)):
+        items = (model.init_program(stage) + program) if warmup else program
+        for item in items:
+            if isinstance(item, SendRecv):
+                if item.kind == "pp":
+                    if item.tag in seen_p2p:
+                        continue
+                    seen_p2p.add(item.tag)
+                for c in _stage_comms(model, item.kind, stage):
+                    for a, b in item.pairs:
+                        out.append(
+                            CollectiveCall(
+                                c.name, group_of(c), c.ranks, "send", item.count, item.dtype,
+                                item.count * DTYPE_BYTES[item.dtype], item.tag, c.ranks[a], c.ranks[b],
+                                -1 if item.kind == "pp" else stage,
+                            )
+                        )  # fmt: skip
+                continue
+            if isinstance(item, (Collective, AllToAll)):
+                if item.kind == "pp":  # a collective over the pipeline: listed by every stage
+                    if item.tag in seen_p2p:
+                        continue
+                    seen_p2p.add(item.tag)
+                op = item.op if isinstance(item, Collective) else "all_to_all"
+                for c in _stage_comms(model, item.kind, stage):
+                    nbytes = item.count * DTYPE_BYTES[item.dtype]
+                    out.append(
+                        CollectiveCall(
+                            c.name, group_of(c), c.ranks, op, item.count, item.dtype, nbytes, item.tag, stage=stage
+                        )
+                    )
+    return out
+
+
+def collective_table(spec: RunSpec, warmup: bool = False) -> pd.DataFrame:
+    """:func:`step_collectives` grouped: one row per (comm, group, op, dtype, count) with ``calls``
+    per step, ``bytes_per_call`` (count x dtype size) and ``ranks`` (communicator size)."""
+    calls = step_collectives(spec, warmup)
+    df = pd.DataFrame(
+        [(c.comm, c.group, c.op, c.dtype, c.count, c.nbytes, len(c.ranks)) for c in calls],
+        columns=["comm", "group", "op", "dtype", "count", "bytes_per_call", "ranks"],
+    )
+    if df.empty:
+        return df.assign(calls=pd.Series(dtype="int64"))
+    keys = ["comm", "group", "op", "dtype", "count", "bytes_per_call", "ranks"]
+    return df.groupby(keys, sort=True).size().rename("calls").reset_index()
+
+
+def comm_groups(spec: RunSpec, flows: pd.DataFrame) -> dict[str, str]:
+    """``comm_id -> group`` for every communicator of ``flows`` (``columns.FLOW_COLUMNS``) of run
+    ``spec`` (docs/WORKLOADS.md "Groups"):
+
+    * analytic runs: the communicator named by the id (``keys.comm_id_bytes`` of its name) takes
+      its kind's group (:data:`~phantora_assets.lib.sim.workload_layout.GROUP_OF_KIND`);
+    * other runs of a known workload (Phantora in Docker, imports): the global ranks that send on
+      the communicator (host index x gpus_per_node + the stream's device) and its size (the
+      largest ``comm_rank`` + 1) are matched against the communicators the generator builds for
+      the run's layout: the group of the one kind with a communicator of that size holding every
+      sender, else ``other``;
+    * runs without a workload (Kineto, Chakra) and anything unmatched: ``other``.
+    """
+    ids = flows["comm_id"].unique().tolist() if len(flows) else []
+    if not ids or spec.source in PROFILED_SOURCES or not spec.workload:
+        return {c: "other" for c in ids}
+    model = workload_model(spec)
+    comms = [c for cs in model.comms.values() for c in cs]
+    if spec.source == "analytic":
+        named = {comm_id_of(comm_id_bytes(spec.run_id, c.name)): group_of(c) for c in comms}
+        return {c: named.get(c, "other") for c in ids}
+    g = spec.gpus_per_node
+    rank = flows["src_node"].to_numpy() * g + (flows["stream"].to_numpy() >> 32)
+    frame = pd.DataFrame({"comm_id": flows["comm_id"].to_numpy(), "rank": rank, "comm_rank": flows["comm_rank"]})
+    out: dict[str, str] = {}
+    for cid, part in frame.groupby("comm_id", sort=False):
+        members = set(part["rank"].tolist())
+        size = int(part["comm_rank"].max()) + 1
+        kinds = {group_of(c) for c in comms if len(c.ranks) >= max(size, 2) and members <= set(c.ranks)}
+        out[str(cid)] = kinds.pop() if len(kinds) == 1 else "other"
+    return out
+
+
+def _flows_per_call(op: str, n: int) -> int:
+    if n < 2:
+        return 0
+    if op == "all_to_all":
+        return n * (n - 1)
+    return n - 1 if op == "broadcast" else n
+
+
+def trace_events_per_step(spec: RunSpec) -> int:
+    """Events of one steady step in the run's raw timeline: one per rank per compute item of its
+    stage, one per flow of every collective (ring ops n, broadcast n - 1, all-to-all n(n - 1), a
+    send 1). What the simulator emits; counted from the programs, nothing simulated."""
+    model = WorkloadModel(spec)
+    events = 0
+    for stage, program in enumerate(model.stage_programs()):
+        ranks = len(model.stage_ranks(stage))
+        events += ranks * sum(1 for item in program if not isinstance(item, (Collective, AllToAll, SendRecv)))
+    for c in step_collectives(spec):
+        events += 1 if c.op == "send" else _flows_per_call(c.op, len(c.ranks))
+    return events

@@ -1,0 +1,387 @@
+"""Workloads as data: the ``[workloads.NAME]`` schema of a run-matrix file, parsed and validated.
+
+A workload is a table with three sub-tables (docs/WORKLOADS.md lists every key)::
+
+    [workloads.NAME]            framework = "megatron" | "deepspeed" | "torchtitan"
+    [workloads.NAME.model]      kind, layers, hidden, ffn_hidden, heads, kv_heads, vocab, (moe keys)
+    [workloads.NAME.parallel]   tp, pp, dp ("rest"), ep, cp, sequence_parallel, zero, pp_schedule, ...
+    [workloads.NAME.train]      seq_len, micro_batch, global_batch | grad_accumulation, recompute, ...
+
+:func:`parse_workload` checks one table on its own (types as written, nothing coerced; known keys
+only; ranges; the shape rules that do not depend on the GPU count: tp divides heads and kv_heads,
+pp x virtual_stages divides layers, experts divisible by ep, ...) and returns a frozen, hashable
+:class:`WorkloadSpec`. :func:`~phantora_assets.lib.workload.tables.resolve` adds the rules of a
+layout (dp x tp x pp x cp
+== GPUs, ep dividing the expert mesh, global_batch divisible by micro_batch x dp) and returns the
+:class:`Parallel` sizes of one run. Both raise :class:`~phantora_assets.lib.errors.RunMatrixError`
+naming the entry and the rule. Pure data: no Dagster import, no simulator import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from phantora_assets.lib.errors import RunMatrixError
+
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
+KINDS = ("dense", "moe")
+ARCHS = ("llama", "gpt_oss")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bf16",)
+REST = "rest"
+
+#: key -> (TOML types allowed, default; ``...`` = required). Strings of choices are checked after.
+_TOP: dict[str, tuple[tuple[type, ...], Any]] = {
+    "framework": ((str,), ...),
+    "notes": ((str,), ""),
+    "options": ((list,), []),
+    "parallelism": ((str,), ""),
+    "model": ((dict,), ...),
+    "parallel": ((dict,), ...),
+    "train": ((dict,), ...),
+}
+_MODEL: dict[str, tuple[tuple[type, ...], Any]] = {
+    "name": ((str,), ""),
+    "kind": ((str,), ...),
+    "arch": ((str,), "llama"),
+    "layers": ((int,), ...),
+    "hidden": ((int,), ...),
+    "ffn_hidden": ((int,), ...),
+    "heads": ((int,), ...),
+    "kv_heads": ((int,), None),
+    "head_dim": ((int,), None),
+    "vocab": ((int,), ...),
+    "experts": ((int,), 0),
+    "topk": ((int,), 0),
+    "moe_ffn_hidden": ((int,), None),
+    "shared_experts": ((int,), 0),
+    "dense_layers": ((int,), 0),
+}
+_PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
+    "tp": ((int,), 1),
+    "pp": ((int,), 1),
+    "dp": ((int, str), REST),
+    "ep": ((int, str), 1),
+    "cp": ((int,), 1),
+    "etp": ((int,), None),
+    "sequence_parallel": ((bool,), False),
+    "zero": ((int,), 0),
+    "dp_replicate": ((int,), 1),
+    "pp_schedule": ((str,), "1f1b"),
+    "virtual_stages": ((int,), 1),
+    "first_stage_layers": ((int,), None),
+    "last_stage_layers": ((int,), None),
+}
+_TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
+    "seq_len": ((int,), ...),
+    "micro_batch": ((int,), 1),
+    "global_batch": ((int,), None),
+    "grad_accumulation": ((int,), None),
+    "recompute": ((str,), "none"),
+    "dtype": ((str,), "bf16"),
+    "iterations": ((int,), 20),
+}
+_KINDS_TOML = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
+
+
+def _got(value: object) -> str:
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"got {shown} ({_KINDS_TOML.get(type(value), type(value).__name__)})"
+
+
+def _fields(table: object, keys: dict, where: str) -> dict[str, Any]:
+    """The table's values with defaults filled in; unknown keys, missing required keys and wrong
+    TOML types refused (a boolean is not an integer)."""
+    if not isinstance(table, dict):
+        raise RunMatrixError(f"{where}: must be a table, {_got(table)}")
+    unknown = set(table) - set(keys)
+    if unknown:
+        raise RunMatrixError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(keys)})")
+    out: dict[str, Any] = {}
+    for key, (types, default) in keys.items():
+        if key not in table:
+            if default is ...:
+                raise RunMatrixError(f"{where}: missing key {key!r}")
+            out[key] = default
+            continue
+        value = table[key]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            want = " or ".join(_KINDS_TOML[t] for t in types)
+            raise RunMatrixError(f"{where}: {key} must be {'an' if want[0] in 'aeiou' else 'a'} {want}, {_got(value)}")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Model shape. ``kv_heads`` defaults to ``heads``, ``head_dim`` to hidden // heads,
+    ``moe_ffn_hidden`` to ``ffn_hidden``; MoE keys are 0 for a dense model. ``arch``: the module
+    structure of the Hugging Face model DeepSpeed trains (``llama`` or ``gpt_oss``)."""
+
+    name: str
+    kind: str
+    arch: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    experts: int = 0
+    topk: int = 0
+    moe_ffn_hidden: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer ``i`` (0-based, global) has an MoE MLP (the first ``dense_layers`` are dense)."""
+        return self.kind == "moe" and i >= self.dense_layers
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """Parallelism as written: ``dp`` an int or ``"rest"``; ``ep`` an int or ``"dp"`` (the whole
+    expert mesh: dp x cp x tp / etp ranks); ``etp`` None = tp (Megatron's default)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | str = REST
+    ep: int | str = 1
+    cp: int = 1
+    etp: int | None = None
+    sequence_parallel: bool = False
+    zero: int = 0
+    dp_replicate: int = 1
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Training settings: exactly one of ``global_batch`` and ``grad_accumulation`` is set."""
+
+    seq_len: int
+    micro_batch: int = 1
+    global_batch: int | None = None
+    grad_accumulation: int | None = None
+    recompute: str = "none"
+    dtype: str = "bf16"
+    iterations: int = 20
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """The sizes of one run (a :class:`WorkloadSpec` resolved on a GPU count).
+
+    ``world = dp * tp * pp * cp``; ``edp`` the expert-data-parallel size (world / (pp * ep * etp));
+    ``micro_batches`` per step and per data-parallel rank = global_batch / (micro_batch * dp)."""
+
+    world: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    etp: int
+    edp: int
+    micro_batches: int
+    sequence_parallel: bool
+    zero: int
+    dp_replicate: int
+    pp_schedule: str
+    virtual_stages: int
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One ``[workloads.NAME]`` table, validated (see module docstring). ``raw`` is the table as
+    written (sorted JSON, for records and fingerprints; :meth:`table` gives it back)."""
+
+    name: str
+    framework: str
+    model: ModelSpec
+    parallel: ParallelSpec
+    train: TrainSpec
+    raw: str = "{}"
+
+    def table(self) -> dict[str, Any]:
+        return json.loads(self.raw)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name or self.name
+
+
+def _choice(value: str, choices: tuple[str, ...], key: str, where: str) -> None:
+    if value not in choices:
+        raise RunMatrixError(f"{where}: {key} must be one of {' | '.join(choices)}, got {value!r}")
+
+
+def _positive(d: dict[str, Any], keys: tuple[str, ...], where: str, minimum: int = 1) -> None:
+    for k in keys:
+        v = d.get(k)
+        if v is not None and isinstance(v, int) and v < minimum:
+            raise RunMatrixError(f"{where}: {k} must be >= {minimum}, got {v}")
+
+
+def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:  # noqa: C901, PLR0912, PLR0915 (one strict check a schema key, in the schema's order)
+    """Validate one ``[workloads.NAME]`` table (module docstring) into a :class:`WorkloadSpec`.
+
+    Raises:
+        RunMatrixError: ``<source_name> [workloads.NAME]...: <rule>``.
+    """
+    where = f"{source_name} [workloads.{name}]"
+    top = _fields(table, _TOP, where)
+    _choice(top["framework"], FRAMEWORKS, "framework", where)
+    fw = top["framework"]
+    if not all(isinstance(o, str) for o in top["options"]):
+        raise RunMatrixError(f"{where}: options must be an array of strings")
+    mw, pw, tw = f"{where}.model", f"{where}.parallel", f"{where}.train"
+    md = _fields(top["model"], _MODEL, mw)
+    pd_ = _fields(top["parallel"], _PARALLEL, pw)
+    td = _fields(top["train"], _TRAIN, tw)
+    # ---- model
+    _choice(md["kind"], KINDS, "kind", mw)
+    _choice(md["arch"], ARCHS, "arch", mw)
+    _positive(md, ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab"), mw)
+    _positive(md, ("experts", "topk", "shared_experts", "dense_layers"), mw, 0)
+    md["kv_heads"] = md["kv_heads"] or md["heads"]
+    if md["heads"] % md["kv_heads"]:
+        raise RunMatrixError(f"{mw}: kv_heads = {md['kv_heads']} must divide heads = {md['heads']} (GQA)")
+    if md["head_dim"] is None:
+        if md["hidden"] % md["heads"]:
+            raise RunMatrixError(f"{mw}: heads = {md['heads']} must divide hidden = {md['hidden']} (or set head_dim)")
+        md["head_dim"] = md["hidden"] // md["heads"]
+    moe_keys = ("experts", "topk", "shared_experts", "dense_layers")
+    if md["kind"] == "moe":
+        if md["experts"] < 1 or not 1 <= md["topk"] <= md["experts"]:
+            raise RunMatrixError(f"{mw}: an moe model needs experts >= 1 and 1 <= topk <= experts")
+        if md["dense_layers"] >= md["layers"]:
+            raise RunMatrixError(f"{mw}: dense_layers = {md['dense_layers']} must be < layers = {md['layers']}")
+        md["moe_ffn_hidden"] = md["moe_ffn_hidden"] or md["ffn_hidden"]
+        _positive(md, ("moe_ffn_hidden",), mw)
+    else:
+        if any(md[k] for k in moe_keys) or md["moe_ffn_hidden"] is not None:
+            raise RunMatrixError(f"{mw}: {', '.join(moe_keys)}, moe_ffn_hidden are for kind = 'moe' only")
+        md["moe_ffn_hidden"] = 0
+    if md["arch"] == "gpt_oss" and fw != "deepspeed":
+        raise RunMatrixError(f"{mw}: arch = 'gpt_oss' (the Hugging Face gpt-oss modules) is for deepspeed only")
+    model = ModelSpec(**md)
+    # ---- parallel
+    _choice(pd_["pp_schedule"], SCHEDULES, "pp_schedule", pw)
+    _positive(pd_, ("tp", "pp", "cp", "etp", "dp_replicate", "virtual_stages"), pw)
+    for key, word in (("dp", REST), ("ep", "dp")):
+        v = pd_[key]
+        if isinstance(v, str) and v != word:
+            raise RunMatrixError(f'{pw}: {key} must be an integer or "{word}", got {v!r}')
+        if isinstance(v, int) and v < 1:
+            raise RunMatrixError(f"{pw}: {key} must be >= 1, got {v}")
+    if not 0 <= pd_["zero"] <= 3:
+        raise RunMatrixError(f"{pw}: zero must be 0, 1, 2 or 3, got {pd_['zero']}")
+    tp, pp, cp, vs = pd_["tp"], pd_["pp"], pd_["cp"], pd_["virtual_stages"]
+    if model.heads % tp or model.kv_heads % tp:
+        raise RunMatrixError(
+            f"{pw}: tp = {tp} must divide heads = {model.heads} and kv_heads = {model.kv_heads} "
+            "(attention heads and query groups are split over the tensor-parallel ranks)"
+        )
+    if model.ffn_hidden % tp or (model.kind == "moe" and model.moe_ffn_hidden % tp) or model.vocab % tp:
+        raise RunMatrixError(f"{pw}: tp = {tp} must divide ffn_hidden, moe_ffn_hidden and vocab")
+    if pd_["pp_schedule"] == "interleaved":
+        if vs < 2:
+            raise RunMatrixError(f"{pw}: pp_schedule = 'interleaved' needs virtual_stages >= 2")
+    elif vs != 1:
+        raise RunMatrixError(f"{pw}: virtual_stages > 1 needs pp_schedule = 'interleaved'")
+    fl, ll = pd_["first_stage_layers"], pd_["last_stage_layers"]
+    if fl is not None or ll is not None:
+        mid = pp - (fl is not None) - (ll is not None)
+        rest = model.layers - (fl or 0) - (ll or 0)
+        if pp < 2 or vs > 1 or min(fl or 1, ll or 1) < 1 or rest < 0 or (rest % mid if mid else rest):
+            raise RunMatrixError(
+                f"{pw}: first_stage_layers / last_stage_layers need pp >= 2, virtual_stages = 1, at least one "
+                f"layer each, and the other {mid} stage(s) to share the remaining layers evenly "
+                f"(layers = {model.layers})"
+            )
+    elif model.layers % (pp * vs):
+        what = f"pp x virtual_stages = {pp} x {vs}" if vs > 1 else f"pp = {pp}"
+        raise RunMatrixError(f"{pw}: {what} must divide layers = {model.layers} (whole layers per pipeline stage)")
+    if isinstance(pd_["ep"], int) and pd_["ep"] > 1 or pd_["ep"] == "dp":
+        if model.kind != "moe":
+            raise RunMatrixError(f"{pw}: ep > 1 needs an moe model")
+        if fw != "megatron":
+            raise RunMatrixError(f"{pw}: ep > 1 (expert all-to-all) is modelled for megatron only")
+        if isinstance(pd_["ep"], int) and model.experts % pd_["ep"]:
+            raise RunMatrixError(f"{pw}: experts = {model.experts} must be divisible by ep = {pd_['ep']}")
+    if pd_["etp"] is not None and (fw != "megatron" or pd_["etp"] not in (1, tp)):
+        raise RunMatrixError(f"{pw}: etp (expert tensor parallel size) is megatron's: 1 or tp = {tp}")
+    if fw == "megatron" and model.kind == "moe" and tp > 1 and not pd_["sequence_parallel"]:
+        raise RunMatrixError(f"{pw}: megatron MoE with tp > 1 needs sequence_parallel = true (Megatron-core's rule)")
+    if fw == "torchtitan" and tp > 1 and not pd_["sequence_parallel"]:
+        raise RunMatrixError(f"{pw}: torchtitan's TP plan is sequence parallel: set sequence_parallel = true")
+    if pd_["sequence_parallel"] and tp == 1:
+        raise RunMatrixError(f"{pw}: sequence_parallel needs tp > 1")
+    if fw == "deepspeed" and (tp, pp, cp) != (1, 1, 1):
+        raise RunMatrixError(f"{pw}: deepspeed runs ZeRO data parallelism only here: tp = pp = cp = 1")
+    if fw == "megatron" and pd_["zero"] > 1:
+        raise RunMatrixError(
+            f"{pw}: megatron has zero = 0 (DDP all-reduce) or 1 (the distributed optimizer), got {pd_['zero']}"
+        )
+    if fw == "torchtitan" and pd_["zero"] == 1:
+        raise RunMatrixError(
+            f"{pw}: torchtitan has zero = 0 (replicate: DDP), 2 (FSDP2, reshard_after_forward=False) or 3 (FSDP2)"
+        )
+    if pd_["dp_replicate"] > 1 and not (fw == "torchtitan" and pd_["zero"] >= 2):
+        raise RunMatrixError(f"{pw}: dp_replicate (HSDP) is for torchtitan with zero = 2 or 3")
+    if fw == "torchtitan" and model.kind == "moe":
+        raise RunMatrixError(f"{pw}: torchtitan MoE is not modelled (use megatron for expert parallelism)")
+    if cp > 1 and fw == "deepspeed":
+        raise RunMatrixError(f"{pw}: cp > 1 is megatron's or torchtitan's")
+    parallel = ParallelSpec(**pd_)
+    # ---- train
+    _choice(td["recompute"], RECOMPUTE, "recompute", tw)
+    _choice(td["dtype"], DTYPES, "dtype", tw)
+    _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
+    if (td["global_batch"] is None) == (td["grad_accumulation"] is None):
+        raise RunMatrixError(f"{tw}: set exactly one of global_batch and grad_accumulation")
+    if td["iterations"] < 2:
+        raise RunMatrixError(f"{tw}: iterations must be >= 2 (the first is the warm-up step)")
+    if td["seq_len"] % (2 * cp if cp > 1 else 1) or (pd_["sequence_parallel"] and td["seq_len"] % (tp * cp)):
+        raise RunMatrixError(
+            f"{tw}: seq_len = {td['seq_len']} must be divisible by 2 x cp (load-balanced context parallelism) "
+            "and by tp x cp with sequence_parallel"
+        )
+    train = TrainSpec(**td)
+    raw = json.dumps(table, sort_keys=True)
+    return WorkloadSpec(name, fw, model, parallel, train, raw)
+
+
+def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]:
+    """Every ``[workloads.NAME]`` of a file (``tables`` = the file's ``workloads`` value)."""
+    if not isinstance(tables, dict):
+        raise RunMatrixError(f"{source_name}: workloads must be a table of [workloads.NAME] tables, {_got(tables)}")
+    return {name: parse_workload(name, t, source_name) for name, t in tables.items()}
+
+
+def parallelism_label(par: Parallel, framework: str) -> str:
+    """Published-style parallelism string: ``ep=N`` when ep spans every GPU, else tp, pp (with its
+    schedule when not 1F1B), cp, ep, dp and, for deepspeed and torchtitan, zero: ``tp=2,dp=4``,
+    ``dp=4,zero=3``, ``tp=4,pp=2(interleaved2),dp=2,zero=3``."""
+    if par.ep > 1 and par.ep == par.world:
+        return f"ep={par.ep}"
+    parts = [f"tp={par.tp}"] if par.tp > 1 else []
+    if par.pp > 1:
+        vs = par.virtual_stages if par.virtual_stages > 1 else ""
+        parts.append(f"pp={par.pp}" + ("" if par.pp_schedule == "1f1b" else f"({par.pp_schedule}{vs})"))
+    parts += [f"cp={par.cp}"] if par.cp > 1 else []
+    parts += [f"ep={par.ep}"] if par.ep > 1 else []
+    parts.append(f"dp={par.dp}")
+    if par.zero and framework != "megatron":
+        parts.append(f"zero={par.zero}")
+    return ",".join(parts)

@@ -1,0 +1,182 @@
+"""The TorchTitan step program of one pipeline stage (FSDP2 / DDP, TP, PP).
+
+:func:`torchtitan_step` builds the items one rank of a pipeline stage issues per step (rules in
+its docstring and docs/WORKLOADS.md); ``self`` is the run's
+:class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout`. No Dagster import.
+"""
+
+from __future__ import annotations
+
+from phantora_assets.lib.sim.torch_ops import torch_ops
+from phantora_assets.lib.sim.workload_layout import WorkloadLayout
+from phantora_assets.lib.sim.workload_types import Collective, Item, compute
+from phantora_assets.lib.workload.megatron import p2p
+from phantora_assets.lib.workload.pipeline import schedule
+
+
+def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0915 (torchtitan's step in program order, a branch per option)
+    """TorchTitan (``torchtitan/models/llama3/infra/parallelize.py``, ``torch.distributed.
+    pipelining``) on stage ``stage``. FSDP2 (zero = 3, or 2 = ``reshard_after_forward=False``):
+    every transformer block is a ``fully_shard`` unit, the root unit holds the embedding, final
+    norm and output layer; a unit's bf16 parameters are all-gathered over the dp_shard x cp
+    mesh before its forward (the next block's gather issued one ahead: FSDP2's implicit
+    prefetch) and, with zero = 3, again before its backward; in the step's last micro-batch
+    its gradients are reduce-scattered in fp32 (``reduce_dtype=float32``) after its backward
+    and, with HSDP (dp_replicate > 1), all-reduced over dp_replicate; the root unit is
+    gathered once per micro-batch and reduced after the whole backward. zero = 0: DDP, fp32
+    gradient all-reduce in 25 MiB buckets after the last backward. TP (``tp > 1``) follows
+    torchtitan's plan, always sequence parallel: all-gather before and reduce-scatter after
+    attention and feed-forward, a reduce-scatter after the embedding, an all-gather before the
+    output layer, loss_parallel's three fp32 all-reduces. PP: as Megatron's (send/recv per
+    micro-batch). The optimizer (AdamW, foreach) updates the local shard."""
+    ops = torch_ops(self)
+    par = self.spec.par
+    s, h = self.seq * self.mbs, self.hidden
+    tp_on = "tp" in self.comms and self.spec.tp > 1
+    pp, vs = par.pp, par.virtual_stages
+    fsdp = par.zero >= 2
+    reshard = par.zero == 3
+    n = len(self.comms["dp"][0].ranks)  # FSDP mesh: dp_shard x cp
+    hsdp = "dp_rep" in self.comms
+    full_ac = self.spec.wl.train.recompute == "full"
+    items: list[Item] = []
+    pending: list[str] = []
+
+    def comp(name: str, phase: str, kernels: list) -> None:
+        waits = tuple(pending)
+        pending.clear()
+        if kernels or waits:
+            items.append(compute(name, phase, kernels, waits))
+
+    def tp_c(op: str, tag: str) -> None:
+        if tp_on:
+            if op == "ag":
+                items.append(Collective("tp", "all_gather", s * h // self.spec.tp, "Bf16", tag))
+            else:
+                items.append(Collective("tp", "reduce_scatter", s * h // self.spec.tp, "Bf16", tag))
+
+    units: dict[str, int] = {}
+    for p in self.stage_params(stage):
+        u = ".".join(p.module.split(".")[:2]) if p.module.startswith("layers.") else "root"
+        rows = p.shape[0] if p.shape else self.local_numel(p)  # fully_shard splits dim 0 in ceil(rows / n)
+        units[u] = units.get(u, 0) + -(-rows // n) * (self.local_numel(p) // max(rows, 1))
+    gathered: set[tuple[str, str, int]] = set()
+    rs_tags: list[str] = []
+
+    def gather(u: str, phase: str, mb: int) -> None:
+        phase, mb = ("fwd", 0) if pp > 1 else (phase, mb)  # with PP a unit is gathered once a step
+        tag = f"fsdp.{u}.{phase}.mb{mb}.all_gather"
+        if fsdp and u in units and (u, phase, mb) not in gathered:
+            gathered.add((u, phase, mb))
+            items.append(Collective("dp", "all_gather", units[u], "Bf16", tag, blocking=False))
+
+    def wait(u: str, phase: str, mb: int) -> None:
+        phase, mb = ("fwd", 0) if pp > 1 else (phase, mb)
+        if fsdp and u in units:
+            pending.append(f"fsdp.{u}.{phase}.mb{mb}.all_gather")
+
+    def regather(i: int) -> bool:
+        """Block i is gathered again for its backward: zero 3 without PP, all but the last block
+        (torchtitan: reshard_after_forward = layer_id < n_layers - 1; with PP: never)."""
+        return reshard and pp == 1 and i < self.layers - 1
+
+    def reduce(u: str) -> None:
+        if fsdp and u in units:
+            tag = f"fsdp.{u}.reduce_scatter"
+            items.append(Collective("dp", "reduce_scatter", units[u], "F32", tag, blocking=False))
+            rs_tags.append(tag)
+            if hsdp:
+                tag = f"fsdp.{u}.all_reduce"
+                items.append(Collective("dp_rep", "all_reduce", units[u], "F32", tag, blocking=False))
+                rs_tags.append(tag)
+
+    def forward(mb: int, v: int) -> None:
+        chunk = v * pp + stage
+        layers = list(self.chunk_layers(stage, v))
+        gather("root", "fwd", mb)
+        wait("root", "fwd", mb)
+        if layers:
+            gather(f"layers.{layers[0]}", "fwd", mb)
+        if chunk == 0:
+            comp("embedding.fwd", "fwd", ops.hf_rotary())
+            tp_c("rs", "embedding.fwd.reduce_scatter")
+        for k, i in enumerate(layers):
+            if k + 1 < len(layers):
+                gather(f"layers.{layers[k + 1]}", "fwd", mb)
+            wait(f"layers.{i}", "fwd", mb)
+            tp_c("ag", f"layers.{i}.attention.fwd.all_gather")
+            comp(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd"))
+            tp_c("rs", f"layers.{i}.attention.fwd.reduce_scatter")
+            tp_c("ag", f"layers.{i}.mlp.fwd.all_gather")
+            comp(f"layers.{i}.mlp.fwd", "fwd", ops.hf_llama_mlp("fwd"))
+            tp_c("rs", f"layers.{i}.mlp.fwd.reduce_scatter")
+        if chunk == pp * vs - 1:
+            tp_c("ag", "output_layer.fwd.all_gather")
+            comp("output_layer.fwd", "fwd", ops.hf_head("fwd"))
+            if tp_on:
+                for k2 in ("max", "sum_exp", "target"):
+                    items.append(Collective("tp", "all_reduce", s, "F32", f"loss_parallel.{k2}"))
+
+    def backward(mb: int, v: int, sync: bool) -> None:
+        chunk = v * pp + stage
+        layers = list(reversed(self.chunk_layers(stage, v)))
+        if layers and regather(layers[0]):
+            gather(f"layers.{layers[0]}", "bwd", mb)
+        if chunk == pp * vs - 1:
+            comp("output_layer.bwd", "bwd", ops.hf_head("bwd"))
+            tp_c("ag", "output_layer.bwd.all_gather")
+            tp_c("rs", "output_layer.bwd.reduce_scatter")
+        for k, i in enumerate(layers):
+            if k + 1 < len(layers) and regather(layers[k + 1]):
+                gather(f"layers.{layers[k + 1]}", "bwd", mb)
+            if regather(i):
+                wait(f"layers.{i}", "bwd", mb)
+            if full_ac:  # checkpointed block: its forward, TP redistributes included, runs again
+                tp_c("ag", f"layers.{i}.attention.recompute.all_gather")
+                comp(f"layers.{i}.attention.recompute", "bwd", ops.hf_attention("fwd"))
+                tp_c("rs", f"layers.{i}.attention.recompute.reduce_scatter")
+                tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
+                comp(f"layers.{i}.mlp.recompute", "bwd", ops.hf_llama_mlp("fwd"))
+                tp_c("rs", f"layers.{i}.mlp.recompute.reduce_scatter")
+            tp_c("ag", f"layers.{i}.mlp.bwd.all_gather")
+            comp(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd"))
+            tp_c("rs", f"layers.{i}.mlp.bwd.reduce_scatter")
+            tp_c("ag", f"layers.{i}.attention.bwd.all_gather")
+            comp(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd"))
+            tp_c("rs", f"layers.{i}.attention.bwd.reduce_scatter")
+            if sync:
+                reduce(f"layers.{i}")
+        if chunk == 0:
+            comp("embedding.bwd", "bwd", [])
+        if sync and pp == 1:
+            reduce("root")  # no PP: every backward reduce-scatters (gradient sync stays on)
+
+    plan = schedule(par.pp_schedule, pp, stage, par.micro_batches, vs)
+    last_b = max(mb for ph, mb, _ in plan if ph == "B")
+    for phase, mb, v in plan:
+        p2p(self, items, stage, phase, mb, v, "recv")
+        if phase == "F":
+            forward(mb, v)
+        else:
+            backward(mb, v, mb == last_b or pp == 1)
+        p2p(self, items, stage, phase, mb, v, "send")
+    if pp > 1:
+        reduce("root")
+    local = sum(self.local_numel(p) for p in self.stage_params(stage))
+    if not fsdp and len(self.comms["dp"][0].ranks) > 1:  # DDP: fp32 buckets of 25 MiB
+        bucket, left, b = 25 * 2**20 // 4, local, 0
+        while left > 0:
+            cnt = min(bucket, left)
+            tag = f"ddp.bucket{b}.all_reduce"
+            items.append(Collective("dp", "all_reduce", cnt, "F32", tag, blocking=False))
+            rs_tags.append(tag)
+            left, b = left - cnt, b + 1
+    pending.extend(rs_tags)
+    items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm.dp"))
+    if tp_on:
+        items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
+    if pp > 1:
+        items.append(Collective("pp", "all_reduce", 1, "F32", "grad_norm.pp"))
+    shard = sum(units.values()) if fsdp else local
+    comp("optimizer.step", "opt", ops.adam_flat(shard, warmup, False, False))
+    return items

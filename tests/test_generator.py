@@ -1,0 +1,173 @@
+"""The general generator (issue 26): pipeline schedules, the collectives each framework issues per
+step and communicator, rank placement, the memory estimate per stage, and the simulation of
+pipelined jobs (lib/workload/, lib/sim/workloads.py, lib/sim/analytic.py)."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+
+from phantora_assets.lib.sim.analytic import AnalyticSimulator
+from phantora_assets.lib.sim.memory import estimate_memory
+from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.workload.collectives import collective_table, run_spec_of, step_collectives
+from phantora_assets.lib.workload.pipeline import in_flight, schedule
+
+BASE = {
+    "framework": "megatron",
+    "model": {"kind": "dense", "layers": 8, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "vocab": 32768},
+    "parallel": {"tp": 2, "pp": 2, "dp": "rest", "zero": 1},
+    "train": {"seq_len": 1024, "micro_batch": 1, "global_batch": 8, "iterations": 3},
+}
+
+
+def _t(framework: str = "megatron", **parallel: object) -> dict:
+    t = copy.deepcopy(BASE)
+    t["framework"] = framework
+    t["parallel"].update(parallel)
+    return t
+
+
+def _calls(spec) -> Counter:
+    """(group, op, tag family) -> calls per step, over every communicator."""
+    return Counter((c.group, c.op) for c in step_collectives(spec))
+
+
+@pytest.mark.parametrize("pp,m", [(2, 1), (4, 8), (4, 3), (8, 16)])
+def test_1f1b_runs_each_micro_batch_once_and_keeps_pp_minus_stage_in_flight(pp, m):
+    for stage in range(pp):
+        ops = schedule("1f1b", pp, stage, m)
+        assert sorted(mb for ph, mb, _ in ops if ph == "F") == list(range(m))
+        assert sorted(mb for ph, mb, _ in ops if ph == "B") == list(range(m))
+        assert in_flight("1f1b", pp, stage, m) == min(pp - stage, m)
+        assert in_flight("gpipe", pp, stage, m) == m
+
+
+def test_interleaved_schedule_runs_every_chunk_of_every_micro_batch():
+    pp, vs, m = 4, 2, 8
+    for stage in range(pp):
+        ops = schedule("interleaved", pp, stage, m, vs)
+        assert Counter(ops) == Counter((ph, mb, v) for ph in "FB" for mb in range(m) for v in range(vs))
+        warm = next(i for i, (ph, _, _) in enumerate(ops) if ph == "B")
+        assert warm == min((pp - stage - 1) * 2 + (vs - 1) * pp, m * vs) + 1
+
+
+def test_megatron_placement_is_tp_innermost_then_dp_then_pp():
+    spec = run_spec_of(_t(), 2, 4, "h100", "m")  # tp 2, pp 2, dp 2 on 8 GPUs
+    comms = WorkloadModel(spec).comms
+    assert [c.ranks for c in comms["tp"]] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [c.ranks for c in comms["dp"]] == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    assert [c.ranks for c in comms["pp"]] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_expert_mesh_spans_tp_when_etp_is_one():
+    moe = _t(sequence_parallel=True, ep=4, etp=1, pp=1)
+    moe["model"].update(kind="moe", experts=8, topk=2, moe_ffn_hidden=1024)
+    comms = WorkloadModel(run_spec_of(moe, 1, 8, "h100", "moe")).comms  # tp 2, dp 4
+    assert [c.ranks for c in comms["ep"]] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert [c.ranks for c in comms["edp"]] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_megatron_tp_sequence_parallel_and_pipeline_calls():
+    spec = run_spec_of(_t(), 2, 4, "h100", "m")  # no SP: all-reduces
+    m = spec.par.micro_batches  # 8 / dp 2 = 4
+    calls = _calls(spec)
+    layers = 4  # per stage
+    # per micro-batch and stage: 2 forward + 2 backward all-reduces per layer, embedding fwd (stage 0),
+    # output-layer bwd and 3 fp32 cross-entropy all-reduces (last stage); + grad_norm.tp per stage
+    ar_per_group = {0: 4 * layers * m + m + 1, 1: 4 * layers * m + m + 3 * m + 1}
+    assert calls[("tp", "all_reduce")] == 2 * (ar_per_group[0] + ar_per_group[1])
+    # pipeline: one activation and one gradient send per micro-batch per pp communicator (4 of them)
+    assert calls[("pp", "send")] == 4 * 2 * m
+    sp = run_spec_of(_t(sequence_parallel=True), 2, 4, "h100", "m")
+    sp_calls = _calls(sp)
+    # SP: per layer 2 all-gathers forward, 4 backward (grad of the reduce-scatter, input re-gather), 2 + 2 RS
+    assert sp_calls[("tp", "all_gather")] == 2 * ((6 * layers * m) * 2 + m + 2 * m)
+    assert sp_calls[("tp", "reduce_scatter")] == 2 * ((4 * layers * m) * 2 + m + m)
+    pp_send = [c for c in step_collectives(sp) if c.op == "send"]
+    assert {c.count for c in pp_send} == {1024 * 1024 // 2}  # [s, mbs, h] / tp with SP, bf16
+
+
+def test_megatron_distributed_optimizer_vs_ddp():
+    dist = _calls(run_spec_of(_t(), 2, 4, "h100", "m"))
+    ddp = _calls(run_spec_of(_t(zero=0), 2, 4, "h100", "m"))
+    assert dist[("dp", "reduce_scatter")] == dist[("dp", "all_gather")] > 0
+    assert ddp[("dp", "all_gather")] == ddp[("dp", "reduce_scatter")] == 0
+    assert ddp[("dp", "all_reduce")] == dist[("dp", "reduce_scatter")] + dist[("dp", "all_reduce")]
+
+
+def test_context_parallel_ring_and_grad_sync_over_dp_x_cp():
+    spec = run_spec_of(_t(cp=2, pp=1), 1, 8, "h100", "c")  # tp 2, cp 2, dp 2
+    calls = step_collectives(spec)
+    ring = [c for c in calls if c.group == "cp"]
+    m, layers = spec.par.micro_batches, 8
+    assert len(ring) == 4 * 2 * 2 * layers * m  # 4 cp rings x 2 hops x (fwd + bwd) x layers x micro-batches
+    fwd = {c.count for c in ring if ".fwd." in c.tag}
+    assert fwd == {2 * 512 * 16 // 2 * 64}  # K and V of [seq/cp, heads/tp, head_dim]
+    rs = {c.ranks for c in calls if c.op == "reduce_scatter"}
+    assert rs == {(0, 2, 4, 6), (1, 3, 5, 7)}  # gradients over dp x cp
+
+
+def test_torchtitan_fsdp2_gathers_per_block_forward_and_backward():
+    tt = _t("torchtitan", sequence_parallel=True, zero=3, pp=1)
+    spec = run_spec_of(tt, 1, 8, "h100", "t")  # tp 2, dp 4
+    m = spec.par.micro_batches  # 8 / 4 = 2
+    df = collective_table(spec)
+    dp = df[df.group == "dp"].groupby(["op", "dtype"]).calls.sum().to_dict()
+    # 8 blocks gathered in forward and, but the last (reshard_after_forward = layer_id < n_layers - 1),
+    # again in backward per micro-batch; the root once per micro-batch; x 2 dp comms
+    assert dp[("all_gather", "Bf16")] == 2 * (8 * m + 7 * m + m)
+    assert dp[("reduce_scatter", "F32")] == 2 * (8 + 1) * m  # fp32 gradients every backward (sync stays on)
+    kept = run_spec_of(_t("torchtitan", sequence_parallel=True, zero=2, pp=1), 1, 8, "h100", "t2")
+    assert collective_table(kept).query("group == 'dp' and op == 'all_gather'").calls.sum() == 2 * (8 * m + m)
+
+
+def test_deepspeed_zero_stages():
+    ds = copy.deepcopy(BASE)
+    ds["framework"] = "deepspeed"
+    ds["parallel"] = {"zero": 0}
+    ops = {z: _calls(run_spec_of({**ds, "parallel": {"zero": z}}, 1, 4, "h100", f"d{z}")) for z in (0, 1, 2)}
+    assert ops[0][("dp", "all_reduce")] > 1 and ops[0][("dp", "reduce_scatter")] == 0
+    assert ops[2][("dp", "reduce_scatter")] == ops[0][("dp", "all_reduce")] - 1  # the grad-norm stays an all-reduce
+    assert ops[1] == ops[2]
+
+
+def test_memory_estimate_per_stage_and_refusal():
+    spec = run_spec_of(_t(), 2, 4, "h100", "m")
+    est = estimate_memory(WorkloadModel(spec))
+    assert est.fits and est.peak_bytes > 0
+    big = copy.deepcopy(BASE)
+    big["model"].update(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8)
+    big["parallel"] = {"tp": 1, "pp": 1, "dp": "rest", "zero": 0}
+    oom = run_spec_of(big, 1, 8, "h100", "big")
+    assert not AnalyticSimulator(oom).run().fits  # 70B replicated: refused before simulating
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"pp_schedule": "1f1b"},
+        {"pp_schedule": "gpipe"},
+        {"pp_schedule": "interleaved", "virtual_stages": 2},
+        {"sequence_parallel": True, "cp": 2, "pp": 1},
+    ],
+)
+def test_pipelined_jobs_simulate_to_the_end(parallel):
+    spec = run_spec_of(_t(**parallel), 2, 4, "h100", "p")
+    sim = AnalyticSimulator(spec)
+    res = sim.run()
+    assert res.fits and sim.unfinished == 0
+    assert len(res.iteration_ns) == 3 and res.step_ns > res.compute_ns_per_step > 0
+    sends = res.raw[res.raw["call"] == "NcclSend"]
+    assert len(sends) > 0
+
+
+def test_pipeline_bubble_grows_with_fewer_micro_batches():
+    many = AnalyticSimulator(run_spec_of(_t(), 2, 4, "h100", "a")).run()
+    t = _t()
+    t["train"]["global_batch"] = 2  # one micro-batch per step: the stages run one after the other
+    one = AnalyticSimulator(run_spec_of(t, 2, 4, "h100", "b")).run()
+    # 4 micro-batches fill the pipe: more than 2x the one-micro-batch step, less than 4x
+    assert 2.0 * one.step_ns < many.step_ns < 4.0 * one.step_ns
