@@ -22,7 +22,7 @@ from pathlib import Path
 import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
-from phantora_assets.assets.common import RUN_PARTITIONS, Partitions
+from phantora_assets.assets.common import RUN_PARTITIONS, Partitions, seed_run_partitions
 from phantora_assets.assets.dataset_retry import dataset_retry_sensor
 from phantora_assets.imported_runs import (
     IMPORT_DIR_ENV,
@@ -206,17 +206,6 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
         )
 
     return import_dir
-
-
-def seed_run_partitions(instance: dg.DagsterInstance, run_ids: Sequence[str]) -> list[str]:
-    """Add the ``run_ids`` that are not keys of the dynamic run partitions
-    (:data:`~phantora_assets.assets.common.RUN_PARTITIONS`) of ``instance`` yet; returns those
-    added, in order. Never removes one (``phantora-assets forget`` does)."""
-    have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
-    new = [r for r in dict.fromkeys(run_ids) if r not in have]
-    if new:
-        instance.add_dynamic_partitions(RUN_PARTITIONS, new)
-    return new
 
 
 def _seed_at_load(specs: Sequence[RunSpec]) -> None:

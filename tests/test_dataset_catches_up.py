@@ -39,7 +39,7 @@ def test_a_killed_dataset_run_is_requested_again_and_the_dataset_ends_current(tm
     spec, raw, its = analytic(NEW)
     folder = write_run_folder(p.staging, spec, raw, run_log=deepspeed_log(its, 2))
     with running(p, "daemon"), dg.DagsterInstance.from_config(str(p.home)) as instance:
-        wait("the import_dir sensor's first tick", lambda: ticks(instance, "import_dir"), 60, p.log)
+        wait("the import_dir sensor's first tick", lambda: ticks(instance, "import_dir"), 120, p.log)
         drop_folder(p, folder, NEW.gpu)
         wait(
             f"a successful run of {NEW.run_id}",
@@ -54,7 +54,7 @@ def test_a_killed_dataset_run_is_requested_again_and_the_dataset_ends_current(tm
                     return r
             return None
 
-        victim = wait("the dataset run's worker", started_dataset_run, 30, p.log, poll_s=0.05)
+        victim = wait("the dataset run's worker", started_dataset_run, 60, p.log, poll_s=0.05)
         os.kill(int(victim.tags[PID_TAG]), signal.SIGKILL)
         failed = wait(
             "run monitoring to fail the killed run",

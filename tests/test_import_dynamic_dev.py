@@ -29,7 +29,7 @@ def test_a_folder_dropped_under_plain_dagster_dev_reaches_the_dataset_without_a_
     folder = write_run_folder(p.staging, spec, raw, run_log=deepspeed_log(its, 2))
     with running(p, "dev"), dg.DagsterInstance.from_config(str(p.home)) as instance:
         # the code location seeds the matrix's run_ids when it loads; the sensor ticks
-        wait("the import_dir sensor's first tick", lambda: ticks(instance, "import_dir"), 60, p.log)
+        wait("the import_dir sensor's first tick", lambda: ticks(instance, "import_dir"), 120, p.log)
         assert instance.get_dynamic_partitions(RUN_PARTITIONS) == [SHIPPED.run_id]
         dropped = drop_folder(p, folder, NEW.gpu)
         ok = wait(

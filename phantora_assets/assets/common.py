@@ -26,6 +26,17 @@ from phantora_assets.stages.common import StageResult, release_memory
 RUN_PARTITIONS = "run_id"
 
 
+def seed_run_partitions(instance: dg.DagsterInstance, run_ids: Sequence[str]) -> list[str]:
+    """Add the ``run_ids`` that are not keys of the dynamic run partitions
+    (:data:`~phantora_assets.assets.common.RUN_PARTITIONS`) of ``instance`` yet; returns those
+    added, in order. Never removes one (``phantora-assets forget`` does)."""
+    have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
+    new = [r for r in dict.fromkeys(run_ids) if r not in have]
+    if new:
+        instance.add_dynamic_partitions(RUN_PARTITIONS, new)
+    return new
+
+
 @dataclass(frozen=True)
 class Partitions:
     """The partitions of one run matrix: ``runs`` (dynamic, :data:`RUN_PARTITIONS`: one key per

@@ -84,10 +84,16 @@ class _Runs:
         }
 
     def create(self, job_name: str, partition: str | None, selection=None):
+        import dagster as dg
+
+        from phantora_assets.assets.common import seed_run_partitions
+
         job = self.defs.resolve_job_def(job_name)
         if selection is not None:
             job = job.get_subset(asset_selection=selection)
         tags = {"dagster/partition": partition} if partition else {}
+        if partition and isinstance(job.partitions_def, dg.DynamicPartitionsDefinition):
+            seed_run_partitions(self.instance, [partition])  # a key of the run partitions (dynamic)
         return self.instance.create_run_for_job(
             job_def=job,
             run_config=QUIET_LOGS,
