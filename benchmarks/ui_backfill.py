@@ -262,16 +262,7 @@ def _postgres(tmp: Path) -> Iterator[dict[str, Any]]:
     from pg_server import pg_server
 
     with pg_server(tmp / "pg") as server:
-        db = server.dagster_storage()["postgres"]["postgres_db"]
-        yield {
-            "custom": {
-                "module": "phantora_assets.instance",
-                "class": "PooledPostgresStorage",
-                "config": {
-                    "postgres_url": f"postgresql://{db['username']}:{db['password']}@{db['hostname']}:{db['port']}/{db['db_name']}"
-                },
-            }
-        }
+        yield server.project_storage()
 
 
 def main(argv: list[str] | None = None) -> int:

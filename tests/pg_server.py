@@ -116,6 +116,21 @@ class PgServer:
             }
         }
 
+    def url(self, scheme: str = "postgresql") -> str:
+        """The server's database as a URL, in Dagster's docs' form by default (no driver named)."""
+        return f"{scheme}://{self.user}:{self.password}@{self.host}:{self.port}/{self.dbname}"
+
+    def project_storage(self, scheme: str = "postgresql") -> dict[str, Any]:
+        """The ``storage:`` block naming the project's PostgreSQL storage
+        (``phantora_assets.instance.PooledPostgresStorage``) on this server, by :meth:`url`."""
+        return {
+            "custom": {
+                "module": "phantora_assets.instance",
+                "class": "PooledPostgresStorage",
+                "config": {"postgres_url": self.url(scheme)},
+            }
+        }
+
     def run(self, binary: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run one of the server binaries as the server's OS user (PGPASSWORD set for the clients)."""
         env = {**self.env, "PGPASSWORD": self.password}

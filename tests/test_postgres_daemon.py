@@ -4,7 +4,8 @@ daemon being killed with SIGKILL mid-backfill: once a daemon is back, every part
 one successful run and one materialization of each per-run asset; nothing fails, is lost or runs twice.
 
 The instance is the project's own dagster.yaml (read at test time: its run launcher, run monitoring and
-concurrency settings are the ones under test) with only its storage pointed at a throwaway PostgreSQL
+concurrency settings are the ones under test) with only its storage replaced by the project's PostgreSQL
+storage (``phantora_assets.instance.PooledPostgresStorage``, a ``postgresql://`` URL) on a throwaway
 server (tests/pg_server.py) and a 1 s dequeue interval.
 """
 
@@ -73,7 +74,7 @@ def instance_config(pg: PgServer) -> dict[str, Any]:
     cfg = yaml.safe_load((ROOT / "dagster.yaml").read_text()) or {}
     for key in ("run_storage", "event_log_storage", "schedule_storage"):
         cfg.pop(key, None)
-    cfg["storage"] = pg.dagster_storage()
+    cfg["storage"] = pg.project_storage()  # the project's storage class, the bare URL form of Dagster's docs
     coordinator = cfg.get("run_coordinator")
     if coordinator is not None:  # an explicit QueuedRunCoordinator: its config, not run_queue
         assert coordinator.get("class") == "QueuedRunCoordinator", (

@@ -4,7 +4,10 @@
   run in a process forked from one that imported the code location once;
 * :class:`~phantora_assets.instance.sqlite.PooledSqliteEventLogStorage` -- Dagster's SQLite
   event-log storage with one open connection per database file instead of a new engine and
-  connection per query.
+  connection per query;
+* :class:`~phantora_assets.instance.postgres.PooledPostgresStorage` -- dagster_postgres's storage
+  with kept connections and remembered schema lookups (needs the ``[postgres]`` extra; imported
+  on first use).
 
 Importing this package also shortens the daemon's backfill and asset loops
 (:mod:`phantora_assets.instance.daemon_loops`): a backfill launched from the UI starts its runs
@@ -17,4 +20,21 @@ from phantora_assets.instance.sqlite import PooledSqliteEventLogStorage
 
 daemon_loops.apply()
 
-__all__ = ["ForkRunLauncher", "PooledSqliteEventLogStorage"]
+_POSTGRES = (
+    "PooledPostgresStorage",
+    "PooledPostgresRunStorage",
+    "PooledPostgresEventLogStorage",
+    "PooledPostgresScheduleStorage",
+)
+
+
+def __getattr__(name: str):
+    """The PostgreSQL storages, imported when dagster.yaml names one (dagster_postgres is optional)."""
+    if name in _POSTGRES:
+        from phantora_assets.instance import postgres
+
+        return getattr(postgres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ForkRunLauncher", "PooledSqliteEventLogStorage", *_POSTGRES]
