@@ -29,7 +29,7 @@ from tests.fixtures.collective_oracle import Call, Comm, predict
 
 DATA = Path(__file__).parent / "data"
 TRACELENS = DATA / "tracelens" / "nccl_summary_long.csv"
-BOOKKEEPING = 128
+BOOKKEEPING = 16
 DTYPES = {"Bf16": "bf16", "F32": "fp32", "bf16": "bf16", "fp32": "fp32"}
 
 LLAMA3_70B = {"kind": "dense", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64, "kv_heads": 8}
@@ -115,11 +115,19 @@ def generated(table: dict, gpus: int, gpus_per_node: int, gpu: str = "h100") -> 
     return out
 
 
-def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int, skip_groups: tuple[str, ...] = ()) -> None:
+def assert_matches_oracle(
+    table: dict, gpus: int, gpus_per_node: int, skip_groups: tuple[str, ...] = (), pinned: frozenset[str] = frozenset()
+) -> None:
+    """The generator's calls equal the oracle's on every communicator (``skip_groups`` aside),
+    less the calls of the ``pinned`` rules (bugs pinned by their own strict xfail)."""
     pred = predict(table, gpus, gpus_per_node)
+    expected = {
+        comm: Counter({c: k for c, k in calls.items() if c.count > BOOKKEEPING})
+        for comm, calls in pred.without(pinned).items()
+    }
     got = generated(table, gpus, gpus_per_node)
     diffs = []
-    for comm in sorted(set(got) | set(pred.calls)):
+    for comm in sorted(set(got) | set(expected)):
         if comm[0] in skip_groups:
             continue
         g = got.get(comm, [])
@@ -129,9 +137,9 @@ def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int, skip_group
                 gt[(c.op, c.dtype)] = gt.get((c.op, c.dtype), 0) + c.count
             if gt != pred.op_totals(comm):
                 diffs.append(f"{comm}: element totals generated {gt} vs oracle {pred.op_totals(comm)}")
-        elif Counter(g) != pred.multiset(comm):
-            extra = Counter(g) - pred.multiset(comm)
-            missing = pred.multiset(comm) - Counter(g)
+        elif Counter(g) != expected.get(comm, Counter()):
+            extra = Counter(g) - expected.get(comm, Counter())
+            missing = expected.get(comm, Counter()) - Counter(g)
             diffs.append(
                 f"{comm}: generated but not predicted {dict(extra)}; predicted but not generated {dict(missing)}"
             )
@@ -148,25 +156,30 @@ def test_generator_matches_the_measured_fsdp_table():
 
 
 # --------------------------------------------------------------------------- random specs
-# While the generator has the bugs pinned at the end of this file, the draws stay outside their
-# regions (KNOWN_BUGS): no Megatron sequence parallelism, no Megatron full recompute, no CP, no
-# interleaved schedule with dp > 1, vocab a
-# multiple of 128 x tp and of the FSDP shard size, torchtitan zero = 2 without accumulation and
-# without full AC under TP, torchtitan PP's DP and TP calls not compared. Each region has its strict
-# xfail; widen a draw when its bug is fixed.
+# While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
+# outside the regions where a bug changes sizes or counts of calls the generator does issue: vocab
+# a multiple of 128 x tp and of the FSDP shard size, no interleaved schedule with dp x cp > 1,
+# torchtitan zero = 2 without accumulation and without full AC under TP; the CP ring and
+# torchtitan PP's DP and TP calls are not compared. Each region has its strict xfail; widen a
+# draw when its bug is fixed.
 KNOWN_BUGS = True
+# Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
+# contribution (Prediction.ruled) instead of avoiding the specs they touch.
+PINNED_RULES = frozenset(
+    {"megatron.sp_norm_grad_all_reduce", "megatron.full_recompute_reruns_tp", "megatron.full_recompute_reruns_a2a"}
+)
 
 
 @st.composite
 def megatron_specs(draw):
     tp = draw(st.sampled_from([1, 2, 4]))
     pp = draw(st.sampled_from([1, 2, 4]))
-    cp = 1 if KNOWN_BUGS else draw(st.sampled_from([1, 2]))
+    cp = draw(st.sampled_from([1, 2]))
     dp = draw(st.sampled_from([1, 2, 4]))
     moe = tp == 1 and draw(st.booleans())
     heads = tp * draw(st.sampled_from([1, 2, 4]))
     kv_heads = tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0]))
-    schedules = ["1f1b", "gpipe"] + ([] if KNOWN_BUGS and dp > 1 else ["interleaved"])
+    schedules = ["1f1b", "gpipe"] + ([] if KNOWN_BUGS and dp * cp > 1 else ["interleaved"])
     schedule = draw(st.sampled_from(schedules)) if pp > 1 else "1f1b"
     v = 2 if schedule == "interleaved" else 1
     accumulation = pp * draw(st.sampled_from([1, 2])) if v > 1 else draw(st.sampled_from([1, 2, 3]))
@@ -181,7 +194,7 @@ def megatron_specs(draw):
         "vocab": (128 * tp if KNOWN_BUGS else tp) * draw(st.integers(2, 9)),
     }
     par: dict = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": draw(st.sampled_from([0, 1]))}
-    if tp > 1 and not KNOWN_BUGS:
+    if tp > 1:
         par["sequence_parallel"] = draw(st.booleans())
     if pp > 1:
         par["pp_schedule"] = schedule
@@ -198,7 +211,7 @@ def megatron_specs(draw):
         "seq_len": draw(st.sampled_from([256, 512])),
         "micro_batch": draw(st.sampled_from([1, 2])),
         "grad_accumulation": accumulation,
-        "recompute": draw(st.sampled_from(["none", "selective"] + ([] if KNOWN_BUGS else ["full"]))),
+        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
     }
     return {"framework": "megatron", "model": model, "parallel": par, "train": train}, tp * pp * cp * dp
 
@@ -271,7 +284,10 @@ def test_generated_collectives_match_the_oracle(case):
     table, gpus, gpn = case
     # torchtitan with PP: the DP and TP calls are pinned (test_bug_torchtitan_pp_*); the PP messages still compared
     pp_titan = table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1
-    assert_matches_oracle(table, gpus, gpn, ("dp", "tp") if KNOWN_BUGS and pp_titan else ())
+    skip = ("dp", "tp") if KNOWN_BUGS and pp_titan else ()
+    # Megatron CP: the ring calls are pinned (test_bug_megatron_cp_ring_*); every other group compared
+    skip += ("cp",) if KNOWN_BUGS else ()
+    assert_matches_oracle(table, gpus, gpn, skip, PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
