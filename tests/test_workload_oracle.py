@@ -479,3 +479,26 @@ def test_bug_torchtitan_pp_embedding_backward():
     # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
     par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
     assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4, ("dp",))
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(any_spec())
+def test_oracle_bytes_follow_the_flow_rule(case):
+    """The oracle's bytes per step of a communicator (its closed forms) equal what the project's
+    flow rule (lib/traffic/ring.py, the rule every simulated flow follows) makes of its calls."""
+    from phantora_assets.lib.traffic.ring import ring_flows
+
+    table, gpus, gpn = case
+    pred = predict(table, gpus, gpn)
+    for comm, calls in pred.calls.items():
+        n = len(comm[1])
+        flows = 0
+        for c in calls:
+            w = c.nbytes // c.count
+            if c.op == "send_recv":
+                flows += c.nbytes
+            elif c.op == "all_to_all":  # grouped send/recv: every ordered pair of distinct ranks
+                flows += n * (n - 1) * c.nbytes
+            else:
+                flows += sum(b for _, _, b in ring_flows(c.op, c.count, w, n))
+        assert flows == pred.sent_bytes(comm), comm
