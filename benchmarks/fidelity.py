@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="also refit the L40S roofline constants from perfdb/l40s")
     ap.add_argument("--full-depth", action="store_true", help="also the published full-depth jobs (issue 26)")
-    ap.add_argument("--max-gpus", type=int, default=1024, help="simulate full-depth rows up to this many GPUs")
+    ap.add_argument("--max-gpus", type=int, default=400, help="simulate full-depth rows up to this many GPUs")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = fidelity_rows()
