@@ -48,6 +48,7 @@ from phantora_assets.matrix import load_run_matrix  # noqa: E402
 PUBLISHED = ROOT / "tests" / "data" / "published_runs.csv"
 TARGET_MEDIAN, TARGET_MAX = 0.15, 0.40
 THROUGHPUT = ROOT / "benchmarks" / "published_throughput.csv"
+PUBLISHED_GPUS = ROOT / "benchmarks" / "published_gpus.toml"
 FULL_DEPTH_MEDIAN, FULL_DEPTH_MAX = 0.10, 0.20
 
 
@@ -78,6 +79,7 @@ def gemm_floor_s(row: dict) -> float | None:
     import tomllib
 
     gpus = tomllib.loads((ROOT / "phantora_assets" / "gpus.toml").read_text())
+    gpus |= tomllib.loads(PUBLISHED_GPUS.read_text())
     g = gpus.get(row["gpu"])
     if g is None:
         return None
@@ -112,6 +114,24 @@ def workload_table(row: dict) -> dict:
     return {"framework": row["framework"], "model": model, "parallel": par, "train": train}
 
 
+def published_run_spec(run_spec_of, row: dict):
+    """The RunSpec of a published row: its workload table on its GPUs; a GPU of
+    ``published_gpus.toml`` becomes the run's own ``[gpus.NAME]`` (validated on h100, whose keys it
+    shares)."""
+    import dataclasses
+    import tomllib
+
+    gpn = int(row["gpus_per_node"])
+    extra = tomllib.loads(PUBLISHED_GPUS.read_text())
+    gpu = "h100" if row["gpu"] in extra else row["gpu"]
+    spec = run_spec_of(
+        workload_table(row), nodes=int(row["gpus"]) // gpn, gpus_per_node=gpn, gpu=gpu, name=row["run_id"]
+    )
+    if row["gpu"] in extra:
+        spec = dataclasses.replace(spec, gpu=row["gpu"], gpu_def=tuple(sorted(extra[row["gpu"]].items())))
+    return spec
+
+
 def full_depth_rows(max_gpus: int) -> list[dict]:
     """One dict per published full-depth row: published and simulated step time and error
     (``simulated_s`` None, with ``why``, where the row was not simulated)."""
@@ -138,10 +158,7 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
             rec["why"] = f"more than --max-gpus {max_gpus}"
         else:
             try:
-                gpn = int(r["gpus_per_node"])
-                spec = run_spec_of(
-                    workload_table(r), nodes=int(r["gpus"]) // gpn, gpus_per_node=gpn, gpu=r["gpu"], name=r["run_id"]
-                )
+                spec = published_run_spec(run_spec_of, r)
                 res = AnalyticSimulator(spec, emit=False).run()
                 rec["simulated_s"] = res.step_ns / 1e9
                 rec["error"] = (rec["simulated_s"] - pub) / pub
@@ -274,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="also refit the L40S roofline constants from perfdb/l40s")
     ap.add_argument("--full-depth", action="store_true", help="also the published full-depth jobs (issue 26)")
-    ap.add_argument("--max-gpus", type=int, default=1024, help="simulate full-depth rows up to this many GPUs")
+    ap.add_argument("--max-gpus", type=int, default=400, help="simulate full-depth rows up to this many GPUs")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = fidelity_rows()
