@@ -17,7 +17,10 @@ from phantora_assets.lib.traffic.window_features import FEATURES
 from phantora_assets.sources import SOURCE_NAMES
 
 #: A simulated or imported Phantora run, or a profiled run named by its import (matrix.PROFILED_SOURCES).
-_RUN_ID = Check.str_matches(r"^(phantora_[a-z0-9_]+_W\d+_\d+x\d+|(?!phantora_)[a-z0-9][a-z0-9_]*)$")
+# a run on a topology other than presets.toml's ends in _<its type in lower case> (matrix.RunSpec.run_id)
+_RUN_ID = Check.str_matches(
+    r"^(phantora_[a-z0-9_]+_W\d+_\d+x\d+(_(fattree|railoptimized|multiplane|arbitrary))?|(?!phantora_)[a-z0-9][a-z0-9_]*)$"
+)
 
 #: Unit of every column of the published tables, kept in each pandera Column's ``metadata["unit"]``
 #: (the dataset card's data dictionary reads it there; "" = no unit: an id, a name or a label).

@@ -23,6 +23,7 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.net.fabric import FABRIC_KEYS, FABRIC_TYPES, build_fabric
 from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
     MAX_BW_GBPS,
     MIN_BW_GBPS,
@@ -97,7 +98,15 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}"
+        """``phantora_<gpu>_<workload>_<layout>``, with ``_<topology type in lower case>`` after it on a
+        topology other than presets.toml's (docs/FABRIC.md); a profiled run's ``name``."""
+        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}{self.topology_tail}"
+
+    @property
+    def topology_tail(self) -> str:
+        """``""`` on presets.toml's topology, else ``_<topology type in lower case>`` (run_id, run folder)."""
+        kind = dict(self.topology).get("topology", presets()["cluster"]["topology"])
+        return "" if kind == presets()["cluster"]["topology"] else f"_{str(kind).lower()}"
 
     @property
     def layout(self) -> str:
@@ -161,7 +170,9 @@ class RunSpec:
     @property
     def trace_dir(self) -> str:
         """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
-        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
+        if self.name:
+            return f"traces/{self.source}/{self.name}"
+        return f"traces/{self.gpu}/{self.workload}_{self.layout}{self.topology_tail}"
 
 
 def _is_int(value: object) -> bool:
@@ -225,13 +236,22 @@ def _check_topology(spec: RunSpec, entry: str) -> None:
     if not pairs or len({kv[0] for kv in topo}) != len(topo):
         raise RunMatrixError(f"{entry}: topology must be (key, value) pairs with unique keys, {_got(topo)}")
     cluster = presets()["cluster"]
-    unknown = {k for k, _ in topo} - set(cluster)
+    unknown = {k for k, _ in topo} - set(cluster) - set(FABRIC_KEYS)
     if unknown:
         raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
     for key, value in topo:
-        rule = topology_rule(key, value, cluster[key], spec.source, _got)
+        rule = None if key in FABRIC_KEYS else topology_rule(key, value, cluster[key], spec.source, _got)
         if rule:
             raise RunMatrixError(f"{entry}: topology.{key} {rule}")
+    kind = spec.cluster["topology"]
+    fabric_keys = sorted({k for k, _ in topo} & set(FABRIC_KEYS))
+    if kind == "TwoLayerMultiPath" and fabric_keys:
+        raise RunMatrixError(f"{entry}: topology keys {fabric_keys} need a fabric topology ({', '.join(FABRIC_TYPES)})")
+    if kind != "TwoLayerMultiPath":
+        try:  # the fabric's own rules (lib/net/fabric.build_fabric), with the entry named
+            build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
+        except ValueError as e:
+            raise RunMatrixError(f"{entry}: {e}") from e
 
 
 def validate(spec: RunSpec, entry: str) -> None:
