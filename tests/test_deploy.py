@@ -996,15 +996,15 @@ def test_deploy_holds_no_machine_paths():
                 assert needle not in text, f"{path.relative_to(ROOT)} names {needle}"
 
 
-def test_readme_one_host_storage_block(tmp_path):
-    """The README's `storage:` block for one host, added to the project's dagster.yaml, is an instance
+def test_deployment_doc_one_host_storage_block(tmp_path):
+    """docs/DEPLOYMENT.md's `storage:` block for one host, added to the project's dagster.yaml, is an instance
     Dagster loads, with deploy/dagster.yaml's connection settings."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### One host: PostgreSQL and the daemon", 1)[1].split("\n### ", 1)[0]
+    doc = (ROOT / "docs" / "DEPLOYMENT.md").read_text()
+    section = doc.split("## One host: PostgreSQL and the daemon", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
     storage = yaml.safe_load(block)
     assert set(storage) == {"storage"}
-    # in place of the project's own storage blocks, as the README says
+    # in place of the project's own storage blocks, as docs/DEPLOYMENT.md says
     own = {"run_storage", "event_log_storage", "schedule_storage", "storage"}
     project = {k: v for k, v in _yaml(ROOT / "dagster.yaml").items() if k not in own}
     instance = project | storage

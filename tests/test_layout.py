@@ -11,9 +11,9 @@ PKG = ROOT / "phantora_assets"
 
 
 def _layout_block() -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"## Layout\n.*?```\n(phantora_assets/\n.*?)```", text, re.S)
-    assert m, "README has no Layout tree"
+    text = (ROOT / "docs" / "LAYOUT.md").read_text()
+    m = re.search(r"# Layout\n.*?```\n(phantora_assets/\n.*?)```", text, re.S)
+    assert m, "docs/LAYOUT.md has no Layout tree"
     return m.group(1)
 
 
