@@ -23,7 +23,7 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.net.fabric import FABRIC_KEYS, FABRIC_TYPES, build_fabric
+from phantora_assets.lib.net.fabric import FABRIC_KEYS, fabric_rule
 from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
     MAX_BW_GBPS,
     MIN_BW_GBPS,
@@ -98,8 +98,7 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        """``phantora_<gpu>_<workload>_<layout>``, with ``_<topology type in lower case>`` after it on a
-        topology other than presets.toml's (docs/FABRIC.md); a profiled run's ``name``."""
+        """``phantora_<gpu>_<workload>_<layout>[<topology_tail>]``; a profiled run's ``name``."""
         return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}{self.topology_tail}"
 
     @property
@@ -170,9 +169,8 @@ class RunSpec:
     @property
     def trace_dir(self) -> str:
         """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
-        if self.name:
-            return f"traces/{self.source}/{self.name}"
-        return f"traces/{self.gpu}/{self.workload}_{self.layout}{self.topology_tail}"
+        name = f"{self.workload}_{self.layout}{self.topology_tail}"
+        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{name}"
 
 
 def _is_int(value: object) -> bool:
@@ -243,15 +241,8 @@ def _check_topology(spec: RunSpec, entry: str) -> None:
         rule = None if key in FABRIC_KEYS else topology_rule(key, value, cluster[key], spec.source, _got)
         if rule:
             raise RunMatrixError(f"{entry}: topology.{key} {rule}")
-    kind = spec.cluster["topology"]
-    fabric_keys = sorted({k for k, _ in topo} & set(FABRIC_KEYS))
-    if kind == "TwoLayerMultiPath" and fabric_keys:
-        raise RunMatrixError(f"{entry}: topology keys {fabric_keys} need a fabric topology ({', '.join(FABRIC_TYPES)})")
-    if kind != "TwoLayerMultiPath":
-        try:  # the fabric's own rules (lib/net/fabric.build_fabric), with the entry named
-            build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
-        except ValueError as e:
-            raise RunMatrixError(f"{entry}: {e}") from e
+    if why := fabric_rule(spec.cluster, {k for k, _ in topo}, spec.n_nodes, spec.gpus_per_node, spec.source):
+        raise RunMatrixError(f"{entry}: {why}")
 
 
 def validate(spec: RunSpec, entry: str) -> None:

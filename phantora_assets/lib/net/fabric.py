@@ -46,15 +46,15 @@ No Dagster import.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from phantora_assets.lib.net.fabric_graph import Builder, load_arbitrary, nic_name
 from phantora_assets.lib.sim.network import ECMP_MODES, Topology, _mix
+
+__all__ = ["FABRIC_KEYS", "FABRIC_TYPES", "Fabric", "build_fabric", "load_arbitrary", "network_for", "nic_name"]
 
 #: Topology types built here (``TwoLayerMultiPath`` is ``lib/sim/network.Topology``).
 FABRIC_TYPES = ("FatTree", "RailOptimized", "MultiPlane", "Arbitrary")
@@ -76,36 +76,6 @@ FABRIC_KEYS: dict[str, Any] = {
 }
 
 
-@dataclass
-class _Builder:
-    names: list[str] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    cap: list[float] = field(default_factory=list)
-    cls: list[str] = field(default_factory=list)
-
-    def node(self, name: str) -> int:
-        if name not in self.index:
-            self.index[name] = len(self.names)
-            self.names.append(name)
-        return self.index[name]
-
-    def duplex(self, a: str, b: str, bw: float, up: str, down: str) -> None:
-        """Links a -> b (class ``up``) and b -> a (class ``down``), ``bw`` bytes per ns each."""
-        ia, ib = self.node(a), self.node(b)
-        for s, d, c in ((ia, ib, up), (ib, ia, down)):
-            self.src.append(s)
-            self.dst.append(d)
-            self.cap.append(float(bw))
-            self.cls.append(c)
-
-
-def nic_name(host: int, nic: int, nics_per_host: int) -> str:
-    """The endpoint's node name: ``host-k`` (one NIC a host) or ``host-k/nic-i`` (1-based k, 0-based i)."""
-    return f"host-{host + 1}" if nics_per_host == 1 else f"host-{host + 1}/nic-{nic}"
-
-
 class Fabric:
     """A fabric graph (module docstring): endpoints, switches, directed links, shortest-path ECMP routing.
 
@@ -120,7 +90,7 @@ class Fabric:
     def __init__(
         self,
         kind: str,
-        b: _Builder,
+        b: Builder,
         *,
         n_hosts: int,
         nics_per_host: int,
@@ -260,7 +230,7 @@ class Fabric:
 
 
 # -------------------------------------------------------------------- builders
-def fat_tree(n_hosts: int, k: int, host_bw: float, oversubscription: float = 1.0) -> tuple[_Builder, dict[str, Any]]:
+def fat_tree(n_hosts: int, k: int, host_bw: float, oversubscription: float = 1.0) -> tuple[Builder, dict[str, Any]]:
     """A k-ary fat-tree holding ``n_hosts`` hosts (module docstring); bandwidths bytes per ns."""
     if k < 2 or k % 2:
         raise ValueError(f"FatTree: fattree_k must be an even integer >= 2, got {k}")
@@ -268,7 +238,7 @@ def fat_tree(n_hosts: int, k: int, host_bw: float, oversubscription: float = 1.0
         raise ValueError(f"FatTree: {n_hosts} hosts do not fit a {k}-ary fat-tree ({k**3 // 4} hosts at most)")
     if not oversubscription >= 1:
         raise ValueError(f"FatTree: oversubscription must be >= 1, got {oversubscription}")
-    b, h = _Builder(), k // 2
+    b, h = Builder(), k // 2
     for host in range(n_hosts):
         b.node(nic_name(host, 0, 1))
     for host in range(n_hosts):  # host links first: link 2*host is host_up of host
@@ -297,9 +267,9 @@ def rail_fabric(
     uplink_bw: float,
     group_hosts: int,
     planes: int = 1,
-) -> _Builder:
+) -> Builder:
     """RailOptimized (``planes = 1``) or MultiPlane rails (module docstring); bandwidths bytes per ns."""
-    b = _Builder()
+    b = Builder()
     for host in range(n_hosts):
         for i in range(nics):
             b.node(nic_name(host, i, nics))
@@ -318,88 +288,6 @@ def rail_fabric(
                     for s in range(nspines):
                         b.duplex(f"rail-{tag}{g}.{i}", f"spine-{tag}{s}", uplink_bw, "rail_spine", "spine_rail")
     return b
-
-
-def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[_Builder, int]:
-    """An ``Arbitrary`` fabric file: returns the graph and the NICs per host.
-
-    Format (TOML)::
-
-        [[switch]]
-        name = "tor-1"                 # unique; not of the form host-k
-        [[link]]                       # full duplex between two switches
-        a = "tor-1"
-        b = "core-1"
-        gbps = 400
-        [[nic]]                        # one per (host, nic): every host of the run, nics 0 .. n-1 each
-        host = 1                       # 1-based, as host-1
-        nic = 0                        # 0-based
-        switch = "tor-1"
-        gbps = 400
-
-    Raises:
-        ValueError: the file, the entry and the rule (unknown keys, unknown or duplicate switches, a
-            bandwidth not a positive number, a host of the run without NICs, unequal NIC counts).
-    """
-    p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"Arbitrary fabric file {p}: {e}") from e
-    if set(doc) - {"switch", "link", "nic"}:
-        raise ValueError(f"{p}: unknown tables {sorted(set(doc) - {'switch', 'link', 'nic'})} (switch, link, nic)")
-
-    def rows(name: str, keys: set[str]) -> list[dict[str, Any]]:
-        v = doc.get(name, [])
-        if not isinstance(v, list) or not all(isinstance(r, dict) for r in v):
-            raise ValueError(f"{p}: {name} must be an array of tables ([[{name}]])")
-        for i, r in enumerate(v):
-            if set(r) != keys:
-                raise ValueError(f"{p}: [[{name}]] #{i + 1} must have exactly the keys {sorted(keys)}, got {sorted(r)}")
-        return v
-
-    def bw(r: dict[str, Any], where: str) -> float:
-        g = r["gbps"]
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0.001 <= g <= 1_000_000:
-            raise ValueError(f"{p}: {where}: gbps must be a number from 0.001 to 1000000, got {g!r}")
-        return float(g) * _GBPS
-
-    switches = [str(r["name"]) for r in rows("switch", {"name"})]
-    if len(set(switches)) != len(switches) or any(s.startswith("host-") for s in switches):
-        raise ValueError(f"{p}: switch names must be unique and not start with 'host-'")
-    known = set(switches)
-    nic_rows = rows("nic", {"host", "nic", "switch", "gbps"})
-    per_host: dict[int, set[int]] = {}
-    for i, r in enumerate(nic_rows):
-        where = f"[[nic]] #{i + 1}"
-        if not all(isinstance(r[k], int) and not isinstance(r[k], bool) for k in ("host", "nic")):
-            raise ValueError(f"{p}: {where}: host and nic must be integers")
-        if r["switch"] not in known:
-            raise ValueError(f"{p}: {where}: unknown switch {r['switch']!r}")
-        if r["nic"] in per_host.setdefault(r["host"], set()):
-            raise ValueError(f"{p}: {where}: host {r['host']} nic {r['nic']} listed twice")
-        per_host[r["host"]].add(r["nic"])
-    for h in range(1, n_hosts + 1):
-        if h not in per_host:
-            raise ValueError(f"{p}: host {h} of the run has no [[nic]]")
-    counts = {len(per_host[h]) for h in range(1, n_hosts + 1)}
-    nics = counts.pop()
-    if counts or any(per_host[h] != set(range(nics)) for h in range(1, n_hosts + 1)):
-        raise ValueError(f"{p}: every host needs NICs 0 .. n-1, the same n for all hosts")
-    b = _Builder()
-    for h in range(n_hosts):
-        for i in range(nics):
-            b.node(nic_name(h, i, nics))
-    for i, r in enumerate(sorted(nic_rows, key=lambda r: (r["host"], r["nic"]))):
-        if r["host"] <= n_hosts:
-            end = nic_name(r["host"] - 1, r["nic"], nics)
-            b.duplex(end, r["switch"], bw(r, f"nic {i + 1}"), "host_up", "host_down")
-    for i, r in enumerate(rows("link", {"a", "b", "gbps"})):
-        where = f"[[link]] #{i + 1}"
-        if r["a"] not in known or r["b"] not in known or r["a"] == r["b"]:
-            raise ValueError(f"{p}: {where}: a and b must be two different known switches, got {r['a']!r}, {r['b']!r}")
-        b.duplex(r["a"], r["b"], bw(r, where), "fabric", "fabric")
-    return b, nics
 
 
 def _int_param(cluster: dict[str, Any], key: str, default: int, low: int = 1) -> int:
@@ -465,6 +353,23 @@ def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> F
             raise ValueError(f"{path}: {nics} NICs per host must divide gpus_per_node ({gpus_per_host})")
         return Fabric(kind, b, nics_per_host=nics, params={"fabric_file": path, "nics_per_host": nics}, **common)
     raise ValueError(f"topology {kind!r} is not a fabric topology (known: {', '.join(FABRIC_TYPES)})")
+
+
+def fabric_rule(cluster: dict[str, Any], keys: set[str], n_hosts: int, gpus_per_host: int, source: str) -> str | None:
+    """What is wrong with a run's topology settings beyond the ``[cluster]`` keys' own rules (None: nothing):
+    :data:`FABRIC_KEYS` without a fabric topology, a rule of :func:`build_fabric`, or a multi-NIC fabric
+    for ``source = "docker"`` (Phantora has none: ``lib/phantora/netconfig.netconfig_for``)."""
+    kind = cluster.get("topology")
+    if kind == "TwoLayerMultiPath":
+        extra = sorted(keys & set(FABRIC_KEYS))
+        return f"topology keys {extra} need a fabric topology ({', '.join(FABRIC_TYPES)})" if extra else None
+    try:
+        build_fabric(cluster, n_hosts, gpus_per_host)
+    except ValueError as e:
+        return str(e)
+    if source == "docker" and kind in ("RailOptimized", "MultiPlane"):
+        return f"Phantora (source = 'docker') has no {kind} topology: its hosts have one network endpoint each"
+    return None
 
 
 def network_for(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Any:
