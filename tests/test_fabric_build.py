@@ -129,3 +129,58 @@ def test_fat_tree_and_arbitrary_runs_conserve_bytes_per_link_class(tmp_path, top
         assert per_class["fabric"] == 2 * up and up > 0
     pairs = pd.read_parquet(paths.table(spec.run_id, "nic_pairs"))
     assert set(pairs.loc[pairs["network"], "src_nic"]) == {0}
+
+
+def test_moe_run_on_rails_has_ep_dp_transitions_and_a_linear_on_demand_cost(tmp_path):
+    """W2 (expert all-to-alls over all 8 GPUs, dense gradients over DP) on 2 hosts x 4 GPUs with a NIC each:
+    EP and DP phases alternate on every rail. Groups tagged by collective (all-to-all = ep, else dp) until
+    the workloads issue tags them."""
+    (spec,) = parse_entries(
+        [
+            {
+                "workload": "W2",
+                "gpu": "a100_40g",
+                "nodes": 2,
+                "gpus_per_node": 4,
+                "topology": {"topology": "RailOptimized"},
+            }
+        ]
+    )
+    data = tmp_path / "data"
+    res = (
+        build_defs(data, [spec])
+        .resolve_job_def("all_runs")
+        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+    )
+    assert res.success
+    paths = DataPaths(data)
+    f = paths.table(spec.run_id, "flows")
+    flows = pd.read_parquet(f)
+    flows["group"] = np.where(flows["op"].isin(["send", "recv"]), "ep", "dp")
+    flows.to_parquet(f, index=False)
+    reconfig_stage.reconfig_stage(spec, paths)
+    t = pd.read_parquet(paths.table(spec.run_id, "transition_windows"))
+    sweep = pd.read_parquet(paths.table(spec.run_id, "reconfig_sweep"))
+    # the 8-rank DP ring crosses hosts at ranks 3 -> 4 and 7 -> 0: NICs 3 (send) and 0 (receive) carry DP and
+    # EP; NICs 1, 2 carry the all-to-alls only (one group: no transition). The all-to-alls cross rails.
+    assert set(t["nic"]) == {f"host-{h}/nic-{i}" for h in (1, 2) for i in (0, 3)}
+    links = pd.read_parquet(paths.table(spec.run_id, "link_bins"))
+    assert links.loc[links["link_class"] == "rail_spine", "bytes"].sum() > 0
+    assert {("ep", "dp"), ("dp", "ep")} <= set(zip(t["from_group"], t["to_group"]))
+    n_steps = t["step"].nunique()
+    most = t.groupby(["step", "nic"]).size().groupby(level="step").max()
+    od = sweep[sweep["mode"] == "on_demand"].set_index("delay_ms")
+    pv = sweep[sweep["mode"] == "provisioned"].set_index("delay_ms")
+    # on demand: the most transitioned NIC's count of delays per step
+    assert od.loc[100, "stall_s"] == pytest.approx(0.1 * most.sum() / n_steps)
+    assert (pv["stall_s"] <= od["stall_s"] + 1e-12).all() and pv.loc[1000, "stall_s"] > 0
+    assert od.loc[0, "utilisation"] > od.loc[1000, "utilisation"]
+    print(
+        f"\n{spec.run_id}: {len(t) / n_steps:.1f} transitions per steady step, most stalled NIC {most.mean():.1f}; "
+        + "; ".join(
+            f"{d} ms: on demand {od.loc[d, 'step_time_s']:.4f} s ({100 * od.loc[d, 'utilisation']:.1f} %), "
+            f"provisioned {pv.loc[d, 'step_time_s']:.4f} s ({100 * pv.loc[d, 'utilisation']:.1f} %)"
+            for d in (0, 1, 10, 100, 1000)
+        )
+    )
+    print(t.groupby(["from_group", "to_group"])["window_s"].describe().to_string())

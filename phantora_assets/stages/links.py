@@ -39,11 +39,18 @@ def run_topology(spec: RunSpec) -> Topology | Fabric:
     return Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
 
 
-def with_nics(flows: pd.DataFrame, spec: RunSpec, fab: Fabric) -> pd.DataFrame:
+def known_members(paths: DataPaths, spec: RunSpec) -> pd.DataFrame | None:
+    """The run's communicator members (``comm_members.parquet`` of ``validated_flows``: every flow's sender,
+    loopback flows included), or None for a run validated before the file existed."""
+    f = paths.table(spec.run_id, "comm_members")
+    return pd.read_parquet(f) if f.exists() else None
+
+
+def with_nics(flows: pd.DataFrame, spec: RunSpec, fab: Fabric, paths: DataPaths) -> pd.DataFrame:
     """``flows`` (``flows.parquet`` columns incl. ``flow_id``, ``op``, ``comm_rank``) with ``src_nic``,
     ``dst_nic`` (``lib/net/nics.flow_nics``), the endpoints ``src_ep``, ``dst_ep`` (host x NICs + NIC) and
     ``network`` (False inside one scale-up domain: on no link)."""
-    src_nic, dst_nic = nics.flow_nics(flows, spec.gpus_per_node, fab.nics_per_host)
+    src_nic, dst_nic = nics.flow_nics(flows, spec.gpus_per_node, fab.nics_per_host, known_members(paths, spec))
     k = fab.nics_per_host
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
     out = flows.copy()
@@ -109,7 +116,7 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     topo = run_topology(spec)
     conn = routes.connection_keys(flows, spec.gpus_per_node)
     if isinstance(topo, Fabric):  # NIC endpoints; a scale-up domain's flows cross no link
-        nf = with_nics(flows, spec, topo)
+        nf = with_nics(flows, spec, topo, paths)
         on_net = nf["network"].to_numpy()
         flows = nf.assign(src_node=nf["src_ep"], dst_node=np.where(on_net, nf["dst_ep"], nf["src_ep"]))
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)

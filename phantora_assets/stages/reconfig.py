@@ -25,7 +25,7 @@ from phantora_assets.lib.store import database, reconfig_plots
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import StageResult, write_parquet
-from phantora_assets.stages.links import run_topology
+from phantora_assets.stages.links import known_members, run_topology
 
 #: nic_pairs rows: the NIC pair's traffic per steady step.
 NIC_PAIR_COLUMNS: dict[str, str] = {
@@ -52,14 +52,15 @@ OUTPUTS = ("nic_pairs", "nic_phases", "transition_windows", "reconfig_sweep")
 PLOTS = ("reconfig_windows", "reconfig_sweep")
 
 
-def nic_flows(spec: RunSpec, flows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.DataFrame, int]:
     """``flows`` with ``src_nic``, ``dst_nic`` and ``network``, and the NICs per host of the run's topology."""
     topo = run_topology(spec)
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
     out = flows.copy()
     if isinstance(topo, Fabric):
         k = topo.nics_per_host
-        out["src_nic"], out["dst_nic"] = nics.flow_nics(flows, spec.gpus_per_node, k)
+        known = known_members(paths, spec)
+        out["src_nic"], out["dst_nic"] = nics.flow_nics(flows, spec.gpus_per_node, k, known)
         out["network"] = ~topo.same_domain_hosts(src, dst)
     else:
         k = 1
@@ -116,7 +117,7 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
     steps = pd.read_parquet(pdir / "steps.parquet")
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
-    flows, k = nic_flows(spec, flows)
+    flows, k = nic_flows(spec, flows, paths)
     pairs = nic_pair_table(flows, steady, k, spec.run_id)
     write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"))
     meta: dict[str, Any] = {"nics_per_host": k, "nic_pairs": len(pairs), "topology": spec.cluster["topology"]}

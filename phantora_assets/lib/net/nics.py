@@ -14,7 +14,9 @@ host, found by these rules, in order:
    are equal;
 4. otherwise, when every candidate uses the same NIC (always so with one NIC a host), that NIC.
 
-A member's (host, GPU) comes from the flows it sends. Anything else -- a communicator rank seen on two
+A member's (host, GPU) comes from the flows it sends: every flow of the trace, the loopback ones inside a
+host too (``comm_members.parquet``, :func:`members`, written by ``validated_flows``; without it, the given
+flows). Anything else -- a communicator rank seen on two
 GPUs, a destination no rule resolves -- raises ``ValueError`` naming the communicator and the rule: the
 NIC is never guessed. The NIC of local GPU g is ``g * nics_per_host // gpus_per_node``
 (``lib/net/fabric.Fabric.nic_of_gpu``). No Dagster import.
@@ -31,11 +33,30 @@ RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 NIC_INPUT_COLUMNS = ("flow_id", "ts_us", "src_node", "dst_node", "op", "comm_id", "comm_rank", "stream")
 
 
-def flow_gpus(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+#: Columns of :func:`members`.
+MEMBER_COLUMNS = {"comm_id": "str", "comm_rank": "int64", "node": "int64", "gpu": "int64"}
+
+
+def members(flows: pd.DataFrame) -> pd.DataFrame:
+    """Every (communicator, rank) seen sending and its (node, local GPU): ``MEMBER_COLUMNS``, sorted, unique
+    rows (a rank on two GPUs gives two rows: :func:`flow_gpus` refuses it)."""
+    m = pd.DataFrame(
+        {
+            "comm_id": flows["comm_id"].astype(str).to_numpy(),
+            "comm_rank": flows["comm_rank"].to_numpy(np.int64),
+            "node": flows["src_node"].to_numpy(np.int64),
+            "gpu": flows["stream"].to_numpy(np.int64) >> 32,
+        }
+    )
+    return m.drop_duplicates().sort_values(list(MEMBER_COLUMNS), kind="stable").reset_index(drop=True)
+
+
+def flow_gpus(flows: pd.DataFrame, known: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Local GPU index of every flow's sender and receiver (module docstring rules).
 
     Args:
         flows: :data:`NIC_INPUT_COLUMNS` (``flows.parquet`` rows, any order).
+        known: the communicators' members (:func:`members` of all the trace's flows); None: ``flows``'.
 
     Returns:
         ``(src_gpu, dst_gpu)`` int64 arrays; -1 in ``dst_gpu`` where rule 4 applies (the caller maps it
@@ -44,32 +65,34 @@ def flow_gpus(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         ValueError: a communicator rank on two GPUs.
     """
-    src_node = flows["src_node"].to_numpy(np.int64)
     dst_node = flows["dst_node"].to_numpy(np.int64)
     src_gpu = flows["stream"].to_numpy(np.int64) >> 32
     comm = flows["comm_id"].astype(str).to_numpy()
     crank = flows["comm_rank"].to_numpy(np.int64)
     op = flows["op"].astype(str).to_numpy()
     dst_gpu = np.full(len(flows), -1, dtype=np.int64)
-    members = pd.DataFrame({"c": comm, "r": crank, "n": src_node, "g": src_gpu}).drop_duplicates()
-    dup = members.duplicated(["c", "r"], keep=False)
+    m = members(flows) if known is None else known
+    members_ = pd.DataFrame(
+        {"c": m["comm_id"].astype(str), "r": m["comm_rank"], "n": m["node"], "g": m["gpu"]}
+    ).drop_duplicates()
+    dup = members_.duplicated(["c", "r"], keep=False)
     if dup.any():
-        bad = members[dup].iloc[0]
+        bad = members_[dup].iloc[0]
         raise ValueError(
             f"communicator {bad['c']}: rank {bad['r']} sends from two GPUs (host, GPU) -- no NIC rule holds"
         )
     where: dict[tuple[str, int], tuple[int, int]] = {
-        (c, r): (n, g) for c, r, n, g in members.itertuples(index=False, name=None)
+        (c, r): (n, g) for c, r, n, g in members_.itertuples(index=False, name=None)
     }
-    size = members.groupby("c")["r"].nunique().to_dict()
+    size = members_.groupby("c")["r"].nunique().to_dict()
     on_host: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for c, r, n, g in members.sort_values(["c", "r"]).itertuples(index=False, name=None):
+    for c, r, n, g in members_.sort_values(["c", "r"]).itertuples(index=False, name=None):
         on_host.setdefault((c, n), []).append((r, g))
     pending: list[int] = []
     for i in range(len(flows)):
         c, n_dst = comm[i], int(dst_node[i])
         if op[i] in RING_OPS:
-            nxt = where.get((c, int((crank[i] + 1) % size[c])))
+            nxt = where.get((c, int((crank[i] + 1) % size[c]))) if c in size else None
             if nxt is not None and nxt[0] == n_dst:
                 dst_gpu[i] = nxt[1]
                 continue
@@ -97,14 +120,17 @@ def flow_gpus(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return src_gpu, dst_gpu
 
 
-def flow_nics(flows: pd.DataFrame, gpus_per_node: int, nics_per_host: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(src_nic, dst_nic)`` of every flow: 0-based NICs on their hosts (module docstring).
+def flow_nics(
+    flows: pd.DataFrame, gpus_per_node: int, nics_per_host: int, known: pd.DataFrame | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(src_nic, dst_nic)`` of every flow: 0-based NICs on their hosts (module docstring; ``known`` as
+    :func:`flow_gpus`).
 
     Raises:
         ValueError: a destination no rule resolves to one NIC (the communicator, host and rule named), or a
             communicator rank on two GPUs.
     """
-    src_gpu, dst_gpu = flow_gpus(flows)
+    src_gpu, dst_gpu = flow_gpus(flows, known)
     g, k = int(gpus_per_node), int(nics_per_host)
     nic = lambda gpu: np.asarray(gpu, dtype=np.int64) * k // g
     if len(src_gpu) and (src_gpu.min() < 0 or src_gpu.max() >= g):
@@ -113,10 +139,10 @@ def flow_nics(flows: pd.DataFrame, gpus_per_node: int, nics_per_host: int) -> tu
     open_ = np.nonzero(dst_gpu < 0)[0]
     if len(open_):
         comm = flows["comm_id"].astype(str).to_numpy()
-        src = flows["src_node"].to_numpy(np.int64)
         dst = flows["dst_node"].to_numpy(np.int64)
         cand_nics: dict[tuple[str, int], set[int]] = {}
-        for c, n, gg in zip(comm, src.tolist(), src_gpu.tolist()):
+        m = members(flows) if known is None else known
+        for c, n, gg in zip(m["comm_id"].astype(str), m["node"].tolist(), m["gpu"].tolist()):
             cand_nics.setdefault((c, n), set()).add(gg * k // g)
         for i in open_.tolist():
             s = cand_nics.get((comm[i], int(dst[i])), set(range(k)) if k == 1 else set())
