@@ -6,17 +6,19 @@ source GPU is that device. The destination GPU is a member of the same communica
 host, found by these rules, in order:
 
 1. ring collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``): Phantora's ring hop goes from
-   communicator rank i to rank (i + 1) mod n (PHANTORA_FORMATS.md section 4), n the communicator's
-   ranks seen sending; taken when that member lives on the destination host;
-2. the only member of the communicator on the destination host;
+   communicator rank i to rank (i + 1) mod n (PHANTORA_FORMATS.md section 4), n = the highest rank seen
+   + 1; only this rule, and only when that member lives on the destination host;
+2. other operations: the only member of the communicator on the destination host;
 3. several members there: the flows one member sends to that host at one instant (one grouped
    send/recv or broadcast call, ``ts_us``) go to them in communicator-rank order, when their counts
    are equal;
 4. otherwise, when every candidate uses the same NIC (always so with one NIC a host), that NIC.
 
 A member's (host, GPU) comes from the flows it sends: every flow of the trace, the loopback ones inside a
-host too (``comm_members.parquet``, :func:`members`, written by ``validated_flows``; without it, the given
-flows). Anything else -- a communicator rank seen on two
+host too (``comm_members.parquet``, :func:`members`, written by ``validated_flows``); with several NICs a
+host this table is required (the network flows alone miss the members that send only inside their host,
+and rules 1-2 would then pick a wrong receiver). A member that sends no flow at all in the trace is not
+seen. Anything else -- a communicator rank seen on two
 GPUs, a destination no rule resolves -- raises ``ValueError`` naming the communicator and the rule: the
 NIC is never guessed. The NIC of local GPU g is ``g * nics_per_host // gpus_per_node``
 (``lib/net/fabric.Fabric.nic_of_gpu``). No Dagster import.
@@ -84,7 +86,7 @@ def flow_gpus(flows: pd.DataFrame, known: pd.DataFrame | None = None) -> tuple[n
     where: dict[tuple[str, int], tuple[int, int]] = {
         (c, r): (n, g) for c, r, n, g in members_.itertuples(index=False, name=None)
     }
-    size = members_.groupby("c")["r"].nunique().to_dict()
+    size = (members_.groupby("c")["r"].max() + 1).to_dict()
     on_host: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for c, r, n, g in members_.sort_values(["c", "r"]).itertuples(index=False, name=None):
         on_host.setdefault((c, n), []).append((r, g))
@@ -95,7 +97,7 @@ def flow_gpus(flows: pd.DataFrame, known: pd.DataFrame | None = None) -> tuple[n
             nxt = where.get((c, int((crank[i] + 1) % size[c]))) if c in size else None
             if nxt is not None and nxt[0] == n_dst:
                 dst_gpu[i] = nxt[1]
-                continue
+            continue
         cand = on_host.get((c, n_dst), [])
         if len(cand) == 1:
             dst_gpu[i] = cand[0][1]
@@ -130,6 +132,11 @@ def flow_nics(
         ValueError: a destination no rule resolves to one NIC (the communicator, host and rule named), or a
             communicator rank on two GPUs.
     """
+    if known is None and int(nics_per_host) > 1:
+        raise ValueError(
+            "the communicators' members (comm_members.parquet of validated_flows) are needed to place flows on "
+            f"{nics_per_host} NICs a host: materialize validated_flows again"
+        )
     src_gpu, dst_gpu = flow_gpus(flows, known)
     g, k = int(gpus_per_node), int(nics_per_host)
     nic = lambda gpu: np.asarray(gpu, dtype=np.int64) * k // g
