@@ -1,5 +1,5 @@
-"""Chakra execution traces: `phantora-assets chakra` of a shipped run, decoded with Chakra's own
-reader (mlc-chakra's protolib and et_def_pb2, through lib/chakra/et_io.read_et) and checked against
+"""Chakra execution traces: `phantora-assets chakra` of a shipped run, decoded with the project's
+reader of Chakra's schema (lib/chakra/et_io.read_et, the one decoding path) and checked against
 the run's flows table; ASTRA-sim's microbenchmark ETs and Chakra's converter output through the
 same reader; and `phantora-assets import` of the export back, through real Dagster runs
 (the CLI's build), giving the same bytes per step and flows per communicator."""

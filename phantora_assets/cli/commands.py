@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phantora_assets.checks import NOT_EVALUATED, RUN_CHECKS, read_checks, step_errors
+from phantora_assets.checks import exclusion_reason, read_checks, step_errors
 from phantora_assets.cli.build import _build
 from phantora_assets.paths import DataPaths
 
@@ -88,25 +88,14 @@ def _profiled_spec(folder: Path, args: argparse.Namespace):
 
 def check_status(checks: dict[str, dict]) -> str:
     """One phrase for a run's ``checks.json`` (``read_checks``): ``all checks passed``, or the
-    gating checks that ``failed`` and those ``not run`` (never evaluated: their asset did not run
-    or did not apply, e.g. every check below a run that does not fit in GPU memory), then the
-    advisory ``warning``s; a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
-    failed = [n for n in RUN_CHECKS if checks.get(n, {}).get("status") == "failed"]
-    not_run = [n for n in RUN_CHECKS if checks.get(n, {}).get("status", NOT_EVALUATED) == NOT_EVALUATED]
-    other = [
-        f"{n} ({checks[n]['status']})"
-        for n in RUN_CHECKS
-        if n in checks and checks[n]["status"] not in ("passed", "failed", NOT_EVALUATED)
-    ]
-    parts = []
-    if failed or other:
-        parts.append("failed: " + ", ".join(failed + other))
-    if not_run:
-        parts.append("not run: " + ", ".join(not_run))
+    exclusion reason that ``run_status.csv`` gives (``checks.exclusion_reason``: each gating check
+    not passed, ``<check>: failed`` or ``<check>: not evaluated``), then the advisory ``warning``s;
+    a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
+    parts = [exclusion_reason(checks) or "all checks passed"]
     errors = step_errors(checks)
     if errors:
         parts.insert(0, "error: " + "; ".join(e[:300] for e in errors))
-    out = "; ".join(parts) or "all checks passed"
+    out = "; ".join(parts)
     warned = [k for k, v in checks.items() if v["status"] == "warning"]
     if warned:
         out += " (warning: " + ", ".join(warned) + ")"
@@ -122,7 +111,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
     for spec in matrix_for(paths.root):
         checks = read_checks(paths.run_folder(spec))
-        built = check_status(checks) if checks else "-"
+        built = check_status(checks)
         if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
             print(f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} {'profiled':>11s} {'yes':5s} {built}")
             continue

@@ -148,7 +148,6 @@ def export_run(
         TraceFormatError: the trace breaks a rule (``rank placement``: a GPU beyond the layout,
             ``communicator ranks``: a communicator's ranks are not 0..n-1), naming the file.
         ValueError: the run has no steady step.
-        ImportError: ``mlc-chakra`` is not installed.
     """
     steady = steps[steps["steady"]].sort_values("start_us")
     if steady.empty:
