@@ -23,7 +23,7 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.net.fabric import FABRIC_KEYS, fabric_rule
+from phantora_assets.lib.net.fabric import FABRIC_KEYS, fabric_rule, topology_tail
 from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
     MAX_BW_GBPS,
     MIN_BW_GBPS,
@@ -102,10 +102,8 @@ class RunSpec:
         return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}{self.topology_tail}"
 
     @property
-    def topology_tail(self) -> str:
-        """``""`` on presets.toml's topology, else ``_<topology type in lower case>`` (run_id, run folder)."""
-        kind = dict(self.topology).get("topology", presets()["cluster"]["topology"])
-        return "" if kind == presets()["cluster"]["topology"] else f"_{str(kind).lower()}"
+    def topology_tail(self) -> str:  # "" on presets.toml's topology, else _<type in lower case>
+        return topology_tail(dict(self.topology), presets()["cluster"]["topology"])
 
     @property
     def layout(self) -> str:
