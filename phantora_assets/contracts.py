@@ -128,7 +128,11 @@ RUNS = _with_units(
                 nullable=True,
                 description="roofline matmul efficiency (roofline timing only)",
             ),
-            "workload": Column(str, Check.str_matches(r"^(W\d+)?$"), description="W1..W5; empty for a profiled run"),
+            "workload": Column(
+                str,
+                Check.str_matches(r"^[A-Za-z0-9_]*$"),
+                description="W1..W5 or a user's [workloads.NAME]; empty for a profiled run",
+            ),
             "framework": Column(str, description="Megatron | DeepSpeed (the preset), or what a profiled run used"),
             "model": Column(str, description="the model of the workload preset (a 4-layer slice)"),
             "parallelism": Column(str, description="e.g. tp=2,dp=4 | ep=4 | dp=4,zero=3"),

@@ -23,7 +23,7 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.net.fabric import FABRIC_KEYS, fabric_rule, topology_tail
+from phantora_assets.lib.net.fabric_rules import topology_problem, topology_tail
 from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
     MAX_BW_GBPS,
     MIN_BW_GBPS,
@@ -225,21 +225,9 @@ def _check_fields(spec: RunSpec, entry: str) -> None:
 
 
 def _check_topology(spec: RunSpec, entry: str) -> None:
-    topo = spec.topology
-    pairs = isinstance(topo, tuple) and all(
-        isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in topo
-    )
-    if not pairs or len({kv[0] for kv in topo}) != len(topo):
-        raise RunMatrixError(f"{entry}: topology must be (key, value) pairs with unique keys, {_got(topo)}")
-    cluster = presets()["cluster"]
-    unknown = {k for k, _ in topo} - set(cluster) - set(FABRIC_KEYS)
-    if unknown:
-        raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
-    for key, value in topo:
-        rule = None if key in FABRIC_KEYS else topology_rule(key, value, cluster[key], spec.source, _got)
-        if rule:
-            raise RunMatrixError(f"{entry}: topology.{key} {rule}")
-    if why := fabric_rule(spec.cluster, {k for k, _ in topo}, spec.n_nodes, spec.gpus_per_node, spec.source):
+    if why := topology_problem(
+        spec.topology, presets()["cluster"], spec.n_nodes, spec.gpus_per_node, spec.source, _got
+    ):
         raise RunMatrixError(f"{entry}: {why}")
 
 

@@ -355,30 +355,6 @@ def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> F
     raise ValueError(f"topology {kind!r} is not a fabric topology (known: {', '.join(FABRIC_TYPES)})")
 
 
-def topology_tail(topology: dict[str, Any], default: str) -> str:
-    """What a run id and run folder get after the layout: ``""`` on the default topology (presets.toml's),
-    else ``_<topology type in lower case>`` (``_railoptimized``), so one job on several fabrics is several runs."""
-    kind = str(topology.get("topology", default))
-    return "" if kind == default else f"_{kind.lower()}"
-
-
-def fabric_rule(cluster: dict[str, Any], keys: set[str], n_hosts: int, gpus_per_host: int, source: str) -> str | None:
-    """What is wrong with a run's topology settings beyond the ``[cluster]`` keys' own rules (None: nothing):
-    :data:`FABRIC_KEYS` without a fabric topology, a rule of :func:`build_fabric`, or a multi-NIC fabric
-    for ``source = "docker"`` (Phantora has none: ``lib/phantora/netconfig.netconfig_for``)."""
-    kind = cluster.get("topology")
-    if kind == "TwoLayerMultiPath":
-        extra = sorted(keys & set(FABRIC_KEYS))
-        return f"topology keys {extra} need a fabric topology ({', '.join(FABRIC_TYPES)})" if extra else None
-    try:
-        build_fabric(cluster, n_hosts, gpus_per_host)
-    except ValueError as e:
-        return str(e)
-    if source == "docker" and kind in ("RailOptimized", "MultiPlane"):
-        return f"Phantora (source = 'docker') has no {kind} topology: its hosts have one network endpoint each"
-    return None
-
-
 def network_for(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Any:
     """The network a run's flows cross: ``lib/sim/network.Topology`` for ``TwoLayerMultiPath`` (as
     ``Topology.from_cluster``, the same as from the run's netconfig), else :func:`build_fabric`."""
