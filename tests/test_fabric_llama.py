@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("phantora_assets.lib.workload.spec", reason="issue 26's workload schema is not on this branch")
 
-from phantora_assets.checks import read_checks  # noqa: E402
-from phantora_assets.definitions import build_defs  # noqa: E402
-from phantora_assets.lib.net import reconfig  # noqa: E402
-from phantora_assets.matrix import load_run_matrix  # noqa: E402
-from phantora_assets.paths import DataPaths  # noqa: E402
-from phantora_assets.stages import dataset as dataset_stage  # noqa: E402
+from phantora_assets.checks import read_checks
+from phantora_assets.definitions import build_defs
+from phantora_assets.lib.net import reconfig
+from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
+from phantora_assets.stages import dataset as dataset_stage
 
 pytestmark = pytest.mark.slow
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
