@@ -23,6 +23,7 @@ from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.net.fabric_rules import topology_problem, topology_tail
 from phantora_assets.lib.sim.network import (  # noqa: F401 (the rules' names, re-exported)
     MAX_BW_GBPS,
     MIN_BW_GBPS,
@@ -126,7 +127,12 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}"
+        """``phantora_<gpu>_<workload>_<layout>[<topology_tail>]``; a profiled run's ``name``."""
+        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}{self.topology_tail}"
+
+    @property
+    def topology_tail(self) -> str:  # "" on presets.toml's topology, else _<type in lower case>
+        return topology_tail(dict(self.topology), presets()["cluster"]["topology"])
 
     @property
     def layout(self) -> str:
@@ -199,7 +205,8 @@ class RunSpec:
     @property
     def trace_dir(self) -> str:
         """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
-        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{self.workload}_{self.layout}"
+        name = f"{self.workload}_{self.layout}{self.topology_tail}"
+        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{name}"
 
 
 def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (one check a key of the entry)
@@ -242,20 +249,10 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (on
 
 
 def _check_topology(spec: RunSpec, entry: str) -> None:
-    topo = spec.topology
-    pairs = isinstance(topo, tuple) and all(
-        isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in topo
-    )
-    if not pairs or len({kv[0] for kv in topo}) != len(topo):
-        raise RunMatrixError(f"{entry}: topology must be (key, value) pairs with unique keys, {_got(topo)}")
-    cluster = presets()["cluster"]
-    unknown = {k for k, _ in topo} - set(cluster)
-    if unknown:
-        raise RunMatrixError(f"{entry}: unknown topology keys {sorted(unknown)}")
-    for key, value in topo:
-        rule = topology_rule(key, value, cluster[key], spec.source, _got)
-        if rule:
-            raise RunMatrixError(f"{entry}: topology.{key} {rule}")
+    if why := topology_problem(
+        spec.topology, presets()["cluster"], spec.n_nodes, spec.gpus_per_node, spec.source, _got
+    ):
+        raise RunMatrixError(f"{entry}: {why}")
 
 
 def validate(spec: RunSpec, entry: str) -> None:

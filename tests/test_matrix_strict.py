@@ -163,7 +163,7 @@ MORE_RULES = {
     "bandwidth_string": (_entry(extra='topology = { host_bw_gbps = "800" }\n'), "must be a number (Gbps), got '800'"),
     "bandwidth_bool": (_entry(extra="topology = { host_bw_gbps = true }\n"), "must be a number (Gbps), got true"),
     "ecmp_int": (_entry(extra="topology = { ecmp = 1 }\n"), "topology.ecmp must be a string, got 1 (integer)"),
-    "topology_type": (_entry(extra='topology = { topology = "FatTree" }\n'), "topology.topology 'FatTree' is not"),
+    "topology_type": (_entry(extra='topology = { topology = "Torus" }\n'), "topology.topology 'Torus' is not"),
     "fairness_unknown": (_entry(extra='topology = { fairness = "Fair" }\n'), "topology.fairness 'Fair' is not"),
     "fairness_analytic": (
         _entry(extra='topology = { fairness = "TenantFlowMaxMin" }\n'),

@@ -21,6 +21,7 @@ RUN_ASSET_NAMES = (
     "window_features",
     "run_summary",
     "step_anatomy",
+    "reconfig",
     "run_plots",
 )
 #: Assets that only draw (``phantora-assets build --no-plots`` skips them).

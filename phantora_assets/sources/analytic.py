@@ -13,7 +13,7 @@ import msgspec
 
 from phantora_assets.checks import reset_checks
 from phantora_assets.lib.phantora import chrome_trace as ct
-from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
+from phantora_assets.lib.phantora.netconfig import NoPhantoraTopology, dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_log import RunLog
 from phantora_assets.lib.sim.analytic import simulate
 from phantora_assets.lib.sim.workload_types import Compute
@@ -69,7 +69,10 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     result = simulate(spec)
     mem = result.memory.as_dict()
     config = folder / "config"
-    atomic_write_text(config / "netconfig.toml", dumps_netconfig(netconfig_for(spec)))
+    try:
+        atomic_write_text(config / "netconfig.toml", dumps_netconfig(netconfig_for(spec)))
+    except NoPhantoraTopology:  # a fabric Phantora cannot build: its settings instead (docs/FABRIC.md)
+        atomic_write_text(config / "fabric.toml", dumps_netconfig({"cluster": spec.cluster}))
     atomic_write_text(
         config / "run.toml",
         "\n".join(

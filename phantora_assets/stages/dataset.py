@@ -27,7 +27,7 @@ from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none
 from phantora_assets.sources import get_source
-from phantora_assets.stages import card, export, links
+from phantora_assets.stages import card, export, links, reconfig
 from phantora_assets.stages.common import WINDOW_S, Outcome, StageResult, record, write_parquet
 from phantora_assets.stages.export import DatasetResult, _dtypes, contract_outcome
 from phantora_assets.stages.flows import read_trace_summary
@@ -214,6 +214,7 @@ def database_tables() -> list[database.Table]:
             optional=True,
         ),
         links.link_bins_table(),
+        *reconfig.database_tables(),
     ]
 
 

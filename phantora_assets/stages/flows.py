@@ -16,6 +16,7 @@ import pandas as pd
 from phantora_assets.checks import TRACE_CHECKS, reset_checks
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.step_spans import steps_from_spans
+from phantora_assets.lib.net import nics
 from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.traffic import binning, steps, trace_checks
@@ -107,6 +108,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     write_parquet(result.steps, pdir / "steps.parquet")
     write_parquet(step_flows, pdir / "step_flows.parquet")
     write_parquet(parsed.compute_events, pdir / "compute_events.parquet")
+    write_parquet(nics.members(result.flows), pdir / "comm_members.parquet")  # all flows, loopback ones too
     summary = TraceSummary(
         run_id=spec.run_id,
         trace=str(src.name),

@@ -17,7 +17,8 @@ import pandas as pd
 from phantora_assets.checks import reset_checks
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
-from phantora_assets.lib.net import link_bins, routes
+from phantora_assets.lib.net import link_bins, nics, routes
+from phantora_assets.lib.net.fabric import Fabric, build_fabric
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.sim.network import Topology
 from phantora_assets.lib.store import database
@@ -30,10 +31,33 @@ from phantora_assets.stages.flows import read_trace_summary
 CHECK = "link_bins_conserve_bytes"
 
 
-def run_topology(spec: RunSpec) -> Topology:
+def run_topology(spec: RunSpec) -> Topology | Fabric:
     """The run's network: its netconfig (``lib/phantora/netconfig.netconfig_for``) with its ``ecmp``, as the
-    analytic simulator builds it (``lib/sim/analytic.py``)."""
+    analytic simulator builds it (``lib/sim/analytic.py``); a fabric topology's graph (``lib/net/fabric.py``)."""
+    if spec.cluster["topology"] != "TwoLayerMultiPath":
+        return build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
     return Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
+
+
+def known_members(paths: DataPaths, spec: RunSpec) -> pd.DataFrame | None:
+    """The run's communicator members (``comm_members.parquet`` of ``validated_flows``: every flow's sender,
+    loopback flows included), or None for a run validated before the file existed."""
+    f = paths.table(spec.run_id, "comm_members")
+    return pd.read_parquet(f) if f.exists() else None
+
+
+def with_nics(flows: pd.DataFrame, spec: RunSpec, fab: Fabric, paths: DataPaths) -> pd.DataFrame:
+    """``flows`` (``flows.parquet`` columns incl. ``flow_id``, ``op``, ``comm_rank``) with ``src_nic``,
+    ``dst_nic`` (``lib/net/nics.flow_nics``), the endpoints ``src_ep``, ``dst_ep`` (host x NICs + NIC) and
+    ``network`` (False inside one scale-up domain: on no link)."""
+    src_nic, dst_nic = nics.flow_nics(flows, spec.gpus_per_node, fab.nics_per_host, known_members(paths, spec))
+    k = fab.nics_per_host
+    src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
+    out = flows.copy()
+    out["src_nic"], out["dst_nic"] = src_nic, dst_nic
+    out["src_ep"], out["dst_ep"] = src * k + src_nic, dst * k + dst_nic
+    out["network"] = ~fab.same_domain_hosts(src, dst)
+    return out
 
 
 def chosen_step_flows(paths: DataPaths, run_id: str) -> pd.DataFrame:
@@ -49,7 +73,8 @@ def chosen_step_flows(paths: DataPaths, run_id: str) -> pd.DataFrame:
     start = float(steps.loc[steps["step"] == chosen, "start_us"].iloc[0])
     f = pd.read_parquet(
         pdir / "flows.parquet",
-        columns=["ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "comm_id", "stream"],
+        columns=["flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "comm_id", "stream", "op"]
+        + ["comm_rank"],
     )
     f = f[(f["step"].to_numpy() == chosen) & (f["src_node"].to_numpy() != f["dst_node"].to_numpy())]
     out = pd.DataFrame(
@@ -61,6 +86,10 @@ def chosen_step_flows(paths: DataPaths, run_id: str) -> pd.DataFrame:
             "bytes": f["bytes"].to_numpy(np.int64),
             "comm_id": f["comm_id"].astype(str).to_numpy(),
             "stream": f["stream"].to_numpy(np.int64),
+            "flow_id": f["flow_id"].to_numpy(np.int64),
+            "ts_us": f["ts_us"].to_numpy(np.float64),
+            "op": f["op"].astype(str).to_numpy(),
+            "comm_rank": f["comm_rank"].to_numpy(np.int64),
         }
     )
     ref = pd.read_parquet(pdir / "step_flows.parquet", columns=list(STEP_FLOW_COLUMNS))
@@ -85,16 +114,22 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     summary = read_trace_summary(paths, spec.run_id)
     flows = chosen_step_flows(paths, spec.run_id)
     topo = run_topology(spec)
+    conn = routes.connection_keys(flows, spec.gpus_per_node)
+    if isinstance(topo, Fabric):  # NIC endpoints; a scale-up domain's flows cross no link
+        nf = with_nics(flows, spec, topo, paths)
+        on_net = nf["network"].to_numpy()
+        flows = nf.assign(src_node=nf["src_ep"], dst_node=np.where(on_net, nf["dst_ep"], nf["src_ep"]))
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
     kind = routes.routes_kind(spec.source, topo, src, dst)
-    conn = routes.connection_keys(flows, spec.gpus_per_node)
     # the placement of binned_flows (stages/flows.bin_flows): same window, bin width and seed
     bin_args: dict[str, Any] = {"window_s": WINDOW_S, "bin_s": spec.bin_s}
     step_s = summary.step_time_us / 1e6
     built = link_bins.build_link_bins(
         flows, conn, topo, step_time_s=step_s, run_id=spec.run_id, routes=kind, **bin_args
     )
-    expected = link_bins.expected_class_bytes(flows, topo, step_time_s=step_s, run_id=spec.run_id, **bin_args)
+    expected = link_bins.expected_class_bytes(
+        flows, topo, step_time_s=step_s, run_id=spec.run_id, conn=conn, **bin_args
+    )
     outcome = conservation_outcome(built.table, expected)
     out = paths.table(spec.run_id, "link_bins")
     if outcome.passed:
@@ -105,6 +140,7 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
         "links": int(topo.n_links),
         "routes": kind,
         "ecmp": topo.ecmp,
+        "topology": spec.cluster["topology"],
         **{f"bytes_{c}": v for c, v in built.class_bytes.items()},
     }
     return StageResult(out if outcome.passed else None, meta, [outcome])
@@ -113,7 +149,7 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
 def conservation_outcome(table: pd.DataFrame, expected: dict[str, int]) -> Outcome:
     """``link_bins_conserve_bytes`` of ``table`` (a ``link_bins`` table) against ``expected``
     (``link_bins.expected_class_bytes``)."""
-    got = link_bins.class_bytes(table)
+    got = link_bins.class_bytes(table, tuple(expected))
     ok, msg = link_bins.conservation(got, expected)
     meta = {f"table_{c}": v for c, v in got.items()} | {f"expected_{c}": v for c, v in expected.items()}
     return Outcome(CHECK, ok, msg, meta)

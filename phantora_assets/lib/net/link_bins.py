@@ -37,7 +37,9 @@ import pandas as pd
 
 from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
-from phantora_assets.lib.net.routes import LINK_CLASSES, flow_links, link_table
+from phantora_assets.lib.net.fabric import Fabric
+from phantora_assets.lib.net.fabric_bins import fabric_subflows
+from phantora_assets.lib.net.routes import LINK_CLASSES, classes_of, flow_links, link_table
 from phantora_assets.lib.sim.network import Topology
 from phantora_assets.lib.traffic.binning import build_bins, exact_sum, flow_ns, repetitions, to_ns, window_bins_ns
 
@@ -141,7 +143,7 @@ def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int
 def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-only)
     step_flows: pd.DataFrame,
     conn: np.ndarray,
-    topo: Topology,
+    topo: Topology | Fabric,
     *,
     step_time_s: float,
     run_id: str,
@@ -171,7 +173,14 @@ def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-onl
 
     Raises:
         ValueError: as ``build_bins`` (bad step flows or window), or a node outside the topology.
+
+    On a :class:`~phantora_assets.lib.net.fabric.Fabric`, ``src_node`` / ``dst_node`` of ``step_flows`` are
+    endpoints (NICs, ``host * nics_per_host + nic``) and a ``split`` flow is divided into one sub-flow per
+    shortest path (:func:`fabric_subflows`) before it is placed.
     """
+    if isinstance(topo, Fabric):
+        step_flows, fi, li = fabric_subflows(step_flows, conn, topo)
+        return _place_link_rows(step_flows, fi, li, topo, run_id, routes, window_s, bin_s, jitter, step_time_s, by_path)
     links = link_table(topo)
     n_links = len(links)
     fi, li, co = flow_links(
@@ -223,10 +232,64 @@ def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-onl
     return LinkBins(table, class_bytes(table))
 
 
-def class_bytes(table: pd.DataFrame) -> dict[str, int]:
-    """Exact bytes per link class of a ``link_bins`` table (every class of :data:`LINK_CLASSES`)."""
+def _place_link_rows(  # noqa: PLR0913 (the flows' arrays and the bin geometry, as build_link_bins passes them)
+    flows: pd.DataFrame,
+    fi: np.ndarray,
+    li: np.ndarray,
+    topo: Fabric,
+    run_id: str,
+    routes: str,
+    window_s: float,
+    bin_s: float,
+    jitter: float,
+    step_time_s: float,
+    by_path: bool | None,
+) -> LinkBins:
+    """:func:`build_link_bins` of (flow, link) rows with coefficient 1 (a fabric's sub-flows)."""
+    links = link_table(topo)
+    n_links = len(links)
+    args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
+    n_bins = int(round(window_s / bin_s))
+    paths = _path_signatures(fi, li) if len(fi) and by_path is not False else None
+    if paths is not None and by_path is None and len(paths[1]) * n_bins > max(n_links * n_bins, _PATH_CELLS):
+        paths = None
+    if not len(fi):
+        per_link = np.zeros((n_bins, n_links), dtype=np.int64)
+    elif paths is not None:
+        flow_of_path, sigs, inv = paths
+        per_path, _ = _bin_keys(flows, flow_of_path, inv, len(sigs), **args)
+        per_link = _paths_to_keys(per_path, sigs, n_links)
+    else:
+        per_link, _ = _bin_keys(flows, fi, li, n_links, **args)
+    table = _table(per_link, links, run_id, bin_s, routes)
+    return LinkBins(table, class_bytes(table, classes_of(topo)))
+
+
+def _table(per_link: np.ndarray, links: pd.DataFrame, run_id: str, bin_s: float, routes: str) -> pd.DataFrame:
+    n_bins, n_links = per_link.shape
+    t = np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6)
+    rep = lambda col: np.tile(links[col].to_numpy(), n_bins)
+    return pd.DataFrame(
+        {
+            "run_id": pd.Series([run_id] * (n_bins * n_links), dtype=object),
+            "t": np.repeat(t, n_links).astype(np.float64),
+            "bin_s": np.full(n_bins * n_links, float(bin_s)),
+            "link_id": rep("link_id").astype(np.int64),
+            "link_class": pd.Series(rep("link_class"), dtype=object),
+            "src": pd.Series(rep("src"), dtype=object),
+            "dst": pd.Series(rep("dst"), dtype=object),
+            "bytes": per_link.ravel(),
+            "capacity_bps": rep("capacity_bps").astype(np.float64),
+            "routes": pd.Series([routes] * (n_bins * n_links), dtype=object),
+        },
+        columns=list(LINK_BIN_COLUMNS),
+    )
+
+
+def class_bytes(table: pd.DataFrame, classes: tuple[str, ...] = LINK_CLASSES) -> dict[str, int]:
+    """Exact bytes per link class of a ``link_bins`` table (every class of ``classes``)."""
     out = {}
-    for c in LINK_CLASSES:
+    for c in classes:
         v = table.loc[table["link_class"].to_numpy() == c, "bytes"].to_numpy(np.int64)
         out[c] = exact_sum(v) if len(v) else 0
     return out
@@ -234,13 +297,14 @@ def class_bytes(table: pd.DataFrame) -> dict[str, int]:
 
 def expected_class_bytes(
     step_flows: pd.DataFrame,
-    topo: Topology,
+    topo: Topology | Fabric,
     *,
     step_time_s: float,
     run_id: str,
     window_s: float = 180.0,
     bin_s: float = 0.1,
     jitter: float = 0.02,
+    conn: np.ndarray | None = None,
 ) -> dict[str, int]:
     """The right side of the conservation rule, from the flows alone, without any bins: the in-window
     bytes of the network flow instances inside one rack and between racks; ``host_up`` and ``host_down``
@@ -250,14 +314,41 @@ def expected_class_bytes(
     an instance inside the window counts all its bytes, one across an edge its cumulative-floor share
     ``C(min(end, window)) - C(max(start, 0))`` (module docstring of ``lib/traffic/binning.py``), computed
     directly, not as a sum of bin parts: a placement that loses or doubles a byte in some bin fails.
-    ``bin_s`` is checked as ``build_bins`` checks it (the window must be a multiple of it)."""
+    ``bin_s`` is checked as ``build_bins`` checks it (the window must be a multiple of it).
+
+    On a :class:`~phantora_assets.lib.net.fabric.Fabric` (endpoint columns, ``conn`` the ECMP keys): per
+    class, the in-window bytes of every sub-flow (:func:`fabric_subflows`) times the links of that class
+    on its path."""
+    if isinstance(topo, Fabric):
+        sub, fi, li = fabric_subflows(step_flows, np.zeros(len(step_flows), np.int64) if conn is None else conn, topo)
+        per = _in_window_bytes(sub, np.arange(len(sub)), step_time_s, run_id, window_s, bin_s, jitter)
+        cls = np.asarray(topo.link_class, dtype=object)[li] if len(li) else np.zeros(0, dtype=object)
+        return {c: exact_sum(per[fi[cls == c]]) if (cls == c).any() else 0 for c in classes_of(topo)}
     src = step_flows["src_node"].to_numpy(np.int64)
     dst = step_flows["dst_node"].to_numpy(np.int64)
     net = np.nonzero(src != dst)[0]
     if not len(net):
         return dict.fromkeys(LINK_CLASSES, 0)
-    window_ns, _ = window_bins_ns(window_s, bin_s)
     cross = (src[net] // topo.rack_size) != (dst[net] // topo.rack_size)
+    per = _in_window_bytes(step_flows, net, step_time_s, run_id, window_s, bin_s, jitter)
+    intra, between = (exact_sum(per[~cross]) if (~cross).any() else 0), (exact_sum(per[cross]) if cross.any() else 0)
+    return {"host_up": intra + between, "leaf_spine": between, "spine_leaf": between, "host_down": intra + between}
+
+
+def _in_window_bytes(
+    step_flows: pd.DataFrame,
+    net: np.ndarray,
+    step_time_s: float,
+    run_id: str,
+    window_s: float,
+    bin_s: float,
+    jitter: float,
+) -> np.ndarray:
+    """In-window bytes (int64) of every flow ``net`` (row indices) over all its instances
+    (:func:`expected_class_bytes`' rule)."""
+    if not len(net):
+        return np.zeros(0, dtype=np.int64)
+    window_ns, _ = window_bins_ns(window_s, bin_s)
     o, d = (x[net] for x in flow_ns(step_flows))
     b = step_flows["bytes"].to_numpy(np.int64)[net]
     starts, _, _ = repetitions(
@@ -273,9 +364,7 @@ def expected_class_bytes(
     hi = np.where(zero, ov_hi, np.clip(first(window_ns - o - d, "right"), lo, ov_hi))
     lo = np.where(zero, ov_lo, lo)
     whole = np.maximum(hi - lo, 0)
-    totals = [0, 0]
-    for bb, n, c in zip(b.tolist(), whole.tolist(), cross.tolist()):
-        totals[c] += bb * n
+    per = b * whole
     # the edge instances: [ov_lo, lo) and [hi, ov_hi) of each flow with d > 0 and bytes > 0
     spread = ~zero & (b > 0)
     for r0, r1 in ((ov_lo, lo), (hi, ov_hi)):
@@ -287,18 +376,17 @@ def expected_class_bytes(
         a, dd = starts[k] + o[f], d[f]
         app = _Apportion(b[f], dd)
         share = app.sent(np.clip(window_ns - a, 0, dd)) - app.sent(np.clip(-a, 0, dd))
-        for c in (0, 1):
-            totals[c] += exact_sum(share[cross[f] == c])
-    intra, between = totals
-    return {"host_up": intra + between, "leaf_spine": between, "spine_leaf": between, "host_down": intra + between}
+        np.add.at(per, f, np.asarray(share, dtype=np.int64))
+    return per
 
 
 def conservation(got: dict[str, int], expected: dict[str, int]) -> tuple[bool, str]:
     """``(passed, message)`` of the per-class rule: every class's bytes equal, to the byte."""
-    bad = [c for c in LINK_CLASSES if got.get(c) != expected.get(c)]
+    classes = list(dict.fromkeys([*expected, *got]))
+    bad = [c for c in classes if got.get(c) != expected.get(c)]
     if not bad:
         return True, "per link class, link_bins bytes = network flow bytes x links of that class on the path: " + (
-            ", ".join(f"{c} {got[c]}" for c in LINK_CLASSES)
+            ", ".join(f"{c} {got[c]}" for c in classes)
         )
     return False, "link_bins does not conserve bytes: " + "; ".join(
         f"{c}: table {got.get(c)} != flows {expected.get(c)} (by {(got.get(c) or 0) - (expected.get(c) or 0)})"

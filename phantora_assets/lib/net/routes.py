@@ -36,6 +36,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib.net.fabric import Fabric
 from phantora_assets.lib.sim.network import Topology
 
 #: The link classes, in path order.
@@ -53,9 +54,21 @@ LINK_COLUMNS: dict[str, str] = {
 _BITS_PER_NS_TO_BPS = 8e9  # Topology bandwidths are bytes per ns (= GB/s)
 
 
-def link_table(topo: Topology) -> pd.DataFrame:
+def link_table(topo: Topology | Fabric) -> pd.DataFrame:
     """Every directed link of ``topo``: ``LINK_COLUMNS``, one row per link, ordered by ``link_id``
-    (``0 .. topo.n_links - 1``). Capacities in bits per second (``host_bw`` or ``uplink_bw`` x 8e9)."""
+    (``0 .. topo.n_links - 1``). Capacities in bits per second (``host_bw`` or ``uplink_bw`` x 8e9).
+    A :class:`~phantora_assets.lib.net.fabric.Fabric`: its links, ends and classes as it numbers them."""
+    if isinstance(topo, Fabric):
+        return pd.DataFrame(
+            {
+                "link_id": np.arange(topo.n_links, dtype=np.int64),
+                "link_class": pd.Series(topo.link_class, dtype=object),
+                "src": pd.Series(topo.link_src, dtype=object),
+                "dst": pd.Series(topo.link_dst, dtype=object),
+                "capacity_bps": topo.capacities() * _BITS_PER_NS_TO_BPS,
+            },
+            columns=list(LINK_COLUMNS),
+        )
     h, r, s = topo.n_hosts, topo.n_racks, topo.nspines
     hosts = [f"host-{i + 1}" for i in range(h)]
     leaf_of = [f"leaf-{i // topo.rack_size + 1}" for i in range(h)]
@@ -74,6 +87,20 @@ def link_table(topo: Topology) -> pd.DataFrame:
         },
         columns=list(LINK_COLUMNS),
     )
+
+
+def classes_of(topo: Topology | Fabric) -> tuple[str, ...]:
+    """The link classes of ``topo`` in path order: :data:`LINK_CLASSES`, or a fabric's (``host_up`` first,
+    ``host_down`` last, its switch tiers between, in link-number order)."""
+    if not isinstance(topo, Fabric):
+        return LINK_CLASSES
+    mid = [c for c in dict.fromkeys(topo.link_class) if c not in ("host_up", "host_down")]
+    return ("host_up", *mid, "host_down")
+
+
+def link_classes(topo: Topology | Fabric) -> np.ndarray:
+    """The class of every link id (object array of :data:`LINK_CLASSES` names)."""
+    return link_table(topo)["link_class"].to_numpy()
 
 
 def connection_keys(flows: pd.DataFrame, gpus_per_node: int) -> np.ndarray:
@@ -108,7 +135,7 @@ def connection_keys(flows: pd.DataFrame, gpus_per_node: int) -> np.ndarray:
 
 
 def flow_links(
-    topo: Topology, src_node: np.ndarray, dst_node: np.ndarray, conn: np.ndarray
+    topo: Topology | Fabric, src_node: np.ndarray, dst_node: np.ndarray, conn: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The path of every flow as directed links, by ``Topology.routes`` (module docstring).
 
@@ -127,8 +154,9 @@ def flow_links(
     """
     src = np.asarray(src_node, dtype=np.int64)
     dst = np.asarray(dst_node, dtype=np.int64)
-    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= topo.n_hosts):
-        raise ValueError(f"node index outside the topology's {topo.n_hosts} hosts")
+    n_ends = topo.n_endpoints if isinstance(topo, Fabric) else topo.n_hosts
+    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n_ends):
+        raise ValueError(f"node index outside the topology's {n_ends} endpoints")
     net = np.nonzero(src != dst)[0]
     if not len(net):
         empty = np.zeros(0, dtype=np.int64)
@@ -138,7 +166,7 @@ def flow_links(
     return net[fi[order]], li[order], co[order]
 
 
-def routes_kind(source: str, topo: Topology, src_node: np.ndarray, dst_node: np.ndarray) -> str:
+def routes_kind(source: str, topo: Topology | Fabric, src_node: np.ndarray, dst_node: np.ndarray) -> str:
     """``"simulated"`` when the paths are those the run's own simulation gave its flows, else ``"modelled"``.
 
     Simulated: an analytic run (the embedded simulator routes with ``Topology.routes``) whose spine
@@ -149,6 +177,10 @@ def routes_kind(source: str, topo: Topology, src_node: np.ndarray, dst_node: np.
     """
     src = np.asarray(src_node, dtype=np.int64)
     dst = np.asarray(dst_node, dtype=np.int64)
+    if isinstance(topo, Fabric):  # endpoints; one shortest path each, or a choice that ignores the key
+        net = src != dst
+        single = all(len(topo.paths(a, b)) == 1 for a, b in set(zip(src[net].tolist(), dst[net].tolist())))
+        return "simulated" if source == "analytic" and (topo.ecmp != "hash" or single) else "modelled"
     cross = bool(((src // topo.rack_size) != (dst // topo.rack_size)).any())
     independent = topo.ecmp in ("first", "split") or topo.nspines == 1 or not cross
     return "simulated" if source == "analytic" and independent else "modelled"

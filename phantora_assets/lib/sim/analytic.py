@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import heapq
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.net.fabric import build_fabric
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
@@ -95,13 +97,24 @@ class AnalyticSimulator:
             perfdb_dir = default_perfdb_folder(spec)
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
         # the network of the run's netconfig.toml (lib/phantora/netconfig.py writes the same dict to config/)
-        self.topology = Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
+        if spec.cluster["topology"] == "TwoLayerMultiPath":
+            ecmp = str(spec.cluster.get("ecmp", "hash"))
+            self.topology: Any = Topology.from_netconfig(netconfig_for(spec), ecmp=ecmp)
+        else:  # a fabric of lib/net/fabric.py: flows leave the sending GPU's NIC (docs/FABRIC.md)
+            self.topology = build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
         self.emit = emit
         self.replicate = replicate
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --------------------------------------------------------------- pieces
+    def _endpoints(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Network endpoints of rank pairs: hosts on TwoLayerMultiPath, NICs on a fabric (one endpoint
+        twice inside a scale-up domain: the simulator's loopback)."""
+        if isinstance(self.topology, Topology):
+            return src // self.G, dst // self.G
+        return self.topology.endpoints(src, dst)
+
     def _host(self, rank: int) -> int:
         return rank // self.G
 
@@ -271,7 +284,6 @@ class AnalyticSimulator:
         pending: dict[int, int] = {}
         flow_node = np.zeros(1024, dtype=np.int64)  # flow id -> node
         flow_first: dict[int, int] = {}
-        G = self.G
         world = self.world
         n_comms = len(comm_list)
 
@@ -334,12 +346,12 @@ class AnalyticSimulator:
                 finish(n, t)
                 continue
             if tiny:  # 0 us in Phantora traces: record the flows, no network time
-                ids = net.add(src // G, dst // G, np.zeros(len(src)))
+                ids = net.add(*self._endpoints(src, dst), np.zeros(len(src)))
                 net.advance(net.now)
                 finish(n, t)
                 continue
             conn = (src * world + dst) * n_comms + who[n]  # one NCCL connection per (src, dst, comm)
-            ids = net.add(src // G, dst // G, nbytes, conn)
+            ids = net.add(*self._endpoints(src, dst), nbytes, conn)
             if ids[-1] >= len(flow_node):  # grow to hold the largest id (ids can skip ahead)
                 grow = max(len(flow_node), int(ids[-1]) + 1 - len(flow_node))
                 flow_node = np.concatenate([flow_node, np.zeros(grow, dtype=np.int64)])

@@ -42,10 +42,10 @@ import numpy as np
 ECMP_MODES = ("hash", "split", "first")
 
 #: Allowed values of the name-valued ``[cluster]`` keys: the topology the simulators build
-#: (netconfig_for and lib/sim/network.py: TwoLayerMultiPath only), Phantora's FairnessModel and
+#: (TwoLayerMultiPath here; the others in lib/net/fabric.py, docs/FABRIC.md), Phantora's FairnessModel and
 #: LoadBalancerType, and the analytic simulator's ECMP modes.
 TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
-    "topology": ("TwoLayerMultiPath",),
+    "topology": ("TwoLayerMultiPath", "FatTree", "RailOptimized", "MultiPlane", "Arbitrary"),
     "fairness": ("PerFlowMaxMin", "PerVmPairMaxMin", "TenantFlowMaxMin"),
     "load_balancer": ("EcmpEverything", "EcmpSourcePort"),
     "ecmp": ECMP_MODES,

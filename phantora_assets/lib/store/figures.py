@@ -30,6 +30,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "link_utilisation": (1000, 560),
     "bytes_vs_published": (1000, 720),
     "step_time_by_layout": (1000, 480),
+    "reconfig_windows": (1000, 460),
+    "reconfig_sweep": (1000, 620),
 }
 
 Rect = tuple[float, float, float, float]

@@ -154,6 +154,9 @@ def timeseries(
 
 
 _CLASS_COLORS = {"host_up": "#1f77b4", "leaf_spine": "#d62728", "spine_leaf": "#ff7f0e", "host_down": "#2ca02c"}
+# the switch tiers of the fabric topologies (lib/net/fabric.py)
+_CLASS_COLORS |= {"edge_agg": "#d62728", "agg_edge": "#ff7f0e", "agg_core": "#9467bd", "core_agg": "#8c564b"}
+_CLASS_COLORS |= {"rail_spine": "#d62728", "spine_rail": "#ff7f0e", "fabric": "#9467bd"}
 
 
 def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, path: Path | None = None) -> bytes:

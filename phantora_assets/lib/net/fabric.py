@@ -1,0 +1,363 @@
+"""Multi-tier and multi-NIC fabrics: ``FatTree``, ``RailOptimized``, ``MultiPlane`` and ``Arbitrary``.
+
+``TwoLayerMultiPath`` (Phantora's leaf-spine, one endpoint per host) stays
+:class:`phantora_assets.lib.sim.network.Topology`; every other topology is a :class:`Fabric`: an explicit
+graph of endpoints (NICs), switches and directed links, with the interface the flow-level simulator
+(``lib/sim/network.FlowNetwork``) and the link tables (``lib/net/routes.py``, ``lib/net/link_bins.py``)
+use: ``n_links``, ``capacities()``, ``routes(src, dst, conn)``, ``loopback_bw``, ``ecmp``.
+
+Endpoints. Endpoint ``e = host * nics_per_host + nic`` is NIC ``nic`` of host ``host`` (0-based). The
+GPU with local index ``g`` of a host of ``G`` GPUs sends and receives through NIC ``g * nics // G``
+(:meth:`Fabric.nic_of_gpu`); ranks live on hosts host-major (rank ``r`` on host ``r // G``). Traffic
+between two GPUs of one scale-up domain (``scale_up_gpus`` consecutive ranks; by default one host) is
+on no network link: it runs at ``loopback_bw`` like intra-host traffic of ``TwoLayerMultiPath``
+(:meth:`Fabric.endpoints` maps such a pair to one endpoint, the simulator's loopback).
+
+Links. Every link is directed (a full-duplex cable is two links), numbered ``0 .. n_links - 1`` in the
+order the builder adds them, and has a class: ``host_up`` (NIC -> its switch), ``host_down`` (switch ->
+NIC), and per topology the switch tiers below. Capacities are bytes per ns (= GB/s; Gbps / 8).
+
+* ``FatTree`` (k-ary, ``fattree_k`` = k even): k pods of k/2 edge and k/2 aggregation switches, (k/2)^2
+  core switches, k/2 hosts per edge switch (k^3/4 hosts at most; hosts fill edge switches in order).
+  Edge j of a pod links to every aggregation switch of its pod; aggregation switch a of a pod links to
+  cores ``a*k/2 .. a*k/2 + k/2 - 1``. Host links at ``host_bw_gbps``; ``oversubscription`` o >= 1
+  divides the edge -> aggregation links (``host_bw / o`` each: k/2 hosts share k/2 uplinks); core
+  links at ``host_bw``. Classes ``edge_agg``, ``agg_edge``, ``agg_core``, ``core_agg``.
+* ``RailOptimized``: ``nics_per_host`` rails; hosts in rail groups of ``rail_group_hosts`` (default:
+  all hosts); rail switch ``rail-<group>.<i>`` links NIC i of every host of its group (``nic_bw_gbps``
+  each); every rail switch links to every one of ``nspines`` spines at ``rack_uplink_port_bw_gbps``.
+  Classes ``rail_spine``, ``spine_rail``. NIC i talks to NIC i of a host of its group in 2 hops.
+* ``MultiPlane``: ``planes`` copies of the RailOptimized fabric; every NIC has one port on every plane
+  at ``nic_bw_gbps / planes``; a flow takes one plane (ECMP, below). Classes as RailOptimized.
+* ``Arbitrary``: a user TOML file (``fabric_file``, :func:`load_arbitrary`): switches, full-duplex
+  switch-switch links with bandwidths, and each host's NICs attached to a switch. Class ``fabric``.
+
+Routing. A flow from endpoint a to endpoint b takes a shortest path (fewest links) from a to b that
+passes through switches only (a host never forwards). Of the shortest paths, enumerated in
+lexicographic order of their link ids (at most :data:`MAX_PATHS` per pair, else ``ValueError``), ``ecmp``
+picks as on the leaf-spine: ``hash`` path ``splitmix64(conn, a, b) mod n_paths`` (one path per
+connection), ``first`` path 0, ``split`` every path with coefficient ``1 / n_paths`` (a link shared by
+several paths sums their coefficients). A k-ary fat-tree has 1 path inside an edge switch, k/2 inside a
+pod and (k/2)^2 between pods; a rail fabric 1 path on one rail of a group and ``nspines`` otherwise.
+
+No Dagster import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from phantora_assets.lib.net.fabric_graph import Builder, load_arbitrary, nic_name
+from phantora_assets.lib.sim.network import ECMP_MODES, Topology, _mix
+
+__all__ = ["FABRIC_KEYS", "FABRIC_TYPES", "Fabric", "build_fabric", "load_arbitrary", "network_for", "nic_name"]
+
+#: Topology types built here (``TwoLayerMultiPath`` is ``lib/sim/network.Topology``).
+FABRIC_TYPES = ("FatTree", "RailOptimized", "MultiPlane", "Arbitrary")
+#: Shortest paths kept per endpoint pair.
+MAX_PATHS = 4096
+_GBPS = 1 / 8  # Gbps -> bytes per ns
+
+#: Parameters of the fabric topologies: run-entry ``topology`` keys beyond presets.toml ``[cluster]``,
+#: with their defaults (None: derived from the run, as the module docstring says).
+FABRIC_KEYS: dict[str, Any] = {
+    "fattree_k": None,  # FatTree: even k >= 2; default the smallest with k^3/4 >= hosts
+    "oversubscription": 1.0,  # FatTree: >= 1, edge uplink capacity = host_bw / oversubscription
+    "nics_per_host": None,  # RailOptimized, MultiPlane, Arbitrary (from the file): default gpus_per_node
+    "nic_bw_gbps": None,  # RailOptimized, MultiPlane: default host_bw_gbps
+    "scale_up_gpus": None,  # GPUs per scale-up (NVLink) domain, a multiple of gpus_per_node: default gpus_per_node
+    "rail_group_hosts": None,  # RailOptimized, MultiPlane: hosts per rail group, default all hosts
+    "planes": 2,  # MultiPlane: >= 1
+    "fabric_file": "",  # Arbitrary: the fabric TOML file
+}
+
+
+class Fabric:
+    """A fabric graph (module docstring): endpoints, switches, directed links, shortest-path ECMP routing.
+
+    Attributes:
+        kind: topology type (:data:`FABRIC_TYPES`).
+        n_hosts, nics_per_host, gpus_per_host, scale_up_gpus: the layout (``n_endpoints`` = hosts x NICs).
+        link_src, link_dst: node names of every link's ends (``host-k[/nic-i]`` or a switch name).
+        link_class: class of every link; ``cap``: bytes per ns of every link.
+        loopback_bw: bytes per ns inside a scale-up domain; ``ecmp``: :data:`ECMP_MODES`.
+    """
+
+    def __init__(  # noqa: PLR0913 (a fabric's parameters, each a topology key)
+        self,
+        kind: str,
+        b: Builder,
+        *,
+        n_hosts: int,
+        nics_per_host: int,
+        gpus_per_host: int,
+        scale_up_gpus: int,
+        loopback_bw: float,
+        ecmp: str,
+        params: dict[str, Any],
+    ) -> None:
+        if ecmp not in ECMP_MODES:
+            raise ValueError(f"unknown ecmp mode {ecmp!r} (known: {', '.join(ECMP_MODES)})")
+        self.kind, self.ecmp, self.params = kind, ecmp, dict(params)
+        self.n_hosts, self.nics_per_host, self.gpus_per_host = n_hosts, nics_per_host, gpus_per_host
+        self.scale_up_gpus, self.loopback_bw = scale_up_gpus, float(loopback_bw)
+        self.n_endpoints = n_hosts * nics_per_host
+        ep = [b.node(nic_name(h, i, nics_per_host)) for h in range(n_hosts) for i in range(nics_per_host)]
+        self._ep_node = np.array(ep, dtype=np.int64)
+        self._is_ep = np.zeros(len(b.names), dtype=bool)
+        self._is_ep[self._ep_node] = True
+        self.node_names = list(b.names)
+        self.link_src = [b.names[i] for i in b.src]
+        self.link_dst = [b.names[i] for i in b.dst]
+        self.link_class = list(b.cls)
+        self.cap = np.array(b.cap, dtype=np.float64)
+        self._lsrc, self._ldst = np.array(b.src, dtype=np.int64), np.array(b.dst, dtype=np.int64)
+        self._out: list[list[int]] = [[] for _ in b.names]
+        for lk, s in enumerate(b.src):
+            self._out[s].append(lk)
+        self._in: list[list[int]] = [[] for _ in b.names]
+        for lk, d in enumerate(b.dst):
+            self._in[d].append(lk)
+        self._paths: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        for e, node in enumerate(ep):
+            if not self._out[node]:
+                raise ValueError(f"{kind}: endpoint {b.names[node]} (endpoint {e}) is attached to no switch")
+
+    # ---------------------------------------------------------------- the simulator's interface
+    @property
+    def n_links(self) -> int:
+        return len(self.cap)
+
+    def capacities(self) -> np.ndarray:
+        """Capacity of every link, bytes per ns (``link_id`` order)."""
+        return self.cap.copy()
+
+    def nic_of_gpu(self, local_gpu: np.ndarray) -> np.ndarray:
+        """The NIC (0-based, on its host) of local GPU indices: ``g * nics_per_host // gpus_per_host``."""
+        return np.asarray(local_gpu, dtype=np.int64) * self.nics_per_host // self.gpus_per_host
+
+    def endpoint_of_rank(self, rank: np.ndarray) -> np.ndarray:
+        """Endpoint of global ranks (host-major placement)."""
+        r = np.asarray(rank, dtype=np.int64)
+        g = self.gpus_per_host
+        return (r // g) * self.nics_per_host + self.nic_of_gpu(r % g)
+
+    def endpoints(self, src_rank: np.ndarray, dst_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Simulator endpoints of rank pairs: the ranks' NICs; a pair inside one scale-up domain gets the
+        source's endpoint twice (no network link: the simulator's loopback)."""
+        s, d = self.endpoint_of_rank(src_rank), self.endpoint_of_rank(dst_rank)
+        same = np.asarray(src_rank) // self.scale_up_gpus == np.asarray(dst_rank) // self.scale_up_gpus
+        return s, np.where(same, s, d)
+
+    def same_domain_hosts(self, src_host: np.ndarray, dst_host: np.ndarray) -> np.ndarray:
+        """True where two hosts are in one scale-up domain (their traffic is on no network link)."""
+        per = self.scale_up_gpus // self.gpus_per_host
+        return np.asarray(src_host, dtype=np.int64) // per == np.asarray(dst_host, dtype=np.int64) // per
+
+    def paths(self, a: int, b: int) -> list[tuple[int, ...]]:
+        """The shortest paths (link-id tuples, lexicographic) from endpoint ``a`` to endpoint ``b != a``.
+
+        Raises:
+            ValueError: no path, or more than :data:`MAX_PATHS`.
+        """
+        key = (int(a), int(b))
+        hit = self._paths.get(key)
+        if hit is not None:
+            return hit
+        s, t = int(self._ep_node[a]), int(self._ep_node[b])
+        dist = {t: 0}  # BFS from t over incoming links, through switches only
+        q = deque([t])
+        while q:
+            v = q.popleft()
+            for lk in self._in[v]:
+                u = int(self._lsrc[lk])
+                if u not in dist and (u == s or not self._is_ep[u]):
+                    dist[u] = dist[v] + 1
+                    if u != s:
+                        q.append(u)
+        if s not in dist:
+            raise ValueError(f"{self.kind}: no path from {self.node_names[s]} to {self.node_names[t]}")
+        out: list[tuple[int, ...]] = []
+
+        def walk(v: int, acc: list[int]) -> None:
+            if v == t:
+                out.append(tuple(acc))
+                if len(out) > MAX_PATHS:
+                    raise ValueError(
+                        f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[s]} to "
+                        f"{self.node_names[t]}"
+                    )
+                return
+            for lk in sorted(self._out[v]):
+                w = int(self._ldst[lk])
+                if dist.get(w) == dist[v] - 1:
+                    walk(w, [*acc, lk])
+
+        walk(s, [])
+        self._paths[key] = out
+        return out
+
+    def routes(self, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Link incidence of flows between endpoints (``src != dst``): (flow index, link id, coefficient)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        pick = _mix(np.asarray(seq, dtype=np.int64), src, dst)
+        fi: list[int] = []
+        li: list[int] = []
+        co: list[float] = []
+        for f, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+            ps = self.paths(a, b)
+            if self.ecmp == "split" and len(ps) > 1:
+                w: dict[int, float] = {}
+                for p in ps:
+                    for lk in p:
+                        w[lk] = w.get(lk, 0.0) + 1.0 / len(ps)
+                for lk in sorted(w):
+                    fi.append(f)
+                    li.append(lk)
+                    co.append(w[lk])
+                continue
+            j = 0 if self.ecmp == "first" or len(ps) == 1 else int(pick[f] % np.uint64(len(ps)))
+            for lk in ps[j]:
+                fi.append(f)
+                li.append(lk)
+                co.append(1.0)
+        return np.array(fi, dtype=np.int64), np.array(li, dtype=np.int64), np.array(co, dtype=np.float64)
+
+
+# -------------------------------------------------------------------- builders
+def fat_tree(n_hosts: int, k: int, host_bw: float, oversubscription: float = 1.0) -> tuple[Builder, dict[str, Any]]:
+    """A k-ary fat-tree holding ``n_hosts`` hosts (module docstring); bandwidths bytes per ns."""
+    if k < 2 or k % 2:
+        raise ValueError(f"FatTree: fattree_k must be an even integer >= 2, got {k}")
+    if n_hosts > k**3 // 4:
+        raise ValueError(f"FatTree: {n_hosts} hosts do not fit a {k}-ary fat-tree ({k**3 // 4} hosts at most)")
+    if not oversubscription >= 1:
+        raise ValueError(f"FatTree: oversubscription must be >= 1, got {oversubscription}")
+    b, h = Builder(), k // 2
+    for host in range(n_hosts):
+        b.node(nic_name(host, 0, 1))
+    for host in range(n_hosts):  # host links first: link 2*host is host_up of host
+        edge = host // h
+        b.duplex(nic_name(host, 0, 1), f"edge-{edge // h}.{edge % h}", host_bw, "host_up", "host_down")
+    n_edges = math.ceil(n_hosts / h)
+    pods = math.ceil(n_edges / h)
+    for p in range(pods):
+        for e in range(h):
+            if p * h + e < n_edges:
+                for a in range(h):
+                    b.duplex(f"edge-{p}.{e}", f"agg-{p}.{a}", host_bw / oversubscription, "edge_agg", "agg_edge")
+    if pods > 1:
+        for p in range(pods):
+            for a in range(h):
+                for c in range(h):
+                    b.duplex(f"agg-{p}.{a}", f"core-{a * h + c}", host_bw, "agg_core", "core_agg")
+    return b, {"fattree_k": k, "oversubscription": oversubscription}
+
+
+def rail_fabric(
+    n_hosts: int,
+    nics: int,
+    nic_bw: float,
+    nspines: int,
+    uplink_bw: float,
+    group_hosts: int,
+    planes: int = 1,
+) -> Builder:
+    """RailOptimized (``planes = 1``) or MultiPlane rails (module docstring); bandwidths bytes per ns."""
+    b = Builder()
+    for host in range(n_hosts):
+        for i in range(nics):
+            b.node(nic_name(host, i, nics))
+    for p in range(planes):
+        tag = f"p{p}." if planes > 1 else ""
+        for host in range(n_hosts):
+            for i in range(nics):
+                sw = f"rail-{tag}{host // group_hosts}.{i}"
+                b.duplex(nic_name(host, i, nics), sw, nic_bw / planes, "host_up", "host_down")
+    groups = math.ceil(n_hosts / group_hosts)
+    if groups > 1 or nics > 1:
+        for p in range(planes):
+            tag = f"p{p}." if planes > 1 else ""
+            for g in range(groups):
+                for i in range(nics):
+                    for s in range(nspines):
+                        b.duplex(f"rail-{tag}{g}.{i}", f"spine-{tag}{s}", uplink_bw, "rail_spine", "spine_rail")
+    return b
+
+
+def _int_param(cluster: dict[str, Any], key: str, default: int, low: int = 1) -> int:
+    v = cluster.get(key)
+    v = default if v is None else v
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"topology.{key} must be an integer >= {low}, got {v!r}")
+    return v
+
+
+def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Fabric:
+    """The :class:`Fabric` of a run's ``[cluster]`` settings (``topology`` one of :data:`FABRIC_TYPES`; Gbps;
+    the :data:`FABRIC_KEYS` parameters or their defaults).
+
+    Raises:
+        ValueError: an unknown topology type or a parameter the rules refuse, naming the key.
+    """
+    kind = str(cluster.get("topology"))
+    host_bw = float(cluster["host_bw_gbps"]) * _GBPS
+    scale_up = _int_param(cluster, "scale_up_gpus", gpus_per_host)
+    if scale_up % gpus_per_host:
+        raise ValueError(
+            f"topology.scale_up_gpus must be a multiple of gpus_per_node ({gpus_per_host}), got {scale_up}: "
+            "the host-pair tables count a host as one node, so a scale-up domain holds whole hosts"
+        )
+    common: dict[str, Any] = dict(
+        n_hosts=n_hosts,
+        gpus_per_host=gpus_per_host,
+        scale_up_gpus=scale_up,
+        loopback_bw=float(cluster["loopback_gbps"]) * _GBPS,
+        ecmp=str(cluster.get("ecmp", "hash")),
+    )
+    if kind == "FatTree":
+        k_min = 2
+        while k_min**3 // 4 < n_hosts:
+            k_min += 2
+        k = _int_param(cluster, "fattree_k", k_min, 2)
+        o = cluster.get("oversubscription", FABRIC_KEYS["oversubscription"])
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or not 1 <= o <= 1000:
+            raise ValueError(f"topology.oversubscription must be a number from 1 to 1000, got {o!r}")
+        b, params = fat_tree(n_hosts, k, host_bw, float(o))
+        return Fabric(kind, b, nics_per_host=1, params=params, **common)
+    if kind in ("RailOptimized", "MultiPlane"):
+        nics = _int_param(cluster, "nics_per_host", gpus_per_host)
+        if gpus_per_host % nics:
+            raise ValueError(f"topology.nics_per_host ({nics}) must divide gpus_per_node ({gpus_per_host})")
+        nic_bw_gbps = cluster.get("nic_bw_gbps")
+        nic_bw = host_bw if nic_bw_gbps is None else float(nic_bw_gbps) * _GBPS
+        if not nic_bw > 0:
+            raise ValueError(f"topology.nic_bw_gbps must be > 0, got {nic_bw_gbps!r}")
+        group = _int_param(cluster, "rail_group_hosts", n_hosts)
+        planes = _int_param(cluster, "planes", FABRIC_KEYS["planes"]) if kind == "MultiPlane" else 1
+        uplink = float(cluster["rack_uplink_port_bw_gbps"]) * _GBPS
+        b = rail_fabric(n_hosts, nics, nic_bw, int(cluster["nspines"]), uplink, group, planes)
+        params = {"nics_per_host": nics, "nic_bw_gbps": nic_bw / _GBPS, "rail_group_hosts": group, "planes": planes}
+        return Fabric(kind, b, nics_per_host=nics, params=params, **common)
+    if kind == "Arbitrary":
+        path = cluster.get("fabric_file") or ""
+        if not isinstance(path, str) or not path:
+            raise ValueError("topology.fabric_file must name the Arbitrary fabric's TOML file")
+        b, nics = load_arbitrary(path, n_hosts)
+        if gpus_per_host % nics:
+            raise ValueError(f"{path}: {nics} NICs per host must divide gpus_per_node ({gpus_per_host})")
+        return Fabric(kind, b, nics_per_host=nics, params={"fabric_file": path, "nics_per_host": nics}, **common)
+    raise ValueError(f"topology {kind!r} is not a fabric topology (known: {', '.join(FABRIC_TYPES)})")
+
+
+def network_for(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Any:
+    """The network a run's flows cross: ``lib/sim/network.Topology`` for ``TwoLayerMultiPath`` (as
+    ``Topology.from_cluster``, the same as from the run's netconfig), else :func:`build_fabric`."""
+    if cluster.get("topology", "TwoLayerMultiPath") == "TwoLayerMultiPath":
+        return Topology.from_cluster(cluster, n_hosts)
+    return build_fabric(cluster, n_hosts, gpus_per_host)

@@ -1,0 +1,192 @@
+"""Stage of group ``links``: NIC-level traffic and the reconfiguration analysis (no Dagster import).
+
+    reconfig_stage -> partitions/<run_id>/{nic_pairs,nic_phases,transition_windows,reconfig_sweep}.parquet
+                      run folder plots/{reconfig_windows,reconfig_sweep}.png
+
+Reads ``validated_flows``' ``flows.parquet`` and ``steps.parquet`` and ``step_anatomy``'s table. Every flow
+gets its NICs (``lib/net/nics.py``; one NIC a host on TwoLayerMultiPath and FatTree), the per-NIC-pair
+table sums the steady steps, and ``lib/net/reconfig.py`` finds the phases, transition windows and the
+delay sweep. The analysis needs the flows' parallelism ``group`` (``tp``, ``cp``, ``ep``, ``dp``, ``pp``,
+``other``): a run whose flows do not carry it writes ``nic_pairs`` only and says so (the materialization's
+metadata ``skipped``), with no number guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from phantora_assets.lib.net import nics, reconfig
+from phantora_assets.lib.net.fabric import Fabric, nic_name
+from phantora_assets.lib.store import database, reconfig_plots
+from phantora_assets.matrix import RunSpec
+from phantora_assets.paths import DataPaths
+from phantora_assets.stages.common import StageResult, write_parquet
+from phantora_assets.stages.links import known_members, run_topology
+
+#: nic_pairs rows: the NIC pair's traffic per steady step.
+NIC_PAIR_COLUMNS: dict[str, str] = {
+    "run_id": "str",
+    "src_node": "int64",
+    "src_nic": "int64",
+    "dst_node": "int64",
+    "dst_nic": "int64",
+    "src": "str",  # host-k or host-k/nic-i
+    "dst": "str",
+    "network": "bool",  # False: inside one scale-up domain (on no link)
+    "bytes_per_step": "float64",  # mean over steady steps
+    "flows_per_step": "float64",
+}
+NIC_PAIR_DOCS = {
+    "src_nic": "0-based NIC of the sending GPU on its host (lib/net/nics.py rules)",
+    "dst_nic": "0-based NIC of the receiving GPU on its host",
+    "src": "sending NIC: host-k on a one-NIC-a-host topology, else host-k/nic-i",
+    "network": "false inside one scale-up domain: the pair's traffic crosses no link",
+    "bytes_per_step": "bytes from src to dst per steady step (mean)",
+    "flows_per_step": "flows from src to dst per steady step (mean)",
+}
+OUTPUTS = ("nic_pairs", "nic_phases", "transition_windows", "reconfig_sweep")
+PLOTS = ("reconfig_windows", "reconfig_sweep")
+
+
+def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.DataFrame, int]:
+    """``flows`` with ``src_nic``, ``dst_nic`` and ``network``, and the NICs per host of the run's topology."""
+    topo = run_topology(spec)
+    src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
+    out = flows.copy()
+    if isinstance(topo, Fabric):
+        k = topo.nics_per_host
+        known = known_members(paths, spec)
+        out["src_nic"], out["dst_nic"] = nics.flow_nics(flows, spec.gpus_per_node, k, known)
+        out["network"] = ~topo.same_domain_hosts(src, dst)
+    else:
+        k = 1
+        out["src_nic"], out["dst_nic"] = np.zeros(len(flows), np.int64), np.zeros(len(flows), np.int64)
+        out["network"] = src != dst
+    return out, k
+
+
+def nic_pair_table(flows: pd.DataFrame, steady: set[int], k: int, run_id: str) -> pd.DataFrame:
+    """``NIC_PAIR_COLUMNS``: the steady steps' flows per (src NIC, dst NIC), means per step."""
+    f = flows[flows["step"].isin(steady)]
+    n = max(len(steady), 1)
+    keys = ["src_node", "src_nic", "dst_node", "dst_nic", "network"]
+    g = f.groupby(keys, sort=True).agg(b=("bytes", "sum"), c=("bytes", "size")).reset_index()
+    name = lambda h, i: [nic_name(int(a), int(b), k) for a, b in zip(h, i)]
+    return pd.DataFrame(
+        {
+            "run_id": pd.Series([run_id] * len(g), dtype=object),
+            "src_node": g["src_node"].to_numpy(np.int64),
+            "src_nic": g["src_nic"].to_numpy(np.int64),
+            "dst_node": g["dst_node"].to_numpy(np.int64),
+            "dst_nic": g["dst_nic"].to_numpy(np.int64),
+            "src": pd.Series(name(g["src_node"], g["src_nic"]), dtype=object),
+            "dst": pd.Series(name(g["dst_node"], g["dst_nic"]), dtype=object),
+            "network": g["network"].to_numpy(bool),
+            "bytes_per_step": g["b"].to_numpy(np.float64) / n,
+            "flows_per_step": g["c"].to_numpy(np.float64) / n,
+        },
+        columns=list(NIC_PAIR_COLUMNS),
+    )
+
+
+def steady_step_times(anatomy: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
+    """Per steady step: ``step``, ``step_time_s`` and ``compute_s`` (the mean over hosts of
+    ``step_anatomy``'s ``compute_us``)."""
+    a = anatomy[anatomy["step"].isin(steady)]
+    g = a.groupby("step", sort=True).agg(t=("step_time_us", "first"), c=("compute_us", "mean")).reset_index()
+    return pd.DataFrame({"step": g["step"].to_numpy(np.int64), "step_time_s": g["t"] / 1e6, "compute_s": g["c"] / 1e6})
+
+
+def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
+    """``reconfig``: the per-NIC-pair table, and (flows with ``group``) the phases, transition windows,
+    sweep and plots (module docstring).
+
+    Raises:
+        ValueError: a flow whose NIC no rule of ``lib/net/nics.py`` determines, or a group outside
+            ``reconfig.GROUPS``.
+    """
+    pdir = paths.partition_dir(spec.run_id)
+    for name in OUTPUTS:  # nothing stale of an earlier build stays
+        paths.table(spec.run_id, name).unlink(missing_ok=True)
+    cols = ["flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "op", "comm_id", "comm_rank"]
+    have = set(pq.ParquetFile(pdir / "flows.parquet").schema_arrow.names)
+    flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
+    steps = pd.read_parquet(pdir / "steps.parquet")
+    steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
+    flows, k = nic_flows(spec, flows, paths)
+    pairs = nic_pair_table(flows, steady, k, spec.run_id)
+    write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"))
+    meta: dict[str, Any] = {"nics_per_host": k, "nic_pairs": len(pairs), "topology": spec.cluster["topology"]}
+    if "group" not in have:
+        why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
+        return StageResult(paths.table(spec.run_id, "nic_pairs"), {**meta, "skipped": why})
+    phases = reconfig.nic_phases(flows, k, spec.run_id)
+    trans = reconfig.transition_windows(phases, steady, spec.run_id)
+    times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), steady)
+    sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
+    write_parquet(phases, paths.table(spec.run_id, "nic_phases"))
+    write_parquet(trans, paths.table(spec.run_id, "transition_windows"))
+    write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"))
+    out = paths.plots_dir(spec)
+    reconfig_plots.windows_cdf_plot(trans, spec.run_id, out / "reconfig_windows.png")
+    reconfig_plots.sweep_plot(sweep, spec.run_id, out / "reconfig_sweep.png")
+    at = lambda d, m: float(sweep.loc[(sweep["delay_ms"] == d) & (sweep["mode"] == m), "utilisation"].iloc[0])
+    meta |= {
+        "phases": len(phases),
+        "transitions": len(trans),
+        "transitions_per_step": len(trans) / max(len(times), 1),
+        "utilisation_0ms": at(0, "on_demand"),
+        "utilisation_10ms_on_demand": at(10, "on_demand"),
+        "utilisation_10ms_provisioned": at(10, "provisioned"),
+    }
+    return StageResult(paths.table(spec.run_id, "reconfig_sweep"), meta)
+
+
+def database_tables() -> list[database.Table]:
+    """The ``nic_pairs``, ``transition_windows`` and ``reconfig_sweep`` tables of ``phantora.duckdb`` (a run
+    built before the asset existed, or without flow groups, adds no rows)."""
+    return [
+        database.Table(
+            "nic_pairs",
+            dict(NIC_PAIR_COLUMNS),
+            "nic_pairs.parquet",
+            "Traffic per (sending NIC, receiving NIC) per steady step (the reconfig asset): on a multi-NIC "
+            "topology every flow leaves the sending GPU's NIC; one NIC a host elsewhere (NIC 0).",
+            NIC_PAIR_DOCS,
+            optional=True,
+        ),
+        database.Table(
+            "transition_windows",
+            dict(reconfig.TRANSITION_COLUMNS),
+            "transition_windows.parquet",
+            "One row per transition of a NIC between communication phases of two parallelism groups in a "
+            "steady step, with the idle window between them (lib/net/reconfig.py; docs/FABRIC.md).",
+            {
+                "step": "the step of the phase the transition leads into",
+                "nic": "host-k or host-k/nic-i",
+                "from_group": "group of the phase that ends (tp, cp, ep, dp, pp, other)",
+                "to_group": "group of the phase that starts",
+                "window_s": "idle time on the NIC between the two phases, s (0 when they overlap)",
+            },
+            optional=True,
+        ),
+        database.Table(
+            "reconfig_sweep",
+            dict(reconfig.SWEEP_COLUMNS),
+            "reconfig_sweep.parquet",
+            "Step time and GPU utilisation when every transition needs an optical reconfiguration of "
+            "delay_ms, on demand or provisioned (docs/FABRIC.md states the model's assumptions).",
+            {
+                "delay_ms": "reconfiguration delay: 0, 1, 5, 10, 50, 100, 250, 500, 750, 1000 ms",
+                "mode": "on_demand (each transition stalls the delay) | provisioned (max(0, delay - window))",
+                "step_time_s": "mean over steady steps of step time + the step's stall",
+                "stall_s": "mean over steady steps of the stall of the step's most stalled NIC",
+                "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), over the steady steps",
+            },
+            optional=True,
+        ),
+    ]

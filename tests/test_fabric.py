@@ -1,0 +1,217 @@
+"""Fabric topologies (lib/net/fabric.py): hand-worked hop counts, path counts and link loads to the byte
+on small FatTree, RailOptimized, MultiPlane and Arbitrary fabrics; the run matrix's topology rules; the
+Phantora netconfig written or refused with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.net import fabric as fb
+from phantora_assets.lib.net import link_bins as lb
+from phantora_assets.lib.net import routes
+from phantora_assets.lib.phantora.netconfig import NoPhantoraTopology, netconfig_for
+from phantora_assets.matrix import parse_entries
+
+BASE = {"host_bw_gbps": 800, "rack_uplink_port_bw_gbps": 400, "loopback_gbps": 2880, "nspines": 2, "rack_size": 2}
+WINDOW = {"window_s": 1.0, "bin_s": 0.1, "jitter": 0.0}  # flows lasting the whole 100 ms step: each bin = bytes
+
+
+def _fab(kind: str, hosts: int, gpus: int, ecmp: str = "hash", **kw) -> fb.Fabric:
+    return fb.build_fabric({**BASE, "topology": kind, "ecmp": ecmp, **kw}, hosts, gpus)
+
+
+def _hops(f: fb.Fabric, a: int, b: int) -> tuple[int, int]:
+    ps = f.paths(a, b)
+    return len(ps), len(ps[0])
+
+
+def test_fat_tree_k4_links_hops_and_paths():
+    f = _fab("FatTree", 16, 1, fattree_k=4, oversubscription=2.0)
+    # 16 hosts x 2 + 8 edges x 2 aggs x 2 + 8 aggs x 2 cores x 2
+    assert f.n_links == 96
+    assert _hops(f, 0, 1) == (1, 2)  # one edge switch
+    assert _hops(f, 0, 2) == (2, 4)  # one pod: 2 aggregation switches
+    assert _hops(f, 0, 4) == (4, 6)  # between pods: (k/2)^2 cores
+    cap = {c: set(f.cap[np.array(f.link_class) == c].tolist()) for c in set(f.link_class)}
+    edge = {"edge_agg": {50.0}, "agg_edge": {50.0}}  # 800 Gbps / 2 = 50 bytes/ns
+    assert cap == {"host_up": {100.0}, "host_down": {100.0}, **edge, "agg_core": {100.0}, "core_agg": {100.0}}
+    assert fb.build_fabric({**BASE, "topology": "FatTree"}, 16, 1).params["fattree_k"] == 4  # smallest k
+
+
+def test_rail_optimized_same_rail_in_two_hops_cross_rail_over_a_spine():
+    f = _fab("RailOptimized", 4, 4)  # 4 hosts x 4 GPUs, a NIC each, rails 0..3, 2 spines
+    assert f.n_endpoints == 16 and f.n_links == 16 * 2 + 4 * 2 * 2
+    assert _hops(f, 0, 4) == (1, 2)  # host-1/nic-0 -> host-2/nic-0: rail 0's switch
+    assert [f.link_src[lk] for lk in f.paths(0, 4)[0]] == ["host-1/nic-0", "rail-0.0"]
+    assert _hops(f, 0, 5) == (2, 4)  # nic-0 -> nic-1: rail 0 -> a spine -> rail 1
+    assert _hops(f, 0, 1) == (2, 4)  # two NICs of one host, different rails
+    # GPUs 0..3 on NICs 0..3; ranks 0 and 1 share a host: one scale-up domain, the loopback
+    s, d = f.endpoints(np.array([0, 0, 1]), np.array([1, 4, 5]))
+    assert s.tolist() == [0, 0, 1] and d.tolist() == [0, 4, 5]
+    # two GPUs a NIC
+    g = _fab("RailOptimized", 2, 4, nics_per_host=2)
+    assert g.nic_of_gpu(np.arange(4)).tolist() == [0, 0, 1, 1]
+
+
+def test_multi_plane_one_path_per_plane_at_a_share_of_the_nic():
+    f = _fab("MultiPlane", 2, 2, planes=2, nic_bw_gbps=400)
+    assert _hops(f, 0, 2) == (2, 2)  # nic-0 -> nic-0: one rail switch on each plane
+    host = np.array(f.link_class) == "host_up"
+    assert set(f.cap[host].tolist()) == {25.0}  # 400 Gbps / 2 planes = 25 bytes/ns
+
+
+ARBITRARY = """
+[[switch]]
+name = "tor-a"
+[[switch]]
+name = "tor-b"
+[[switch]]
+name = "core"
+[[link]]
+a = "tor-a"
+b = "core"
+gbps = 100
+[[link]]
+a = "tor-b"
+b = "core"
+gbps = 100
+[[nic]]
+host = 1
+nic = 0
+switch = "tor-a"
+gbps = 400
+[[nic]]
+host = 2
+nic = 0
+switch = "tor-a"
+gbps = 400
+[[nic]]
+host = 3
+nic = 0
+switch = "tor-b"
+gbps = 400
+"""
+
+
+def _arbitrary(tmp_path: Path, text: str = ARBITRARY) -> str:
+    p = tmp_path / "fabric.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_arbitrary_file_hops_and_link_loads_to_the_byte(tmp_path):
+    f = _fab("Arbitrary", 3, 1, ecmp="first", fabric_file=_arbitrary(tmp_path))
+    assert f.n_links == 10 and _hops(f, 0, 1) == (1, 2) and _hops(f, 0, 2) == (1, 4)
+    step = pd.DataFrame(
+        {
+            "offset_us": [0.0] * 3,
+            "dur_us": [1e5] * 3,
+            "src_node": [0, 0, 2],
+            "dst_node": [1, 2, 0],
+            "bytes": [1000, 3, 70],
+        }
+    )
+    conn = np.arange(3, dtype=np.int64)
+    got = lb.build_link_bins(step, conn, f, step_time_s=0.1, run_id="arb", routes="simulated", **WINDOW)
+    per = got.table.groupby(["src", "dst"], sort=False)["bytes"].apply(list).to_dict()
+    want = {
+        ("host-1", "tor-a"): 1003,
+        ("tor-a", "host-1"): 70,
+        ("host-2", "tor-a"): 0,
+        ("tor-a", "host-2"): 1000,
+        ("host-3", "tor-b"): 70,
+        ("tor-b", "host-3"): 3,
+        ("tor-a", "core"): 3,
+        ("core", "tor-a"): 70,
+        ("tor-b", "core"): 70,
+        ("core", "tor-b"): 3,
+    }
+    assert per == {k: [v] * 10 for k, v in want.items()}
+    assert got.class_bytes == {"host_up": 10730, "fabric": 1460, "host_down": 10730}
+    exp = lb.expected_class_bytes(step, f, step_time_s=0.1, run_id="arb", conn=conn, **WINDOW)
+    assert exp == got.class_bytes
+
+
+def test_fat_tree_split_divides_a_flow_over_its_paths_to_the_byte():
+    f = _fab("FatTree", 16, 1, ecmp="split", fattree_k=4)
+    step = pd.DataFrame({"offset_us": [0.0], "dur_us": [1e5], "src_node": [0], "dst_node": [4], "bytes": [1003]})
+    got = lb.build_link_bins(step, np.zeros(1, np.int64), f, step_time_s=0.1, run_id="ft", routes="m", **WINDOW)
+    first = got.table[got.table["t"] == 0.0]
+    load = {(s, d): b for s, d, b in zip(first["src"], first["dst"], first["bytes"]) if b}
+    # 4 paths of 251, 251, 251, 250 bytes (lexicographic path order); agg-0.0 carries the first two
+    assert load[("host-1", "edge-0.0")] == 1003 and load[("edge-1.0", "host-5")] == 1003
+    assert load[("edge-0.0", "agg-0.0")] == 502 and load[("edge-0.0", "agg-0.1")] == 501
+    assert sorted(v for (s, _), v in load.items() if s.startswith("agg-0")) == [250, 251, 251, 251]
+    assert got.class_bytes == lb.expected_class_bytes(
+        step, f, step_time_s=0.1, run_id="ft", conn=np.zeros(1, np.int64), **WINDOW
+    )
+    assert got.class_bytes["agg_core"] == 10030
+
+
+def test_routes_kind_on_a_fabric():
+    f = _fab("RailOptimized", 4, 4)
+    same_rail = (np.array([0, 4]), np.array([4, 8]))
+    assert routes.routes_kind("analytic", f, *same_rail) == "simulated"  # one path each
+    assert routes.routes_kind("analytic", f, np.array([0]), np.array([5])) == "modelled"  # hash over 2 spines
+    assert routes.classes_of(f) == ("host_up", "rail_spine", "spine_rail", "host_down")
+
+
+def _entry(**topology) -> list:
+    return [{"workload": "W3", "gpu": "a100_40g", "nodes": 4, "gpus_per_node": 2, "topology": topology}]
+
+
+def test_matrix_topology_rules_and_run_ids(tmp_path):
+    (spec,) = parse_entries(_entry(topology="RailOptimized", nic_bw_gbps=400))
+    assert spec.run_id == "phantora_a100_40g_W3_4x2_railoptimized"
+    (default,) = parse_entries(_entry())
+    assert default.run_id == "phantora_a100_40g_W3_4x2"
+    with pytest.raises(RunMatrixError, match="need a fabric topology"):
+        parse_entries(_entry(nics_per_host=2))
+    with pytest.raises(RunMatrixError, match="fattree_k must be an even integer"):
+        parse_entries(_entry(topology="FatTree", fattree_k=3))
+    with pytest.raises(RunMatrixError, match="do not fit a 2-ary"):
+        parse_entries(_entry(topology="FatTree", fattree_k=2))
+    with pytest.raises(RunMatrixError, match="scale_up_gpus must be a multiple"):
+        parse_entries(_entry(topology="RailOptimized", scale_up_gpus=1))
+    with pytest.raises(RunMatrixError, match="host 4 of the run has no"):
+        parse_entries(_entry(topology="Arbitrary", fabric_file=_arbitrary(tmp_path)))
+    with pytest.raises(RunMatrixError, match="unknown switch 'nowhere'"):
+        parse_entries(
+            _entry(
+                topology="Arbitrary",
+                fabric_file=_arbitrary(tmp_path, ARBITRARY.replace('"tor-b"\ngbps = 400', '"nowhere"\ngbps = 400')),
+            )
+        )
+
+
+def test_phantora_netconfig_written_or_refused_with_the_reason(tmp_path):
+    (ft,) = parse_entries(_entry(topology="FatTree", oversubscription=2.0))
+    assert netconfig_for(ft)["topology"] == {
+        "type": "FatTree",
+        "args": {"nports": 4, "bandwidth": 800, "oversub_ratio": 2.0},
+    }
+    (rail,) = parse_entries(_entry(topology="RailOptimized"))
+    with pytest.raises(NoPhantoraTopology, match="Phantora has no RailOptimized topology"):
+        netconfig_for(rail)
+    three = [{"workload": "W4", "gpu": "a100_40g", "nodes": 3, "gpus_per_node": 1}]
+    three[0]["topology"] = {"topology": "Arbitrary", "fabric_file": _arbitrary(tmp_path)}
+    (arb,) = parse_entries(three)
+    with pytest.raises(NoPhantoraTopology, match="rack sizes differ"):  # 2 hosts on tor-a, 1 on tor-b
+        netconfig_for(arb)
+    even = ARBITRARY.replace('host = 2\nnic = 0\nswitch = "tor-a"', 'host = 2\nnic = 0\nswitch = "tor-b"')
+    even = even.replace('host = 3\nnic = 0\nswitch = "tor-b"', 'host = 3\nnic = 0\nswitch = "tor-a"')
+    three[0]["nodes"] = 2
+    three[0]["topology"] = {
+        "topology": "Arbitrary",
+        "fabric_file": _arbitrary(tmp_path, even.split("[[nic]]\nhost = 3")[0]),
+    }
+    (two,) = parse_entries(three)
+    assert netconfig_for(two)["topology"] == {
+        "type": "Arbitrary",
+        "args": {"nracks": 2, "rack_size": 1, "host_bw": 400.0, "rack_bw": 100.0},
+    }

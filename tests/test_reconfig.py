@@ -1,0 +1,160 @@
+"""The reconfiguration analysis (lib/net/reconfig.py): phases and transition windows on a generated flows
+table with known windows, and the sweep's stalls against the formula (by hand and over drawn tables)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phantora_assets.lib.net import reconfig as rc
+
+
+def _flows(rows: list[tuple]) -> pd.DataFrame:
+    """(step, start ms, end ms, src host, dst host, group[, network]) rows, one NIC a host, 1000 bytes each."""
+    r = [(*x, True) if len(x) == 6 else x for x in rows]
+    return pd.DataFrame(
+        {
+            "step": [x[0] for x in r],
+            "ts_us": [x[1] * 1000.0 for x in r],
+            "dur_us": [(x[2] - x[1]) * 1000.0 for x in r],
+            "src_node": [x[3] for x in r],
+            "src_nic": [0] * len(r),
+            "dst_node": [x[4] for x in r],
+            "dst_nic": [0] * len(r),
+            "group": [x[5] for x in r],
+            "network": [x[6] for x in r],
+            "bytes": [1000] * len(r),
+        }
+    )
+
+
+FLOWS = _flows(
+    [
+        (0, -50, -40, 0, 1, "pp"),  # warm-up step: its own transitions are dropped
+        (1, 0, 10, 0, 1, "dp"),
+        (1, 5, 12, 1, 0, "dp"),  # same phase: dp [0, 12]
+        (1, 6, 7, 0, 1, "tp", False),  # inside the scale-up domain: on no NIC
+        (1, 20, 25, 0, 1, "pp"),  # window 8 ms
+        (1, 30, 31, 0, 1, "pp"),  # same pp phase [20, 31]
+        (1, 31, 40, 0, 1, "dp"),  # window 0
+        (1, 38, 45, 0, 1, "ep"),  # overlaps the dp phase: window 0
+        (2, 100, 110, 0, 1, "dp"),  # window 55 ms, in step 2
+        # host-3 -> host-4: five back-to-back transitions in step 1 (1 ms, then 0 ms windows)
+        (1, 0, 1, 2, 3, "dp"),
+        (1, 2, 3, 2, 3, "pp"),
+        (1, 3, 4, 2, 3, "dp"),
+        (1, 4, 5, 2, 3, "pp"),
+        (1, 5, 6, 2, 3, "dp"),
+        (1, 6, 7, 2, 3, "pp"),
+    ]
+)
+STEPS = pd.DataFrame({"step": [1, 2], "step_time_s": [0.1, 0.1], "compute_s": [0.06, 0.08]})
+
+
+def _transitions() -> pd.DataFrame:
+    return rc.transition_windows(rc.nic_phases(FLOWS, 1, "r"), {1, 2}, "r")
+
+
+def test_phases_of_a_generated_trace():
+    ph = rc.nic_phases(FLOWS, 1, "r")
+    h1 = ph[ph["nic"] == "host-1"]
+    assert h1["group"].tolist() == ["pp", "dp", "pp", "dp", "ep", "dp"]
+    assert h1["start_s"].round(6).tolist() == [-0.05, 0.0, 0.02, 0.031, 0.038, 0.1]
+    assert h1["end_s"].round(6).tolist() == [-0.04, 0.012, 0.031, 0.04, 0.045, 0.11]
+    assert h1["n_flows"].tolist() == [1, 2, 2, 1, 1, 1] and h1["bytes"].tolist() == [1000, 2000, 2000, 1000, 1000, 1000]
+    cols = ["group", "start_s", "end_s"]
+    assert ph[ph["nic"] == "host-2"][cols].reset_index(drop=True).equals(h1[cols].reset_index(drop=True))
+    assert "tp" not in set(ph["group"])
+
+
+def test_transition_windows_are_the_known_ones():
+    t = _transitions()
+    h1 = t[t["nic"] == "host-1"]
+    assert list(zip(h1["step"], h1["from_group"], h1["to_group"], h1["window_s"].round(9))) == [
+        (1, "pp", "dp", 0.04),  # the warm-up step's last phase -> step 1's first: counted in step 1
+        (1, "dp", "pp", 0.008),
+        (1, "pp", "dp", 0.0),
+        (1, "dp", "ep", 0.0),
+        (2, "ep", "dp", 0.055),
+    ]
+    h3 = t[t["nic"] == "host-3"]
+    assert h3["window_s"].round(9).tolist() == [0.001, 0.0, 0.0, 0.0, 0.0] and set(h3["step"]) == {1}
+    assert list(t.columns) == list(rc.TRANSITION_COLUMNS) and len(t) == 2 * 5 + 2 * 5
+    cdf = rc.window_cdf(t)
+    assert sorted(cdf) == ["dp->ep", "dp->pp", "ep->dp", "pp->dp"]
+    w, p = cdf["dp->pp"]
+    assert w.round(9).tolist() == [0.0, 0.0, 0.0, 0.0, 0.001, 0.001, 0.008, 0.008] and p[-1] == 1.0
+
+
+def test_sweep_by_hand_at_10_ms():
+    sw = rc.reconfig_sweep(_transitions(), STEPS, "r", delays_ms=(0, 10))
+    got = {
+        (m, d): (s, t, u)
+        for d, m, s, t, u in zip(sw["delay_ms"], sw["mode"], sw["stall_s"], sw["step_time_s"], sw["utilisation"])
+    }
+    # on demand: step 1 host-1 4 x 10 ms, host-3 5 x 10 ms -> 50 ms (the most stalled NIC); step 2: 10 ms
+    s, t, u = got[("on_demand", 10)]
+    assert s == pytest.approx(0.030) and t == pytest.approx(0.130) and u == pytest.approx(0.14 / 0.26)
+    # provisioned: host-1 0 + 2 + 10 + 10 = 22 ms, host-3 9 + 4 x 10 = 49 ms -> 49; step 2: max(0, 10 - 55) = 0
+    s, t, u = got[("provisioned", 10)]
+    assert s == pytest.approx(0.0245) and t == pytest.approx(0.1245) and u == pytest.approx(0.14 / 0.249)
+    assert got[("on_demand", 0)] == got[("provisioned", 0)] == (0.0, pytest.approx(0.1), pytest.approx(0.7))
+    assert list(sw.columns) == list(rc.SWEEP_COLUMNS)
+
+
+def test_full_sweep_shape_and_order():
+    sw = rc.reconfig_sweep(_transitions(), STEPS, "r")
+    assert sw["delay_ms"].tolist() == [d for d in rc.DELAYS_MS for _ in rc.MODES]
+    assert sw["mode"].tolist() == list(rc.MODES) * len(rc.DELAYS_MS)
+    od, pv = sw[sw["mode"] == "on_demand"], sw[sw["mode"] == "provisioned"]
+    assert (np.diff(od["stall_s"]) >= 0).all() and (pv["stall_s"].to_numpy() <= od["stall_s"].to_numpy()).all()
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.integers(0, 3), st.floats(0, 0.3, allow_nan=False)),
+        min_size=0,
+        max_size=25,
+    ),
+    st.sampled_from(rc.DELAYS_MS),
+)
+def test_sweep_stall_is_the_formula(rows, delay_ms):
+    """Stall of a step = max over NICs of sum_i max(0, D - w_i) (provisioned) or n_i D (on demand)."""
+    t = pd.DataFrame(
+        {
+            "run_id": "r",
+            "step": [r[0] for r in rows],
+            "nic": [f"host-{r[1] + 1}" for r in rows],
+            "from_group": "dp",
+            "to_group": "pp",
+            "window_s": [r[2] for r in rows],
+        },
+        columns=list(rc.TRANSITION_COLUMNS),
+    )
+    steps = pd.DataFrame({"step": [1, 2, 3], "step_time_s": [1.0, 2.0, 3.0], "compute_s": [0.5, 1.0, 1.5]})
+    sw = rc.reconfig_sweep(t, steps, "r", delays_ms=(delay_ms,))
+    d = delay_ms / 1000
+    for mode in rc.MODES:
+        per_step = []
+        for s in (1, 2, 3):
+            nic_sum = {}
+            for step, nic, w in rows:
+                if step == s:
+                    nic_sum[nic] = nic_sum.get(nic, 0.0) + (d if mode == "on_demand" else max(0.0, d - w))
+            per_step.append(max(nic_sum.values(), default=0.0))
+        row = sw[sw["mode"] == mode].iloc[0]
+        assert row["stall_s"] == pytest.approx(sum(per_step) / 3)
+        assert row["utilisation"] == pytest.approx(3.0 / (6.0 + sum(per_step)))
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="outside tp, cp, ep, dp, pp, other"):
+        rc.nic_phases(FLOWS.assign(group="data"), 1, "r")
+    with pytest.raises(ValueError, match="no steady step"):
+        rc.reconfig_sweep(_transitions(), STEPS.iloc[:0], "r")
+    with pytest.raises(ValueError, match="unknown mode"):
+        rc.step_stalls(_transitions(), 0.01, "eager")
