@@ -57,10 +57,37 @@ class StageResult:
     outcomes: list[Outcome] = field(default_factory=list)
 
 
-def write_parquet(df: pd.DataFrame, path: Path, durable: bool = False, chunk_rows: int = 0) -> None:
+#: Arrow type of each dtype name of the column contracts (``columns.py``, ``*_COLUMNS`` dicts).
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "str": pa.string(),
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+def contract_schema(columns: dict[str, str]) -> pa.Schema:
+    """The Arrow schema of a column contract (name -> dtype name of :data:`ARROW_TYPES`).
+
+    Raises:
+        KeyError: a dtype name without an Arrow type here.
+    """
+    return pa.schema([(name, ARROW_TYPES[dtype]) for name, dtype in columns.items()])
+
+
+def write_parquet(
+    df: pd.DataFrame, path: Path, durable: bool = False, chunk_rows: int = 0, columns: dict[str, str] | None = None
+) -> None:
     """``df`` as zstd Parquet, atomically; with ``chunk_rows``, converted to Arrow and written that
-    many rows at a time (one row group each: a large table is not copied whole into Arrow)."""
+    many rows at a time (one row group each: a large table is not copied whole into Arrow). With
+    ``columns`` (a column contract), the file has exactly the contract's columns and types, also when
+    ``df`` is empty (pandas would write an empty object column as Arrow's ``null`` type, which a
+    reader cannot cast to the column's type)."""
     with atomic_path(path, durable) as tmp:
+        if columns is not None:
+            table = pa.Table.from_pandas(df[list(columns)], contract_schema(columns), preserve_index=False)
+            pq.write_table(table, tmp, compression="zstd")
+            return
         if not chunk_rows or len(df) <= chunk_rows:
             df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
             return

@@ -119,7 +119,7 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
     flows, k = nic_flows(spec, flows, paths)
     pairs = nic_pair_table(flows, steady, k, spec.run_id)
-    write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"))
+    write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"), columns=NIC_PAIR_COLUMNS)
     meta: dict[str, Any] = {"nics_per_host": k, "nic_pairs": len(pairs), "topology": spec.cluster["topology"]}
     if "group" not in have:
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
@@ -128,9 +128,9 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     trans = reconfig.transition_windows(phases, steady, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), steady)
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
-    write_parquet(phases, paths.table(spec.run_id, "nic_phases"))
-    write_parquet(trans, paths.table(spec.run_id, "transition_windows"))
-    write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"))
+    write_parquet(phases, paths.table(spec.run_id, "nic_phases"), columns=reconfig.PHASE_COLUMNS)
+    write_parquet(trans, paths.table(spec.run_id, "transition_windows"), columns=reconfig.TRANSITION_COLUMNS)
+    write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"), columns=reconfig.SWEEP_COLUMNS)
     out = paths.plots_dir(spec)
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, out / "reconfig_windows.png")
     reconfig_plots.sweep_plot(sweep, spec.run_id, out / "reconfig_sweep.png")
