@@ -81,6 +81,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "global_batch": ((int,), None),
     "grad_accumulation": ((int,), None),
     "recompute": ((str,), "none"),
+    "attention": ((str,), "flash"),
     "dtype": ((str,), "bf16"),
     "iterations": ((int,), 20),
 }
@@ -173,6 +174,7 @@ class TrainSpec:
     global_batch: int | None = None
     grad_accumulation: int | None = None
     recompute: str = "none"
+    attention: str = "flash"
     dtype: str = "bf16"
     iterations: int = 20
 
@@ -346,6 +348,7 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:
     parallel = ParallelSpec(**pd_)
     # ---- train
     _choice(td["recompute"], RECOMPUTE, "recompute", tw)
+    _choice(td["attention"], ("flash", "eager"), "attention", tw)
     _choice(td["dtype"], DTYPES, "dtype", tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):
