@@ -259,7 +259,7 @@ class AnalyticSimulator:
             n_db,
         )
 
-    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):
+    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0915 (the DAG's event loop, every node kind in it)
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
         the network simulator and end with their last flow, barriers take no time."""
         n_nodes = len(kind)

@@ -38,7 +38,7 @@ def p2p(self: WorkloadLayout, items: list[Item], stage: int, phase: str, mb: int
     items.append(SendRecv("pp", ((a % pp, b % pp),), count, "Bf16", tag, blocking=False, receiver=b % pp))
 
 
-def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:
+def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0915 (Megatron-core's step in program order, a branch per option)
     """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
     optimizer (zero = 1; zero = 0: gradient all-reduce per bucket, no parameter gather),
     ``overlap_grad_reduce=True`` (a bucket's reduce-scatter starts as soon as its gradients

@@ -234,7 +234,7 @@ def _positive(d: dict[str, Any], keys: tuple[str, ...], where: str, minimum: int
             raise RunMatrixError(f"{where}: {k} must be >= {minimum}, got {v}")
 
 
-def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:
+def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:  # noqa: C901, PLR0912, PLR0915 (one check per schema rule, each with its message)
     """Validate one ``[workloads.NAME]`` table (module docstring) into a :class:`WorkloadSpec`.
 
     Raises:

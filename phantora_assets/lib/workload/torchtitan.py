@@ -14,7 +14,7 @@ from phantora_assets.lib.workload.megatron import p2p
 from phantora_assets.lib.workload.pipeline import schedule
 
 
-def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:
+def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0915 (torchtitan's step in program order, a branch per option)
     """TorchTitan (``torchtitan/models/llama3/infra/parallelize.py``, ``torch.distributed.
     pipelining``) on stage ``stage``. FSDP2 (zero = 3, or 2 = ``reshard_after_forward=False``):
     every transformer block is a ``fully_shard`` unit, the root unit holds the embedding, final
