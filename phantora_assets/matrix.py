@@ -209,7 +209,7 @@ class RunSpec:
         return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{name}"
 
 
-def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (one check a key of the entry)
+def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (one check per run-matrix key, each with its message)
     """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
     strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():

@@ -171,3 +171,24 @@ def test_pipeline_bubble_grows_with_fewer_micro_batches():
     one = AnalyticSimulator(run_spec_of(t, 2, 4, "h100", "b")).run()
     # 4 micro-batches fill the pipe: more than 2x the one-micro-batch step, less than 4x
     assert 2.0 * one.step_ns < many.step_ns < 4.0 * one.step_ns
+
+
+def test_a_trace_over_the_event_bound_is_refused_before_simulating():
+    from phantora_assets.lib.errors import RunMatrixError
+    from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS
+    from phantora_assets.lib.workload.collectives import trace_events_per_step
+
+    ds = copy.deepcopy(BASE)
+    ds["framework"] = "deepspeed"
+    ds["model"]["layers"] = 32
+    ds["parallel"] = {"zero": 1}
+    ds["train"] = {"seq_len": 1024, "grad_accumulation": 8, "iterations": 20}
+    spec = run_spec_of(ds, 64, 8, "h100", "wide")
+    # 512 ranks x ((32 layers x 4 compute items + embedding + head x 2) x 8 micro-batches + 3 optimizer
+    # items), and 512 ring flows (one per rank) per collective over all 512 ranks
+    calls = step_collectives(spec)
+    assert {len(c.ranks) for c in calls} == {512}
+    assert trace_events_per_step(spec) == 512 * ((32 * 4 + 3) * 8 + 3) + 512 * len(calls)
+    with pytest.raises(RunMatrixError, match="refused before simulating; lower train.iterations"):
+        AnalyticSimulator(spec).run()
+    assert trace_events_per_step(spec) * 20 > MAX_TRACE_EVENTS

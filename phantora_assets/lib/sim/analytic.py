@@ -69,8 +69,9 @@ from phantora_assets.matrix import RunSpec
 
 TINY_COLLECTIVE_BYTES = 4096
 #: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest
-#: traces measured through every per-run asset within 2 GB peak RSS a stage (docs/WORKLOADS.md "Scale").
-MAX_TRACE_EVENTS = 5_000_000
+#: trace measured through every per-run asset within 2 GiB peak RSS a stage (Llama-3-70B TP=8 PP=8 DP=16
+#: on 128x8, 3.73 M events: raw_timeline 2022 MiB; benchmarks/pipeline_scale.py, docs/WORKLOADS.md "Scale").
+MAX_TRACE_EVENTS = 3_800_000
 WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 

@@ -22,24 +22,13 @@ sizes element counts; nothing raises for a valid layout. No Dagster import.
 
 from __future__ import annotations
 
-from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, linear, matmul, zeros_like
-from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, _memo, _r2
+from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, flash_attention
+from phantora_assets.lib.sim.optimizer_ops import B16, F32, _memo, _r2
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
+from phantora_assets.lib.workload.hf_ops import HfOps, _bmm, _mat, _mm
 
 DROPOUT_P = 100000  # p = 0.1 as Phantora serialises it (x 1e6)
 DROPOUT_SCALE = 1111110  # 1 / (1 - p) x 1e6
-
-
-def _mm(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
-    return matmul(T(dtype, *a), T(dtype, *b), op="MM")
-
-
-def _bmm(a: tuple[int, ...], b: tuple[int, ...]) -> Kernel:
-    return matmul(T(B16, *a), T(B16, *b), op="BMM")
-
-
-def _mat(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
-    return matmul(T(dtype, *a), T(dtype, *b), op="MatMul")
 
 
 _SHARED: dict[tuple, TorchOps] = {}
@@ -53,6 +42,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         sp.workload,
         sp.framework,
         sp.par,
+        sp.wl.train.attention,
         model.seq,
         model.mbs,
         model.hidden,
@@ -72,22 +62,9 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
     return ops
 
 
-class TorchOps(OptimizerOps):
-    """Kernel lists of one rank of ``model`` (see module docstring)."""
-
-    def __init__(self, model: WorkloadLayout) -> None:
-        super().__init__(model)
-        self.s = model.seq * model.mbs
-        self.h = model.hidden
-        self.f = model.ffn
-        self.tp = model.spec.tp
-        self.cp = model.spec.par.cp
-        self.nh = model.heads
-        self.nkv = model.kv_heads
-        self.d = model.head_dim
-        self.v = model.vocab
-        if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
-            self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
+class TorchOps(HfOps):
+    """Kernel lists of one rank of ``model`` (see module docstring); the Hugging Face / torchtitan
+    lists and the shared dimensions come from :class:`~phantora_assets.lib.workload.hf_ops.HfOps`."""
 
     # ================================================================== Megatron (local spec)
     def _mlin_fwd(self, k_in: int, n_out: int) -> list[Kernel]:
@@ -149,7 +126,8 @@ class TorchOps(OptimizerOps):
         qkv = (self.nh + 2 * self.nkv) * d // tp
         proj_in = self.nh * d // tp
         rope = self._mrope(self.nh // tp) + self._mrope(max(1, self.nkv // tp))
-        core = self._mcore_attention(phase) * self.cp  # ring attention: cp blocks of [s/cp, s/cp]
+        flash = [flash_attention(self.s, self.s, self.nh // tp, max(1, self.nkv // tp), d, phase)]
+        core = (flash if self.flash else self._mcore_attention(phase)) * self.cp  # ring: cp blocks of [s/cp]^2
         if phase == "fwd":
             return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
         return self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv)
@@ -226,174 +204,3 @@ class TorchOps(OptimizerOps):
                 ew("Sum", T(F32, s)),
             ]
         return [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")] + self._mlin_bwd(h, vt)
-
-    # ================================================================== Hugging Face Llama
-    def _hf_lin_fwd(self, k_in: int, n_out: int, bias: bool = False, x3: bool = True) -> list[Kernel]:
-        x = T(B16, 1, self.s, k_in) if x3 else T(B16, self.s, k_in)
-        return [linear(x, T(B16, n_out, k_in), T(B16, n_out) if bias else None)]
-
-    def _hf_lin_bwd(self, k_in: int, n_out: int, bias: bool = False) -> list[Kernel]:
-        out = [_mm((self.s, n_out), (n_out, k_in)), _mm((n_out, self.s), (self.s, k_in))]
-        if bias:
-            out.append(ew("Sum", T(B16, self.s, n_out)))
-        return out
-
-    def _hf_rmsnorm(self, phase: str, weight_first: bool) -> list[Kernel]:
-        s, h = self.s, self.h
-        xb, xf, r = T(B16, 1, s, h), T(F32, 1, s, h), T(F32, 1, s, 1)
-        w = T(B16, h)
-        if phase == "fwd":
-            scale = ew("Mul", [w, xf]) if not weight_first else ew("Mul", [w, xb])
-            tail = [scale, conv(xf, "BFloat16")] if not weight_first else [conv(xf, "BFloat16"), scale]
-            return [conv(xb, "Float"), ew("Pow", xf), ew("Add", [r, T("f64")]), ew("Mul", [xf, r])] + tail
-        scale = ew("Mul", [xf, w]) if not weight_first else ew("Mul", [xb, w])
-        return [
-            scale,
-            conv(xb, "Float"),
-            ew("Mul", [xf, r]),
-            _r2("Mul", xf),
-            ew("Sum", xf),
-            ew("MulScalar", xf),
-            ew("DivScalar", xf),
-            _r2("Add_", xf),
-            conv(xf, "BFloat16"),
-            ew("Sum", xb),
-        ]
-
-    def _hf_rope(self, heads: int, half: bool) -> list[Kernel]:
-        s, d = self.s, self.d
-        if half:  # gpt-oss: first*cos - second*sin, second*cos + first*sin on head halves
-            t, c = T(B16, 1, heads, s, d // 2), T(B16, 1, 1, s, d // 2)
-            return [ew("Mul", [t, c])] * 4 + [_r2("Add", t)]
-        t, c = T(B16, 1, heads, s, d), T(B16, 1, 1, s, d)
-        return [ew("Mul", [t, c]), ew("Mul", [t, c]), _r2("Add", t)]
-
-    @_memo
-    def hf_rotary(self, gpt_oss: bool = False) -> list[Kernel]:
-        """The rotary embedding once per forward: inv_freq @ positions, cos/sin x scaling
-        (gpt-oss keeps half-width cos/sin)."""
-        cs = T(F32, 1, self.s, self.d // 2 if gpt_oss else self.d)
-        return [
-            _mat((1, self.d // 2, 1), (1, 1, self.s), F32),
-            ew("Mul", [cs, T("f64")]),
-            ew("Mul", [cs, T("f64")]),
-            conv(cs, "BFloat16"),
-            conv(cs, "BFloat16"),
-        ]
-
-    @_memo
-    def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
-        """input RMSNorm, q/k/v/o projections, RoPE, eager attention (softmax in fp32 for Llama;
-        bf16 with attention sinks for gpt-oss), residual add."""
-        s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
-        q, kv = nh * d, nkv * d
-        sc = T(B16, 1, nh, s, s)
-        res = T(B16, 1, s, h)
-        if phase == "fwd":
-            out = self._hf_rmsnorm("fwd", weight_first=not gpt_oss)
-            out += self._hf_lin_fwd(h, q, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss)
-            out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
-            out += [_mat((1, nh, s, d), (1, nh, d, s)), ew("Mul", [sc, T("f64")])]
-            if gpt_oss:
-                sk = T(B16, 1, nh, s, s + 1)
-                out += [ew("Add", [sc, T(B16, 1, 1, s, s)]), ew("Softmax", [sk, -1])]
-            else:
-                out += [ew("Softmax", [sc, -1], out=T(F32, 1, nh, s, s)), conv(T(F32, 1, nh, s, s), "BFloat16")]
-            out += [ew("Dropout", [sc, 0, True]), _mat((1, nh, s, s), (1, nh, s, d))]
-            return out + self._hf_lin_fwd(q, h, gpt_oss) + [_r2("Add", res)]
-        out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
-        out += [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
-        if gpt_oss:
-            sk = T(B16, 1, nh, s, s + 1)
-            out += [ew("SoftmaxBackward", [sk, sk, -1]), ew("Sum", sk), _r2("Add_", sk), ew("Sum", T(B16, 1, nh, s, 1))]
-        else:
-            f4 = T(F32, 1, nh, s, s)
-            out += [conv(sc, "Float"), ew("SoftmaxBackward", [f4, f4, -1])]
-        out += [ew("Mul", [sc, T("f64")]), _bmm((nh, s, s), (nh, s, d)), _bmm((nh, d, s), (nh, s, s))]
-        out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
-        out += self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, q, gpt_oss)
-        return out + self._hf_rmsnorm("bwd", weight_first=not gpt_oss)
-
-    @_memo
-    def hf_llama_mlp(self, phase: str) -> list[Kernel]:
-        h, f, s = self.h, self.f, self.s
-        glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
-        if phase == "fwd":
-            return (
-                self._hf_rmsnorm("fwd", True)
-                + self._hf_lin_fwd(h, f)
-                + self._hf_lin_fwd(h, f)
-                + [_r2("Mul", glu)]
-                + self._hf_lin_fwd(f, h)
-                + [_r2("Add", res)]
-            )
-        return (
-            [_r2("Add", res)]
-            + self._hf_lin_bwd(f, h)
-            + [_r2("Mul", glu), _r2("Mul", glu)]
-            + self._hf_lin_bwd(h, f)
-            + self._hf_lin_bwd(h, f)
-            + self._hf_rmsnorm("bwd", True)
-        )
-
-    @_memo
-    def hf_head(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
-        """Final norm, LM head and the loss's fp32 upcast of the logits."""
-        s, h, v = self.s, self.h, self.v
-        logits = T(B16, 1, s, v) if gpt_oss else T(B16, 1, s - 1, v)
-        if phase == "fwd":
-            return self._hf_rmsnorm("fwd", not gpt_oss) + self._hf_lin_fwd(h, v) + [conv(logits, "Float")]
-        return [conv(T(F32, *logits[1]), "BFloat16")] + self._hf_lin_bwd(h, v) + self._hf_rmsnorm("bwd", not gpt_oss)
-
-    # ================================================================== gpt-oss MoE (HF training path)
-    @_memo
-    def gptoss_moe(self, phase: str) -> list[Kernel]:
-        """post-attention norm, router, every expert on every token (bmm), residual."""
-        m = self.m
-        e, s, h, f = m.experts, self.s, self.h, self.f
-        x2 = T(B16, e, s, f)
-        x4, w4 = T(B16, e, 1, s, h), T(B16, e, 1, s, 1)
-        res = T(B16, 1, s, h)
-        if phase == "fwd":
-            router = [
-                linear(T(B16, s, h), T(B16, e, h), T(B16, e)),
-                ew("Softmax", [T(B16, s, m.topk), 1]),
-                zeros_like(T(B16, s, e)),
-            ]
-            experts = [
-                _bmm((e, s, h), (e, h, 2 * f)),
-                ew("Add", [T(B16, e, s, 2 * f), T(B16, e, 1, 2 * f)]),
-                ew("Mul", [x2, T("f64")]),
-                _r2("Mul", x2),
-                ew("Add", [x2, T("i64")]),
-                _r2("Mul", x2),
-                _bmm((e, s, f), (e, f, h)),
-                ew("Add", [T(B16, e, s, h), T(B16, e, 1, h)]),
-                ew("Mul", [x4, w4]),
-                ew("Sum", x4),
-            ]
-            return self._hf_rmsnorm("fwd", False) + router + experts + [_r2("Add", res)]
-        experts = [
-            ew("Mul", [x4, w4]),
-            _r2("Mul", x4),
-            ew("Sum", T(B16, e, s, h)),
-            _bmm((e, s, h), (e, h, f)),
-            _bmm((e, f, s), (e, s, h)),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
-            ew("Mul", [x2, T("f64")]),
-            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
-            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
-            ew("Sum", T(B16, e, s, 2 * f)),
-            _bmm((e, s, 2 * f), (e, 2 * f, h)),
-            _bmm((e, h, s), (e, s, 2 * f)),
-        ]
-        router = [
-            ew("SoftmaxBackward", [T(B16, s, m.topk), T(B16, s, m.topk), 1]),
-            _mm((s, e), (e, h)),
-            _mm((e, s), (s, h)),
-            ew("Sum", T(B16, s, e)),
-        ]
-        return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)

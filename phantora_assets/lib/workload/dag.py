@@ -18,7 +18,7 @@ from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import Communicator, Compute, Item, SendRecv
 
 
-def build_dag(  # noqa: C901, PLR0912, PLR0915 (one pass over the stage programs: a branch per item kind and stream rule)
+def build_dag(  # noqa: C901, PLR0912, PLR0915 (the DAG rules in program order: one branch per item kind)
     model: WorkloadLayout,
     comm_list: list[Communicator],
     warm_progs: list[list[Item]],

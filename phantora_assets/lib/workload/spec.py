@@ -81,6 +81,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "global_batch": ((int,), None),
     "grad_accumulation": ((int,), None),
     "recompute": ((str,), "none"),
+    "attention": ((str,), "flash"),
     "dtype": ((str,), "bf16"),
     "iterations": ((int,), 20),
 }
@@ -173,6 +174,7 @@ class TrainSpec:
     global_batch: int | None = None
     grad_accumulation: int | None = None
     recompute: str = "none"
+    attention: str = "flash"
     dtype: str = "bf16"
     iterations: int = 20
 
@@ -232,7 +234,7 @@ def _positive(d: dict[str, Any], keys: tuple[str, ...], where: str, minimum: int
             raise RunMatrixError(f"{where}: {k} must be >= {minimum}, got {v}")
 
 
-def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:  # noqa: C901, PLR0912, PLR0915 (one strict check a schema key, in the schema's order)
+def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec:  # noqa: C901, PLR0912, PLR0915 (one check per schema rule, each with its message)
     """Validate one ``[workloads.NAME]`` table (module docstring) into a :class:`WorkloadSpec`.
 
     Raises:
@@ -346,6 +348,7 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     parallel = ParallelSpec(**pd_)
     # ---- train
     _choice(td["recompute"], RECOMPUTE, "recompute", tw)
+    _choice(td["attention"], ("flash", "eager"), "attention", tw)
     _choice(td["dtype"], DTYPES, "dtype", tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):

@@ -1,0 +1,234 @@
+"""The Hugging Face / torchtitan Llama and gpt-oss torch calls of one rank (Phantora perf-DB keys).
+
+:class:`HfOps` holds a run's dimensions (``s`` tokens of a micro-batch on the rank, ``h``, ``f``,
+heads, head_dim, vocab; torchtitan's on its TP shards) and the lists of Hugging Face Llama and
+gpt-oss eager attention (or fused flash attention, ``train.attention``), RMSNorm, SwiGLU MLP, LM
+head and the gpt-oss MoE (every expert on every token); :class:`~phantora_assets.lib.sim.torch_ops.
+TorchOps` adds Megatron-core's. Sources as in ``lib/sim/torch_ops.py``. Each method returns a list of
+:class:`~phantora_assets.lib.sim.kernels.Kernel` for ONE rank; nothing raises for a valid layout.
+No Dagster import.
+"""
+
+from __future__ import annotations
+
+from phantora_assets.lib.sim.kernels import Kernel, T, conv, ew, flash_attention, linear, matmul, zeros_like
+from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, _memo, _r2
+from phantora_assets.lib.sim.workload_layout import WorkloadLayout
+
+
+def _mm(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
+    return matmul(T(dtype, *a), T(dtype, *b), op="MM")
+
+
+def _bmm(a: tuple[int, ...], b: tuple[int, ...]) -> Kernel:
+    return matmul(T(B16, *a), T(B16, *b), op="BMM")
+
+
+def _mat(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
+    return matmul(T(dtype, *a), T(dtype, *b), op="MatMul")
+
+
+class HfOps(OptimizerOps):
+    """Dimensions and the Hugging Face-style kernel lists of one rank of ``model``."""
+
+    def __init__(self, model: WorkloadLayout) -> None:
+        super().__init__(model)
+        self.s = model.seq * model.mbs
+        self.h = model.hidden
+        self.f = model.ffn
+        self.tp = model.spec.tp
+        self.cp = model.spec.par.cp
+        self.flash = model.spec.wl.train.attention == "flash"  # fused attention (else the eager calls)
+        self.nh = model.heads
+        self.nkv = model.kv_heads
+        self.d = model.head_dim
+        self.v = model.vocab
+        if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
+            self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
+
+    # ================================================================== Hugging Face Llama
+    def _hf_lin_fwd(self, k_in: int, n_out: int, bias: bool = False, x3: bool = True) -> list[Kernel]:
+        x = T(B16, 1, self.s, k_in) if x3 else T(B16, self.s, k_in)
+        return [linear(x, T(B16, n_out, k_in), T(B16, n_out) if bias else None)]
+
+    def _hf_lin_bwd(self, k_in: int, n_out: int, bias: bool = False) -> list[Kernel]:
+        out = [_mm((self.s, n_out), (n_out, k_in)), _mm((n_out, self.s), (self.s, k_in))]
+        if bias:
+            out.append(ew("Sum", T(B16, self.s, n_out)))
+        return out
+
+    def _hf_rmsnorm(self, phase: str, weight_first: bool) -> list[Kernel]:
+        s, h = self.s, self.h
+        xb, xf, r = T(B16, 1, s, h), T(F32, 1, s, h), T(F32, 1, s, 1)
+        w = T(B16, h)
+        if phase == "fwd":
+            scale = ew("Mul", [w, xf]) if not weight_first else ew("Mul", [w, xb])
+            tail = [scale, conv(xf, "BFloat16")] if not weight_first else [conv(xf, "BFloat16"), scale]
+            return [conv(xb, "Float"), ew("Pow", xf), ew("Add", [r, T("f64")]), ew("Mul", [xf, r])] + tail
+        scale = ew("Mul", [xf, w]) if not weight_first else ew("Mul", [xb, w])
+        return [
+            scale,
+            conv(xb, "Float"),
+            ew("Mul", [xf, r]),
+            _r2("Mul", xf),
+            ew("Sum", xf),
+            ew("MulScalar", xf),
+            ew("DivScalar", xf),
+            _r2("Add_", xf),
+            conv(xf, "BFloat16"),
+            ew("Sum", xb),
+        ]
+
+    def _hf_rope(self, heads: int, half: bool) -> list[Kernel]:
+        s, d = self.s, self.d
+        if half:  # gpt-oss: first*cos - second*sin, second*cos + first*sin on head halves
+            t, c = T(B16, 1, heads, s, d // 2), T(B16, 1, 1, s, d // 2)
+            return [ew("Mul", [t, c])] * 4 + [_r2("Add", t)]
+        t, c = T(B16, 1, heads, s, d), T(B16, 1, 1, s, d)
+        return [ew("Mul", [t, c]), ew("Mul", [t, c]), _r2("Add", t)]
+
+    @_memo
+    def hf_rotary(self, gpt_oss: bool = False) -> list[Kernel]:
+        """The rotary embedding once per forward: inv_freq @ positions, cos/sin x scaling
+        (gpt-oss keeps half-width cos/sin)."""
+        cs = T(F32, 1, self.s, self.d // 2 if gpt_oss else self.d)
+        return [
+            _mat((1, self.d // 2, 1), (1, 1, self.s), F32),
+            ew("Mul", [cs, T("f64")]),
+            ew("Mul", [cs, T("f64")]),
+            conv(cs, "BFloat16"),
+            conv(cs, "BFloat16"),
+        ]
+
+    @_memo
+    def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
+        """input RMSNorm, q/k/v/o projections, RoPE, eager attention (softmax in fp32 for Llama;
+        bf16 with attention sinks for gpt-oss), residual add."""
+        s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
+        q, kv = nh * d, nkv * d
+        sc = T(B16, 1, nh, s, s)
+        res = T(B16, 1, s, h)
+        if phase == "fwd":
+            out = self._hf_rmsnorm("fwd", weight_first=not gpt_oss)
+            out += self._hf_lin_fwd(h, q, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss)
+            out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
+            if self.flash:
+                return (
+                    out
+                    + [flash_attention(s, s, nh, nkv, d, "fwd")]
+                    + self._hf_lin_fwd(q, h, gpt_oss)
+                    + [_r2("Add", res)]
+                )
+            out += [_mat((1, nh, s, d), (1, nh, d, s)), ew("Mul", [sc, T("f64")])]
+            if gpt_oss:
+                sk = T(B16, 1, nh, s, s + 1)
+                out += [ew("Add", [sc, T(B16, 1, 1, s, s)]), ew("Softmax", [sk, -1])]
+            else:
+                out += [ew("Softmax", [sc, -1], out=T(F32, 1, nh, s, s)), conv(T(F32, 1, nh, s, s), "BFloat16")]
+            out += [ew("Dropout", [sc, 0, True]), _mat((1, nh, s, s), (1, nh, s, d))]
+            return out + self._hf_lin_fwd(q, h, gpt_oss) + [_r2("Add", res)]
+        out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
+        core = [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
+        if self.flash:
+            core = [flash_attention(s, s, nh, nkv, d, "bwd")]
+        elif gpt_oss:
+            sk = T(B16, 1, nh, s, s + 1)
+            core += [
+                ew("SoftmaxBackward", [sk, sk, -1]),
+                ew("Sum", sk),
+                _r2("Add_", sk),
+                ew("Sum", T(B16, 1, nh, s, 1)),
+            ]
+        else:
+            f4 = T(F32, 1, nh, s, s)
+            core += [conv(sc, "Float"), ew("SoftmaxBackward", [f4, f4, -1])]
+        if not self.flash:
+            core += [ew("Mul", [sc, T("f64")]), _bmm((nh, s, s), (nh, s, d)), _bmm((nh, d, s), (nh, s, s))]
+        out += core
+        out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
+        out += self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, q, gpt_oss)
+        return out + self._hf_rmsnorm("bwd", weight_first=not gpt_oss)
+
+    @_memo
+    def hf_llama_mlp(self, phase: str) -> list[Kernel]:
+        h, f, s = self.h, self.f, self.s
+        glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
+        if phase == "fwd":
+            return (
+                self._hf_rmsnorm("fwd", True)
+                + self._hf_lin_fwd(h, f)
+                + self._hf_lin_fwd(h, f)
+                + [_r2("Mul", glu)]
+                + self._hf_lin_fwd(f, h)
+                + [_r2("Add", res)]
+            )
+        return (
+            [_r2("Add", res)]
+            + self._hf_lin_bwd(f, h)
+            + [_r2("Mul", glu), _r2("Mul", glu)]
+            + self._hf_lin_bwd(h, f)
+            + self._hf_lin_bwd(h, f)
+            + self._hf_rmsnorm("bwd", True)
+        )
+
+    @_memo
+    def hf_head(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
+        """Final norm, LM head and the loss's fp32 upcast of the logits."""
+        s, h, v = self.s, self.h, self.v
+        logits = T(B16, 1, s, v) if gpt_oss else T(B16, 1, s - 1, v)
+        if phase == "fwd":
+            return self._hf_rmsnorm("fwd", not gpt_oss) + self._hf_lin_fwd(h, v) + [conv(logits, "Float")]
+        return [conv(T(F32, *logits[1]), "BFloat16")] + self._hf_lin_bwd(h, v) + self._hf_rmsnorm("bwd", not gpt_oss)
+
+    # ================================================================== gpt-oss MoE (HF training path)
+    @_memo
+    def gptoss_moe(self, phase: str) -> list[Kernel]:
+        """post-attention norm, router, every expert on every token (bmm), residual."""
+        m = self.m
+        e, s, h, f = m.experts, self.s, self.h, self.f
+        x2 = T(B16, e, s, f)
+        x4, w4 = T(B16, e, 1, s, h), T(B16, e, 1, s, 1)
+        res = T(B16, 1, s, h)
+        if phase == "fwd":
+            router = [
+                linear(T(B16, s, h), T(B16, e, h), T(B16, e)),
+                ew("Softmax", [T(B16, s, m.topk), 1]),
+                zeros_like(T(B16, s, e)),
+            ]
+            experts = [
+                _bmm((e, s, h), (e, h, 2 * f)),
+                ew("Add", [T(B16, e, s, 2 * f), T(B16, e, 1, 2 * f)]),
+                ew("Mul", [x2, T("f64")]),
+                _r2("Mul", x2),
+                ew("Add", [x2, T("i64")]),
+                _r2("Mul", x2),
+                _bmm((e, s, f), (e, f, h)),
+                ew("Add", [T(B16, e, s, h), T(B16, e, 1, h)]),
+                ew("Mul", [x4, w4]),
+                ew("Sum", x4),
+            ]
+            return self._hf_rmsnorm("fwd", False) + router + experts + [_r2("Add", res)]
+        experts = [
+            ew("Mul", [x4, w4]),
+            _r2("Mul", x4),
+            ew("Sum", T(B16, e, s, h)),
+            _bmm((e, s, h), (e, h, f)),
+            _bmm((e, f, s), (e, s, h)),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            _r2("Mul", x2),
+            ew("Mul", [x2, T("f64")]),
+            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
+            ew("Where", [T("b8", e, s, f), x2, T(B16)]),
+            ew("Sum", T(B16, e, s, 2 * f)),
+            _bmm((e, s, 2 * f), (e, 2 * f, h)),
+            _bmm((e, h, s), (e, s, 2 * f)),
+        ]
+        router = [
+            ew("SoftmaxBackward", [T(B16, s, m.topk), T(B16, s, m.topk), 1]),
+            _mm((s, e), (e, h)),
+            _mm((e, s), (s, h)),
+            ew("Sum", T(B16, s, e)),
+        ]
+        return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)
