@@ -441,6 +441,7 @@ def test_oracle_bytes_follow_the_flow_rule(case):
             else:
                 flows += sum(b for _, _, b in ring_flows(c.op, c.count, w, n))
         assert flows == pred.sent_bytes(comm), comm
+    assert sum(pred.by_group().values()) == sum(pred.payload_bytes(c) for c in pred.calls)
 
 
 def _moe_tp(ep: int, shared: int) -> dict:
