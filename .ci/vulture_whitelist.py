@@ -35,7 +35,3 @@ pytest_collection_modifyitems  # tests/conftest.py
 pytestmark  # tests/test_real_kineto.py
 detach  # tests/test_phantora_docker.py
 labels  # tests/test_phantora_docker.py
-# the collective oracle's API (tests/fixtures/collective_oracle.py), its closed forms not yet asserted by a test
-_.sent_bytes
-_.by_group
-deepspeed_zero_bytes

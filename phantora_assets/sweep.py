@@ -46,7 +46,7 @@ import pandas as pd
 
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.workload.spec import parse_workload
-from phantora_assets.matrix import RunSpec, validate, workload_specs
+from phantora_assets.matrix import RunSpec, presets, validate, workload_specs
 
 SWEEP_COLUMNS = [
     "workload",
