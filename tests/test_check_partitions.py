@@ -14,7 +14,7 @@ import pytest
 
 from phantora_assets.assets import RUN_ASSET_NAMES
 from phantora_assets.assets.common import NOT_APPLICABLE_ASSETS
-from phantora_assets.definitions import build_defs
+from phantora_assets.definitions import build_defs, seed_run_partitions
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.resources import AnalyticSimulatorResource
 
@@ -31,6 +31,7 @@ def built(tmp_path_factory):
     specs = [s for s in load_run_matrix() if s.run_id in (OOM, FITS)]
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
     instance = dg.DagsterInstance.ephemeral()
+    seed_run_partitions(instance, [FITS, OOM])
     job = defs.resolve_job_def("all_runs")
     for rid in (FITS, OOM):
         res = job.execute_in_process(partition_key=rid, instance=instance, raise_on_error=False, run_config=QUIET)

@@ -18,6 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 from run_folders import write_run_folder
 
 from phantora_assets import checks
@@ -76,7 +77,7 @@ def runs(tmp_path_factory) -> Runs:
     data = tmp_path_factory.mktemp("honest") / "data"
     specs = [s for s in load_run_matrix() if s.run_id in (OOM, FITS)]
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM, FITS])
     seen: list[str] = []
 
     class _Keep(logging.Handler):
@@ -168,11 +169,11 @@ def test_run_folders_record_the_same_outcomes_and_the_dataset_excludes_the_run(r
     assert status.loc[OOM, "reason"].startswith("fits_in_memory: failed, flows_exist: not evaluated")
 
 
-def test_runs_command_says_not_run(runs, capsys):
+def test_runs_command_says_not_evaluated(runs, capsys):
     assert main(["runs", "--data-dir", str(runs.data)]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     never = [n for n in RUN_CHECKS if n not in ("fits_in_memory", "perfdb_complete")]
-    assert lines[OOM].endswith("failed: fits_in_memory; not run: " + ", ".join(never))
+    assert lines[OOM].endswith("fits_in_memory: failed, " + ", ".join(f"{n}: not evaluated" for n in never))
     assert lines[FITS].endswith("all checks passed")
     assert "not passed" not in lines[OOM]
 
@@ -192,7 +193,7 @@ def test_imported_run_that_reports_cuda_out_of_memory_is_skipped_too(tmp_path):
     specs = [s for s in effective_matrix(data) if s.run_id == OOM]
     assert specs[0].source == "import"
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM])
     res = _run(defs, OOM, instance)
     assert res.success
     assert _applicable(_materialized(res)) == {"raw_timeline"}

@@ -50,7 +50,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         check_specs=check_specs("phantora_v0"),
         kinds={"csv", "parquet", "pandera"},
         description="data/phantora_v0/: every run whose checks all passed, as Parquet (runs.parquet; "
-        "flows_100ms/ and windows/ one file per run, hive-partitioned by run_id) and the v1 CSVs "
+        "flows_100ms/ and windows/ one file per run, <table>/<run_id>/part-0.parquet) and the v1 CSVs "
         "{runs,flows_100ms,windows}.csv. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, "
         "dst_node; windows: one row per run_id, window_s, window_start_s. run_status.csv lists included and "
         "excluded runs with reasons; README.md is the dataset card (data dictionary, build, limits, license).",

@@ -28,7 +28,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "materialized with metadata status = not_applicable and the reason (nothing written, not Missing).",
     )
     def chrome_trace(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
-        spec = p.spec_for(context)
+        spec = p.spec_for(context, data.paths.root)
         why = stage.not_applicable(spec, data.paths)
         if why is not None:
             context.log.info(f"not applicable: {why}")

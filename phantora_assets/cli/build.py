@@ -179,7 +179,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     Raises:
         RunMatrixError: S is not an allowed width (``lib/bins/width.bin_s_rule``), or the matrix is invalid.
     """
-    from phantora_assets.imported_runs import matrix_for
+    from phantora_assets.imported_runs import matrix_for, remember_watched
 
     bin_s = getattr(args, "bin_s", None)
     if bin_s is not None and (rule := bin_s_rule(bin_s)):
@@ -187,6 +187,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
             data_dir = Path(args.data_dir)
+            remember_watched(data_dir)  # the watched folder's runs stay runs of the data root
             matrix = matrix_for(data_dir)
             unknown = set(args.run or []) - {s.run_id for s in matrix}
             if unknown:
@@ -248,7 +249,7 @@ def _build_in(
 ) -> int:
     """:func:`_build` in the build's environment (``_build_env``)."""
     from phantora_assets import assets as a
-    from phantora_assets.definitions import build_defs
+    from phantora_assets.definitions import build_defs, seed_run_partitions
 
     paths = DataPaths(data_dir)
     specs = [s for s in matrix if not only or s.run_id in only]
@@ -263,6 +264,7 @@ def _build_in(
         if reaped and not quiet:
             print(f"marked {len(reaped)} run(s) left unfinished by an interrupted build as failed", flush=True)
         defs = build_defs(data_dir, matrix)
+        seed_run_partitions(instance, [s.run_id for s in matrix])  # the run partitions are dynamic
         skip = set() if plots else set(a.PLOT_ASSET_NAMES)
         sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
         run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}
