@@ -9,6 +9,18 @@ _.from_config_value  # instance/launcher.py, instance/sqlite.py
 _.supports_check_run_worker_health  # instance/launcher.py
 # SQLAlchemy calls the listener it registers (@db.event.listens_for)
 _pragmas  # instance/sqlite.py
+_owner  # instance/postgres.py
+_same_process  # instance/postgres.py
+_.dbapi_connection  # instance/postgres.py: SQLAlchemy's pool record, cleared for a forked child
+# Python calls a module's __getattr__ for a missing name (instance/__init__.py: the PostgreSQL storages)
+__getattr__
+# dagster.yaml names it (storage: custom:); Dagster reads its storages and storage data
+PooledPostgresStorage  # instance/postgres.py
+_._run_storage  # instance/postgres.py: read by dagster_postgres's DagsterPostgresStorage.run_storage
+_._event_log_storage  # instance/postgres.py: ... .event_log_storage
+_._schedule_storage  # instance/postgres.py: ... .schedule_storage
+_.event_storage_data  # instance/postgres.py: DagsterStorage's serialized storages
+_.schedule_storage_data  # instance/postgres.py
 # protobuf and matplotlib attributes set for the library to read
 _.syntax  # lib/chakra/schema.py: the FileDescriptorProto's proto3
 _.oneof_index  # lib/chakra/schema.py: AttributeProto's oneof value

@@ -50,7 +50,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,9 @@ def _instance_yaml(storage: dict[str, Any] | None) -> str:
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def _daemon_path(path: str, tmp: Path, env0: dict[str, str], storage: dict[str, Any] | None, timeout: float) -> dict:
+def _daemon_path(
+    path: str, tmp: Path, env0: dict[str, str], storage: Callable[[str], dict[str, Any]] | None, timeout: float
+) -> dict:
     """One backfill of every partition of all_runs, by the UI's mutation (``button``) or the CLI
     (``cli``), under a real daemon (and webserver), on a fresh home and data root."""
     import dagster as dg
@@ -176,7 +178,7 @@ def _daemon_path(path: str, tmp: Path, env0: dict[str, str], storage: dict[str, 
     work = tmp / path
     home, data = work / "dagster_home", work / "data"
     home.mkdir(parents=True)
-    (home / "dagster.yaml").write_text(_instance_yaml(storage))
+    (home / "dagster.yaml").write_text(_instance_yaml(storage(path) if storage else None))
     env = {**env0, "DAGSTER_HOME": str(home), "PHANTORA_ASSETS_DATA_DIR": str(data)}
     workspace = str(ROOT / "workspace.yaml")
     # create the instance's databases here, before the daemon starts: Dagster's SQLite run storage
@@ -256,13 +258,27 @@ def _run_asset_names() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _postgres(tmp: Path) -> Iterator[dict[str, Any]]:
-    """A throwaway PostgreSQL server; yields the ``storage:`` block naming the project's storage class."""
+def _postgres(tmp: Path) -> Iterator[Callable[[str], dict[str, Any]]]:
+    """A throwaway PostgreSQL server; yields ``storage(path)``: the ``storage:`` block naming the
+    project's storage class on a fresh database of that server for each path."""
+    import sqlalchemy as sa
+
     sys.path.insert(0, str(ROOT / "tests"))
     from pg_server import pg_server
 
     with pg_server(tmp / "pg") as server:
-        yield server.project_storage()
+
+        def storage(path: str) -> dict[str, Any]:
+            engine = sa.create_engine(server.url("postgresql+psycopg2"), isolation_level="AUTOCOMMIT")
+            with engine.connect() as conn:
+                conn.execute(sa.text(f'CREATE DATABASE "{server.dbname}_{path}"'))
+            engine.dispose()
+            block = server.project_storage()
+            base = block["custom"]["config"]["postgres_url"]
+            block["custom"]["config"]["postgres_url"] = f"{base}_{path}"
+            return block
+
+        yield storage
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1011,7 +1011,12 @@ def test_deployment_doc_one_host_storage_block(tmp_path):
     instance = project | storage
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance))
     config, _ = dagster_instance_config(str(tmp_path))
-    db = config["storage"]["postgres"]["postgres_db"]
+    # the project's storage class (kept connections, docs/INSTANCE.md), configured as storage: postgres:
+    custom = config["storage"]["custom"]
+    assert (custom["module"], custom["class"]) == ("phantora_assets.instance", "PooledPostgresStorage")
+    db = custom["config"]["postgres_db"]
     deploy_db = _instance()["storage"]["postgres"]["postgres_db"]
-    assert {k: v for k, v in db.items() if k != "port"} == {k: v for k, v in deploy_db.items() if k != "port"}
+    # no scheme needed: the class reads the bare postgresql:// with psycopg2 (deploy/dagster.yaml names it)
+    same = {k: v for k, v in deploy_db.items() if k not in ("port", "scheme")}
+    assert {k: v for k, v in db.items() if k != "port"} == same
     assert db["port"] == 5432
