@@ -309,7 +309,7 @@ def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, hom
         f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
         f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
     )
-    print(f"dataset:     {paths.dataset_dir.resolve()}")
+    print(f"dataset:     {paths.root.resolve() / paths.dataset_dir.name}")
     print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
     print(f"run folders: {(paths.root / 'traces').resolve()}")
     print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")

@@ -36,7 +36,7 @@ _CHECK_TEXT = {
 
 
 def _config_glob(t: ExportTable) -> str:
-    """The table's Parquet files, relative to the dataset folder (``run_id=*/part-0.parquet`` for a per-run table)."""
+    """The table's Parquet files, relative to the dataset folder (``run_id=*/part-<h>.parquet`` for a per-run table)."""
     return f"{t.name}/*/*.parquet" if t.per_run else f"{t.name}.parquet"
 
 
