@@ -16,7 +16,7 @@
 <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card);
                                            a link to the current generation (lib/store/generations.py)
 <root>/.phantora_v0.gens/g<ns>/            the generations (the previous ones kept for a grace period)
-<root>/phantora_v0/<table>/run_id=<id>/     part-<sha256[:16]>.parquet: flows_100ms, windows, one file per run
+<root>/phantora_v0/<table>/<run_id>/       part-<sha256[:16]>.parquet: flows_100ms, windows, one file per run
 <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
 <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """

@@ -5,8 +5,8 @@ and then dying on the allocation; the shipped layouts are far inside the bound."
 
 from __future__ import annotations
 
-import dagster as dg
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.errors import RunMatrixError
@@ -60,7 +60,7 @@ def test_the_partition_fails_at_raw_timeline_naming_the_rule(tmp_path):
     spec = RunSpec("W4", "h100", 1024, 1)
     defs = build_defs(tmp_path / "data", [spec])
     res = defs.resolve_job_def("all_runs").execute_in_process(
-        partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET, raise_on_error=False
+        partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET, raise_on_error=False
     )
     assert not res.success
     failures = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]

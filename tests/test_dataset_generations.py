@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import dagster as dg
 import pandas as pd
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.store import generations
@@ -54,7 +54,7 @@ def root(tmp_path_factory) -> Path:
     defs = build_defs(root, [A, B])
     for spec in (A, B):
         res = defs.resolve_job_def("all_runs").execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         )
         assert res.success
     return root
@@ -65,7 +65,7 @@ def _export(root: Path, specs: list[RunSpec]) -> None:
 
 
 def _table(path: str | Path) -> pd.DataFrame:
-    t = pads.dataset(path, partitioning="hive").to_table().to_pandas()
+    t = pads.dataset(path).to_table().to_pandas()
     return t.sort_values(["run_id", "t", "src_node", "dst_node"]).reset_index(drop=True)
 
 
@@ -93,8 +93,8 @@ def test_a_reader_that_listed_before_a_swap_reads_the_old_generation_whole(root,
     _export(root, [A, B])
     want = _table(root / "phantora_v0" / "flows_100ms")
     assert set(want["run_id"]) == {A.run_id, B.run_id}
-    pinned = pads.dataset(os.path.realpath(root / "phantora_v0") + "/flows_100ms", partitioning="hive")
-    plain = pads.dataset(str(root / "phantora_v0" / "flows_100ms"), partitioning="hive")
+    pinned = pads.dataset(os.path.realpath(root / "phantora_v0") + "/flows_100ms")
+    plain = pads.dataset(str(root / "phantora_v0" / "flows_100ms"))
     _export(root, [A])  # B leaves the dataset
     got = pinned.to_table().to_pandas().sort_values(["run_id", "t", "src_node", "dst_node"])
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
@@ -106,7 +106,7 @@ def test_a_reader_that_listed_before_a_swap_reads_the_old_generation_whole(root,
 def test_a_changed_run_is_a_new_file_name_so_a_listing_never_mixes_two_generations(root, monkeypatch):
     monkeypatch.setenv("PHANTORA_ASSETS_DATASET_GRACE_S", "600")
     _export(root, [A])
-    plain = pads.dataset(str(root / "phantora_v0" / "flows_100ms"), partitioning="hive")
+    plain = pads.dataset(str(root / "phantora_v0" / "flows_100ms"))
     (old,) = plain.files
     src = root / "partitions" / A.run_id / "flows_100ms.parquet"
     kept = src.read_bytes()
