@@ -13,8 +13,10 @@
 <root>/imports.toml                        imported run folders (phantora-assets import)
 <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
 <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
-<root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card)
-<root>/phantora_v0/<table>/<run_id>/       part-0.parquet: flows_100ms, windows, one file per run
+<root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card);
+                                           a link to the current generation (lib/store/generations.py)
+<root>/.phantora_v0.gens/g<ns>/            the generations (the previous ones kept for a grace period)
+<root>/phantora_v0/<table>/<run_id>/       part-<sha256[:16]>.parquet: flows_100ms, windows, one file per run
 <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
 <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """

@@ -42,12 +42,25 @@ def _build_cmd(root: Path) -> list[str]:
 def _files(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (a DuckDB file holds the same
     tables after a rebuild but not the same bytes: it is left out, see ``_database_readable``; so
-    is the build's Dagster instance, ``dagster_home/``: run history, not outputs)."""
-    return {
+    is the build's Dagster instance, ``dagster_home/``: run history, not outputs). The dataset is
+    the generation ``phantora_v0`` links to, under that name (the replaced generations that
+    ``.phantora_v0.gens/`` keeps for a grace period are left out: lib/store/generations.py)."""
+    out = {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.suffix != ".duckdb" and p.relative_to(folder).parts[0] != "dagster_home"
+        if p.is_file()
+        and p.suffix != ".duckdb"
+        and p.relative_to(folder).parts[0] not in ("dagster_home", ".phantora_v0.gens")
     }
+    dataset = folder / "phantora_v0"
+    out.update(
+        {
+            f"phantora_v0/{p.relative_to(dataset)}": hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(dataset.rglob("*"))
+            if p.is_file()
+        }
+    )
+    return out
 
 
 def _database_readable(root: Path) -> None:

@@ -261,11 +261,12 @@ def test_cpu_timing_fallback_and_no_markers_are_said(tmp_path):
 
 
 def test_folder_rules(tmp_path):
-    write_traces(tmp_path / "odd", {0: rank_trace(0, 3, EVERY[:1])})
+    pair = [Coll("allreduce", 1000, 1000, "BFloat16", (0, 1))]  # a group inside a world of 2 or 3
+    write_traces(tmp_path / "odd", {0: rank_trace(0, 3, pair)})
     with pytest.raises(TraceFormatError, match="does not divide the world size 3"):
         read_folder(tmp_path / "odd", 2)
-    write_traces(tmp_path / "twice", {0: rank_trace(0, 2, EVERY[:1])})
-    (tmp_path / "twice" / "copy.json").write_text(json.dumps(rank_trace(0, 2, EVERY[:1])))
+    write_traces(tmp_path / "twice", {0: rank_trace(0, 2, pair)})
+    (tmp_path / "twice" / "copy.json").write_text(json.dumps(rank_trace(0, 2, pair)))
     with pytest.raises(TraceFormatError, match="rank 0 again"):
         read_folder(tmp_path / "twice", 1)
     (tmp_path / "empty").mkdir()

@@ -168,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. An invalid run matrix (or another input error of ours) prints its message
-    (naming the file, entry and rule) and exits 2, without a traceback."""
+    (naming the file, entry and rule) and exits 2, without a traceback; a resource fault (a full
+    disk, a read-only data root: ``lib/faults``) prints one line naming the path and exits 1."""
     from phantora_assets.lib.errors import RunMatrixError
+    from phantora_assets.lib.faults import resource_fault
 
     args = build_parser().parse_args(argv)
     try:
@@ -177,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunMatrixError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a full disk, a read-only data root: one line, exit 1 (lib/faults)
+        fault = resource_fault(exc)
+        if fault is None:
+            raise
+        where = getattr(args, "data_dir", None)
+        print(f"{getattr(args, 'command', None) or 'phantora-assets'}: {fault.line('writing', where)}", file=sys.stderr)
+        return 1
 
 
 def run() -> None:

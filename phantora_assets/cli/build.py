@@ -17,6 +17,7 @@ atomically, so what a killed worker was writing never replaces a previous file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import blocking_failures, read_checks
-from phantora_assets.cli.engine import BuildAborted, _Runs, reap_stale_runs, run_step_errors
+from phantora_assets.cli.engine import BuildAborted, BuildFault, _Runs, reap_stale_runs, run_step_errors
 from phantora_assets.lib.bins.width import BIN_S_ENV, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.faults import fault_from_text, resource_fault
 from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
@@ -238,16 +240,62 @@ def _build(
     died), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
     from phantora_assets.instance.worker import refresh_definitions
 
+    where = _Where("removing the temporary files of interrupted builds", str(data_dir))
     try:
-        return _build_in(data_dir, matrix, only, quiet, plots, jobs)
+        return _build_in(data_dir, matrix, only, quiet, plots, jobs, where)
+    except Exception as exc:
+        fault = resource_fault(exc)
+        if fault is None:
+            raise
+        _say_fault(fault.line(where.step, where.path))
+        return 1
     finally:
         refresh_definitions()  # this process's code location module as the environment is again
 
 
+class _Where:
+    """The build's step in progress and the path it writes, for the line of a resource fault."""
+
+    def __init__(self, step: str, path: str) -> None:
+        self.step, self.path = step, path
+
+    def __call__(self, step: str, path: str) -> None:
+        self.step, self.path = step, path
+
+
+def _say_fault(line: str) -> None:
+    """The build's last line on a resource fault: ``build: <step>: <path>: <rule> (<detail>)``."""
+    try:
+        print(f"build: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _step_faults(instance, run, what: str, paths: DataPaths) -> list[str]:
+    """The lines of the failed steps of ``run`` whose error is a resource fault (``lib/faults``);
+    an error that names no path is said with the step's output (the dataset, the database) or
+    the data root."""
+    outputs = {"phantora_v0": paths.dataset_dir, "dataset_duckdb": paths.duckdb_path}
+    out = []
+    for err in run_step_errors(instance, run.run_id):
+        step, _, text = err.partition(": ")
+        fault = fault_from_text(text)
+        if fault is not None:
+            out.append(fault.line(f"run {what}, step {step}", str(outputs.get(step, paths.root))))
+    return out
+
+
 def _build_in(
-    data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
+    data_dir: Path,
+    matrix,
+    only: list[str] | None,
+    quiet: bool = False,
+    plots: bool = True,
+    jobs: int = 1,
+    where: _Where | None = None,
 ) -> int:
-    """:func:`_build` in the build's environment (``_build_env``)."""
+    """:func:`_build` in the build's environment (``_build_env``); ``where`` follows its steps."""
+    where = where if where is not None else _Where("build", str(data_dir))
     from phantora_assets import assets as a
     from phantora_assets.definitions import build_defs, seed_run_partitions
 
@@ -258,8 +306,10 @@ def _build_in(
     if stale and not quiet:
         print(f"removed {len(stale)} temporary file(s) left by an interrupted build", flush=True)
 
+    where("setting up the Dagster instance", os.environ.get("DAGSTER_HOME") or str(data_dir / "dagster_home"))
     with _build_env(data_dir), _open_instance() as instance, _signals_interrupt():
         home = os.environ["DAGSTER_HOME"]
+        where("Dagster instance writes", home)
         reaped = reap_stale_runs(instance)
         if reaped and not quiet:
             print(f"marked {len(reaped)} run(s) left unfinished by an interrupted build as failed", flush=True)
@@ -282,6 +332,10 @@ def _build_in(
             runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs if s.gpu})])
             done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
             dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
+        except BuildFault as e:  # a worker ended on a full disk / read-only root it could not record
+            _stop_quietly(runs, str(e), data_dir)
+            _say_fault(e.fault.line(f"run {e.what}", str(data_dir)))
+            return 1
         except (BuildAborted, KeyboardInterrupt) as e:
             why = str(e) if isinstance(e, BuildAborted) else _why(e)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
@@ -294,26 +348,54 @@ def _build_in(
             except OSError:
                 pass
             return _signal_code(e) if isinstance(e, KeyboardInterrupt) else 1
+        except Exception as e:
+            if resource_fault(e) is not None:  # the instance's own writes (said by _build)
+                _stop_quietly(runs, "a resource fault", data_dir)
+            raise
         finally:
             runs.launcher.shutdown()
             gc.unfreeze()
+        report = (time.perf_counter() - t0, runs.jobs, home, quiet)
+        return _finish(paths, specs, done, dataset, instance, report)
+
+
+def _finish(paths: DataPaths, specs, done, dataset, instance, report: tuple[float, int, str, bool]) -> int:
+    """Report every run and the dataset (:func:`_report`; ``report``: its elapsed s, jobs, Dagster
+    home and quiet), then the first resource fault a step
+    recorded (the build's last line); the exit code: 0, 1 (a run or the dataset failed) or 128 +
+    the signal that cut the report short."""
+    failures = 0
+    try:
+        rows = [(spec, _status(paths, spec, done[spec.run_id], instance)) for spec in specs]
+        failures = sum(status.startswith("FAILED") for _, status in rows)
+        dataset_errs = None
+        if dataset.status.value != "SUCCESS":
+            failures += 1
+            dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
+        faults = [f for s in specs for f in _step_faults(instance, done[s.run_id], s.run_id, paths)]
+        faults += _step_faults(instance, dataset, "dataset", paths)
+        _report(paths, rows, dataset_errs, *report)
+        if faults:  # the first is the cause; the dataset published before stays whole
+            _say_fault(faults[0])
+            return 1
+    except BrokenPipeError:  # the reader left (| head): the exit code still tells the outcome
+        pass
+    except KeyboardInterrupt as e:  # every run had ended: only the report is cut short
         try:
-            rows = [(spec, _status(paths, spec, done[spec.run_id], instance)) for spec in specs]
-            failures = sum(status.startswith("FAILED") for _, status in rows)
-            dataset_errs = None
-            if dataset.status.value != "SUCCESS":
-                failures += 1
-                dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
-            _report(paths, rows, dataset_errs, time.perf_counter() - t0, runs.jobs, home, quiet)
-        except BrokenPipeError:  # the reader left (| head): the exit code still tells the outcome
+            print(f"\nbuild stopped: {_why(e)} while reporting; every run had ended", file=sys.stderr)
+        except OSError:
             pass
-        except KeyboardInterrupt as e:  # every run had ended: only the report is cut short
-            try:
-                print(f"\nbuild stopped: {_why(e)} while reporting; every run had ended", file=sys.stderr)
-            except OSError:
-                pass
-            return _signal_code(e)
-        return 1 if failures else 0
+        return _signal_code(e)
+    return 1 if failures else 0
+
+
+def _stop_quietly(runs: _Runs, why: str, data_dir: Path) -> None:
+    """Stop the workers on a resource fault; what the full disk refuses (recording the runs as
+    cancelled, removing temporary files) is left: the next build closes those runs."""
+    with contextlib.suppress(Exception):
+        runs.stop(why)
+    with contextlib.suppress(Exception):
+        sweep_temp_files(data_dir)
 
 
 def _why(e: KeyboardInterrupt) -> str:
@@ -343,7 +425,7 @@ def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, hom
         f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
         f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
     )
-    print(f"dataset:     {paths.dataset_dir.resolve()}")
+    print(f"dataset:     {paths.root.resolve() / paths.dataset_dir.name}")
     print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
     print(f"run folders: {(paths.root / 'traces').resolve()}")
     print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")

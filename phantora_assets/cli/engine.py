@@ -34,6 +34,15 @@ class BuildAborted(Exception):
     """A run worker died or the build was interrupted; the message says which and how."""
 
 
+class BuildFault(BuildAborted):
+    """A run worker ended on a resource fault (a full disk, a read-only data root: ``lib/faults``)
+    that its run could not record; ``fault`` is it, ``what`` the run (its partition or job)."""
+
+    def __init__(self, what: str, fault) -> None:
+        super().__init__(f"run {what}: {fault.rule}")
+        self.what, self.fault = what, fault
+
+
 def _user_error(err) -> str:
     """The first line of the outermost error that is not Dagster's wrapper (e.g. ``TraceFormatError:
     <file>: <rule>: ...``): the file and rule the user needs, not "Error occurred while executing op"."""
@@ -147,8 +156,17 @@ class _Runs:
         return run
 
     def _worker_died(self, run, code: int) -> None:
-        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
         what = run.tags.get("dagster/partition", run.job_name)
+        fault = self.launcher.faults.pop(run.run_id, None)
+        if fault is not None:  # the worker said why (worker.FAULT_EXIT): the run is recorded if it can be
+            from phantora_assets.lib.faults import ResourceFault
+
+            try:
+                self.instance.report_run_failed(run, f"run worker ended on a resource fault: {fault[0]} ({fault[2]})")
+            except Exception:  # the instance is on the full disk too: the build's line says it
+                pass
+            raise BuildFault(what, ResourceFault(*fault))
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
         msg = f"run worker of {what} (pid {run.tags.get(PID_TAG)}) was {how} before its run ended"
         self.instance.report_run_failed(run, msg)
         _free_slots(self.instance, run.run_id)

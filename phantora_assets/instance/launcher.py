@@ -114,6 +114,7 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
         self._ended: list[str] = []  # runs seen ending at a launch, for wait_finished
         self._processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self._busy: dict[str, _Worker] = {}  # run_id -> the worker executing it (owner-collected)
+        self.faults: dict[str, tuple] = {}  # run_id -> (rule, path, detail) its worker ended on
         self._idle: list[_Worker] = []
         self._retired: list[_Worker] = []  # ended (their last run, or died), not yet reaped
         #: close the handles of finished workers at the next launch (False: the owner calls forget)
@@ -257,6 +258,8 @@ class ForkRunLauncher(RunLauncher, ConfigurableClass):
                 while w.conn is not None and w.conn.poll():
                     msg = w.conn.recv()
                     reported = reported or msg == ("done", rid)
+                    if isinstance(msg, tuple) and len(msg) == 3 and msg[0] == "fault":
+                        self.faults[msg[1]] = msg[2]  # (rule, path, detail): worker.FAULT_EXIT follows
             except (EOFError, OSError):
                 pass
             if not reported and w.proc.exitcode is None:

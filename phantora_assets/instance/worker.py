@@ -11,6 +11,7 @@ takes it is recorded as cancelled without running.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import multiprocessing.process
@@ -149,10 +150,15 @@ def run_worker(
     done = 0
     current: str | None = run_id
     parent = os.getppid()
+    sys.stderr = _QuietStorageFaults(sys.stderr)
     try:
         while current is not None:
             _use_environment(env)
-            _execute_one(current, instance)
+            try:
+                _execute_one(current, instance)
+            except Exception as exc:
+                _exit_on_fault(exc, current, conn)
+                raise
             done += 1
             if conn is None:
                 return
@@ -166,6 +172,52 @@ def run_worker(
     finally:
         if inherited is None:
             instance.dispose()
+
+
+#: Exit code of a worker that stopped on a resource fault (``lib/faults``; EX_IOERR of sysexits.h).
+FAULT_EXIT = 74
+
+
+def _exit_on_fault(exc: BaseException, run_id: str, conn) -> None:
+    """A resource fault (a full disk, a read-only data root) the run could not even record: tell
+    the launcher on the pipe (``("fault", run_id, (rule, path, detail))``) and end the worker with
+    :data:`FAULT_EXIT`, without the traceback (the build says it in one line, ``cli/build.py``).
+    Any other exception returns (the caller raises it)."""
+    from phantora_assets.lib.faults import resource_fault
+
+    fault = resource_fault(exc)
+    if fault is None:
+        return
+    if conn is not None:
+        try:
+            conn.send(("fault", run_id, (fault.rule, fault.path, fault.detail)))
+        except (OSError, ValueError):
+            pass
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(FAULT_EXIT)
+
+
+class _QuietStorageFaults:
+    """The worker's stderr without Dagster's ``Exception while writing logger call to event log:
+    <fault>`` lines when the fault is a resource fault (``lib/faults``): the run cannot record
+    anything then, and the worker ends on it (:func:`_exit_on_fault`); every other line passes."""
+
+    PREFIX = "Exception while writing logger call to event log: "
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith(self.PREFIX):
+            from phantora_assets.lib.faults import fault_from_text
+
+            if fault_from_text(text[len(self.PREFIX) :]) is not None:
+                return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _next_run(conn, parent: int, idle_s: float) -> tuple[str | None, dict[str, str] | None]:

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from phantora_assets import contracts
+from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.export import ARROW_TYPES
 from phantora_assets.lib.traffic import binning
 from phantora_assets.stages.common import BIN_S, CONTROL_BYTES_PER_S, WINDOW_S
@@ -36,7 +37,7 @@ _CHECK_TEXT = {
 
 
 def _config_glob(t: ExportTable) -> str:
-    """The table's Parquet files, relative to the dataset folder (``<run_id>/part-0.parquet`` for a per-run table)."""
+    """The table's Parquet files, relative to the dataset folder (``<run_id>/part-<h>.parquet`` for a per-run table)."""
     return f"{t.name}/*/*.parquet" if t.per_run else f"{t.name}.parquet"
 
 
@@ -142,7 +143,23 @@ _LIMITS = """\
 - Models are 4-layer slices of the named models; MoE experts are balanced; kernel timings come from
   one GPU of each type (perf DB) or a roofline (`runs.perf_db_fraction`).
 - `flops_per_step`, `mfu`, `peak_flops` and `alpha` are null where timing is not a roofline.
+- The per-pair bins are kept dense, every bin x every ordered node pair (zeros included), never
+  sparse or sampled: a run whose dense table would exceed {max_cells} cells (bins x pairs; at
+  100 ms bins, more than {max_nodes} nodes) is refused before it is simulated (rule `bin table too
+  large`) and is not in the dataset.
 """
+
+
+def _limits(two_bins: str) -> str:
+    """:data:`_LIMITS` with the run's numbers: the two-bin alias, the dense table's bound
+    (``lib/store/bin_table.MAX_DENSE_CELLS``) and the node count it allows at 100 ms bins."""
+    cells, n_bins = bin_table.MAX_DENSE_CELLS, int(round(WINDOW_S / BIN_S))
+    max_nodes = max(n for n in range(2, 4097) if n_bins * n * (n - 1) <= cells)
+    return (
+        _LIMITS.replace("{two_bins}", two_bins)
+        .replace("{max_cells}", f"{cells:,}")
+        .replace("{max_nodes}", str(max_nodes))
+    )
 
 
 def _ms(bin_s: float) -> str:
@@ -222,7 +239,7 @@ Types are the Parquet (Arrow) types; the CSVs hold the same values as text.
 {procedure.replace("{binning_doc}", binning_doc)}
 ## Known limits
 
-{_LIMITS.replace("{two_bins}", two_bins)}
+{_limits(two_bins)}
 ## License
 
 Apache-2.0 (`{LICENSE}`), as the project that builds it. The L40S kernel timings come from Phantora's

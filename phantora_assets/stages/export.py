@@ -6,8 +6,8 @@ Layout (``lib/store/export.py``)::
     phantora_v0/README.md                                 the dataset card (stages/card.py)
     phantora_v0/runs.csv, runs.parquet                    one row per run
     phantora_v0/flows_100ms.csv, windows.csv              the v1 CSVs, every run
-    phantora_v0/flows_100ms/<run_id>/part-0.parquet       one Parquet file per run
-    phantora_v0/windows/<run_id>/part-0.parquet
+    phantora_v0/flows_100ms/<run_id>/part-<h>.parquet     one Parquet file per run (<h>: 16 hex of
+    phantora_v0/windows/<run_id>/part-<h>.parquet         the file's sha256)
     phantora_v0/run_status.csv                            every run of the matrix, included or not
     phantora_v0/plots/                                    kept from the previous export (dataset_plots)
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +37,8 @@ from phantora_assets.checks import exclusion_reason, read_checks
 from phantora_assets.columns import BIN_COLUMNS
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.store import export as ex
-from phantora_assets.lib.store.io import atomic_write_text, link_or_copy, swap_in_dir
+from phantora_assets.lib.store import generations
+from phantora_assets.lib.store.io import atomic_write_text, link_or_copy
 from phantora_assets.lib.traffic.window_features import WINDOW_FEATURE_COLUMNS
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
@@ -247,20 +247,21 @@ def export_dataset(
     """Assemble ``phantora_v0/`` from every run whose checks all passed (layout: module docstring).
 
     Every table (an empty one too) and ``run_status.csv`` go to a staging folder, fsynced, which is
-    swapped in at once (``lib/store/io.swap_in_dir``): a reader or a crash sees the previous dataset
-    or this one, whole. Rows are validated with the v1 pandera contract as they are streamed; a row
-    that breaks it fails ``dataset_contract`` (naming the run's file and the rule) and nothing is
-    published. A run that passed its checks but was built from another run-matrix entry or perf
-    DB than the current one is excluded as stale (``stages/simulation.stale_reason``). Runs in
-    run_id order, rows in their per-run file's order: a rebuild is byte-identical.
+    published at once as the new generation ``phantora_v0`` links to (``lib/store/generations``):
+    a reader or a crash sees the previous dataset or this one, whole, and the previous generation
+    stays for the readers that resolved it (``generations.GRACE_S``). Rows are validated with the
+    v1 pandera contract as they are streamed; a row that breaks it fails ``dataset_contract``
+    (naming the run's file and the rule) and nothing is published. A run that passed its checks
+    but was built from another run-matrix entry or perf DB than the current one is excluded as
+    stale (``stages/simulation.stale_reason``). Runs in run_id order, rows in their per-run file's
+    order: a rebuild is byte-identical.
     ``card(rows per table, included run_ids, their bin_s, sha256 per table) -> text``, when given, writes
     ``README.md`` (the dataset card; the digests are of each table's Parquet bytes, :func:`parquet_digest`).
     """
     included, excluded = included_runs(specs, paths)
     width = {s.run_id: s.bin_s for s in specs}
     d = paths.dataset_dir
-    staging = d.with_name(f".{d.name}.p{os.getpid()}.dir.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = generations.staging_dir(d)
     rows: dict[str, int] = {}
     try:
         try:
@@ -291,7 +292,7 @@ def export_dataset(
         if (d / "plots").is_dir():  # the dataset plots stay until dataset_plots draws new ones
             plots = d / "plots"
             shutil.copytree(plots, staging / "plots", copy_function=lambda a, b: link_or_copy(Path(a), Path(b)))
-        swap_in_dir(staging, d)
+        generations.publish(staging, d)
     except BaseException:
         with contextlib.suppress(OSError):
             shutil.rmtree(staging, ignore_errors=True)

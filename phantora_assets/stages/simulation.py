@@ -22,7 +22,9 @@ from typing import Any
 from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
+from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.perfdb import load_perfdb
+from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.paths import DataPaths, default_perfdb_dir
@@ -36,7 +38,7 @@ from phantora_assets.records import (
 )
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import StageResult
+from phantora_assets.stages.common import WINDOW_S, StageResult
 
 
 def perf_db(gpu: str, paths: DataPaths) -> tuple[PerfDbRecord, bool]:
@@ -85,7 +87,14 @@ def perfdb_status(spec: RunSpec, paths: DataPaths) -> str:
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
     """The run's raw timeline, by its source (``sources.REGISTRY[spec.source]``); ``ctx`` gets the
     GPU's perf DB status filled in. Then ``run_spec.json`` (:func:`run_spec_record`): what the run
-    was built from, which the dataset export checks."""
+    was built from, which the dataset export checks.
+
+    Raises:
+        RunMatrixError: the run's dense per-pair bin table would be too large to build in bounded
+            memory (``lib/store/bin_table.dense_table_rule``), before anything is simulated or read.
+    """
+    if (why := bin_table.dense_table_rule(spec.n_nodes, WINDOW_S, spec.bin_s)) is not None:
+        raise RunMatrixError(f"run {spec.run_id} ({spec.layout}): bin table too large: {why}")
     ctx = SourceContext(perfdb_status=perfdb_status(spec, paths), docker=ctx.docker, log=ctx.log)
     spec_file = paths.partition_dir(spec.run_id) / "run_spec.json"
     now = run_spec_record(spec)

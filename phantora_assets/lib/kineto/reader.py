@@ -145,12 +145,17 @@ def _pg_config(meta: Meta) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _group(a: Args, path: Path, rank: int, what: str, pgs: dict[str, tuple[int, ...]]) -> tuple[tuple[int, ...], str]:
+def _group(
+    a: Args, path: Path, rank: int, world: int, what: str, pgs: dict[str, tuple[int, ...]]
+) -> tuple[tuple[int, ...], str]:
     """The op's group ranks and its key. Ranks from ``Process Group Ranks``; when PyTorch truncated
     it (``"[0, 1, ..., 29, ...]"``, groups of more than 30 ranks) or left it out: the
     ``distributedInfo.pg_config`` entry of its ``Process Group Name`` (else ``ID``) of ``Group
     size`` ranks, else ``Global rank start`` / ``Global rank stride`` / ``Group size`` (no stride
-    recorded: refused, it is not guessed). Raises TraceFormatError ``invalid trace``."""
+    recorded: refused, it is not guessed). Raises TraceFormatError ``invalid trace``, or
+    ``process group`` when the ranks list one twice or one outside the ``world`` (0..world-1):
+    a ring over such a list is not a communicator NCCL can build (a duplicate would lengthen the
+    ring, 5,333,332 B a step instead of 4,000,000 for ``[0, 0, 1]``), so it is refused, not binned."""
     size = _int(a.group_size, path, f"{what} Group size") if a.group_size is not None else None
     truncated = isinstance(a.pg_ranks, str) and a.pg_ranks.rstrip().endswith("...]")
     ranks = () if truncated else _int_list(a.pg_ranks, path, f"{what} Process Group Ranks")
@@ -173,9 +178,23 @@ def _group(a: Args, path: Path, rank: int, what: str, pgs: dict[str, tuple[int, 
         )
     if size is not None and size != len(ranks):
         raise TraceFormatError(path, "invalid trace", f"{what}: Group size {size} but {len(ranks)} Process Group Ranks")
+    name = a.pg_name if a.pg_name is not None else a.pg_id
+    twice = next((r for i, r in enumerate(ranks) if r in ranks[:i]), None)
+    outside = next((r for r in ranks if not 0 <= r < world), None)
+    if twice is not None or outside is not None:
+        raise TraceFormatError(
+            path,
+            "process group",
+            f"{what}: Process Group Ranks {list(ranks)} of group {str(name)!r} "
+            + (
+                f"lists rank {twice} twice"
+                if twice is not None
+                else f"lists rank {outside}, outside the world of {world} ranks (0..{world - 1})"
+            )
+            + ": each rank of a process group is listed once, all in the world",
+        )
     if size != 1 and rank not in ranks:
         raise TraceFormatError(path, "invalid trace", f"{what}: rank {rank} is not in its group {list(ranks)}")
-    name = a.pg_name if a.pg_name is not None else a.pg_id
     return ranks, f"{name if name is not None else ''}:{','.join(map(str, ranks))}"
 
 
@@ -296,13 +315,13 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
         elif str(a.collective) in _NOT_DATA:
             skipped[str(a.collective)] += 1
         else:
-            colls.append(_collective(a, e, k, path, rank, pgs))
+            colls.append(_collective(a, e, k, path, rank, world, pgs))
     if not colls and kept.sized:  # no sized CPU op (e.g. not recorded): the kernels' own args
         for k in kept.sized:
             if str(k.args.collective) in _NOT_DATA:  # type: ignore[union-attr]
                 skipped[str(k.args.collective)] += 1  # type: ignore[union-attr]
             else:
-                colls.append(_collective(k.args, k, k, path, rank, pgs))  # type: ignore[arg-type]
+                colls.append(_collective(k.args, k, k, path, rank, world, pgs))  # type: ignore[arg-type]
         colls.sort(key=lambda c: c.cpu_ts_us)
     if not colls and not skipped:
         seen = ", ".join(f"{n} x{c}" for n, c in sorted(unsized.items())) or "no collective at all"
@@ -330,12 +349,12 @@ def read_rank_trace(path: str | Path, world_size: int | None = None, rank: int |
 
 
 def _collective(
-    a: Args, op: Event, k: Event | None, path: Path, rank: int, pgs: dict[str, tuple[int, ...]]
+    a: Args, op: Event, k: Event | None, path: Path, rank: int, world: int, pgs: dict[str, tuple[int, ...]]
 ) -> Collective:
     """The collective of CPU op ``op`` (or a kernel standing for it) with args ``a``, timed by kernel ``k``."""
     name = str(a.collective)
     what = f"{op.name} {name} at ts {op.ts}"
-    group, pg = _group(a, path, rank, what, pgs)
+    group, pg = _group(a, path, rank, world, what, pgs)
     return Collective(
         name=name,
         in_nelems=_int(a.in_nelems, path, f"{what} In msg nelems"),

@@ -10,6 +10,7 @@ time (one Parquet row group each); :func:`read_bin_matrix` reads such a file (or
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,49 @@ import pyarrow.parquet as pq
 from phantora_assets.columns import BIN_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
+#: The most cells (bins x ordered node pairs) of a run's dense per-pair bin table the binned stages
+#: build (``lib/traffic/binning.build_bins``, ``lib/net/link_bins``, ``lib/traffic/window_features``,
+#: the run's plots hold it as int64 matrices, a few at once): 2**26 = 67 M cells (512 MiB a matrix),
+#: so that every per-run stage stays within 2 GiB peak RSS. Measured (benchmarks/pipeline_scale.py,
+#: W4 on h100, docs/BENCHMARKS.md): 29 M cells (128 x 1) peak 916 MiB (run_plots), 118 M cells
+#: (256 x 1) 3,132 MiB: ~25 B a cell. At 100 ms bins that is 193 nodes; a 1024-node run has 1.9 G
+#: cells (14 GiB a matrix). ``$PHANTORA_ASSETS_MAX_BIN_CELLS`` sets another bound.
+MAX_DENSE_CELLS = 1 << 26
+MAX_CELLS_ENV = "PHANTORA_ASSETS_MAX_BIN_CELLS"
+
 #: Bins per written row group (x n_pairs rows: 16 k pairs -> 1.6 M rows, ~70 MB of columns), at most
 #: CHUNK_ROWS rows (at least one bin).
 CHUNK_BINS = 100
 CHUNK_ROWS = 4_000_000
+
+
+def max_dense_cells() -> int:
+    """:data:`MAX_DENSE_CELLS`, or ``$PHANTORA_ASSETS_MAX_BIN_CELLS`` when it is a positive integer."""
+    raw = os.environ.get(MAX_CELLS_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_DENSE_CELLS
+
+
+def dense_cells(n_nodes: int, window_s: float, bin_s: float) -> int:
+    """Cells of a run's dense per-pair bin table: bins of the window x ordered node pairs."""
+    n_bins = int(round(window_s * 1e9)) // int(round(bin_s * 1e9))
+    return n_bins * n_nodes * (n_nodes - 1)
+
+
+def dense_table_rule(n_nodes: int, window_s: float, bin_s: float) -> str | None:
+    """Why a run of ``n_nodes`` nodes cannot have its per-pair bins built in bounded memory (its
+    dense table has more than :func:`max_dense_cells` cells), or None. Checked before the run is
+    simulated (``stages/simulation.raw_timeline``), so such a run fails at once, named, instead of
+    being simulated and then dying on a ``(bins, pairs)`` matrix of many GiB."""
+    cells, bound = dense_cells(n_nodes, window_s, bin_s), max_dense_cells()
+    if cells <= bound:
+        return None
+    n_bins = cells // max(1, n_nodes * (n_nodes - 1))
+    return (
+        f"{n_bins} bins x {n_nodes * (n_nodes - 1):,} ordered node pairs = {cells:,} cells, more than the "
+        f"{bound:,} the binned stages hold in bounded memory ({cells * 8 / 2**30:.1f} GiB a dense int64 matrix; "
+        f"the per-pair bins are kept dense, every bin x every pair: docs/DATASET_STORAGE.md); use fewer nodes "
+        f"(more GPUs per node) or a wider bin_s, or set ${MAX_CELLS_ENV} on a host with the memory"
+    )
 
 
 def pair_nodes(n_nodes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,10 @@
 """Streaming writers of the published dataset (``phantora_v0/``): Parquet parts and CSVs, run by run.
 
-Layout under a staging folder (``stages/export.py`` swaps it in whole, ``io.swap_in_dir``)::
+Layout under a staging folder (``stages/export.py`` publishes it whole, ``generations.publish``)::
 
     <table>.csv                              every run, appended run by run (the v1 CSV contract)
-    <table>/<run_id>/part-0.parquet          per-run tables, one folder per run
+    <table>/<run_id>/part-<h>.parquet        per-run tables, one folder per run (<h>: 16 hex
+                                             of the file's sha256, so a name never changes its bytes)
     <table>.parquet                          single-file tables (runs)
 
 Each Parquet file carries the ``run_id`` column, so a file read alone is whole. The folders are
@@ -24,6 +25,7 @@ No Dagster import.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -54,8 +56,23 @@ def arrow_schema(columns: dict[str, str]) -> pa.Schema:
 
 
 def part_path(root: Path, table: str, run_id: str) -> Path:
-    """``root/<table>/<run_id>/part-0.parquet``: the run's file of a per-run table."""
+    """``root/<table>/<run_id>/part-0.parquet``: where the run's file of a per-run table is
+    written, before :func:`content_name` renames it."""
     return root / table / run_id / "part-0.parquet"
+
+
+def content_name(path: Path) -> Path:
+    """Rename the written file ``path`` to ``part-<first 16 hex of its sha256>.parquet`` in its
+    folder and return the new path: a published name always holds the same bytes, in every
+    generation (``lib/store/generations``: a reader that listed the dataset before a newer one was
+    published reads the same bytes, or finds the file gone, never other bytes under its name)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    dest = path.with_name(f"part-{h.hexdigest()[:16]}.parquet")
+    os.replace(path, dest)
+    return dest
 
 
 def iter_batches(path: Path, schema: pa.Schema, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
@@ -178,6 +195,8 @@ class TableWriter:
         finally:
             if self.per_run:
                 writer.close()
+        if self.per_run:
+            self.files[-1] = content_name(self.files[-1])
         self.rows += n
         return n
 
