@@ -93,6 +93,12 @@ def nic_pair_table(flows: pd.DataFrame, steady: set[int], k: int, run_id: str) -
     )
 
 
+def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``df`` with its ``str`` columns as pandas strings: an empty table's text columns are then Parquet
+    strings, not the null type (DuckDB cannot read one run's null column beside another's strings)."""
+    return df.astype({c: "string" for c, t in columns.items() if t == "str"})
+
+
 def steady_step_times(anatomy: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
     """Per steady step: ``step``, ``step_time_s`` and ``compute_s`` (the mean over hosts of
     ``step_anatomy``'s ``compute_us``)."""
@@ -119,7 +125,7 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
     flows, k = nic_flows(spec, flows, paths)
     pairs = nic_pair_table(flows, steady, k, spec.run_id)
-    write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"))
+    write_parquet(_typed(pairs, NIC_PAIR_COLUMNS), paths.table(spec.run_id, "nic_pairs"))
     meta: dict[str, Any] = {"nics_per_host": k, "nic_pairs": len(pairs), "topology": spec.cluster["topology"]}
     if "group" not in have:
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
@@ -128,9 +134,9 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     trans = reconfig.transition_windows(phases, steady, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), steady)
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
-    write_parquet(phases, paths.table(spec.run_id, "nic_phases"))
-    write_parquet(trans, paths.table(spec.run_id, "transition_windows"))
-    write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"))
+    write_parquet(_typed(phases, reconfig.PHASE_COLUMNS), paths.table(spec.run_id, "nic_phases"))
+    write_parquet(_typed(trans, reconfig.TRANSITION_COLUMNS), paths.table(spec.run_id, "transition_windows"))
+    write_parquet(_typed(sweep, reconfig.SWEEP_COLUMNS), paths.table(spec.run_id, "reconfig_sweep"))
     out = paths.plots_dir(spec)
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, out / "reconfig_windows.png")
     reconfig_plots.sweep_plot(sweep, spec.run_id, out / "reconfig_sweep.png")
