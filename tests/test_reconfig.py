@@ -158,3 +158,26 @@ def test_refusals():
         rc.reconfig_sweep(_transitions(), STEPS.iloc[:0], "r")
     with pytest.raises(ValueError, match="unknown mode"):
         rc.step_stalls(_transitions(), 0.01, "eager")
+
+
+def test_empty_tables_keep_their_text_columns_typed(tmp_path):
+    """A run with no transition writes a table the database fills beside another run's: its text columns are
+    strings, not Parquet's null type (DuckDB refuses to cast the next file's strings to it)."""
+    import duckdb
+
+    from phantora_assets.lib.store import database
+    from phantora_assets.stages.common import write_parquet
+    from phantora_assets.stages.reconfig import _typed, database_tables
+
+    empty = rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "a"), {1}, "a")
+    full = _transitions()
+    dirs = {"a": tmp_path / "a", "b": tmp_path / "b"}
+    for run_id, table in (("a", empty), ("b", full)):
+        write_parquet(_typed(table, rc.TRANSITION_COLUMNS), dirs[run_id] / "transition_windows.parquet")
+    (t,) = [t for t in database_tables() if t.name == "transition_windows"]
+    with duckdb.connect() as con:
+        ddl = ", ".join(f"{c} {database._sql_type(d)}" for c, d in t.columns.items())
+        con.execute(f"CREATE TABLE transition_windows ({ddl})")
+        database._fill(con, t, dirs, {})
+        (n,) = con.execute("select count(*) from transition_windows").fetchone() or (0,)
+    assert len(empty) == 0 and n == len(full) == 20
