@@ -8,7 +8,8 @@ detector the way ``validated_flows`` runs it: ``detect_steps(flows, compute=...)
 Computation events when it has them (and run.log's iteration times when the detector takes them:
 ``iteration_s``), then, when the run has a run.log, the blocking ``steps_match_run_log`` check, whose
 failure counts as a refusal. Outcomes: ``right``; ``refused`` (StepDetectionError or that check: loud);
-``wrong`` (any other answer: silently wrong steps); ``crash`` (another exception; counted as wrong).
+``wrong`` (any other answer: silently wrong steps); ``crash`` (another exception; counted as wrong);
+``rotated`` (right steps at another phase, counted apart for the runs whose phase is undecidable, else wrong).
 Prints, per family and overall, the decidable runs' outcomes, the undecidable runs' outcomes, the
 refusals by rule, and the seeds of every wrong run. Exit status 1 when a decidable run is wrong.
 
@@ -65,6 +66,8 @@ def classify(run: TruthRun) -> tuple[str, str]:
         list(sr.steady_steps),
     )
     got = f"{len(sr.steps)} steps of {sr.step_time_us:.0f} us"
+    if why == "rotated":
+        return ("rotated" if not run.decidable else "wrong"), f"{got}: steps at another phase than the iterations"
     return ("wrong", f"{got}: {why}") if why else ("right", got)
 
 
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if outcome in ("wrong", "crash"):
             which = "decidable" if run.decidable else "undecidable"
             bad.append(f"  seed {seed} ({run.family}, {which}) {outcome}: {detail}")
-    outs = ("right", "refused", "wrong", "crash")
+    outs = ("right", "refused", "wrong", "crash", "rotated")
     print(
         f"step detection vs truth: {args.runs} runs, seeds {args.first}..{args.first + args.runs - 1}, "
         f"run.log passed to the detector: {TAKES_RUN_LOG}, {time.perf_counter() - t0:.0f} s"
