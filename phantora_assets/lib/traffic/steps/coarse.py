@@ -47,10 +47,11 @@ def _places(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
     return pos.reshape(other.shape) - np.arange(n, dtype=np.int64)[:, None] * q_r
 
 
-def _overlap(cs: _Calls, cut: _Cut) -> str | None:
-    """Why the anchors' steps of ``cut`` are not ordered in time (:func:`_ordered`, every
-    step), None when they are."""
+def _overlap(cs: _Calls, cut: _Cut, first: int = 0) -> str | None:
+    """Why the anchors' steps of ``cut`` are not ordered in time (:func:`_ordered`, every step from
+    ``first`` on and the one before it), None when they are."""
     bad = ~_ordered([cs.step_bounds(i, cut.period[i], cut.counts[i]) for i in cut.anchors])
+    bad &= cut.n_steps - 1 - np.arange(len(bad)) >= first  # the later step of each pair
     if bad.any():
         e = int(np.argmax(bad))
         return f"steps {cut.n_steps - 2 - e} and {cut.n_steps - 1 - e} overlap in time"

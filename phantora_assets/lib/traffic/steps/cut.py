@@ -412,7 +412,9 @@ def _primary_periods(
             counts[i] = per[i].full_periods(fits[0])
         elif fits:
             by_time.append(i)
-        elif (m := _multiple_by_time(cs, i, p, min(repeating, key=lambda j: counts[j]), best)) is not None:
+        elif (m := _multiple_by_time(cs, i, p, min(repeating, key=lambda j: counts[j]), best)) is not None and m > 1:
+            by_time.append(i)  # several of its periods a step: the others' steps place them
+        elif m is not None:
             period[i] = m * p  # more steps than the others by more than the slack: a ramp-up, a longer warm-up
             counts[i] = per[i].full_periods(m * p)
         else:
