@@ -67,7 +67,7 @@ def test_jittered_iterations_are_their_own_steps(family, with_compute, jitter):
 @pytest.mark.parametrize(
     ("family", "fixed"),
     [
-        pytest.param("megatron", {"ramp": 3}, id="batch-size-ramp-up-megatron", marks=_RAMP),
+        pytest.param("megatron", {"ramp": 3}, id="batch-size-ramp-up-megatron"),
         pytest.param("grad_accum", {"ramp": 4}, id="batch-size-ramp-up-grad-accum", marks=_RAMP),
         pytest.param("zero3", {"n_warm": 2}, id="two-slow-warm-up-iterations"),
         pytest.param("moe", {"jitter": 0.02}, id="moe-routing-noise"),

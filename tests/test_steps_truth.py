@@ -180,3 +180,27 @@ def test_time_assigned_sequence_before_the_anchor_keeps_its_iteration():
     assert sr.periods == {dp: 1, ep: 16} and len(sr.steps) == N_ITER and sr.step_time_us == step_us
     assert (sr._period_step == (f["ts_us"].to_numpy() // step_us).astype(np.int64)).all()
     assert sr.steps["start_us"].tolist() == [it * step_us + 100 for it in range(N_ITER)]
+
+
+def test_eval_kernel_every_fifth_iteration_keeps_the_20_steps(w4_trace):
+    """Issue 28, first finding: an evaluation pass every 5th iteration (a 1 ms extra kernel on every host,
+    the later iterations 1 ms later, no extra collective) was read as 5-iteration steps (5x the time and
+    the bytes). The communicators repeat every iteration exactly: 20 steps, the eval steps outliers."""
+    f, ce = w4_trace.flows.copy(), w4_trace.compute_events.copy()
+    clean = detect_steps(f, compute=ce)
+    starts = clean.steps["start_us"].to_numpy()
+    evals = starts[[5, 10, 15]] - 1000.0  # the eval pass ends each 5th iteration (before steps 5, 10, 15)
+    shift = lambda ts: ts + 1000.0 * np.searchsorted(evals, ts, side="right")
+    f["ts_us"] = shift(f["ts_us"].to_numpy())
+    ce["ts_us"] = shift(ce["ts_us"].to_numpy())
+    extra = pd.DataFrame(
+        [(h, t + 1000.0 * k, 1000.0) for k, t in enumerate(evals) for h in ce["host"].unique()], columns=ce.columns
+    )
+    ce = pd.concat([ce, extra], ignore_index=True)
+    sr = detect_steps(f, compute=ce)
+    assert len(sr.steps) == 20 and sr.steady_steps == list(range(1, 20))
+    assert sr.network_bytes_per_step == clean.network_bytes_per_step
+    assert sr.step_time_us == pytest.approx(clean.step_time_us, rel=1e-3)  # 3 of 18 timed steps 1 ms longer
+    assert sr.steps.loc[[4, 9, 14], "duration_us"].tolist() == pytest.approx(
+        (clean.steps.loc[[4, 9, 14], "duration_us"] + 1000.0).tolist()
+    )

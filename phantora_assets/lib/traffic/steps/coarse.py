@@ -15,7 +15,7 @@ import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import copies_before_tail
-from phantora_assets.lib.traffic.steps.cut import _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.cut import CONCURRENT_SHARE, _Calls, _Cut, _cut, _fail, _Periodicity
 
 
 def _ordered(bounds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -101,6 +101,7 @@ def _coarse_try(
     if n_r < min_repeats:
         return f"{n_r} steps of {q_r} calls of {cs.name(r)}, fewer than {min_repeats}"
     ref = cs.step_bounds(r, q_r, n_r)
+    tol = CONCURRENT_SHARE * float(np.median(-np.diff(ref[0]))) if n_r > 1 else 0.0
     ref_calls = cs.call_starts(r, q_r, n_r)
     period, counts = {r: q_r}, {r: n_r}
     for i in repeating:
@@ -120,7 +121,7 @@ def _coarse_try(
             if n >= min_repeats and abs(n - n_r) <= slack and nearer:
                 m = min(n, n_r) - warmup_steps  # steps that can be steady
                 if m >= 2 and _ordered([ref, cs.step_bounds(i, q, n)]).all():
-                    pl = _places(ref_calls[:m], cs.call_starts(i, q, m))
+                    pl = _places(ref_calls[:m], cs.call_starts(i, q, m) - tol)  # concurrent calls: no order
                     if (pl == pl[:1]).all():
                         choice = (q, n)
             q += p

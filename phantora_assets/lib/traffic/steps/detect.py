@@ -15,6 +15,7 @@ from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
 from phantora_assets.lib.traffic.steps.coarse import _coarse_cut, _coarser, _overlap, broken_period
 from phantora_assets.lib.traffic.steps.cut import (
+    CONCURRENT_SHARE,
     _Calls,
     _Cut,
     _cut,
@@ -253,6 +254,40 @@ def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 
+def _finer_by_time(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
+    """A step of several periods (``coarse.py``) that a finer partition would satisfy too: the reference
+    sequence's steady steps cut into ``g`` parts at its own periods (``g`` a prime dividing its periods a
+    step), every call placed by time, and every sequence then issues the same calls in every part of the
+    steady steps. The rule takes the finest partition: refused as ambiguous rather than coarsened."""
+    cs = ev.cs
+    counts = {i: ev.per[i].full_periods(ev.prim[i]) for i in ev.repeating}
+    r = min(ev.repeating, key=lambda j: counts[j])
+    if r not in cut.counts:
+        return None
+    k = cut.period[r] // ev.prim[r]
+    n = cut.n_complete - cut.first_steady
+    for g in (d for d in range(2, k + 1) if k % d == 0 and all(d % f for f in range(2, d))):
+        first, _ = cs.step_bounds(r, cut.period[r] // g, (cut.counts[r]) * g)
+        bounds = np.sort(first)
+        bounds -= CONCURRENT_SHARE * float(np.median(np.diff(bounds)))  # calls issued with the first: in its part
+        call_ts = cs.ts_s[cs.call_rows]
+        part = np.searchsorted(bounds, call_ts, side="right") - 1
+        lo = len(bounds) - (cut.n_steps - cut.first_steady) * g
+        hi = min(lo + n * g, len(bounds) - 1)  # the last part ends with the trace: not compared
+        if lo < 0 or hi - lo < 2 * g:
+            continue
+        seq = cs.seq_id[cs.call_rows]
+        m = (part >= lo) & (part < hi) & np.isin(seq, np.asarray(ev.repeating))
+        sig = pd.Series(seq[m] * (int(cs.call_tok.max()) + 1) + cs.call_tok[m]).groupby(part[m]).agg(tuple)
+        if len(sig) == hi - lo and sig.nunique() == 1:
+            return (
+                "steps ambiguous",
+                f"steps of {cut.period[r]} calls of {cs.name(r)} hold, and so do steps of {cut.period[r] // g} calls "
+                "(every communicator issues the same calls in each): the finest partition is not found",
+            )
+    return None
+
+
 def _violation(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | None:
     """The first invariant ``cut`` breaks, or None."""
     return _never_repeats_in_warmup(ev, cut, min_repeats) or _p2p_bytes(ev, cut)
@@ -278,6 +313,8 @@ def _decide(ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: lis
             raise _fail(
                 src, "steps disagree", f"{got}; no step of several periods on every communicator fits either ({coarse})"
             )
+        if (finer := _finer_by_time(ev, coarse)) is not None:
+            raise _fail(src, *finer)
         got = coarse
     cut = _aligned(ev, got, warmup_steps, src)
     if iteration_s:
