@@ -332,11 +332,23 @@ def blocking_failures(folder: Path) -> dict[str, dict]:
     }
 
 
-def all_passed(data: dict[str, dict]) -> bool:
-    """True iff every check of RUN_CHECKS is recorded as passed in ``data`` (a ``read_checks`` result)."""
-    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)
+#: The exclusion reason of a run whose folder records no check (its assets never ran).
+NOT_BUILT = "not built"
 
 
-def run_passed(folder: Path) -> bool:
-    """True iff every check of RUN_CHECKS is recorded as passed."""
-    return all_passed(read_checks(folder))
+def exclusion_reason(data: dict[str, dict]) -> str | None:
+    """Why a run whose ``checks.json`` holds ``data`` (a ``read_checks`` result) is out of the dataset,
+    in the one wording ``run_status.csv``, the database's ``run_status`` and ``phantora-assets runs``
+    all print; None when every gating check passed.
+
+    Returns:
+        :data:`NOT_BUILT` when nothing is recorded; else ``<check>: <status>`` for each check of
+        :data:`RUN_CHECKS` not recorded as passed, in their order, joined by ``", "``: ``failed``,
+        ``not evaluated`` (:data:`NOT_EVALUATED`, also for a check never recorded: its asset did not
+        run or did not apply, e.g. every check below a run that does not fit in GPU memory), or the
+        status recorded. E.g. ``fits_in_memory: failed, flows_exist: not evaluated, ...``.
+    """
+    if not data:
+        return NOT_BUILT
+    status = {n: data.get(n, {}).get("status", NOT_EVALUATED) for n in RUN_CHECKS}
+    return ", ".join(f"{n}: {s}" for n, s in status.items() if s != "passed") or None

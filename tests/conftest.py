@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fixtures.builds import small_build  # noqa: F401  (a session fixture: one small real build)
 from hypothesis import settings
 
 DATA = Path(__file__).parent / "data"

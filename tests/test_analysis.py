@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import DATA
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main
@@ -314,7 +315,7 @@ def test_plots_metadata_renders_in_the_ui(built) -> None:
         selection=[d.ASSETS["run_plots"]],
         partition_key=RUN,
         resources={"data": DataRoot(data_dir=str(built)), "simulator": AnalyticSimulatorResource()},
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([RUN]),
         run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}},
     )
     assert result.success
@@ -332,12 +333,13 @@ def test_published_figures_shipped_with_the_package() -> None:
 
 
 # --------------------------------------------------------------------------- docs
-def test_readme_documents_features_and_views() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert feature_markdown() in readme, (
-        "README's feature table is stale: paste lib.traffic.window_features.feature_markdown()"
+def test_docs_document_features_and_views() -> None:
+    features = (ROOT / "docs" / "WINDOW_FEATURES.md").read_text()
+    assert feature_markdown() in features, (
+        "docs/WINDOW_FEATURES.md's feature table is stale: paste lib.traffic.window_features.feature_markdown()"
     )
-    assert views_markdown() in readme, "README's view list is stale: paste lib.store.database.views_markdown()"
+    views = (ROOT / "docs" / "QUERIES.md").read_text()
+    assert views_markdown() in views, "docs/QUERIES.md's view list is stale: paste lib.store.database.views_markdown()"
 
 
 def test_windows_csv_covers_every_run_with_the_feature_set(built, runs) -> None:

@@ -114,7 +114,6 @@ GROUPS_CASES = {
 
 @pytest.mark.parametrize("case", list(GROUPS_CASES))
 def test_a_comm_groups_file_that_is_no_regular_file_is_refused(tmp_path, case):
-    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
     from phantora_assets.lib.chakra.ingest import read_folder
 
     outside = tmp_path / "outside.json"
@@ -128,7 +127,6 @@ def test_a_comm_groups_file_that_is_no_regular_file_is_refused(tmp_path, case):
 
 
 def test_two_comm_groups_files_are_refused_not_one_picked(tmp_path):
-    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
     from phantora_assets.lib.chakra.ingest import read_folder
 
     folder = _chakra_folder(tmp_path / "ets")
@@ -141,7 +139,6 @@ def test_two_comm_groups_files_are_refused_not_one_picked(tmp_path):
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
 def test_an_et_that_is_no_regular_file_is_refused_by_rule(tmp_path, kind):
-    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
     from phantora_assets.lib.chakra.ingest import read_folder
 
     folder = _chakra_folder(tmp_path / "ets")

@@ -1,5 +1,5 @@
 """Adversarial review of Chakra ET import (issue 15, ``lib/chakra/ingest.py``): folders of ETs a user
-could hand in, written with the project's own encoder (``et_io.write_et``, mlc-chakra's schema).
+could hand in, written with the project's own encoder (``et_io.write_et``, Chakra's ``et_def.proto`` schema).
 
 Each defect was pinned as ``xfail(strict=True)`` (the test body: what should happen) and is fixed; the one
 left (a dependency cycle) is still pinned. Every
@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
 
 from phantora_assets.lib.chakra.et_io import EtNode, write_et
 from phantora_assets.lib.chakra.ingest import raw_timeline, read_folder

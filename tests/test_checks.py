@@ -9,13 +9,13 @@ from pathlib import Path
 from phantora_assets import checks
 from phantora_assets import definitions as d
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OUTPUTS_DOC = Path(__file__).resolve().parent.parent / "docs" / "OUTPUTS.md"
 
 
-def test_readme_table_is_the_registry():
-    text = README.read_text()
+def test_outputs_doc_table_is_the_registry():
+    text = OUTPUTS_DOC.read_text()
     m = re.search(r"<!-- checks:start -->\n(.*?)<!-- checks:end -->", text, re.S)
-    assert m, "README has no generated checks table"
+    assert m, "docs/OUTPUTS.md has no generated checks table"
     assert m.group(1) == checks.markdown_table()
 
 

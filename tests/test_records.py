@@ -94,7 +94,7 @@ def test_unreadable_checks_json_is_named_and_excludes_only_that_run(tmp_path):
     assert included == {}
     status = {r[0]: r[1:] for r in rows}
     assert status[a.run_id][0] == "excluded" and "checks.json" in status[a.run_id][1]
-    assert status[b.run_id] == ("not built", "no checks recorded")
+    assert status[b.run_id] == ("excluded", "not built")
 
 
 def test_simulation_record_from_before_its_fields_is_refused(tmp_path):

@@ -13,12 +13,6 @@ T = 1000.0
 RING = [0, 1, 2, 3]
 
 
-def _starts(n_iter: int, jitter: float) -> np.ndarray:
-    """Iteration starts: lengths ``T`` times 1 + ``jitter`` * a fixed pattern in [-1, 1]."""
-    lengths = T * (1.0 + jitter * np.sin(1.7 * np.arange(n_iter)))
-    return 100.0 + np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
-
-
 # was (fuzz seed 301): "a logging all-reduce on its own communicator at iterations 0, 5 and 10 of 12: its
 #    3 calls (2 gaps; occasional() left out the first, so 1 remained and no rhythm was found) set the
 #    step: 3 steps of 5000 us, every check passing"
@@ -42,19 +36,6 @@ def test_warm_up_call_of_an_anchor_does_not_hide_the_head_of_a_sequence_assigned
     ok = f["count"].to_numpy() != 99
     assert (sr._period_step[ok] == it[ok]).all()  # observed: every send in the previous step
     assert sr.steps["start_us"].tolist() == [it * step_us + 100 for it in range(20)]
-
-
-def _parts_run(setter_every: int | None, pattern, n_iter: int = 23):
-    """Communicator a0 issues ``pattern`` ((op, count, offset_us) ...) every iteration; a 1-element
-    all-reduce on its own communicator c0 every ``setter_every``-th iteration (None: never)."""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    for it in range(n_iter):
-        s = 100.0 + it * T
-        for op, count, off in pattern:
-            fb.ring("00000000000000a0", RING, op, count, "F32", s + off, 1)
-        if setter_every and it % setter_every == 0:
-            fb.ring("00000000000000c0", RING, "all_reduce", 1, "F32", s + 318.6, 0)
-    return fb.frame()
 
 
 # was (fuzz seeds 317, 543): "three identical all-gathers per iteration (every 1000 us as a block) and a

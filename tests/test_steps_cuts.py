@@ -76,35 +76,6 @@ def test_trace_cut_after_a_whole_pattern_is_unchanged():
 #    cycle) were counted from the end, so each started 736 us into an iteration"
 
 
-def _irregular_extra_run() -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
-    """8 iterations (lengths of fuzz seed 643: the first, a warm-up, 1774 us with two extra calls first;
-    the others 995-1015 us, the offsets scaled) of a pair issuing a 3-call block three times (115/144/258,
-    424/514/573, 657/754/770 us), each call up to 5 us late (seeded), a 1-element all-reduce on its own
-    communicator in iterations 0, 1, 4 and 7 (175 us); the compute kernels at 0, 170 and 800 us (scaled)."""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    lengths = np.array([1774.4, 1003.9, 1005.6, 1012.2, 1014.8, 995.3, 1010.1, 1004.2])
-    starts = 100.0 + np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
-    late = np.random.default_rng(643).uniform(0.0, 5.0, (8, 9))
-    block = (("all_gather", 8), ("all_gather", 1024), ("all_reduce", 4096))
-    offs = (115.0, 144.0, 258.0, 424.0, 514.0, 573.0, 657.0, 754.0, 770.0)
-    for it, s in enumerate(starts):
-        scale = lengths[it] / T if it else 1.0
-        if it == 0:
-            for k in range(2):
-                fb.ring("00000000000d0000", [0, 2], "all_reduce", 200 + k, "Bf16", s + 2.0 * k, 0)
-        for k, (off, (op, count)) in enumerate(zip(offs, block * 3)):
-            fb.ring("00000000000d0000", [0, 2], op, count, "F32", s + off * scale + late[it, k], 1)
-        if it in (0, 1, 4, 7):
-            fb.ring("00000000000e0000", RING, "all_reduce", 1, "F32", s + 175.0 * lengths[it] / T, 0)
-    rows = [
-        (h, s + o * n / T, d)
-        for s, n in zip(starts, lengths)
-        for o, d in ((0.0, 150.0), (170.0, 60.0), (800.0, 90.0))
-        for h in ("host-1", "host-2")
-    ]
-    return fb.frame(), starts, pd.DataFrame(rows, columns=["host", "ts_us", "dur_us"])
-
-
 # was (fuzz seed 643, with compute): "the irregular 1-element all-reduce set the steps (the pair's block
 #    is a third of an iteration), the compute re-cut took its phase from them: 8 steps of 1000 us, each
 #    starting at 176 or 260 us into an iteration, the third call of a block opening it"

@@ -90,21 +90,6 @@ def test_w4_with_one_late_iteration_keeps_its_20_steps(w4, with_compute):
     assert len(sr.steps) == 20 and sr.step_time_us == pytest.approx(t, rel=0.01)
 
 
-def _megatron_with_logging(every, n_iter=20):
-    """Per iteration: a TP group (ranks 0, 2: one host) issues 2 equal all-reduces, a DP group (ranks
-    0, 1: two hosts) one gradient all-reduce; every ``every``-th iteration a 1-element all-reduce on
-    its own world communicator (a logging all-reduce). Iterations ``T`` apart."""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    for it in range(n_iter):
-        s = 100.0 + it * T
-        for off in (100, 300):
-            fb.ring("00000000000000a0", [0, 2], "all_reduce", 1024, "Bf16", s + off, 1)
-        fb.ring("00000000000000b0", [0, 1], "all_reduce", 4096, "Bf16", s + 600, 1)
-        if it % every == 0:
-            fb.ring("00000000000000c0", RING, "all_reduce", 1, "F32", s + 900, 0)
-    return fb.frame()
-
-
 # was: "a logging all-reduce every 5th (2nd) iteration on its own communicator, the other "
 #    "communicators issuing one kind of call each: occasional() needs 2 kinds of call, so the sub-period "
 #    "rule takes the logging communicator's period: 4 steps of 5000 us (10 of 2000 us), every check passes",

@@ -74,21 +74,6 @@ def test_start_up_barrier_repeating_is_not_the_step():
     assert sr.steady_steps == list(range(1, N_ITER))
 
 
-def _half_step_run(n_iter=N_ITER):
-    """TP and DP each issue 2 equal all-reduces per iteration, in the order TP DP TP DP: the
-    half-steps are ordered in time and every communicator agrees on them."""
-    fb = FlowBuilder()
-    tp, dp = "0000000000000f31", "0000000000000f32"
-    for it in range(n_iter):
-        t = it * T
-        for k in range(2):
-            fb.ring(tp, [0, 1], "all_reduce", TP_COUNT, "Bf16", t + 100 + 5000 * k, 40)
-            fb.ring(dp, [0, 2], "all_reduce", DP_COUNT, "Bf16", t + 2000 + 5000 * k, 1000)
-    # forward, backward, optimizer: the iteration is the compute period
-    ce = compute_events([it * T for it in range(n_iter)], [(0, 1500), (2500, 2000), (5200, 1500), (8000, 900)])
-    return fb.frame(), ce
-
-
 # ---- property: generated runs with a known truth -------------------------------------------------
 
 _PATTERN = st.one_of(
@@ -99,28 +84,6 @@ _NO_JITTER = [0.0] * 8
 _PLAIN = {"cut": None, "with_compute": True}
 _FLOWS_ONLY = {"cut": None, "with_compute": False}
 _CUT_FLOWS_ONLY = {"cut": 0.3, "with_compute": False}
-
-
-def _generated_run(patterns, reps, warmup_noise, extra, jitter, seed, extra_at=950.0):
-    """The property's run (its docstring): ``(flows, compute events, iteration starts, end)``; the
-    extra call ``extra_at`` us into its iteration, 50 us before the next one's first call by default."""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    comms = [f"00000000000d{i:04x}" for i in range(len(patterns))]
-    ranks = [0, 1, 2, 3]
-    for k, tok in enumerate(warmup_noise):
-        fb.ring(comms[0], ranks, "all_reduce", tok + 1, "Bf16", 5.0 * k, 0)
-    starts, t = [], 500.0
-    for it in range(reps):
-        starts.append(t)
-        for c, (comm, pattern) in enumerate(zip(comms, patterns)):
-            for k, tok in enumerate(pattern):
-                fb.ring(comm, ranks, "all_gather", 10 * (c + 1) + tok, "F32", t + 40 * c + 120 * k, 1)
-        if extra is not None and extra[0] < len(comms) and it % extra[1] == 0:
-            fb.ring(comms[extra[0]], ranks, "all_reduce", 1, "F32", t + extra_at, 0)
-        t += 1000.0 * (1 + jitter[it % len(jitter)])
-    flows = fb.frame(shuffle_seed=seed)
-    ce = compute_events([s - 400 for s in starts], [(0, 150), (170, 60), (800, 90)], hosts=("host-1", "host-2"))
-    return flows, ce, starts, t
 
 
 # ---- a trace cut short inside its last iteration; time-assigned sequences (ground truth) ---------

@@ -3,8 +3,8 @@
 Writes ``OUT_DIR/P.<rank>.et`` for every rank and ``OUT_DIR/P.comm_groups.json``
 (``lib/chakra/export.py``; P defaults to the run_id), for a run of any source whose
 ``validated_flows`` has been materialized (``phantora-assets build --run RUN_ID``). Exit 2 with a
-message naming the run or file: an unknown run_id, a run not built, ``mlc-chakra`` missing, or a
-trace that breaks a rule.
+message naming the run or file: an unknown run_id, a run not built, a run that does not fit in GPU
+memory (it has no trace: a rebuild cannot help), or a trace that breaks a rule.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ def cmd_chakra(args: argparse.Namespace) -> int:
     pdir = paths.partition_dir(spec.run_id)
     needed = [pdir / "steps.parquet", pdir / "flows.parquet", paths.chrome_trace(spec)]
     missing = [p for p in needed if not p.is_file()]
+    memory = _memory_verdict(spec, paths) if missing else None
+    if memory is not None and not memory.fits:
+        print(
+            f"chakra: {spec.run_id}: {memory.message} (fits_in_memory failed): a run that does not fit in GPU "
+            "memory is not simulated, so it has no trace to export, and a rebuild gives the same; "
+            "`phantora-assets runs` lists the runs that fit",
+            file=sys.stderr,
+        )
+        return 2
     if missing:
         print(
             f"chakra: {spec.run_id} is not built ({missing[0]} missing): phantora-assets build --run {spec.run_id}",
@@ -42,7 +51,7 @@ def cmd_chakra(args: argparse.Namespace) -> int:
             paths.chrome_trace(spec), pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), Path(args.out_dir),
             args.prefix or spec.run_id, spec.run_id, spec.gpus_per_node, spec.world_size,
         )  # fmt: skip
-    except (ImportError, FileRuleError, ValueError) as exc:
+    except (FileRuleError, ValueError) as exc:
         print(f"chakra: {exc}", file=sys.stderr)
         return 2
     steps = summary.steady_steps
@@ -52,3 +61,15 @@ def cmd_chakra(args: argparse.Namespace) -> int:
         print(f"  {f}  rank {rank}: {kinds}")
     print(f"  {summary.comm_groups}")
     return 0
+
+
+def _memory_verdict(spec, paths: DataPaths):
+    """``stages/simulation.memory_verdict`` of the run, None also when its records are malformed (the
+    "not built" message then names the missing file)."""
+    from phantora_assets.records import RecordError
+    from phantora_assets.stages.simulation import memory_verdict
+
+    try:
+        return memory_verdict(spec, paths)
+    except RecordError:
+        return None

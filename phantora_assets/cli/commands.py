@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phantora_assets.checks import NOT_EVALUATED, RUN_CHECKS, read_checks, step_errors
+from phantora_assets.checks import exclusion_reason, read_checks, step_errors
 from phantora_assets.cli.build import _build
 from phantora_assets.paths import DataPaths
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from phantora_assets.imported_runs import matrix_for, register
+    from phantora_assets.imported_runs import matrix_for, register, remember_watched
     from phantora_assets.lib.errors import FileRuleError
     from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
     from phantora_assets.sources import chakra, kineto
@@ -55,6 +55,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    remember_watched(data_dir)  # the watched folder's runs stay runs of the data root (imported_runs.forget)
     registry = register(data_dir, [f.spec for f in found])
     for f in found:
         print(f"registered {f.spec.run_id:34s} <- {f.path}")
@@ -63,6 +64,45 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 0
     matrix = matrix_for(data_dir)
     return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    """``forget RUN_ID ...``: remove imported runs from ``DIR/imports.toml`` (``imported_runs.forget``);
+    the next dataset materialization leaves them out. Exit 2 (nothing changed) when a run_id is not
+    imported or its folder is still under ``$PHANTORA_ASSETS_IMPORT_DIR``."""
+    from phantora_assets.imported_runs import forget
+    from phantora_assets.lib.errors import RunMatrixError
+
+    try:
+        removed = forget(Path(args.data_dir), list(args.run_ids))
+    except RunMatrixError as exc:
+        print(f"forget: {exc}", file=sys.stderr)
+        return 2
+    for s in removed:
+        print(f"forgot {s.run_id:34s} (was {s.path})")
+    home = _instance_home(Path(args.data_dir))
+    if home is not None:  # the run partition goes too (runs and materializations stay in the history)
+        import dagster as dg
+
+        from phantora_assets.assets.common import RUN_PARTITIONS
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
+            for s in removed:
+                if s.run_id in have:
+                    instance.delete_dynamic_partition(RUN_PARTITIONS, s.run_id)
+        print(f"removed their run partitions from the Dagster instance {home}")
+    print("the dataset leaves them out from its next materialization (phantora-assets build, or the daemon)")
+    return 0
+
+
+def _instance_home(data_dir: Path) -> Path | None:
+    """The Dagster instance a build of ``data_dir`` records into (``$DAGSTER_HOME``, else
+    ``<data_dir>/dagster_home``), when it exists."""
+    import os
+
+    home = Path(os.environ["DAGSTER_HOME"]) if os.environ.get("DAGSTER_HOME") else data_dir / "dagster_home"
+    return home if (home / "dagster.yaml").is_file() else None
 
 
 def _profiled_spec(folder: Path, args: argparse.Namespace):
@@ -88,25 +128,14 @@ def _profiled_spec(folder: Path, args: argparse.Namespace):
 
 def check_status(checks: dict[str, dict]) -> str:
     """One phrase for a run's ``checks.json`` (``read_checks``): ``all checks passed``, or the
-    gating checks that ``failed`` and those ``not run`` (never evaluated: their asset did not run
-    or did not apply, e.g. every check below a run that does not fit in GPU memory), then the
-    advisory ``warning``s; a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
-    failed = [n for n in RUN_CHECKS if checks.get(n, {}).get("status") == "failed"]
-    not_run = [n for n in RUN_CHECKS if checks.get(n, {}).get("status", NOT_EVALUATED) == NOT_EVALUATED]
-    other = [
-        f"{n} ({checks[n]['status']})"
-        for n in RUN_CHECKS
-        if n in checks and checks[n]["status"] not in ("passed", "failed", NOT_EVALUATED)
-    ]
-    parts = []
-    if failed or other:
-        parts.append("failed: " + ", ".join(failed + other))
-    if not_run:
-        parts.append("not run: " + ", ".join(not_run))
+    exclusion reason that ``run_status.csv`` gives (``checks.exclusion_reason``: each gating check
+    not passed, ``<check>: failed`` or ``<check>: not evaluated``), then the advisory ``warning``s;
+    a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
+    parts = [exclusion_reason(checks) or "all checks passed"]
     errors = step_errors(checks)
     if errors:
         parts.insert(0, "error: " + "; ".join(e[:300] for e in errors))
-    out = "; ".join(parts) or "all checks passed"
+    out = "; ".join(parts)
     warned = [k for k, v in checks.items() if v["status"] == "warning"]
     if warned:
         out += " (warning: " + ", ".join(warned) + ")"
@@ -122,7 +151,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     print(f"{'run_id':34s} {'source':9s} {'parallelism':12s} {'memory GiB':>11s} {'fits':5s} built")
     for spec in matrix_for(paths.root):
         checks = read_checks(paths.run_folder(spec))
-        built = check_status(checks) if checks else "-"
+        built = check_status(checks)
         if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
             print(f"{spec.run_id:34s} {spec.source:9s} {spec.parallelism:12s} {'profiled':>11s} {'yes':5s} {built}")
             continue

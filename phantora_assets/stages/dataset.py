@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets import contracts
-from phantora_assets.checks import RUN_CHECKS, all_passed, read_checks, reset_checks
+from phantora_assets.checks import reset_checks
 from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.store import bin_table, database
 from phantora_assets.lib.traffic import anatomy, binning
@@ -25,13 +25,12 @@ from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
 from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import RecordError, RunLogRecord, SimulationRecord, read_record, read_record_or_none
+from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none
 from phantora_assets.sources import get_source
 from phantora_assets.stages import card, export, links
 from phantora_assets.stages.common import WINDOW_S, Outcome, StageResult, record, write_parquet
 from phantora_assets.stages.export import DatasetResult, _dtypes, contract_outcome
 from phantora_assets.stages.flows import read_trace_summary
-from phantora_assets.stages.simulation import stale_reason
 
 
 def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
@@ -215,33 +214,18 @@ def database_tables() -> list[database.Table]:
 
 
 def run_status_rows(specs: Sequence[RunSpec], paths: DataPaths) -> tuple[dict[str, Path], list[tuple[str, str, str]]]:
-    """Partition folders of the runs that passed every check, and a status row for every run."""
+    """Partition folders of the runs that passed every check, and a ``(run_id, status, reason)`` row for
+    every run: ``included`` with no reason, or ``excluded`` with the reason of ``run_status.csv``
+    (``export.run_exclusion``)."""
     included: dict[str, Path] = {}
     rows: list[tuple[str, str, str]] = []
     for spec in sorted(specs, key=lambda s: s.run_id):
-        folder = paths.run_folder(spec)
-        try:
-            checks = read_checks(folder)
-        except RecordError as exc:  # that run is out, with the reason; the others are not affected
-            rows.append((spec.run_id, "excluded", str(exc)))
-            continue
-        pdir = paths.partition_dir(spec.run_id)
-        passed = all_passed(checks)
-        stale = stale_reason(spec, paths) if passed else None
-        if stale:
-            rows.append((spec.run_id, "excluded", stale))
-        elif passed:
-            included[spec.run_id] = pdir
-            rows.append((spec.run_id, "included", ""))
-        elif not checks:
-            rows.append((spec.run_id, "not built", "no checks recorded"))
+        why = export.run_exclusion(spec, paths)
+        if why:
+            rows.append((spec.run_id, "excluded", why))
         else:
-            bad = [
-                f"{k}: {checks.get(k, {}).get('status', 'missing')}"
-                for k in RUN_CHECKS
-                if checks.get(k, {}).get("status") != "passed"
-            ]
-            rows.append((spec.run_id, "excluded", "; ".join(bad)))
+            included[spec.run_id] = paths.partition_dir(spec.run_id)
+            rows.append((spec.run_id, "included", ""))
     return included, rows
 
 
@@ -271,7 +255,7 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
         for t in export.EXPORT_TABLES:
             if t.per_run:
                 exists = (paths.dataset_dir / t.name).is_dir()
-                files = sorted((paths.dataset_dir / t.name).glob("run_id=*/part-0.parquet"))
+                files = sorted((paths.dataset_dir / t.name).glob("*/part-0.parquet"))
             else:
                 files = [paths.dataset_dir / f"{t.name}.parquet"]
                 exists = files[0].exists()

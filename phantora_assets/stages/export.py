@@ -6,8 +6,8 @@ Layout (``lib/store/export.py``)::
     phantora_v0/README.md                                 the dataset card (stages/card.py)
     phantora_v0/runs.csv, runs.parquet                    one row per run
     phantora_v0/flows_100ms.csv, windows.csv              the v1 CSVs, every run
-    phantora_v0/flows_100ms/run_id=<id>/part-0.parquet    one Parquet file per run (hive-partitioned)
-    phantora_v0/windows/run_id=<id>/part-0.parquet
+    phantora_v0/flows_100ms/<run_id>/part-0.parquet       one Parquet file per run
+    phantora_v0/windows/<run_id>/part-0.parquet
     phantora_v0/run_status.csv                            every run of the matrix, included or not
     phantora_v0/plots/                                    kept from the previous export (dataset_plots)
 
@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from phantora_assets import contracts
-from phantora_assets.checks import blocking_failures, read_checks, run_passed
+from phantora_assets.checks import exclusion_reason, read_checks
 from phantora_assets.columns import BIN_COLUMNS
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.store import export as ex
@@ -75,7 +75,7 @@ class ExportTable:
     source: str  # paths.table(run_id, source)
     columns: dict[str, str]
     schema: Callable[[], object]  # -> pandera DataFrameSchema
-    per_run: bool  # one Parquet file per run (hive), else one <name>.parquet
+    per_run: bool  # one Parquet file per run (<name>/<run_id>/part-0.parquet), else one <name>.parquet
     config_doc: str = ""  # the dataset card's line for it
     v1_width_only: bool = False  # v1's 100 ms runs only (flows_100ms; every width: DuckDB's flows_binned)
 
@@ -214,29 +214,28 @@ def _duplicate_keys(path: Path, keys: list[str]) -> bool:
     return int(n) > 0
 
 
+def run_exclusion(spec: RunSpec, paths: DataPaths) -> str | None:
+    """Why run ``spec`` is out of the dataset, or None when it is in: the one reason ``run_status.csv``
+    and the database's ``run_status`` give. A malformed record (``checks.json``, ``run_spec.json``):
+    its error, naming the file; else ``checks.exclusion_reason`` (``not built``, or each gating check
+    not passed with its status); else a run built from other inputs than the matrix now gives:
+    ``stale: ...`` (``stages/simulation.stale_reason``)."""
+    try:
+        return exclusion_reason(read_checks(paths.run_folder(spec))) or stale_reason(spec, paths)
+    except RecordError as exc:  # that run is out, with the reason; the others are not affected
+        return str(exc)
+
+
 def included_runs(specs: list[RunSpec], paths: DataPaths) -> tuple[list[str], dict[str, str]]:
-    """The runs whose checks all passed and that are current (sorted), and why each other run is out."""
+    """The runs whose checks all passed and that are current (sorted), and why each other run is out
+    (:func:`run_exclusion`)."""
     included, excluded = [], {}
     for spec in sorted(specs, key=lambda s: s.run_id):
-        folder = paths.run_folder(spec)
-        try:
-            passed = run_passed(folder)
-        except RecordError as exc:  # that run is out, with the reason; the others are not affected
-            excluded[spec.run_id] = str(exc)
-            continue
-        if not passed:
-            if not read_checks(folder):
-                excluded[spec.run_id] = "not built"
-                continue
-            excluded[spec.run_id] = ", ".join(
-                f"{k}: {v.get('status', 'missing')}" for k, v in blocking_failures(folder).items()
-            )
-            continue
-        stale = stale_reason(spec, paths)
-        if stale:
-            excluded[spec.run_id] = stale
-            continue
-        included.append(spec.run_id)
+        why = run_exclusion(spec, paths)
+        if why:
+            excluded[spec.run_id] = why
+        else:
+            included.append(spec.run_id)
     return included, excluded
 
 

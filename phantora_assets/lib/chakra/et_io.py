@@ -1,31 +1,31 @@
-"""Read and write Chakra execution traces (``*.<rank>.et``) with the ``mlc-chakra`` package.
+"""Read and write Chakra execution traces (``*.<rank>.et``) with this project's own description of
+Chakra's schema (``schema.py``: the messages of MLCommons' ``et_def.proto``) and framing.
 
-The schema is the package's generated ``chakra.schema.protobuf.et_def_pb2`` (``et_def.proto``:
-``GlobalMetadata``, ``Node``, ``AttributeProto``, the ``NodeType`` and ``CollectiveCommType``
-enums) and the framing its ``chakra.src.third_party.utils.protolib`` (each message preceded by its
-length as a varint; ``openFileRd`` also reads a gzip-compressed file). Nothing of it is vendored or
-regenerated here: ``pip install --no-deps mlc-chakra`` next to ``protobuf >= 6.31.1, < 7`` (the
-``chakra`` extra of pyproject.toml pins both). A file is one ``GlobalMetadata`` record, then nodes
-until the end of the file (ASTRA-sim's ET feeder reads the same layout).
+A file is one ``GlobalMetadata`` record, then ``Node`` records until the end of the file, each record
+preceded by its length in bytes as a base-128 varint (the framing of Chakra's ``protolib`` and of
+ASTRA-sim's ET feeder); a file may also be gzip-compressed as a whole (recognised by its magic bytes,
+as Chakra's ``openFileRd`` does). Only the ``protobuf`` runtime is needed, a core dependency.
 
 :func:`read_et` is the one decoding path: this project's exports, ASTRA-sim's microbenchmark ETs
-and the output of Chakra's own PyTorch converter all go through it (``tests/test_chakra.py``).
-No Dagster import.
+and the output of Chakra's own PyTorch converter all go through it (``tests/test_chakra.py``,
+``tests/test_chakra_schema.py``). No Dagster import.
 """
 
 from __future__ import annotations
 
-import io
+import gzip
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phantora_assets.lib.chakra import schema
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.store.io import atomic_write_bytes
 
 #: The schema version written into the metadata record (the version ASTRA-sim's examples carry).
 SCHEMA_VERSION = "0.0.4"
-INSTALL_HINT = 'pip install --no-deps mlc-chakra==1.0.0 "protobuf>=6.31.1,<7" (or pip install -e ".[chakra]")'
 
 #: ``CollectiveCommType`` value -> the op name of this project's tables (``lib/traffic/ring.py``,
 #: and ``all_to_all``). The values are those of ``et_def.proto``.
@@ -33,21 +33,7 @@ COMM_TYPE_OPS: dict[int, str] = {0: "all_reduce", 2: "all_gather", 5: "broadcast
 OP_COMM_TYPES: dict[str, int] = {v: k for k, v in COMM_TYPE_OPS.items()}
 #: ``NodeType`` values (``et_def.proto``).
 COMP_NODE, COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 4, 5, 6, 7
-
-
-def chakra_modules() -> tuple[Any, Any]:
-    """``(et_def_pb2, protolib)`` of the installed ``mlc-chakra`` package.
-
-    Raises:
-        ImportError: the package (or a protobuf runtime it accepts) is not installed; the message
-            says how to install it.
-    """
-    try:
-        from chakra.schema.protobuf import et_def_pb2
-        from chakra.src.third_party.utils import protolib
-    except ImportError as exc:  # also protobuf's runtime-version check (a VersionError is an ImportError)
-        raise ImportError(f"Chakra ETs need the mlc-chakra package: {INSTALL_HINT} ({exc})") from exc
-    return et_def_pb2, protolib
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass
@@ -97,82 +83,130 @@ def _attr_value(a: Any) -> Any:
     return list(v.values) if kind.endswith("_list") else v
 
 
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The base-128 varint at ``data[pos:]`` and the position after it; ValueError if cut or over 64 bits."""
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("the file ends inside a record's length" if pos >= len(data) else "a record length over 64 bits")
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _records(path: Path, data: bytes) -> Iterator[bytes]:
+    """The length-delimited records of ``data`` in order (module docstring); TraceFormatError naming the
+    record (0 is the metadata, k the k-th node) when a length is cut or announces more bytes than are left."""
+    pos = index = 0
+    while pos < len(data):
+        what = "the GlobalMetadata record" if index == 0 else f"node #{index - 1}"
+        try:
+            size, body = _varint(data, pos)
+        except ValueError as exc:
+            raise TraceFormatError(path, "invalid ET", f"{what} at byte {pos}: {exc}") from None
+        if body + size > len(data):
+            raise TraceFormatError(
+                path, "invalid ET", f"{what} at byte {pos}: {size} bytes announced, {len(data) - body} left (cut short)"
+            )
+        yield data[body : body + size]
+        pos, index = body + size, index + 1
+
+
+def _file_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFormatError(path, "invalid ET", f"gzip-compressed, but it does not decompress: {exc}") from None
+
+
 def read_et(path: str | Path) -> EtFile:
-    """Decode one ET file with Chakra's reader (``protolib.openFileRd`` and ``decodeMessage``).
+    """Decode one ET file (plain or gzip-compressed; module docstring).
 
     Returns:
         the metadata record's version and attributes, and every node in file order.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        TraceFormatError: rule ``invalid ET``: no GlobalMetadata record could be decoded, or a
-            node's bytes are not a Node message (names the file and the node's position).
-        ImportError: ``mlc-chakra`` is not installed (:func:`chakra_modules`).
+        TraceFormatError: rule ``invalid ET``: the file is empty, does not decompress, a record is cut
+            short, or its bytes are not a GlobalMetadata / Node message (names the file and the record).
     """
+    from google.protobuf.message import DecodeError
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such Chakra ET file")
-    pb, protolib = chakra_modules()
-    from google.protobuf.message import DecodeError
-
-    fh = protolib.openFileRd(str(path))
+    records = _records(path, _file_bytes(path))
+    meta = schema.GlobalMetadata()
+    first = next(records, None)
+    if first is None:
+        raise TraceFormatError(path, "invalid ET", "no GlobalMetadata record (empty or not an ET)")
     try:
-        meta = pb.GlobalMetadata()
+        meta.ParseFromString(first)
+    except DecodeError as exc:
+        raise TraceFormatError(path, "invalid ET", f"the GlobalMetadata record: {exc}") from None
+    nodes: list[EtNode] = []
+    msg = schema.Node()
+    for rec in records:
         try:
-            ok = protolib.decodeMessage(fh, meta)
-        except (DecodeError, OSError, EOFError) as exc:
-            raise TraceFormatError(path, "invalid ET", f"the GlobalMetadata record: {exc}") from None
-        if not ok:
-            raise TraceFormatError(path, "invalid ET", "no GlobalMetadata record (empty or not an ET)")
-        nodes: list[EtNode] = []
-        msg = pb.Node()
-        while True:
-            try:
-                if not protolib.decodeMessage(fh, msg):
-                    break
-            except (DecodeError, OSError, EOFError) as exc:
-                raise TraceFormatError(path, "invalid ET", f"node #{len(nodes)}: {exc}") from None
-            nodes.append(
-                EtNode(
-                    id=int(msg.id), name=msg.name, type=int(msg.type), ctrl_deps=[int(d) for d in msg.ctrl_deps],
-                    data_deps=[int(d) for d in msg.data_deps], start_us=int(msg.start_time_micros),
-                    dur_us=int(msg.duration_micros), attrs={a.name: _attr_value(a) for a in msg.attr},
-                )
-            )  # fmt: skip
-    finally:
-        fh.close()
+            msg.ParseFromString(rec)
+        except DecodeError as exc:
+            raise TraceFormatError(path, "invalid ET", f"node #{len(nodes)}: {exc}") from None
+        nodes.append(
+            EtNode(
+                id=int(msg.id), name=msg.name, type=int(msg.type), ctrl_deps=[int(d) for d in msg.ctrl_deps],
+                data_deps=[int(d) for d in msg.data_deps], start_us=int(msg.start_time_micros),
+                dur_us=int(msg.duration_micros), attrs={a.name: _attr_value(a) for a in msg.attr},
+            )
+        )  # fmt: skip
     return EtFile(path, meta.version, {a.name: _attr_value(a) for a in meta.attr}, nodes)
 
 
-def _attr(pb: Any, name: str, value: Any) -> Any:
+def _attr(name: str, value: Any) -> Any:
     if isinstance(value, bool):
-        return pb.AttributeProto(name=name, bool_val=value)
+        return schema.AttributeProto(name=name, bool_val=value)
     if isinstance(value, int):
-        return pb.AttributeProto(name=name, int64_val=value)
+        return schema.AttributeProto(name=name, int64_val=value)
     if isinstance(value, str):
-        return pb.AttributeProto(name=name, string_val=value)
+        return schema.AttributeProto(name=name, string_val=value)
     raise TypeError(f"attribute {name}: {type(value).__name__} is not written (bool, int or str)")
+
+
+def _framed(message: Any) -> bytes:
+    body = message.SerializeToString()
+    return _encode_varint(len(body)) + body
 
 
 def encode_et(metadata: dict[str, Any], nodes: list[EtNode]) -> bytes:
     """The bytes of an ET file: the GlobalMetadata record (version :data:`SCHEMA_VERSION`,
-    ``metadata`` as attributes) then ``nodes``, each framed by ``protolib.encodeMessage``.
+    ``metadata`` as attributes) then ``nodes``, each preceded by its length (module docstring).
 
     Raises:
         TypeError: an attribute value is not a bool, int or str.
-        ImportError: ``mlc-chakra`` is not installed.
+        ValueError: a node's id, times or dependencies are negative or beyond 64 bits (``uint64``).
     """
-    pb, protolib = chakra_modules()
-    buf = io.BytesIO()
-    meta = pb.GlobalMetadata(version=SCHEMA_VERSION, attr=[_attr(pb, k, v) for k, v in metadata.items()])
-    protolib.encodeMessage(buf, meta)
+    meta = schema.GlobalMetadata(version=SCHEMA_VERSION, attr=[_attr(k, v) for k, v in metadata.items()])
+    parts = [_framed(meta)]
     for n in nodes:
-        msg = pb.Node(
+        msg = schema.Node(
             id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
-            start_time_micros=n.start_us, duration_micros=n.dur_us, attr=[_attr(pb, k, v) for k, v in n.attrs.items()],
+            start_time_micros=n.start_us, duration_micros=n.dur_us, attr=[_attr(k, v) for k, v in n.attrs.items()],
         )  # fmt: skip
-        protolib.encodeMessage(buf, msg)
-    return buf.getvalue()
+        parts.append(_framed(msg))
+    return b"".join(parts)
 
 
 def write_et(path: str | Path, metadata: dict[str, Any], nodes: list[EtNode]) -> int:

@@ -230,8 +230,9 @@ RUN_STATUS_DOC = (
     "Every run of the run matrix: included in the dataset tables (all checks passed) or not, with the reason."
 )
 RUN_STATUS_COLUMNS = {
-    "status": "included | excluded (a check failed or was not evaluated) | not built",
-    "reason": "the checks that did not pass, with their status (empty when included)",
+    "status": "included | excluded",
+    "reason": "why excluded, as in run_status.csv: 'not built', each gating check not passed with its status "
+    "('<check>: failed', '<check>: not evaluated'), a stale build or a malformed record (empty when included)",
 }
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import copies_before_tail
 from phantora_assets.lib.traffic.steps.cut import CONCURRENT_SHARE, _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.rule import RULE
 
 
 def _ordered(bounds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -77,7 +78,7 @@ def _split_step(cs: _Calls, r: int, cut: _Cut, g: int) -> int | None:
     return cut.n_steps - 1 - int(np.argmax(ok)) if ok.any() else None
 
 
-def _coarse_try(
+def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed explicitly)
     cs: _Calls,
     per: list[_Periodicity],
     best: dict[int, int],
@@ -202,7 +203,7 @@ def _coarse_cut(
 #: walks every sequence, so an unbounded search is quadratic in the trace (104 s for 512 identical
 #: calls per step on every communicator). A step of more repetitions is refused with the reason,
 #: and a second, ambiguous cut beyond the bound is not looked for.
-MAX_REPETITIONS = 64
+MAX_REPETITIONS = RULE.max_repetitions
 
 
 def _reference(
@@ -220,7 +221,7 @@ def _reference(
     return counts, r, same
 
 
-def _coarser(
+def _coarser(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     cs: _Calls,
     per: list[_Periodicity],
     best: dict[int, int],

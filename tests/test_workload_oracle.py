@@ -1,0 +1,465 @@
+"""The generator's collectives against an independent oracle and a measured FSDP table (issue 26, item 4).
+
+* ``tests/fixtures/collective_oracle.py`` predicts, from the frameworks' documented rules, every
+  communicator's calls (op, count, dtype) of one steady step. Hypothesis draws valid workload specs
+  (framework, dense / MoE, tp / pp / dp / ep / cp, ZeRO, sequence parallelism, schedule, gradient
+  accumulation, recompute) and the generator's per-step calls
+  (``phantora_assets.lib.workload.collectives.step_collectives``) must equal the oracle's exactly, call
+  for call (multiset per communicator) and so byte for byte.
+* ``tests/data/tracelens/nccl_summary_long.csv`` (AMD TraceLens, MIT) is a measured per-collective
+  table of a real FSDP run: Llama-3-70B on 8 MI300X in one node. The oracle and the generator must
+  give its calls per step.
+
+Calls of at most ``BOOKKEEPING`` elements (the loss and grad-norm scalars, MoE token counts) are
+left out on both sides: they carry no model shape.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fixtures.collective_oracle import Call, Comm, predict
+
+DATA = Path(__file__).parent / "data"
+TRACELENS = DATA / "tracelens" / "nccl_summary_long.csv"
+BOOKKEEPING = 128
+DTYPES = {"Bf16": "bf16", "F32": "fp32", "bf16": "bf16", "fp32": "fp32"}
+
+LLAMA3_70B = {"kind": "dense", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64, "kv_heads": 8}
+LLAMA3_70B["vocab"] = 128256
+
+
+def _fsdp_70b() -> dict:
+    """TorchTitan Llama-3-70B, FSDP2 over 8 GPUs (the TraceLens run: one node, no TP/PP)."""
+    return {
+        "framework": "torchtitan",
+        "model": dict(LLAMA3_70B),
+        "parallel": {"dp": 8, "zero": 3},
+        "train": {"seq_len": 8192, "micro_batch": 1, "global_batch": 8, "recompute": "full"},
+    }
+
+
+def measured_tracelens() -> tuple[tuple[int, ...], Counter, int]:
+    """Rank 0's calls of one step in the TraceLens table: (ranks, Counter[Call], steps). The
+    table sums a window of steps; their number is the gcd of the operation counts."""
+    with TRACELENS.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["rank"] == "0"]
+    counts: Counter = Counter()
+    ranks: set[tuple[int, ...]] = set()
+    for r in rows:
+        name, dt = r["Collective name"], {"BFloat16": "bf16", "Float": "fp32"}[r["dtype"]]
+        n_in, n_out = int(r["In msg nelems"]), int(r["Out msg nelems"])
+        if name == "_allgather_base":
+            call = Call("all_gather", n_in, dt)  # the per-rank shard is the input
+        elif name == "_reduce_scatter_base":
+            call = Call("reduce_scatter", n_out, dt)  # the per-rank shard is the output
+        elif name == "allreduce":
+            call = Call("all_reduce", n_in, dt)
+        else:
+            raise AssertionError(f"unexpected collective {name}")
+        ranks.add(tuple(int(x) for x in r["Process Group Ranks"].strip("[]").split(",")))
+        if call.count > BOOKKEEPING:
+            counts[call] += int(r["operation_count"])
+    steps = math.gcd(*counts.values())
+    assert len(ranks) == 1
+    return ranks.pop(), Counter({c: k // steps for c, k in counts.items()}), steps
+
+
+def test_oracle_matches_the_measured_fsdp_table():
+    ranks, measured, steps = measured_tracelens()
+    assert steps == 2 and ranks == tuple(range(8))
+    pred = predict(_fsdp_70b(), 8, 8)
+    assert pred.multiset(("dp", ranks)) == measured
+    # what the table holds, in words: per step 80 + 79 block all-gathers (the last block is not
+    # resharded after forward) of 855,654,400 / 8 bf16 elements, one root all-gather, and one fp32
+    # reduce-scatter per block and for the root
+    assert measured[Call("all_gather", 855_654_400 // 8, "bf16")] == 159
+    assert measured[Call("reduce_scatter", 2_101_354_496 // 8, "fp32")] == 1
+
+
+# --------------------------------------------------------------------------- the generator side
+def _collectives():
+    """The generator's API (docs/WORKLOADS.md); skips while it has not landed."""
+    import importlib
+
+    for name in ("phantora_assets.lib.workload.collectives", "phantora_assets.lib.sim.collectives"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    pytest.skip("issue 26 generator (phantora_assets.lib.workload.collectives) not landed yet")
+
+
+def generated(table: dict, gpus: int, gpus_per_node: int, gpu: str = "h100") -> dict[Comm, list[Call]]:
+    """The generator's calls of one steady step per communicator, in the oracle's terms."""
+    col = _collectives()
+    spec = col.run_spec_of(table, nodes=gpus // gpus_per_node, gpus_per_node=gpus_per_node, gpu=gpu, name="oracle")
+    out: dict[Comm, list[Call]] = {}
+    for c in col.step_collectives(spec, warmup=False):
+        if c.count <= BOOKKEEPING or len(c.ranks) < 2:
+            continue
+        if c.op == "send":
+            key: Comm = (c.group, (c.src, c.dst))
+            call = Call("send_recv", c.count, DTYPES[c.dtype])
+        else:
+            key = (c.group, tuple(c.ranks))
+            call = Call(c.op, c.count, DTYPES[c.dtype])
+        out.setdefault(key, []).append(call)
+    return out
+
+
+def assert_matches_oracle(table: dict, gpus: int, gpus_per_node: int, skip_groups: tuple[str, ...] = ()) -> None:
+    pred = predict(table, gpus, gpus_per_node)
+    got = generated(table, gpus, gpus_per_node)
+    diffs = []
+    for comm in sorted(set(got) | set(pred.calls)):
+        if comm[0] in skip_groups:
+            continue
+        g = got.get(comm, [])
+        if comm in pred.totals_only:
+            gt: dict[tuple[str, str], int] = {}
+            for c in g:
+                gt[(c.op, c.dtype)] = gt.get((c.op, c.dtype), 0) + c.count
+            if gt != pred.op_totals(comm):
+                diffs.append(f"{comm}: element totals generated {gt} vs oracle {pred.op_totals(comm)}")
+        elif Counter(g) != pred.multiset(comm):
+            extra = Counter(g) - pred.multiset(comm)
+            missing = pred.multiset(comm) - Counter(g)
+            diffs.append(
+                f"{comm}: generated but not predicted {dict(extra)}; predicted but not generated {dict(missing)}"
+            )
+    assert not diffs, f"{len(diffs)} communicators differ, first: " + "\n".join(diffs[:4])
+
+
+@pytest.mark.xfail(strict=True, reason="rule torchtitan.last_block_kept: the last block is not resharded after forward")
+def test_generator_matches_the_measured_fsdp_table():
+    # torchtitan apply_fsdp: reshard_after_forward = layer_id < n_layers - 1, so the measured run
+    # all-gathers 80 + 79 blocks a step; the generator re-gathers the last block too (160)
+    ranks, measured, _ = measured_tracelens()
+    got = generated(_fsdp_70b(), 8, 8)
+    assert Counter(got[("dp", ranks)]) == measured
+
+
+# --------------------------------------------------------------------------- random specs
+# While the generator has the bugs pinned at the end of this file, the draws stay outside their
+# regions (KNOWN_BUGS): no Megatron sequence parallelism, no Megatron full recompute, no CP, no
+# interleaved schedule with dp > 1, vocab a
+# multiple of 128 x tp and of the FSDP shard size, torchtitan zero = 2 without accumulation and
+# without full AC under TP, torchtitan PP's DP and TP calls not compared. Each region has its strict
+# xfail; widen a draw when its bug is fixed.
+KNOWN_BUGS = True
+
+
+@st.composite
+def megatron_specs(draw):
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    cp = 1 if KNOWN_BUGS else draw(st.sampled_from([1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4]))
+    moe = tp == 1 and draw(st.booleans())
+    heads = tp * draw(st.sampled_from([1, 2, 4]))
+    kv_heads = tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0]))
+    schedules = ["1f1b", "gpipe"] + ([] if KNOWN_BUGS and dp > 1 else ["interleaved"])
+    schedule = draw(st.sampled_from(schedules)) if pp > 1 else "1f1b"
+    v = 2 if schedule == "interleaved" else 1
+    accumulation = pp * draw(st.sampled_from([1, 2])) if v > 1 else draw(st.sampled_from([1, 2, 3]))
+    layers = pp * v * draw(st.integers(1, 2))
+    model = {
+        "kind": "moe" if moe else "dense",
+        "layers": layers,
+        "hidden": heads * 64,
+        "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "vocab": (128 * tp if KNOWN_BUGS else tp) * draw(st.integers(2, 9)),
+    }
+    par: dict = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": draw(st.sampled_from([0, 1]))}
+    if tp > 1 and not KNOWN_BUGS:
+        par["sequence_parallel"] = draw(st.booleans())
+    if pp > 1:
+        par["pp_schedule"] = schedule
+        if v > 1:
+            par["virtual_stages"] = v
+    if moe:
+        model["experts"] = draw(st.sampled_from([4, 8]))
+        model["topk"] = draw(st.sampled_from([1, 2]))
+        model["moe_ffn_hidden"] = 64 * draw(st.integers(1, 4))
+        model["shared_experts"] = draw(st.sampled_from([0, 1]))
+        model["dense_layers"] = draw(st.sampled_from([0, 1])) if layers > 1 else 0
+        par["ep"] = draw(st.sampled_from([e for e in (1, 2, 4) if (dp * cp) % e == 0 and model["experts"] % e == 0]))
+    train = {
+        "seq_len": draw(st.sampled_from([256, 512])),
+        "micro_batch": draw(st.sampled_from([1, 2])),
+        "grad_accumulation": accumulation,
+        "recompute": draw(st.sampled_from(["none", "selective"] + ([] if KNOWN_BUGS else ["full"]))),
+    }
+    return {"framework": "megatron", "model": model, "parallel": par, "train": train}, tp * pp * cp * dp
+
+
+@st.composite
+def torchtitan_specs(draw):
+    tp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 1, 2, 4]))
+    schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"])) if pp > 1 else "1f1b"
+    v = 2 if schedule == "interleaved" else 1
+    heads = tp * draw(st.sampled_from([1, 2, 4]))
+    model = {
+        "kind": "dense",
+        "layers": pp * v * draw(st.integers(1, 3)),
+        "hidden": heads * 64,
+        "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
+        "heads": heads,
+        "kv_heads": tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0])),
+        "vocab": tp * (8 if KNOWN_BUGS else 1) * draw(st.integers(30, 150)),
+    }
+    par = {"tp": tp, "dp": dp, "zero": 2 if KNOWN_BUGS else draw(st.sampled_from([2, 3]))}
+    par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
+    if pp > 1:
+        par |= {"pp": pp, "pp_schedule": schedule} | ({"virtual_stages": v} if v > 1 else {})
+    if tp > 1:
+        par["sequence_parallel"] = True
+    train = {
+        "seq_len": draw(st.sampled_from([256, 512])),
+        "micro_batch": draw(st.sampled_from([1, 2])),
+        "grad_accumulation": pp * draw(st.sampled_from([1, 2]))
+        if pp > 1
+        else 1
+        if KNOWN_BUGS
+        else draw(st.sampled_from([1, 2])),
+        # selective (op-level) AC under TP may recompute the all-gathers: not a documented rule
+        "recompute": draw(st.sampled_from(["none"] if tp > 1 else ["none", "selective", "full"])),
+    }
+    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp
+
+
+@st.composite
+def deepspeed_specs(draw):
+    dp = draw(st.sampled_from([2, 4, 8]))
+    heads = draw(st.sampled_from([4, 8]))
+    model = {
+        "kind": "dense",
+        "layers": draw(st.integers(1, 4)),
+        "hidden": heads * 64,
+        "ffn_hidden": 64 * draw(st.integers(2, 8)),
+        "heads": heads,
+        "kv_heads": draw(st.sampled_from([1, 2, 4])),
+        "vocab": draw(st.integers(200, 5000)),
+    }
+    train = {"seq_len": 256, "micro_batch": 1, "grad_accumulation": draw(st.sampled_from([1, 2]))}
+    return {"framework": "deepspeed", "model": model, "parallel": {"dp": dp, "zero": 0}, "train": train}, dp
+
+
+@st.composite
+def any_spec(draw):
+    table, gpus = draw(st.one_of(megatron_specs(), torchtitan_specs(), deepspeed_specs()))
+    gpn = draw(st.sampled_from([g for g in (1, 2, 4, 8) if gpus % g == 0]))
+    return table, gpus, gpn
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(any_spec())
+def test_generated_collectives_match_the_oracle(case):
+    _collectives()
+    table, gpus, gpn = case
+    # torchtitan with PP: the DP and TP calls are pinned (test_bug_torchtitan_pp_*); the PP messages still compared
+    pp_titan = table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1
+    assert_matches_oracle(table, gpus, gpn, ("dp", "tp") if KNOWN_BUGS and pp_titan else ())
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(any_spec())
+def test_oracle_placement_is_a_partition(case):
+    """The oracle itself, before any comparison: its TP / DP / EP groups partition the ranks (each
+    rank in exactly one group of a kind per stage), point-to-point pairs are two distinct ranks."""
+    table, gpus, gpn = case
+    pred = predict(table, gpus, gpn)
+    by_kind: dict[str, Counter] = {}
+    for (group, ranks), calls in pred.calls.items():
+        assert calls and all(0 <= r < gpus for r in ranks)
+        if group in ("pp", "cp"):
+            assert len(ranks) == 2 and ranks[0] != ranks[1]
+        elif group in ("tp", "ep"):
+            by_kind.setdefault(group, Counter()).update(ranks)
+    for group, seen in by_kind.items():
+        assert set(seen.values()) == {1}, f"a rank is in two {group} groups"
+    if pred.sizes["tp"] > 1:
+        assert len(by_kind["tp"]) == gpus
+
+
+# --------------------------------------------------------------------------- the oracle's own numbers
+def _megatron(model: dict, parallel: dict, train: dict) -> dict:
+    base = {"kind": "dense", "layers": 4, "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "kv_heads": 8}
+    return {
+        "framework": "megatron",
+        "model": {**base, "vocab": 128256, **model},
+        "parallel": parallel,
+        "train": {"seq_len": 1024, "micro_batch": 1, **train},
+    }
+
+
+def test_oracle_hand_counts():
+    """Closed forms worked by hand on small cases (not by the oracle's code paths)."""
+    s, h = 1024, 4096
+    # W1's published rule (presets.toml): TP = 2, no SP, 4 layers: 18 all-reduces of [s, b, h] bf16
+    # per micro-batch (embedding fwd, 2 fwd + 2 bwd per layer, LM-head bwd) + 3 fp32 [s, b]
+    pred = predict(_megatron({}, {"tp": 2, "dp": 2, "zero": 1}, {"grad_accumulation": 1}), 4, 2)
+    assert pred.multiset(("tp", (0, 1))) == Counter(
+        {Call("all_reduce", s * h, "bf16"): 18, Call("all_reduce", s, "fp32"): 3}
+    )
+    # with sequence parallelism: per layer 2 AG + 2 RS forward, 4 AG + 2 RS backward; embedding RS
+    # fwd + AG bwd; head AG fwd, AG + RS bwd; one all-reduce of the 9 norm weights per step
+    pred = predict(
+        _megatron({}, {"tp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}, {"grad_accumulation": 2}), 2, 2
+    )
+    n = s * h // 2
+    tp = pred.multiset(("tp", (0, 1)))
+    assert tp[Call("all_gather", n, "bf16")] == 2 * (4 * 6 + 1 + 2)  # layers, embedding bwd, head fwd + bwd
+    assert tp[Call("reduce_scatter", n, "bf16")] == 2 * (4 * 4 + 1 + 1)
+    assert tp[Call("all_reduce", 9 * h, "bf16")] == 1
+    # PP = 2, 4 micro-batches, 1F1B: 4 activations forward, 4 gradients back, [s, b, h] bf16
+    pred = predict(_megatron({}, {"pp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 4}), 2, 1)
+    assert pred.multiset(("pp", (0, 1))) == Counter({Call("send_recv", s * h, "bf16"): 4})
+    assert pred.multiset(("pp", (1, 0))) == Counter({Call("send_recv", s * h, "bf16"): 4})
+    # interleaved, 2 chunks per rank, 2 micro-batches: 0 -> 1 carries 2 x 2 forward + (2 - 1) x 2
+    # wrap gradients; 1 -> 0 the same the other way
+    par = {"pp": 2, "dp": 1, "zero": 1, "pp_schedule": "interleaved", "virtual_stages": 2}
+    pred = predict(_megatron({}, par, {"grad_accumulation": 2}), 2, 1)
+    assert pred.multiset(("pp", (0, 1)))[Call("send_recv", s * h, "bf16")] == 6
+    # CP = 2 ring: per layer 1 KV send forward, 2 backward (KV, then dKV), packed K and V of
+    # s/2 tokens x 8 kv heads x 128; with CP = 2 both go to the one peer
+    pred = predict(_megatron({}, {"cp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 1}), 2, 2)
+    assert pred.multiset(("cp", (0, 1))) == Counter({Call("send_recv", 2 * (s // 2) * 8 * 128, "bf16"): 3 * 4})
+    # distributed optimizer over DP x CP: W1's 4-layer TP-2 buffer on one rank holds 961,581,056
+    # elements (embedding and output 262,668,288 each, 109,060,096 a layer, the final norm 4,096);
+    # its buckets, padded to lcm(2, 128), are reduce-scattered and all-gathered once each
+    pred = predict(_megatron({}, {"tp": 2, "dp": 2, "zero": 1}, {"grad_accumulation": 1}), 4, 2)
+    dp = pred.calls[("dp", (0, 2))]
+    padded = [2 * c.count for c in dp if c.op == "reduce_scatter"]
+    assert [2 * c.count for c in dp if c.op == "all_gather"] == padded
+    assert all(k % 128 == 0 for k in padded) and 0 <= sum(padded) - 961_581_056 < 128 * len(padded)
+
+
+# --------------------------------------------------------------------------- known generator bugs
+# Each pins one rule where the generator (issue 26 branch gen26, lib/sim) and the oracle disagree
+# and the frameworks' sources side with the oracle; strict, so a fix turns it into a failure to
+# remove the mark.
+def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
+    base = {"kind": "dense", "layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 4, "vocab": 1024}
+    return {
+        "framework": framework,
+        "model": {**base, **model},
+        "parallel": parallel,
+        "train": {"seq_len": 512, **train},
+    }
+
+
+@pytest.mark.xfail(
+    strict=True, reason="rule megatron.vocab_padding: Megatron pads the vocabulary to a multiple of 128 x tp"
+)
+def test_bug_megatron_vocab_padding():
+    # megatron/training/tokenizer _vocab_size_with_padding (--make-vocab-size-divisible-by 128):
+    # the embedding and output layer hold ceil(V / (128 tp)) * 128 tp rows (Llama 3's 128256 at tp 4
+    # becomes 128512); the generator keeps V, so every DP bucket holding them is short
+    assert_matches_oracle(_small("megatron", {"dp": 2, "zero": 0}, {"grad_accumulation": 1}, vocab=708), 2, 2)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="rule torchtitan.full_ac_reruns_tp: full AC recomputes each block's TP collectives"
+)
+def test_bug_torchtitan_full_ac_tp():
+    # torch.utils.checkpoint reruns the block forward in backward, redistributes included: 2 more
+    # all-gathers and 2 more reduce-scatters per block and micro-batch on the TP group
+    par = {"tp": 2, "dp": 1, "zero": 3, "sequence_parallel": True}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 1, "recompute": "full"}), 2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="rule torchtitan.rs_every_microbatch: FSDP2 reduce-scatters every backward")
+def test_bug_torchtitan_zero2_accumulation():
+    # FSDP2 keeps requires_gradient_sync = True under torchtitan's gradient accumulation, so each
+    # unit's gradients are reduce-scattered (and all-reduced over dp_replicate) every micro-batch,
+    # with reshard_after_forward False (zero = 2) as with True (zero = 3)
+    assert_matches_oracle(_small("torchtitan", {"dp": 4, "zero": 2}, {"grad_accumulation": 2}), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule torchtitan.fsdp_dim0_padding: FSDP2 pads each dim 0 to the mesh size")
+def test_bug_torchtitan_fsdp_padding():
+    # torch fully_shard (_fsdp_param.py) shards dim 0 in chunks of ceil(rows / n): a 641-row
+    # embedding on 4 shard ranks all-gathers 161 rows per rank, not 641 / 4
+    assert_matches_oracle(_small("torchtitan", {"dp": 4, "zero": 3}, {"grad_accumulation": 1}, vocab=641), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.cp_ring_backward: TE sends KV, then dKV (cp = 2), per step")
+def test_bug_megatron_cp_ring_backward():
+    # Transformer Engine AttnFuncWithCPAndKVP2P.backward (bf16): cp steps, each one send to the
+    # previous rank: KV at the first, dKV at the last, both in between; the generator sends one
+    # KV + dKV buffer per layer (same bytes at cp = 2, other calls)
+    assert_matches_oracle(_small("megatron", {"cp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 1}), 2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_cp_ring: full recompute reruns the CP ring")
+def test_bug_megatron_cp_ring_full_recompute():
+    # --recompute-granularity full checkpoints whole layers: the attention forward, its KV ring
+    # included, runs again in backward (the generator's ring is the same with and without)
+    par = {"cp": 4, "dp": 1, "zero": 1}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.sp_norm_grad_all_reduce: SP norm grads all-reduced over TP")
+def test_bug_megatron_sp_norm_grads():
+    # megatron/core/distributed/finalize_model_grads.py: with sequence parallelism the replicated
+    # norm weights' gradients are all-reduced over TP once per step (one coalesced buffer)
+    par = {"tp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1}), 2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_reruns_tp: full recompute reruns TP all-reduces")
+def test_bug_megatron_full_recompute_tp():
+    # --recompute-granularity full (tensor_parallel.checkpoint of whole layers) runs each layer's
+    # forward again in backward, its two RowParallelLinear all-reduces included
+    par = {"tp": 2, "dp": 1, "zero": 1}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.ddp_per_model_chunk: one DDP grad buffer per model chunk")
+def test_bug_megatron_interleaved_buffers():
+    # megatron/training/training.py get_model: with virtual pipeline stages every model chunk is
+    # wrapped in its own DistributedDataParallel (bucketing off for chunks after the first), so a
+    # rank reduces one buffer per chunk; the generator reduces the chunks' parameters together
+    par = {"pp": 2, "dp": 2, "zero": 0, "pp_schedule": "interleaved", "virtual_stages": 2}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 2}, layers=4), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_reruns_a2a: full recompute reruns MoE all-to-alls")
+def test_bug_megatron_full_recompute_moe():
+    # the checkpointed layer's forward, MoE dispatch and combine all-to-alls included, runs again
+    # in backward: 6 all-to-alls per MoE layer and micro-batch, not 4
+    moe = {"kind": "moe", "experts": 4, "topk": 1, "moe_ffn_hidden": 256}
+    par = {"dp": 2, "zero": 1, "ep": 2}
+    assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}, **moe), 2, 2)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="rule torchtitan.pp_gathers_once: with PP each FSDP unit is gathered once a step"
+)
+def test_bug_torchtitan_pp_gathers_once():
+    # torchtitan apply_fsdp: "For PP, do not reshard after forward to avoid per-microbatch
+    # all-gathers"; torch pipelining keeps resharding and gradient sync off until the last
+    # micro-batch's backward: one all-gather and one reduce-scatter per unit and step
+    par = {"dp": 2, "zero": 3, "pp": 2, "pp_schedule": "1f1b"}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="rule torchtitan.pp_embedding_backward: stage 0 all-gathers the embedding grad")
+def test_bug_torchtitan_pp_embedding_backward():
+    # tok_embeddings RowwiseParallel(output_layouts=Shard(1)): its output gradient is all-gathered
+    # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
+    par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4, ("dp",))
