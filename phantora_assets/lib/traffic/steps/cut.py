@@ -427,3 +427,21 @@ def _primary_periods(
                 f"{cs.name(lo)} (period {best[lo]} calls)",
             )
     return period, counts, by_time
+
+
+def first_alike(cs: _Calls, cut: _Cut) -> tuple[int, str | None]:
+    """The first steady step from which every step issues the calls most steady steps issue (every
+    sequence, by call token), and why a later steady step breaks that (None when none does)."""
+    step = cut.step_sorted[cs.call_rows]
+    m = (step >= cut.first_steady) & (step < cut.n_complete)
+    code = cs.seq_id[cs.call_rows][m] * (int(cs.call_tok.max()) + 1) + cs.call_tok[m]
+    sig = pd.Series(code).groupby(step[m], sort=True).agg(tuple)
+    if sig.nunique() <= 1:
+        return cut.first_steady, None
+    ref = sig.value_counts().index[0]
+    same = (sig == ref).to_numpy()
+    first = int(np.argmax(same))
+    if not same[first:].all():
+        k = int(sig.index[first + int(np.argmin(same[first:]))])
+        return int(sig.index[first]), f"steady step {k} issues other calls than the {int(same.sum())} steps alike"
+    return int(sig.index[first]), None

@@ -24,6 +24,7 @@ from phantora_assets.lib.traffic.steps.cut import (
     _primary_periods,
     _sequences,
     _step_table,
+    first_alike,
 )
 from phantora_assets.lib.traffic.steps.evidence import outliers, run_log_violation
 from phantora_assets.lib.traffic.steps.rule import RULE
@@ -167,7 +168,7 @@ def _primitive(ev: _Evidence, warmup_steps: int, src: str) -> _Cut | str:
         if err.rule != "steps disagree":
             raise
         return err.detail
-    return _overlap(ev.cs, cut, _first_alike(ev, cut)[0]) or cut
+    return _overlap(ev.cs, cut, first_alike(ev.cs, cut)[0]) or cut
 
 
 def _aligned(ev: _Evidence, cut: _Cut, warmup_steps: int, src: str) -> _Cut:
@@ -218,25 +219,6 @@ def _p2p_bytes(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
     return None
 
 
-def _first_alike(ev: _Evidence, cut: _Cut) -> tuple[int, str | None]:
-    """The first steady step from which every step issues the calls most steady steps issue (every
-    sequence, by call token), and why a later steady step breaks that (None when none does)."""
-    cs = ev.cs
-    step = cut.step_sorted[cs.call_rows]
-    m = (step >= cut.first_steady) & (step < cut.n_complete)
-    code = cs.seq_id[cs.call_rows][m] * (int(cs.call_tok.max()) + 1) + cs.call_tok[m]
-    sig = pd.Series(code).groupby(step[m], sort=True).agg(tuple)
-    if sig.nunique() <= 1:
-        return cut.first_steady, None
-    ref = sig.value_counts().index[0]
-    same = (sig == ref).to_numpy()
-    first = int(np.argmax(same))
-    if not same[first:].all():
-        k = int(sig.index[first + int(np.argmin(same[first:]))])
-        return int(sig.index[first]), f"steady step {k} issues other calls than the {int(same.sum())} steps alike"
-    return int(sig.index[first]), None
-
-
 def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
     """``cut`` with the leading steps whose calls differ from the steady steps' made unsteady (warm-up, a
     batch-size ramp-up); the rule itself: every later steady step issues, on every communicator rank, the
@@ -245,7 +227,7 @@ def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
     Raises:
         StepDetectionError: ``"steps irregular"``: a steady step after the first one that issues them differs.
     """
-    first_steady, why = _first_alike(ev, cut)
+    first_steady, why = first_alike(ev.cs, cut)
     if why is not None:
         raise _fail(src, "steps irregular", why)
     if first_steady == cut.first_steady:
