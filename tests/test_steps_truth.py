@@ -53,7 +53,6 @@ def test_logging_all_reduce_every_fifth_step_is_refused_by_run_log(w4_trace):
     extra["flow_id"] += 10**6
     assert len(extra) == 8
     g = pd.concat([f, extra], ignore_index=True)
-    assert len(detect_steps(g, compute=ce).steps) == 4
     iterations_s = [clean.step_time_us / 1e6] * 20
     with pytest.raises(StepDetectionError) as ei:
         detect_steps(g, compute=ce, iteration_s=iterations_s)
@@ -167,3 +166,19 @@ def test_eval_kernel_every_fifth_iteration_keeps_the_20_steps(w4_trace):
     assert sr.steps.loc[[4, 9, 14], "duration_us"].tolist() == pytest.approx(
         (clean.steps.loc[[4, 9, 14], "duration_us"] + 1000.0).tolist()
     )
+
+
+def test_logging_all_reduce_every_fifth_step_with_compute_is_refused(w4_trace):
+    """The same 5-iteration steps with the Computation events: they last 5 compute periods, refused
+    (``steps disagree with compute``), never re-cut at the compute rhythm."""
+    f, ce = w4_trace.flows, w4_trace.compute_events
+    loss = f[(f["op"] == "all_reduce") & (f["count"] == 1)].sort_values("ts_us")
+    extra = loss.groupby("comm_rank").nth([0, 5, 10, 15]).copy()
+    extra["ts_us"] += 1.0
+    extra["flow_id"] += 10**6
+    g = pd.concat([f, extra], ignore_index=True)
+    assert len(detect_steps(g).steps) == 4  # flows alone: the rule's answer (docs/STEPS.md, "Limits")
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(g, compute=ce)
+    assert ei.value.rule == "steps disagree with compute"
+    assert "last 5.00 compute periods" in ei.value.detail

@@ -26,7 +26,7 @@ from phantora_assets.lib.traffic.steps.cut import (
     _step_table,
     first_alike,
 )
-from phantora_assets.lib.traffic.steps.evidence import outliers, run_log_violation
+from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
@@ -335,7 +335,8 @@ def detect_steps(
         source: file path or run label named in errors.
         min_repeats: full periods the periodic tail must cover (3).
         compute: the run's Computation events (``host``, ``ts_us``, ``dur_us``), or None: they say why an
-            outlier step is longer (extra compute or idle time); they never change the steps.
+            outlier step is longer (extra compute or idle time) and refuse steps of several compute periods;
+            they never change the steps.
         iteration_s: run.log's iteration times (seconds, every iteration the job ran), or None: the steps
             must agree with their count and median (``RULE.log_rel_tol``).
 
@@ -347,8 +348,8 @@ def detect_steps(
         StepDetectionError: no flows, a communicator rank whose calls never repeat (``"steps never repeat"``),
             communicators that disagree on the number or the timing of steps (``"steps disagree"``), two
             incompatible steps (``"steps ambiguous"``), a period broken inside the run (``"steps irregular"``),
-            no steady step left (``"no steady step"``), or steps run.log contradicts (``"steps disagree with
-            run.log"``).
+            no steady step left (``"no steady step"``), steps run.log contradicts (``"steps disagree with
+            run.log"``) or that last a whole number of compute periods (``"steps disagree with compute"``).
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -371,6 +372,8 @@ def detect_steps(
     if (broken := broken_period(cs, ev.per, ev.prim, min_repeats)) is not None:
         raise _fail(src, "steps irregular", broken)
     cut = _decide(ev, warmup_steps, min_repeats, iteration_s, src)
+    if (slow := compute_violation(cut, compute)) is not None:
+        raise _fail(src, "steps disagree with compute", slow)
 
     # ---- summary -------------------------------------------------------------------
     steps, first_steady, n_complete = cut.steps, cut.first_steady, cut.n_complete

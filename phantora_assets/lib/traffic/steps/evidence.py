@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.traffic.steps.cut import _Cut
+from phantora_assets.lib.traffic.steps.cut import _Cut, _Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
@@ -74,3 +74,73 @@ def outliers(steps: pd.DataFrame, timed: list[int], step_us: float, compute: pd.
             what = f"{what} ({why})"
         out[k] = what
     return out
+
+
+def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> float | None:
+    """The period (us) of the run's Computation events, or None when they show none.
+
+    Each host's events, ordered by (ts_us, dur_us), form a sequence of tokens (its duration;
+    durations within ``RULE.compute_token_rel_tol`` of each other, chained, are one token); its period is the
+    one with the longest periodic tail repeating at least ``min_repeats`` times. None when
+    ``compute`` is None or empty, a host read has no period, its periods' durations differ by
+    more than ``RULE.compute_rel_tol`` from their median (with 4 periods or more the first, warm-up, may be
+    longer and is left out), or the hosts' period lengths differ by more than ``RULE.compute_rel_tol``.
+    """
+    if compute is None or len(compute) == 0:
+        return None
+    host = compute["host"].astype(str).to_numpy()
+    names = sorted(set(host.tolist()))
+    picked = sorted({names[0], names[len(names) // 2], names[-1]}, key=names.index)  # first, middle, last host
+    found: list[float] = []
+    for h in picked:
+        m = host == h
+        ts = compute["ts_us"].to_numpy(dtype=np.float64)[m]
+        dur = compute["dur_us"].to_numpy(dtype=np.float64)[m]
+        o = np.lexsort((dur, ts))
+        ts, dur = ts[o], dur[o]
+        tokens = _duration_tokens(dur)
+        pz = _Periodicity(tokens)
+        p = pz.best_period(min_repeats)
+        if p is None:
+            return None
+        n = pz.full_periods(p)
+        starts = ts[len(ts) - (np.arange(n, dtype=np.int64) + 1) * p][::-1]
+        d = np.diff(starts)
+        steady = d[1:] if len(d) >= 3 else d  # the first (warm-up) period may last longer
+        if len(d) == 0 or float(d[0]) < (1.0 - RULE.compute_rel_tol) * float(np.median(steady)):
+            return None
+        med = float(np.median(steady))
+        if med <= 0 or float(np.abs(steady - med).max()) > RULE.compute_rel_tol * med:
+            return None
+        found.append(med)
+    lengths = np.array(found)
+    if float(lengths.max() - lengths.min()) > RULE.compute_rel_tol * float(lengths.min()):
+        return None
+    return found[0]
+
+
+def _duration_tokens(dur: np.ndarray) -> np.ndarray:
+    """One token per duration, shape like ``dur``: sorted durations that are within
+    ``RULE.compute_token_rel_tol`` of the previous one share its token."""
+    u = np.unique(dur)
+    new = np.ones(len(u), dtype=bool)
+    new[1:] = u[1:] > u[:-1] * (1.0 + RULE.compute_token_rel_tol) + 1e-6
+    return (np.cumsum(new) - 1)[np.searchsorted(u, dur)].astype(np.int64)
+
+
+def compute_violation(cut: _Cut, compute: pd.DataFrame | None) -> str | None:
+    """Why the steps of ``cut`` contradict the compute rhythm, or None: they last a whole ``g >= 2`` compute
+    periods (within ``RULE.compute_rel_tol``): the step is set by calls in some iterations only (an occasional
+    collective) or it is ``g`` iterations; the compute rhythm cannot re-cut it (it never coarsens or re-cuts)."""
+    period = compute_period_us(compute)
+    step = _timed_median(cut)
+    if period is None or not step > 0:
+        return None
+    ratio = step / period
+    g = int(round(ratio))
+    if g >= 2 and abs(ratio - g) <= RULE.compute_rel_tol * g:
+        return (
+            f"the communicators' steps ({cut.n_steps} of {step:.3f} us) last {ratio:.2f} compute periods of "
+            f"{period:.3f} us: a step of {g} iterations or a collective in some iterations only"
+        )
+    return None

@@ -14,7 +14,8 @@ communicators already repeat exactly.
 **Invariants** (each a function of a candidate returning a violation or None, ``detect._INVARIANTS``):
 the communicators agree on the number of steps (``steps disagree``); the steps are ordered in time (no call
 of a step after a call of the next); a communicator rank that never repeats calls only before the first
-steady step (``steps never repeat``); no period broken inside the run (``steps irregular``); a send/recv
+steady step (``steps never repeat``); the steps do not last a whole ``g >= 2`` compute periods
+(``steps disagree with compute``); no period broken inside the run (``steps irregular``); a send/recv
 compared without its count moves bytes within ``p2p_bytes_rel_tol`` of the median steady step; at least
 one timed steady step (``no steady step``); run.log's iterations, when given, agree with the steps.
 """
@@ -41,6 +42,10 @@ class StepRule:
             (warm-up calls that form no full period, a trace cut at an end).
         max_repetitions: steps of several periods are searched up to this many periods of the reference
             communicator rank (beyond it the search is quadratic in the trace; refused with the reason).
+        compute_rel_tol: a host's compute periods last within this share of their median (else no rhythm);
+            steps lasting a whole ``g >= 2`` compute periods within it are refused (``steps disagree with
+            compute``: an occasional collective or a ``g``-iteration step).
+        compute_token_rel_tol: Computation events whose durations are within this share are one token.
     """
 
     min_repeats: int = 3
@@ -50,6 +55,8 @@ class StepRule:
     log_rel_tol: float = 0.10
     log_missing_steps: int = 2
     max_repetitions: int = 64
+    compute_rel_tol: float = 0.05
+    compute_token_rel_tol: float = 0.01
 
 
 RULE = StepRule()
