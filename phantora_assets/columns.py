@@ -73,6 +73,7 @@ STEP_COLUMNS: dict[str, str] = {
     "steady": "bool",  # False for warm-up steps (and the partial/unbounded last one if untimed)
     "network_bytes": "int64",  # bytes of the step's flows with src_node != dst_node
     "n_flows": "int64",
+    "outlier": "str",  # why a steady step is kept although it is > 10 % off the median (eval, checkpoint), else ""
 }
 
 #: One steady step's network flows, the input of the 180 s build.

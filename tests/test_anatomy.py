@@ -31,7 +31,7 @@ def test_covered() -> None:
 
 
 def _steps(bounds: list[tuple[float, float]], steady: list[bool]) -> pd.DataFrame:
-    rows = [(i, a, b, b - a, s, 0, 0) for i, ((a, b), s) in enumerate(zip(bounds, steady))]
+    rows = [(i, a, b, b - a, s, 0, 0, "") for i, ((a, b), s) in enumerate(zip(bounds, steady))]
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS)).astype(STEP_COLUMNS)
 
 

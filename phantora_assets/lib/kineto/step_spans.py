@@ -68,6 +68,7 @@ def steps_from_spans(
             "steady": np.arange(n) >= warmup_steps,
             "network_bytes": net_bytes.astype(np.int64),
             "n_flows": n_flows.astype(np.int64),
+            "outlier": "",
         }
     ).astype(STEP_COLUMNS)
     steady = [int(k) for k in range(warmup_steps, n)]

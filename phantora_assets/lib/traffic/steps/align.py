@@ -104,21 +104,3 @@ def _head_aligned(
             f"of {q[j]}: a trace cut inside its pattern or warm-up calls in place of its first calls",
         )
     return got
-
-
-def split_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
-    """Why ``cut`` (steps re-cut at the compute rhythm) splits a sequence's own period, or None (steps
-    module docstring, "Compute rhythm"): a sequence whose primitive period ``p`` (a whole number of them
-    in its periodic tail, so their phase is known) is at most its calls per step has a step boundary
-    inside one of them: the steps start mid-iteration."""
-    for i, p in prim.items():
-        n, tail = int(cs.seq_len[i]), per[i].tail(p)
-        if tail % p or p > cut.period.get(i, 0):
-            continue
-        g0 = int(cs.seq_call_start[i])
-        step = cut.step_sorted[cs.call_rows[g0 + n - tail : g0 + n]]
-        inside = np.flatnonzero((step[1:] != step[:-1]) & (step[:-1] >= 0) & ((np.arange(1, tail) % p) != 0))
-        if len(inside):
-            t = float(cs.ts_s[cs.call_rows[g0 + n - tail + int(inside[0]) + 1]])
-            return f"{cs.name(i)}: a step starts at {t:.3f} us, inside its period of {p} calls"
-    return None

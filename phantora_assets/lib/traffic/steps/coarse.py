@@ -15,7 +15,8 @@ import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import copies_before_tail
-from phantora_assets.lib.traffic.steps.cut import _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.cut import CONCURRENT_SHARE, _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.rule import RULE
 
 
 def _ordered(bounds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -47,10 +48,11 @@ def _places(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
     return pos.reshape(other.shape) - np.arange(n, dtype=np.int64)[:, None] * q_r
 
 
-def _overlap(cs: _Calls, cut: _Cut) -> str | None:
-    """Why the anchors' steps of ``cut`` are not ordered in time (:func:`_ordered`, every
-    step), None when they are."""
+def _overlap(cs: _Calls, cut: _Cut, first: int = 0) -> str | None:
+    """Why the anchors' steps of ``cut`` are not ordered in time (:func:`_ordered`, every step from
+    ``first`` on and the one before it), None when they are."""
     bad = ~_ordered([cs.step_bounds(i, cut.period[i], cut.counts[i]) for i in cut.anchors])
+    bad &= cut.n_steps - 1 - np.arange(len(bad)) >= first  # the later step of each pair
     if bad.any():
         e = int(np.argmax(bad))
         return f"steps {cut.n_steps - 2 - e} and {cut.n_steps - 1 - e} overlap in time"
@@ -100,6 +102,7 @@ def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed expli
     if n_r < min_repeats:
         return f"{n_r} steps of {q_r} calls of {cs.name(r)}, fewer than {min_repeats}"
     ref = cs.step_bounds(r, q_r, n_r)
+    tol = CONCURRENT_SHARE * float(np.median(-np.diff(ref[0]))) if n_r > 1 else 0.0
     ref_calls = cs.call_starts(r, q_r, n_r)
     period, counts = {r: q_r}, {r: n_r}
     for i in repeating:
@@ -119,7 +122,7 @@ def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed expli
             if n >= min_repeats and abs(n - n_r) <= slack and nearer:
                 m = min(n, n_r) - warmup_steps  # steps that can be steady
                 if m >= 2 and _ordered([ref, cs.step_bounds(i, q, n)]).all():
-                    pl = _places(ref_calls[:m], cs.call_starts(i, q, m))
+                    pl = _places(ref_calls[:m], cs.call_starts(i, q, m) - tol)  # concurrent calls: no order
                     if (pl == pl[:1]).all():
                         choice = (q, n)
             q += p
@@ -200,7 +203,7 @@ def _coarse_cut(
 #: walks every sequence, so an unbounded search is quadratic in the trace (104 s for 512 identical
 #: calls per step on every communicator). A step of more repetitions is refused with the reason,
 #: and a second, ambiguous cut beyond the bound is not looked for.
-MAX_REPETITIONS = 64
+MAX_REPETITIONS = RULE.max_repetitions
 
 
 def _reference(
@@ -236,152 +239,6 @@ def _coarser(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     if k < 1:  # r assigned by time, fewer calls a step than its period
         return f"{cs.name(r)} issues {cut.period[r]} calls a step, fewer than its period of {best[r]}"
     return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)
-
-
-#: Steps of several equal parts: the parts' starts within this share of their median gap.
-PART_REL_TOL = 0.10
-
-
-def split_with_extras(cs: _Calls, cut: _Cut) -> str | None:
-    """Why the steps of ``cut`` may be ``g`` iterations with an occasional collective, or None (steps
-    module docstring, "Steps of equal parts"): an anchor sequence whose step of ``q`` calls, once the
-    calls of kinds occurring a number of times not divisible by ``g`` are left out (fewer than the
-    rest), is ``g >= 2`` copies of one block whose starts are evenly spaced in time (every gap
-    within ``PART_REL_TOL`` of the median, over the last ``min(full periods, 4)`` steps)."""
-    for i in cut.anchors:
-        q, n = cut.period[i], min(cut.counts[i], 4)
-        end = int(cs.seq_call_start[i] + cs.seq_len[i])
-        toks = cs.call_tok[end - q : end]
-        kinds, inverse, counts = np.unique(toks, return_inverse=True, return_counts=True)
-        times = cs.call_starts(i, q, n)[::-1]  # (n, q), oldest period first
-        for g in (g for g in range(2, min(q, MAX_REPETITIONS + 1)) if (counts % g == 0).any()):
-            extra = (counts % g != 0)[inverse]
-            keep = np.flatnonzero(~extra)
-            if not extra.any() or len(keep) <= int(extra.sum()) or len(keep) % g:
-                continue
-            size = len(keep) // g
-            block = toks[keep].reshape(g, size)
-            if not (block == block[0]).all():
-                continue
-            starts = times[:, keep[::size]].reshape(-1)
-            gaps = np.diff(starts)
-            med = float(np.median(gaps)) if len(gaps) >= 2 else 0.0
-            if med > 0 and float(np.abs(gaps - med).max()) <= PART_REL_TOL * med:
-                return (
-                    f"{cs.name(i)}: each step of {q} calls is {g} copies of a block of {size} calls {med:.3f} us "
-                    f"apart plus {int(extra.sum())} other calls: steps of {q} calls, or of {size} calls with extra "
-                    "calls in some of them (an occasional collective); the trace has no compute rhythm to tell"
-                )
-    return None
-
-
-#: Largest spread, in median steps, of where one anchor sequence opens its steady steps.
-MAX_OPENING_SPREAD = 0.5
-
-
-def offbeat_anchor(cs: _Calls, cut: _Cut) -> str | None:
-    """An anchor sequence that opens its steady steps at places in the step that wander by more
-    than ``MAX_OPENING_SPREAD`` of the median step (a collective issued in some steps only, at
-    irregular iterations, setting the step count), or None. The first step (start-up) and the last
-    (cut short) are left out; warm-up steps count: a short run has few steady steps."""
-    k = np.arange(1, min(cut.n_complete, cut.n_steps - 1))
-    if len(k) < 2:
-        return None
-    step_us = float(np.median(np.diff(cut.starts)[k]))
-    ok = (cut.step_sorted >= k[0]) & (cut.step_sorted <= k[-1])
-    for i in cut.anchors:
-        rows = ok & (cs.seq_id == i)
-        first = np.full(cut.n_steps, np.inf)
-        np.minimum.at(first, cut.step_sorted[rows], cs.ts_s[rows])
-        off = (first[k] - cut.starts[k])[np.isfinite(first[k])]
-        if step_us > 0 and len(off) >= 2 and float(off.max() - off.min()) > MAX_OPENING_SPREAD * step_us:
-            return (
-                f"{cs.name(i)} sets the steps ({cut.period[i]} calls each) but opens them "
-                f"{off.min():.3f} to {off.max():.3f} us after they start (median step {step_us:.3f} us): "
-                f"no rhythm, a call in some steps only"
-            )
-    return None
-
-
-#: Largest spread of the gaps of a sequence that sets a step of several periods of an evenly
-#: repeating one, in its median gap (iteration jitter stays well inside it).
-SETTER_SPREAD = 0.25
-
-
-def _block_gaps(cs: _Calls, per: list[_Periodicity], i: int, q: int) -> np.ndarray:
-    """Time between the starts of consecutive full periods of ``q`` calls of sequence ``i``, the
-    first (start-up) left out when there are 3 or more."""
-    n_full = per[i].full_periods(q)
-    first = int(cs.seq_call_start[i] + cs.seq_len[i] - n_full * q)
-    t = cs.ts_s[cs.call_rows[first + q * np.arange(n_full)]]
-    g = np.diff(t)
-    return g[1:] if len(g) >= 3 else g
-
-
-def unjustified_multiple(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
-    """A sequence cut into steps of ``k > 1`` of its primitive periods (or assigned by time, ``k``
-    of them a step) although those periods are a
-    rhythm in time (gaps within 10 %), while the sequences that set the step (one primitive period a
-    step) repeat at gaps that wander by more than ``SETTER_SPREAD`` of their median: the few
-    calls of an occasional collective made the step, not the run's rhythm. None when no such pair."""
-    multi = [i for i in cut.anchors + cut.by_time if i in prim and cut.period[i] > prim[i]]
-    setters = [j for j in cut.anchors if cut.period[j] == prim[j]]
-    for i in multi:
-        g = _block_gaps(cs, per, i, prim[i])
-        if len(g) < 2 or np.median(g) <= 0 or np.abs(g - np.median(g)).max() > 0.1 * np.median(g):
-            continue
-        for j in setters:
-            h = _block_gaps(cs, per, j, prim[j])
-            if len(h) and (h.max() - h.min()) > SETTER_SPREAD * float(np.median(h)):
-                return (
-                    f"{cs.name(i)} repeats every {np.median(g):.3f} us, but the steps take "
-                    f"{cut.period[i] // prim[i]} of its periods because {cs.name(j)} repeats at gaps of "
-                    f"{h.min():.3f} to {h.max():.3f} us: no rhythm, a call in some steps only"
-                )
-    return None
-
-
-def parts_of_a_step(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], cut: _Cut) -> str | None:
-    """Why the steps of ``cut`` may be several iterations, or None (steps module docstring, "Steps of
-    equal parts"): an anchor sequence cut into steps of ``k >= 2`` of its primitive periods whose
-    blocks of ``m`` periods (``m`` a proper divisor of ``k``) start evenly spaced in time (gaps within
-    ``PART_REL_TOL``), while another anchor takes one primitive period a step and so sets the step."""
-    setters = [j for j in cut.anchors if j in prim and cut.period[j] == prim[j]]
-    for i in cut.anchors + cut.by_time if setters else []:
-        p = prim.get(i, 0)
-        k = cut.period[i] // p if p and cut.period[i] % p == 0 else 1
-        for m in (m for m in range(1, k) if k % m == 0):
-            g = _block_gaps(cs, per, i, m * p)
-            med = float(np.median(g)) if len(g) >= 2 else 0.0
-            if med <= 0 or float(np.abs(g - med).max()) > PART_REL_TOL * med or _told_apart(g, k // m):
-                continue
-            return (
-                f"{cs.name(i)} repeats a block of {m * p} calls every {med:.3f} us, {k // m} blocks a step "
-                f"because {cs.name(setters[0])} repeats once a step: steps of {k // m} iterations, or of one "
-                "with an occasional collective; the trace has no compute rhythm to tell"
-            )
-    return None
-
-
-#: Parts of a step are told apart by their gaps when the gaps' means at two places of the cycle differ
-#: by more than this many times the spread at one place, and by more than ``TOLD_APART_MIN`` of the median.
-TOLD_APART_SPREADS = 3.0
-TOLD_APART_MIN = 0.02
-
-
-def _told_apart(g: np.ndarray, parts: int) -> bool:
-    """The gaps ``g`` (us) between consecutive parts (blocks, steps) cycle every ``parts``: at least 2
-    cycles, and the gaps at one place of the cycle differ from those at another by more than
-    ``TOLD_APART_SPREADS`` times the gaps at one place differ among themselves and ``TOLD_APART_MIN`` of
-    their median (a step's own rhythm, not jitter: random jitter up to 3 % passes 1 time in 50 or less)."""
-    n = len(g) // parts * parts
-    if parts < 2 or n < 2 * parts:
-        return False
-    at = g[:n].reshape(-1, parts)
-    between = float(np.ptp(at.mean(axis=0)))
-    return between > TOLD_APART_SPREADS * float(np.ptp(at, axis=0).max()) and between > TOLD_APART_MIN * float(
-        np.median(g)
-    )
 
 
 def broken_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:

@@ -53,6 +53,7 @@ class _Calls:
     seq_len: np.ndarray
     flow_arrays: tuple[np.ndarray, ...]  # ts_us, dur_us, src_node, dst_node, bytes in input order
     call_tok: np.ndarray  # token of every call (its kind: op, count, dtype, root, peer)
+    seq_p2p: np.ndarray  # per sequence: it issues send/recv calls
 
     def name(self, i: int) -> str:
         return f"communicator {self.seq_comm[i]} rank {self.seq_rank[i]}"
@@ -76,10 +77,11 @@ class _Calls:
         return self.ts_s[self.call_rows[first + np.arange(q, dtype=np.int64)[None, :]]]
 
 
-def _sequences(flows: pd.DataFrame) -> _Calls:
+def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> _Calls:
     """The calls of every sequence of ``flows`` (``FLOW_COLUMNS``, at least one row): rows sorted by
     (comm_id, comm_rank, ts_us, flow_id), a broadcast root's same-``ts`` flows of one call merged
-    (steps module docstring, "Call")."""
+    (steps module docstring, "Call"). ``p2p_counts=False``: a send/recv's token leaves its count out
+    (an MoE all-to-all's counts vary with routing; ``rule.StepRule.p2p_bytes_rel_tol``)."""
     n_rows = len(flows)
     # ---- sort into sequences -------------------------------------------------------
     comm = flows["comm_id"].astype(str).to_numpy()
@@ -100,7 +102,9 @@ def _sequences(flows: pd.DataFrame) -> _Calls:
     tok_frame = pd.DataFrame(  # integer codes, not strings: a quarter of the groupby's memory
         {
             "op": pd.factorize(op_s)[0],
-            "count": flows["count"].to_numpy(dtype=np.int64)[order],
+            "count": np.where(
+                p2p_counts | ((op_s != "send") & (op_s != "recv")), flows["count"].to_numpy(dtype=np.int64)[order], -1
+            ),
             "dtype": pd.factorize(flows["dtype"].astype(str).to_numpy()[order])[0],
             "root": np.where(op_s == "broadcast", flows["root"].to_numpy(dtype=np.int64)[order], -1),
             "peer": peer,
@@ -150,6 +154,7 @@ def _sequences(flows: pd.DataFrame) -> _Calls:
         seq_len=seq_len,
         flow_arrays=(ts, dur, sn, dn, nbytes),
         call_tok=call_tok,
+        seq_p2p=np.bitwise_or.reduceat((op_s == "send") | (op_s == "recv"), seq_start),
     )
 
 
@@ -179,6 +184,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     src: str,
     shift: dict[int, int] | None = None,
     head: dict[int, int] | None = None,
+    relaxed: bool = False,
 ) -> _Cut:
     """Number the full periods of every anchor sequence (aligned to its end, or ``shift[i]`` steps
     before it: the trace ends inside that sequence's next ``shift[i]`` steps, which are then not
@@ -201,7 +207,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     seq_id, ts_s = cs.seq_id, cs.ts_s
     anchors = [i for i in repeating if i in period]
     n_min, n_max = min(counts[i] for i in anchors), max(counts[i] for i in anchors)
-    if n_max - n_min > slack:
+    if n_max - n_min > slack and not relaxed:
         lo = min(anchors, key=lambda i: counts[i])
         hi = max(anchors, key=lambda i: counts[i])
         raise _fail(
@@ -307,7 +313,7 @@ def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray
         run_first, run_of, pos = np.flatnonzero(new_run), np.cumsum(new_run) - 1, np.arange(len(gh))
         run_last = np.append(run_first[1:], len(gh)) - 1
         r = run_last[run_of] - pos
-        match = (r < len(head)) & (tok[gh] == head[len(head) - 1 - np.minimum(r, len(head) - 1)])
+        match = tok[gh] == head[len(head) - 1 - r % len(head)]  # the head repeated: a ramp-up's first step is short
         last_bad = np.maximum.reduceat(np.where(match, run_first[run_of] - 1, pos), run_first)  # last mismatch
         opens[step[gh[run_first[last_bad < run_last]]]] = gh[last_bad[last_bad < run_last] + 1]
     step[gi[gi < opens[step[gi]]]] -= 1
@@ -346,9 +352,28 @@ def _step_table(
             "steady": steady,
             "network_bytes": net,
             "n_flows": n.astype(np.int64),
+            "outlier": "",
         }
     ).astype(STEP_COLUMNS)
     return steps, starts
+
+
+def _period_us(cs: _Calls, i: int, q: int) -> float:
+    """Median time (us) between the starts of the last (up to 8) periods of ``q`` calls of sequence ``i``."""
+    n = min(8, int(cs.seq_len[i]) // q)
+    first, _ = cs.step_bounds(i, q, n)
+    d = -np.diff(first)
+    return float(np.median(d)) if len(d) else 0.0
+
+
+def _multiple_by_time(cs: _Calls, i: int, p: int, ref: int, best: dict[int, int]) -> int | None:
+    """The multiple ``m`` of sequence ``i``'s period ``p`` whose periods last the reference sequence's
+    (within 10 %), or None."""
+    t_i, t_ref = _period_us(cs, i, p), _period_us(cs, ref, best[ref])
+    if t_i <= 0 or t_ref <= 0:
+        return None
+    m = int(round(t_ref / t_i))
+    return m if m >= 1 and abs(t_ref / t_i - m) <= 0.1 * m and m * p <= cs.seq_len[i] else None
 
 
 def _primary_periods(
@@ -387,6 +412,11 @@ def _primary_periods(
             counts[i] = per[i].full_periods(fits[0])
         elif fits:
             by_time.append(i)
+        elif (m := _multiple_by_time(cs, i, p, min(repeating, key=lambda j: counts[j]), best)) is not None and m > 1:
+            by_time.append(i)  # several of its periods a step: the others' steps place them
+        elif m is not None:
+            period[i] = m * p  # more steps than the others by more than the slack: a ramp-up, a longer warm-up
+            counts[i] = per[i].full_periods(m * p)
         else:
             lo = min(repeating, key=lambda j: counts[j])
             raise _fail(
@@ -397,3 +427,21 @@ def _primary_periods(
                 f"{cs.name(lo)} (period {best[lo]} calls)",
             )
     return period, counts, by_time
+
+
+def first_alike(cs: _Calls, cut: _Cut) -> tuple[int, str | None]:
+    """The first steady step from which every step issues the calls most steady steps issue (every
+    sequence, by call token), and why a later steady step breaks that (None when none does)."""
+    step = cut.step_sorted[cs.call_rows]
+    m = (step >= cut.first_steady) & (step < cut.n_complete)
+    code = cs.seq_id[cs.call_rows][m] * (int(cs.call_tok.max()) + 1) + cs.call_tok[m]
+    sig = pd.Series(code).groupby(step[m], sort=True).agg(tuple)
+    if sig.nunique() <= 1:
+        return cut.first_steady, None
+    ref = sig.value_counts().index[0]
+    same = (sig == ref).to_numpy()
+    first = int(np.argmax(same))
+    if not same[first:].all():
+        k = int(sig.index[first + int(np.argmin(same[first:]))])
+        return int(sig.index[first]), f"steady step {k} issues other calls than the {int(same.sum())} steps alike"
+    return int(sig.index[first]), None

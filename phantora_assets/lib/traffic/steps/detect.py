@@ -1,43 +1,36 @@
-"""The entry point of step detection (:func:`detect_steps`); the package docstring states the rules."""
+"""The entry point of step detection (:func:`detect_steps`): evidence -> candidates -> invariants -> decision
+(``rule.py`` states the rule; the package docstring the definitions)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_FLOW_COLUMNS
+from phantora_assets.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned, split_period
-from phantora_assets.lib.traffic.steps.coarse import (
-    _coarse_cut,
-    _coarser,
-    _overlap,
-    broken_period,
-    offbeat_anchor,
-    parts_of_a_step,
-    split_with_extras,
-    unjustified_multiple,
-)
+from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
+from phantora_assets.lib.traffic.steps.coarse import _coarse_cut, _coarser, _overlap, broken_period
 from phantora_assets.lib.traffic.steps.cut import (
+    CONCURRENT_SHARE,
+    _Calls,
+    _Cut,
     _cut,
     _fail,
     _Periodicity,
     _primary_periods,
     _sequences,
+    _step_table,
+    first_alike,
 )
-from phantora_assets.lib.traffic.steps.verify import (
-    agree_with_compute,
-    compute_rhythm,
-    occasional,
-    repeated_block,
-    steps_in_rhythm,
-)
+from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation
+from phantora_assets.lib.traffic.steps.rule import RULE
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
-MIN_REPEATS = 3
+MIN_REPEATS = RULE.min_repeats
 
 _REQUIRED = (
     "flow_id",
@@ -116,34 +109,247 @@ class StepResult:
         return out.reset_index(drop=True).astype(STEP_FLOW_COLUMNS)
 
 
-def detect_steps(  # noqa: C901, PLR0912, PLR0915 (the step detector's driver, each refusal named in order)
+@dataclass(eq=False)
+class _Evidence:
+    """The communicators' evidence: calls (``cs``), each sequence's periodicity (``per``), primitive
+    period (``prim``: repeating sequences only) and whether send/recv counts were left out (``tolerant``)."""
+
+    cs: _Calls
+    per: list[_Periodicity]
+    prim: dict[int, int]
+    repeating: list[int]
+    tolerant: bool
+
+
+def _periods(cs: _Calls, min_repeats: int) -> tuple[list[_Periodicity], dict[int, int]]:
+    """Each sequence's periodicity and primitive period (the longest periodic tail covering ``min_repeats``
+    periods; a sequence whose last call comes in the first half of the run's span is start-up: none)."""
+    cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
+    per: list[_Periodicity] = []
+    prim: dict[int, int] = {}
+    t_lo, t_hi = float(cs.ts_s.min()), float(cs.ts_s.max())
+    for i in range(len(cs.seq_start)):
+        toks = cs.call_tok[cs.seq_call_start[i] : cs.seq_call_start[i] + cs.seq_len[i]]
+        key = toks.tobytes()
+        if key not in cache:
+            pz = _Periodicity(toks)
+            cache[key] = (pz, pz.best_period(min_repeats))
+        pz, p = cache[key]
+        per.append(pz)
+        if p is not None and float(cs.ts_s[cs.seq_end[i] - 1]) >= t_lo + 0.5 * (t_hi - t_lo):
+            prim[i] = p
+    return per, prim
+
+
+def _evidence(flows: pd.DataFrame, min_repeats: int) -> _Evidence:
+    """The calls with exact tokens; when a sequence issuing send/recv never repeats, the calls again with
+    send/recv counts left out (routing varies them), kept when that leaves fewer sequences that never repeat."""
+    cs = _sequences(flows)
+    per, prim = _periods(cs, min_repeats)
+    tolerant = False
+    if any(cs.seq_p2p[i] and i not in prim for i in range(len(cs.seq_start))):
+        cs2 = _sequences(flows, p2p_counts=False)
+        per2, prim2 = _periods(cs2, min_repeats)
+        if len(prim2) > len(prim):
+            cs, per, prim, tolerant = cs2, per2, prim2, True
+    return _Evidence(cs, per, prim, sorted(prim), tolerant)
+
+
+# ---- candidates: the communicators' cuts, finest first -----------------------------------------
+
+
+def _primitive(ev: _Evidence, warmup_steps: int, src: str) -> _Cut | str:
+    """Every sequence at its primitive period (or the one multiple matching the others' step count;
+    sequences with several are assigned by time), or the violation."""
+    try:
+        period, counts, by_time = _primary_periods(ev.cs, ev.per, ev.prim, ev.repeating, warmup_steps, src)
+        cut = _cut(ev.cs, period, counts, by_time, ev.repeating, warmup_steps, src, relaxed=True)
+    except StepDetectionError as err:
+        if err.rule != "steps disagree":
+            raise
+        return err.detail
+    return _overlap(ev.cs, cut, first_alike(ev.cs, cut)[0]) or cut
+
+
+def _aligned(ev: _Evidence, cut: _Cut, warmup_steps: int, src: str) -> _Cut:
+    """``cut`` aligned to the end of the trace it holds (a trace cut short or inside a pattern: align.py)."""
+    c = _start_aligned(ev.cs, cut, ev.repeating, warmup_steps, src)
+    return _head_aligned(ev.cs, c, ev.per, ev.repeating, warmup_steps, src)
+
+
+# ---- invariants: each returns a violation (rule, detail) or None --------------------------------
+
+
+def _never_repeats_in_warmup(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | None:
+    """A sequence that never repeats calls only before the first steady step."""
+    cs, steady_start = ev.cs, cut.starts[cut.first_steady]
+    for i in range(len(cs.seq_start)):
+        if i in ev.prim:
+            continue
+        last = float(cs.ts_s[cs.seq_start[i] : cs.seq_end[i]].max())
+        if last >= steady_start:
+            return (
+                "steps never repeat",
+                f"{cs.name(i)}: {cs.seq_len[i]} calls, no period repeats {min_repeats} times, and it has calls at "
+                f"{last:.3f} us, after the first steady step began ({steady_start:.3f} us)",
+            )
+    return None
+
+
+def _p2p_bytes(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
+    """With send/recv counts left out: every steady step's bytes per communicator within
+    ``RULE.p2p_bytes_rel_tol`` of the median steady step's."""
+    if not ev.tolerant:
+        return None
+    cs = ev.cs
+    nbytes = cs.flow_arrays[4][cs.order]
+    steady = (cut.step_sorted >= cut.first_steady) & (cut.step_sorted < cut.n_complete)
+    comm = cs.seq_comm[cs.seq_id]
+    frame = pd.DataFrame({"comm": comm[steady], "step": cut.step_sorted[steady], "bytes": nbytes[steady]})
+    per = frame.groupby(["comm", "step"])["bytes"].sum().unstack(fill_value=0)
+    med = per.median(axis=1)
+    dev = per.sub(med, axis=0).abs().div(med.where(med > 0, 1), axis=0)
+    if (dev.to_numpy() > RULE.p2p_bytes_rel_tol).any():
+        c, k = dev.stack().idxmax()
+        return (
+            "steps disagree",
+            f"communicator {c} moves {int(per.loc[c, k])} bytes in step {k}, {float(dev.loc[c, k]):.0%} off the "
+            f"median steady step's {int(med[c])} (send/recv compared within {RULE.p2p_bytes_rel_tol:.0%})",
+        )
+    return None
+
+
+def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
+    """``cut`` with the leading steps whose calls differ from the steady steps' made unsteady (warm-up, a
+    batch-size ramp-up); the rule itself: every later steady step issues, on every communicator rank, the
+    calls most steady steps issue.
+
+    Raises:
+        StepDetectionError: ``"steps irregular"``: a steady step after the first one that issues them differs.
+    """
+    first_steady, why = first_alike(ev.cs, cut)
+    if why is not None:
+        raise _fail(src, "steps irregular", why)
+    if first_steady == cut.first_steady:
+        return cut
+    steps, starts = _step_table(ev.cs, cut.step_sorted, cut.n_steps, first_steady, cut.n_complete)
+    return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
+
+
+def _finer_by_time(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
+    """A step of several periods (``coarse.py``) that a finer partition would satisfy too: the reference
+    sequence's steady steps cut into ``g`` parts at its own periods (``g`` a prime dividing its periods a
+    step), every call placed by time, and every sequence then issues the same calls in every part of the
+    steady steps. The rule takes the finest partition: refused as ambiguous rather than coarsened."""
+    cs = ev.cs
+    counts = {i: ev.per[i].full_periods(ev.prim[i]) for i in ev.repeating}
+    r = min(ev.repeating, key=lambda j: counts[j])
+    if r not in cut.counts:
+        return None
+    k = cut.period[r] // ev.prim[r]
+    n = cut.n_complete - cut.first_steady
+    for g in (d for d in range(2, k + 1) if k % d == 0 and all(d % f for f in range(2, d))):
+        first, _ = cs.step_bounds(r, cut.period[r] // g, (cut.counts[r]) * g)
+        bounds = np.sort(first)
+        bounds -= CONCURRENT_SHARE * float(np.median(np.diff(bounds)))  # calls issued with the first: in its part
+        call_ts = cs.ts_s[cs.call_rows]
+        part = np.searchsorted(bounds, call_ts, side="right") - 1
+        lo = len(bounds) - (cut.n_steps - cut.first_steady) * g
+        hi = min(lo + n * g, len(bounds) - 1)  # the last part ends with the trace: not compared
+        if lo < 0 or hi - lo < 2 * g:
+            continue
+        seq = cs.seq_id[cs.call_rows]
+        m = (part >= lo) & (part < hi) & np.isin(seq, np.asarray(ev.repeating))
+        sig = pd.Series(seq[m] * (int(cs.call_tok.max()) + 1) + cs.call_tok[m]).groupby(part[m]).agg(tuple)
+        if len(sig) == hi - lo and sig.nunique() == 1:
+            return (
+                "steps ambiguous",
+                f"steps of {cut.period[r]} calls of {cs.name(r)} hold, and so do steps of {cut.period[r] // g} calls "
+                "(every communicator issues the same calls in each): the finest partition is not found",
+            )
+    return None
+
+
+def _violation(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | None:
+    """The first invariant ``cut`` breaks, or None."""
+    return _never_repeats_in_warmup(ev, cut, min_repeats) or _p2p_bytes(ev, cut)
+
+
+# ---- decision -------------------------------------------------------------------------------------
+
+
+def _decide(ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: list[float] | None, src: str) -> _Cut:
+    """The finest candidate that holds (the primitive cut, else steps of several periods on every
+    communicator); with run.log's iterations, the candidate they select (steps of ``g`` times as many calls
+    when the finest lasts ``1/g`` iteration).
+
+    Raises:
+        StepDetectionError: no candidate holds (its violation), two incompatible ones do (``steps ambiguous``,
+            from ``_coarse_cut``), or run.log's iterations agree with none (``steps disagree with run.log``).
+    """
+    cs = ev.cs
+    got = _primitive(ev, warmup_steps, src)
+    if isinstance(got, str):
+        coarse = _coarse_cut(cs, ev.per, ev.prim, ev.repeating, warmup_steps, min_repeats, src)
+        if isinstance(coarse, str):
+            raise _fail(
+                src, "steps disagree", f"{got}; no step of several periods on every communicator fits either ({coarse})"
+            )
+        if (finer := _finer_by_time(ev, coarse)) is not None:
+            raise _fail(src, *finer)
+        got = coarse
+    cut = _aligned(ev, got, warmup_steps, src)
+    if iteration_s:
+        why = run_log_violation(cut, iteration_s)
+        if why is not None:
+            g = int(round(why[1]))
+            coarser = (
+                _coarser(cs, ev.per, ev.prim, ev.repeating, cut, g, warmup_steps, min_repeats, src)
+                if g >= 2
+                else why[0]
+            )
+            if isinstance(coarser, str) or run_log_violation(coarser, iteration_s) is not None:
+                reason = coarser if isinstance(coarser, str) else run_log_violation(coarser, iteration_s)
+                raise _fail(src, "steps disagree with run.log", f"{why[0]}; steps of {g} times as many calls: {reason}")
+            cut = _aligned(ev, coarser, warmup_steps, src)
+    cut = _steady_calls(ev, cut, src)
+    if (bad := _violation(ev, cut, min_repeats)) is not None:
+        raise _fail(src, *bad)
+    return cut
+
+
+def detect_steps(
     flows: pd.DataFrame,
     *,
-    warmup_steps: int = 1,
+    warmup_steps: int = RULE.warmup_steps,
     source: str | Path | None = None,
-    min_repeats: int = MIN_REPEATS,
+    min_repeats: int = RULE.min_repeats,
     compute: pd.DataFrame | None = None,
+    iteration_s: list[float] | None = None,
 ) -> StepResult:
-    """Cut a run's flows (``FLOW_COLUMNS``, any row order) into steps.
+    """Cut a run's flows (``FLOW_COLUMNS``, any row order) into steps by the rule of ``rule.py``.
 
     Args:
         flows: one row per Communication event, loopback included.
-        compute: the run's Computation events (``host``, ``ts_us``, ``dur_us``, one row each), or
-            None: the steps must then agree with their rhythm (module docstring, "Compute rhythm").
-        warmup_steps: full leading periods dropped as warm-up, on top of the part before
-            the first full period.
+        warmup_steps: full leading periods dropped as warm-up, on top of the part before the first full period.
         source: file path or run label named in errors.
         min_repeats: full periods the periodic tail must cover (3).
+        compute: the run's Computation events (``host``, ``ts_us``, ``dur_us``), or None: they say why an
+            outlier step is longer (extra compute or idle time) and refuse steps of several compute periods;
+            they never change the steps.
+        iteration_s: run.log's iteration times (seconds, every iteration the job ran), or None: the steps
+            must agree with their count and median (``RULE.log_rel_tol``).
 
     Returns:
-        StepResult (see the module docstring for the definitions).
+        StepResult (see the module docstring for the definitions); ``steps.outlier`` names why a steady
+        step is more than ``RULE.outlier_rel_tol`` off the median step ("" when it is not).
 
     Raises:
-        StepDetectionError: no flows, a communicator rank whose calls never repeat (rule ``"steps never
-            repeat"``), communicators that disagree on the number or the timing of steps (``"steps disagree"``),
-            two incompatible steps or steps of parts nothing tells apart (``"steps ambiguous"``), a period
-            broken inside the run (``"steps irregular"``), no steady step left (``"no steady step"``), or
-            steps the compute rhythm contradicts (``"steps disagree with compute"``).
+        StepDetectionError: no flows, a communicator rank whose calls never repeat (``"steps never repeat"``),
+            communicators that disagree on the number or the timing of steps (``"steps disagree"``), two
+            incompatible steps (``"steps ambiguous"``), a period broken inside the run (``"steps irregular"``),
+            no steady step left (``"no steady step"``), steps run.log contradicts (``"steps disagree with
+            run.log"``) or that last a whole number of compute periods (``"steps disagree with compute"``).
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -154,111 +360,25 @@ def detect_steps(  # noqa: C901, PLR0912, PLR0915 (the step detector's driver, e
     n_rows = len(flows)
     if n_rows == 0:
         raise _fail(src, "steps never repeat", "no communication flows")
-
-    cs = _sequences(flows)
-    n_seq, seq_start, seq_len = len(cs.seq_start), cs.seq_start, cs.seq_len
-    seq_comm, seq_rank, order, ts_s = cs.seq_comm, cs.seq_rank, cs.order, cs.ts_s
-    call_tok, seq_call_start = cs.call_tok, cs.seq_call_start
-
-    # ---- period of each sequence ---------------------------------------------------
-    cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
-    per: list[_Periodicity] = []
-    best: list[int | None] = []
-    for i in range(n_seq):
-        toks = call_tok[seq_call_start[i] : seq_call_start[i] + seq_len[i]]
-        key = toks.tobytes()
-        if key not in cache:
-            pz = _Periodicity(toks)
-            cache[key] = (pz, pz.best_period(min_repeats))
-        pz, p = cache[key]
-        per.append(pz)
-        best.append(p)
-
-    # a sequence that repeats only in the first half of the run is start-up, not the step
-    t_lo, t_hi = float(ts_s.min()), float(ts_s.max())
-    for i in range(n_seq):
-        if best[i] is not None and float(ts_s[cs.seq_end[i] - 1]) < t_lo + 0.5 * (t_hi - t_lo):
-            best[i] = None
-    repeating = [i for i in range(n_seq) if best[i] is not None]
-    prim = {i: p for i, p in enumerate(best) if p is not None}  # primitive period of each repeating sequence
-    if not repeating:
-        i = int(np.argmax(seq_len))
+    ev = _evidence(flows, min_repeats)
+    cs = ev.cs
+    if not ev.repeating:
+        i = int(np.argmax(cs.seq_len))
         raise _fail(
             src,
             "steps never repeat",
-            f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, "
-            f"no period repeats {min_repeats} times; no communicator repeats",
+            f"{cs.name(i)}: {cs.seq_len[i]} calls, no period repeats {min_repeats} times; no communicator repeats",
         )
-
-    if (broken := broken_period(cs, per, prim, min_repeats)) is not None:
+    if (broken := broken_period(cs, ev.per, ev.prim, min_repeats)) is not None:
         raise _fail(src, "steps irregular", broken)
-
-    # ---- steps: by the sub-period rule, else several periods on every sequence -------
-    rhythm = compute_rhythm(compute, 2)  # two iterations of compute already tell the step
-    try:
-        primary = lambda seqs: _primary_periods(cs, per, prim, seqs, warmup_steps, src)
-        extra = occasional(cs, per, prim, repeating, primary, warmup_steps, rhythm)
-        period, counts, by_time = primary([i for i in repeating if i not in extra])
-        by_time += extra
-        cut = _cut(cs, period, counts, by_time, repeating, warmup_steps, src)
-    except StepDetectionError as err:
-        if err.rule != "steps disagree":
-            raise
-        coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
-        if isinstance(coarse, str):
-            raise _fail(
-                src, err.rule, f"{err.detail}; no step of several periods on every communicator fits either ({coarse})"
-            ) from None
-        cut = coarse
-    else:
-        if _overlap(cs, cut) is not None:
-            coarse = _coarse_cut(cs, per, prim, repeating, warmup_steps, min_repeats, src)
-            if not isinstance(coarse, str):
-                cut = coarse
-    aligned = lambda c: _head_aligned(
-        cs, _start_aligned(cs, c, repeating, warmup_steps, src), per, repeating, warmup_steps, src
-    )
-    cut = aligned(cut)
-    coarser = lambda g: (
-        c
-        if isinstance(c := _coarser(cs, per, prim, repeating, cut, g, warmup_steps, min_repeats, src), str)
-        else aligned(c)
-    )
-    if (recut := agree_with_compute(cs, cut, rhythm, coarser, warmup_steps, src)) is not cut:
-        if (split := split_period(cs, per, prim, recut)) is not None:
-            raise _fail(src, "steps disagree with compute", split)
-        cut = recut
-    if rhythm is None:
-        cut = steps_in_rhythm(cut, coarser, src)
-    block = (repeated_block(cs, per, cut) or split_with_extras(cs, cut)) if rhythm is None else None
-    if block is not None:
-        raise _fail(src, "steps ambiguous", block)
-    if (offbeat := offbeat_anchor(cs, cut) or unjustified_multiple(cs, per, prim, cut)) is not None:
-        raise _fail(src, "steps irregular", offbeat)
-    if rhythm is None and (block := parts_of_a_step(cs, per, prim, cut)) is not None:
-        raise _fail(src, "steps ambiguous", block)
-    period, steps, starts = cut.period, cut.steps, cut.starts
-    first_steady, n_complete = cut.first_steady, cut.n_complete
-    period_step = np.empty(n_rows, dtype=np.int64)
-    period_step[order] = cut.step_sorted
-
-    # ---- sequences that never repeat: only allowed inside the warm-up --------------
-    steady_start = starts[first_steady]
-    for i in range(n_seq):
-        if best[i] is not None:
-            continue
-        rows = slice(seq_start[i], seq_start[i + 1] if i + 1 < n_seq else n_rows)
-        last = float(ts_s[rows].max())
-        if last >= steady_start:
-            raise _fail(
-                src,
-                "steps never repeat",
-                f"communicator {seq_comm[i]} rank {seq_rank[i]}: {seq_len[i]} calls, no "
-                f"period repeats {min_repeats} times, and it has calls at {last:.3f} us, "
-                f"after the first steady step began ({steady_start:.3f} us)",
-            )
+    cut = _decide(ev, warmup_steps, min_repeats, iteration_s, src)
+    if (slow := compute_violation(cut, compute)) is not None:
+        raise _fail(src, "steps disagree with compute", slow)
 
     # ---- summary -------------------------------------------------------------------
+    steps, first_steady, n_complete = cut.steps, cut.first_steady, cut.n_complete
+    period_step = np.empty(n_rows, dtype=np.int64)
+    period_step[cs.order] = cut.step_sorted
     steady_steps = [int(k) for k in range(first_steady, n_complete)]
     if n_complete < len(steps):  # the last step is not steady: every steady step ends at the next one's start
         timed = steady_steps
@@ -270,8 +390,11 @@ def detect_steps(  # noqa: C901, PLR0912, PLR0915 (the step detector's driver, e
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}
-    for i in repeating:
-        periods[str(seq_comm[i])] = max(periods.get(str(seq_comm[i]), 0), int(period[i]))
+    for i in ev.repeating:
+        periods[str(cs.seq_comm[i])] = max(periods.get(str(cs.seq_comm[i]), 0), int(cut.period[i]))
+    steps = steps.assign(outlier=outliers(steps, timed, step_time, compute)).astype(
+        {"outlier": STEP_COLUMNS["outlier"]}
+    )
 
     out = flows.copy(deep=False)  # the input's columns, not copied (2.7 M rows at 128x8: ~0.9 GB)
     out["step"] = np.where((period_step >= first_steady) & (period_step < n_complete), period_step, -1).astype(np.int64)

@@ -53,7 +53,7 @@ def _misplaced(sr, flows: pd.DataFrame, starts: np.ndarray, extra_count: int | N
 #    number the ring from that call: 12 steps of 1000 us, each starting 311 us into an iteration (its
 #    last call the next iteration's first): every steady step misplaced. The trace is not cut; the cut
 #    from the end was right. A trace cut inside the ring's pattern after a warm-up call added before its
-#    first call has the same calls (tests/test_steps_attack13f.py): the flows cannot tell them apart"
+#    first call has the same calls (tests/test_steps_cuts.py): the flows cannot tell them apart"
 def test_warm_up_call_in_place_of_a_first_call_is_not_read_as_a_trace_cut():
     flows, starts = _run(replace_first=True)
     with pytest.raises(StepDetectionError) as ei:
@@ -161,15 +161,10 @@ def _blocks_run(cut_at: float) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
 # was: "the trace cut 130 us into its last iteration (one call of it): 12 steps of 1000.6 us, but step 0
 #    ended at the 8th call of the warm-up iteration: steady step 1 (1532 us) held the warm-up's last two
 #    calls, a boundary inside the pair's block; whole (not cut) the run is right"
-@pytest.mark.xfail(
-    strict=True,
-    reason="left open: steady step 1 holds the last 2 calls of the warm-up iteration (starts inside the "
-    "pair's 3-call block, lasts 1532 us); should start at the iteration start or be refused",
-)
-def test_first_steady_step_of_a_cut_run_of_blocks_starts_at_its_iteration():
+# issue 28: its 1-element all-reduce every 3rd iteration makes steps of 3 iterations (the rule's finest
+#    partition), which last 3 compute periods: refused, named
+def test_first_steady_step_of_a_cut_run_of_blocks_is_refused_by_the_compute_rhythm():
     flows, starts, compute = _blocks_run(130.0)
-    try:
-        sr = detect_steps(flows, compute=compute)
-    except StepDetectionError:
-        return
-    assert _misplaced(sr, flows, starts, extra_count=1) == []
+    with pytest.raises(StepDetectionError) as ei:
+        detect_steps(flows, compute=compute)
+    assert ei.value.rule == "steps disagree with compute" and "last 3.00 compute periods" in ei.value.detail

@@ -36,25 +36,6 @@ def _iteration(flows: pd.DataFrame, starts: np.ndarray) -> np.ndarray:
 #    head match stopped at the extra, so in those iterations the opening call and the extra stayed in
 #    the previous step: step time right, every 4th step holding the next iteration's first calls"
 #    (with compute; flows only: refused as 'steps ambiguous')
-@pytest.mark.parametrize("with_compute", [False, True])
-def test_occasional_call_inside_the_head_of_a_sequence_assigned_by_time_opens_its_step(with_compute):
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    starts = 100.0 + T * np.arange(12)
-    for it, s in enumerate(starts):
-        fb.ring("00000000000000a0", [0, 2], "all_reduce", 1024, "F32", s + 270, 1)
-        fb.ring("00000000000000a0", [0, 2], "all_reduce", 4096, "F32", s + 391, 1)
-        fb.ring("00000000000000b0", [0, 1], "all_reduce", 1024, "F32", s + 87, 1)
-        if it % 4 == 2:
-            fb.ring("00000000000000b0", [0, 1], "all_reduce", 1, "F32", s + 126.1, 0)
-        fb.ring("00000000000000b0", [0, 1], "all_gather", 1024, "F32", s + 715, 1)
-        fb.ring("00000000000000b0", [0, 1], "all_gather", 1024, "F32", s + 794, 1)
-    flows = fb.frame()
-    sr = detect_steps(flows, compute=_compute(starts) if with_compute else None)
-    assert len(sr.steps) == 12 and sr.step_time_us == T
-    assert sr.steps["start_us"].tolist() == (starts + 87).tolist()
-    steady = sr.flows["step"].to_numpy() >= 0
-    assert (sr.flows["step"].to_numpy()[steady] == _iteration(flows, starts)[steady]).all()  # observed: -1 off
-    assert (sr._period_step == _iteration(flows, starts)).all()
 
 
 def _two_blocks_run(warm: float):
@@ -90,36 +71,3 @@ def test_a_pattern_of_several_kinds_is_no_occasional_collective(with_compute):
 #    steps in it, 357 us into an iteration: step time right, every step holding the next iteration's
 #    first calls" -- with compute the others' steps last the compute rhythm: the irregular call is an
 #    occasional collective, wherever it comes
-def test_an_irregular_collective_is_occasional_when_the_others_last_the_compute_rhythm():
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    starts = 100.0 + T * np.arange(20)
-    for it, s in enumerate(starts):
-        fb.ring("00000000000000a0", [0, 1], "all_reduce", 1024, "F32", s + 756, 1)
-        fb.ring("00000000000000a0", [0, 1], "all_reduce", 4096, "F32", s + 778, 1)
-        for off in (89.0, 171.0, 357.0):
-            fb.ring("00000000000000b0", [0, 2], "all_reduce", 1024, "F32", s + off, 1)
-            fb.ring("00000000000000b0", [0, 2], "all_gather", 8, "F32", s + off + (9.0 if off < 100 else 93.0), 1)
-        if it in (3, 7, 10, 11):
-            fb.ring("00000000000000c0", RING, "all_reduce", 1, "F32", s + 343.9, 0)
-    flows = fb.frame()
-    sr = detect_steps(flows, compute=_compute(starts))  # observed: steps opening 357 us into each iteration
-    assert len(sr.steps) == 20 and sr.step_time_us == T
-    assert sr.steps["start_us"].tolist() == (starts + 89).tolist()
-    assert (sr._period_step == _iteration(flows, starts)).all()
-    assert sr.periods == {"00000000000000a0": 2, "00000000000000b0": 6, "00000000000000c0": 0}
-
-
-def test_uneven_parts_of_a_step_are_counted_against_the_compute_rhythm():
-    """Three equal all-gathers an iteration, 192, 132 and 676 us apart, and a longer warm-up iteration:
-    the median part (192 us) is 1/5.2 of the compute rhythm, the mean (333 us) 1/3: steps of 3 calls.
-    (A guard: before the warm-up kept the compute rhythm, the run took the flows-only path.)"""
-    fb = FlowBuilder({r: r % 2 for r in range(4)})
-    lengths = np.full(18, T)
-    lengths[0] = 1068.0
-    starts = 100.0 + np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
-    for s in starts:
-        for off in (362.0, 554.0, 686.0):
-            fb.ring("00000000000000a0", RING, "all_gather", 1024, "F32", s + off, 1)
-    flows = fb.frame()
-    sr = detect_steps(flows, compute=_compute(starts, lengths))
-    assert len(sr.steps) == 18 and sr.step_time_us == T and sr.periods == {"00000000000000a0": 3}

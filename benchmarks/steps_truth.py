@@ -1,0 +1,133 @@
+"""Step detection against generated training runs of known truth (issue 28): right / refused / wrong per family.
+
+    python benchmarks/steps_truth.py [--runs 2400] [--first 0] [--family moe] [--show SEED] [-v]
+
+The runs are ``tests/fixtures/training_runs.py`` (its docstring: families, variations, what "right" is
+and how a run's steps are judged decidable from what its trace holds). Each run goes through the step
+detector the way ``validated_flows`` runs it: ``detect_steps(flows, compute=...)`` with the run's
+Computation events when it has them (and run.log's iteration times when the detector takes them:
+``iteration_s``), then, when the run has a run.log, the blocking ``steps_match_run_log`` check, whose
+failure counts as a refusal. Outcomes: ``right``; ``refused`` (StepDetectionError or that check: loud);
+``wrong`` (any other answer: silently wrong steps); ``crash`` (another exception; counted as wrong);
+``rotated`` (right steps at another phase, counted apart for the runs whose phase is undecidable, else wrong).
+Prints, per family and overall, the decidable runs' outcomes, the undecidable runs' outcomes, the
+refusals by rule, and the seeds of every wrong run. Exit status 1 when a decidable run is wrong.
+
+Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399), the detector before issue 28
+(main at a700257): decidable 2,398: right 482 (20.1 %), refused 1,477, wrong 439 (megatron 130 / 338 / 132,
+zero3 222 / 194 / 184, grad_accum 130 / 345 / 123, moe 0 / 600 / 0); refused by rule: steps ambiguous 729,
+steps never repeat 411, steps disagree 143, steps irregular 112, steps disagree with compute 61,
+steps_match_run_log 23. The wrong runs: steady steps that each hold the end of one iteration and the start
+of the next (a trace cut inside its last iteration) and k-iteration steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from fixtures.training_runs import FAMILIES, TruthRun, judge, make_run  # noqa: E402
+
+from phantora_assets.lib.errors import StepDetectionError  # noqa: E402
+from phantora_assets.lib.traffic.steps import detect_steps  # noqa: E402
+from phantora_assets.lib.traffic.trace_checks import steps_match_run_log  # noqa: E402
+
+TAKES_RUN_LOG = "iteration_s" in inspect.signature(detect_steps).parameters
+
+
+def classify(run: TruthRun) -> tuple[str, str]:
+    """``(outcome, detail)``: right / refused / wrong / crash (module docstring)."""
+    kw = {"iteration_s": run.iteration_s} if TAKES_RUN_LOG and run.iteration_s else {}
+    try:
+        sr = detect_steps(run.flows, compute=run.compute, **kw)
+    except StepDetectionError as e:
+        return "refused", e.rule
+    except Exception:  # the harness counts every other exception as a crash
+        return "crash", traceback.format_exc(limit=-2).strip().splitlines()[-1]
+    if run.iteration_s:
+        chk = steps_match_run_log(sr, run.iteration_s, True)
+        if not chk.passed:
+            return "refused", "steps_match_run_log check"
+    why = judge(
+        run,
+        sr.flows["step"].to_numpy(),
+        sr.flows["flow_id"].to_numpy(),
+        float(sr.step_time_us),
+        list(sr.steady_steps),
+    )
+    got = f"{len(sr.steps)} steps of {sr.step_time_us:.0f} us"
+    if why == "rotated":
+        return ("rotated" if not run.decidable else "wrong"), f"{got}: steps at another phase than the iterations"
+    return ("wrong", f"{got}: {why}") if why else ("right", got)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=2400, help="number of generated runs (seeds first .. first + runs - 1)")
+    p.add_argument("--first", type=int, default=0, help="first seed")
+    p.add_argument("--family", choices=FAMILIES, help="only this family (every seed)")
+    p.add_argument("--show", type=int, help="print one seed's run and the detector's answer")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per run")
+    args = p.parse_args(argv)
+    if args.show is not None:
+        run = make_run(args.show, args.family)
+        print("\n".join(run.desc))
+        print("decidable" if run.decidable else f"undecidable: {run.why_undecidable}")
+        print(*classify(run), sep=": ")
+        return 0
+    t0 = time.perf_counter()
+    counts: Counter[tuple[str, bool, str]] = Counter()
+    rules: Counter[str] = Counter()
+    bad: list[str] = []
+    for seed in range(args.first, args.first + args.runs):
+        run = make_run(seed, args.family)
+        outcome, detail = classify(run)
+        counts[(run.family, run.decidable, outcome)] += 1
+        if outcome == "refused":
+            rules[detail] += 1
+        if args.verbose:
+            print(f"{seed}: {run.family}: {'decidable' if run.decidable else 'undecidable'}: {outcome}: {detail}")
+        if outcome in ("wrong", "crash"):
+            which = "decidable" if run.decidable else "undecidable"
+            bad.append(f"  seed {seed} ({run.family}, {which}) {outcome}: {detail}")
+    outs = ("right", "refused", "wrong", "crash", "rotated")
+    print(
+        f"step detection vs truth: {args.runs} runs, seeds {args.first}..{args.first + args.runs - 1}, "
+        f"run.log passed to the detector: {TAKES_RUN_LOG}, {time.perf_counter() - t0:.0f} s"
+    )
+    head = f"{'family':12}{'decidable':>10}" + "".join(f"{o:>9}" for o in outs) + f"{'right %':>9}"
+    head += f"  | {'undecidable':>11}" + "".join(f"{o:>9}" for o in outs)
+    print(head)
+    fams = (args.family,) if args.family else FAMILIES
+    ok = True
+    for fam in (*fams, "all"):
+        row = {
+            (d, o): sum(v for (f, dd, oo), v in counts.items() if dd == d and oo == o and fam in (f, "all"))
+            for d in (True, False)
+            for o in outs
+        }
+        n_d, n_u = sum(row[(True, o)] for o in outs), sum(row[(False, o)] for o in outs)
+        pct = 100.0 * row[(True, "right")] / n_d if n_d else float("nan")
+        line = f"{fam:12}{n_d:>10}" + "".join(f"{row[(True, o)]:>9}" for o in outs) + f"{pct:>8.1f}%"
+        line += f"  | {n_u:>11}" + "".join(f"{row[(False, o)]:>9}" for o in outs)
+        print(line)
+        ok &= row[(True, "wrong")] + row[(True, "crash")] == 0
+    print("refused by rule: " + ", ".join(f"{r} {n}" for r, n in sorted(rules.items())))
+    print(f"wrong or crash: {len(bad)}")
+    print("\n".join(bad[:60]) + ("\n  ..." if len(bad) > 60 else ""))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The evidence beyond the communicators' calls (internal to :mod:`~phantora_assets.lib.traffic.steps`;
+``rule.py`` orders it): run.log's iteration records select a candidate, the Computation events say why an
+outlier step is longer. Times in microseconds; no Dagster import.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from phantora_assets.lib.traffic.steps.cut import _Cut, _Periodicity
+from phantora_assets.lib.traffic.steps.rule import RULE
+
+
+def _timed_median(cut: _Cut) -> float:
+    """Median duration (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
+    d = cut.steps["duration_us"].to_numpy()
+    hi = cut.n_complete if cut.n_complete < cut.n_steps else cut.n_steps - 1
+    timed = d[cut.first_steady : hi]
+    return float(np.median(timed)) if len(timed) else float("nan")
+
+
+def run_log_violation(cut: _Cut, iteration_s: list[float]) -> tuple[str, float] | None:
+    """Why ``cut`` disagrees with run.log's iterations (``iteration_s``, seconds; the first is warm-up) and
+    run.log's median iteration in steps of ``cut`` (the multiple a coarser cut must take), or None: as many
+    steps as iterations (up to ``RULE.log_missing_steps`` fewer) and the median step within
+    ``RULE.log_rel_tol`` of the median iteration. None with fewer than 3 iterations (nothing to tell)."""
+    if len(iteration_s) < 3:
+        return None
+    med_us = float(np.median(np.asarray(iteration_s[1:], dtype=float))) * 1e6
+    step_us = _timed_median(cut)
+    ratio = med_us / step_us if step_us > 0 else float("inf")
+    n_log = len(iteration_s)
+    if n_log - RULE.log_missing_steps <= cut.n_steps <= n_log and abs(ratio - 1.0) <= RULE.log_rel_tol:
+        return None
+    return (
+        f"{cut.n_steps} steps of {step_us:.3f} us, but run.log reports {n_log} iterations of {med_us:.3f} us "
+        f"({ratio:.2f} steps)",
+        ratio,
+    )
+
+
+def outliers(steps: pd.DataFrame, timed: list[int], step_us: float, compute: pd.DataFrame | None) -> np.ndarray:
+    """Why each step is an outlier, shape (len(steps),) of str ("" when it is not): a timed steady step
+    more than ``RULE.outlier_rel_tol`` longer or shorter than the median ``step_us``. A longer one is
+    named by the Computation events when given: more compute than the median step ("extra compute: an
+    eval pass?") or not ("idle: a checkpoint or a straggler?")."""
+    out = np.full(len(steps), "", dtype=object)
+    if not timed or step_us <= 0:
+        return out
+    start = steps["start_us"].to_numpy(dtype=np.float64)
+    dur = steps["duration_us"].to_numpy(dtype=np.float64)
+    busy = None
+    if compute is not None and len(compute):
+        ts = compute["ts_us"].to_numpy(dtype=np.float64)
+        k = np.searchsorted(start, ts, side="right") - 1
+        ok = (k >= 0) & (ts < start[-1] + np.nan_to_num(dur[-1]))
+        n_hosts = max(1, compute["host"].nunique())
+        busy = np.bincount(k[ok], weights=compute["dur_us"].to_numpy(dtype=np.float64)[ok], minlength=len(steps))
+        busy = busy / n_hosts
+    med_busy = float(np.median(busy[timed])) if busy is not None else 0.0
+    for k in timed:
+        dev = dur[k] / step_us - 1.0
+        if abs(dev) <= RULE.outlier_rel_tol:
+            continue
+        what = f"{dev:+.0%} of the median step"
+        if dev > 0 and busy is not None:
+            extra = busy[k] - med_busy
+            why = (
+                "extra compute: an eval pass?"
+                if extra >= 0.5 * (dur[k] - step_us)
+                else "idle: a checkpoint or a straggler?"
+            )
+            what = f"{what} ({why})"
+        out[k] = what
+    return out
+
+
+def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> float | None:
+    """The period (us) of the run's Computation events, or None when they show none.
+
+    Each host's events, ordered by (ts_us, dur_us), form a sequence of tokens (its duration;
+    durations within ``RULE.compute_token_rel_tol`` of each other, chained, are one token); its period is the
+    one with the longest periodic tail repeating at least ``min_repeats`` times. None when
+    ``compute`` is None or empty, a host read has no period, its periods' durations differ by
+    more than ``RULE.compute_rel_tol`` from their median (with 4 periods or more the first, warm-up, may be
+    longer and is left out), or the hosts' period lengths differ by more than ``RULE.compute_rel_tol``.
+    """
+    if compute is None or len(compute) == 0:
+        return None
+    host = compute["host"].astype(str).to_numpy()
+    names = sorted(set(host.tolist()))
+    picked = sorted({names[0], names[len(names) // 2], names[-1]}, key=names.index)  # first, middle, last host
+    found: list[float] = []
+    for h in picked:
+        m = host == h
+        ts = compute["ts_us"].to_numpy(dtype=np.float64)[m]
+        dur = compute["dur_us"].to_numpy(dtype=np.float64)[m]
+        o = np.lexsort((dur, ts))
+        ts, dur = ts[o], dur[o]
+        tokens = _duration_tokens(dur)
+        pz = _Periodicity(tokens)
+        p = pz.best_period(min_repeats)
+        if p is None:
+            return None
+        n = pz.full_periods(p)
+        starts = ts[len(ts) - (np.arange(n, dtype=np.int64) + 1) * p][::-1]
+        d = np.diff(starts)
+        steady = d[1:] if len(d) >= 3 else d  # the first (warm-up) period may last longer
+        if len(d) == 0 or float(d[0]) < (1.0 - RULE.compute_rel_tol) * float(np.median(steady)):
+            return None
+        med = float(np.median(steady))
+        if med <= 0 or float(np.abs(steady - med).max()) > RULE.compute_rel_tol * med:
+            return None
+        found.append(med)
+    lengths = np.array(found)
+    if float(lengths.max() - lengths.min()) > RULE.compute_rel_tol * float(lengths.min()):
+        return None
+    return found[0]
+
+
+def _duration_tokens(dur: np.ndarray) -> np.ndarray:
+    """One token per duration, shape like ``dur``: sorted durations that are within
+    ``RULE.compute_token_rel_tol`` of the previous one share its token."""
+    u = np.unique(dur)
+    new = np.ones(len(u), dtype=bool)
+    new[1:] = u[1:] > u[:-1] * (1.0 + RULE.compute_token_rel_tol) + 1e-6
+    return (np.cumsum(new) - 1)[np.searchsorted(u, dur)].astype(np.int64)
+
+
+def compute_violation(cut: _Cut, compute: pd.DataFrame | None) -> str | None:
+    """Why the steps of ``cut`` contradict the compute rhythm, or None: they last a whole ``g >= 2`` compute
+    periods (within ``RULE.compute_rel_tol``): the step is set by calls in some iterations only (an occasional
+    collective) or it is ``g`` iterations; the compute rhythm cannot re-cut it (it never coarsens or re-cuts)."""
+    period = compute_period_us(compute)
+    step = _timed_median(cut)
+    if period is None or not step > 0:
+        return None
+    ratio = step / period
+    g = int(round(ratio))
+    if g >= 2 and abs(ratio - g) <= RULE.compute_rel_tol * g:
+        return (
+            f"the communicators' steps ({cut.n_steps} of {step:.3f} us) last {ratio:.2f} compute periods of "
+            f"{period:.3f} us: a step of {g} iterations or a collective in some iterations only"
+        )
+    return None

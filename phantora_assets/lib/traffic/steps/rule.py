@@ -1,0 +1,62 @@
+"""The one rule of step detection, its invariants and its tolerances (docs/STEPS.md).
+
+**Rule.** A step is the finest time-ordered partition of the trace in which every communicator issues
+the same sequence of calls (op, count, dtype, communicator) in every steady step.
+
+**Evidence, in order of strength.** (1) Explicit iteration boundaries decide: a Kineto run's
+``ProfilerStep#N`` spans (``lib/kineto/step_spans.py``, upstream of this package) and run.log's iteration
+records (``iteration_s``: their count and median time select the candidate). (2) The communicators' own
+periods give the candidates: each communicator rank's primitive period, then steps of several periods on
+every communicator, finest first. (3) The compute rhythm and the gaps between steps only break ties between
+candidates the communicators allow, and say why a step is an outlier; they never coarsen a step the
+communicators already repeat exactly.
+
+**Invariants** (each a function of a candidate returning a violation or None, ``detect._INVARIANTS``):
+the communicators agree on the number of steps (``steps disagree``); the steps are ordered in time (no call
+of a step after a call of the next); a communicator rank that never repeats calls only before the first
+steady step (``steps never repeat``); the steps do not last a whole ``g >= 2`` compute periods
+(``steps disagree with compute``); no period broken inside the run (``steps irregular``); a send/recv
+compared without its count moves bytes within ``p2p_bytes_rel_tol`` of the median steady step; at least
+one timed steady step (``no steady step``); run.log's iterations, when given, agree with the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """Tolerances of the rule (module docstring). Times relative to the median steady step.
+
+    Attributes:
+        min_repeats: full periods a communicator rank's periodic tail must cover (3).
+        warmup_steps: full leading steps that are warm-up, on top of the calls before the first full period.
+        outlier_rel_tol: a steady step longer or shorter than the median by more than this share is kept
+            and flagged as an outlier (eval pass, checkpoint, straggler), never merged into a coarser step.
+        p2p_bytes_rel_tol: a send/recv (an MoE all-to-all's transfers) whose element count varies with
+            routing is compared by (op, communicator, dtype, peer); its steady steps' bytes per
+            communicator must stay within this share of the median step's.
+        log_rel_tol: run.log's median iteration and the median step agree within this share.
+        log_missing_steps: run.log may report up to this many iterations more than the trace holds steps
+            (warm-up calls that form no full period, a trace cut at an end).
+        max_repetitions: steps of several periods are searched up to this many periods of the reference
+            communicator rank (beyond it the search is quadratic in the trace; refused with the reason).
+        compute_rel_tol: a host's compute periods last within this share of their median (else no rhythm);
+            steps lasting a whole ``g >= 2`` compute periods within it are refused (``steps disagree with
+            compute``: an occasional collective or a ``g``-iteration step).
+        compute_token_rel_tol: Computation events whose durations are within this share are one token.
+    """
+
+    min_repeats: int = 3
+    warmup_steps: int = 1
+    outlier_rel_tol: float = 0.10
+    p2p_bytes_rel_tol: float = 0.25
+    log_rel_tol: float = 0.10
+    log_missing_steps: int = 2
+    max_repetitions: int = 64
+    compute_rel_tol: float = 0.05
+    compute_token_rel_tol: float = 0.01
+
+
+RULE = StepRule()
