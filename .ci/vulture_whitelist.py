@@ -28,6 +28,7 @@ _.ignore_existing_data_limits  # lib/store/figures.py: matplotlib Axes
 # fields of the records and file formats written and read whole (msgspec structs, dataclasses): a
 # field no code reads by name is still part of the record
 Communication  # lib/phantora/trace_decode.py: the JSON key of a Communication event's args
+network_bytes_by_group  # records.py: TraceSummaryRecord's field of trace_summary.json (issue 26)
 mem_bytes  # lib/sim/workload_types.py: an Item's memory traffic
 compute_entries  # records.py
 memcpy_entries  # records.py
@@ -47,3 +48,6 @@ pytest_collection_modifyitems  # tests/conftest.py
 pytestmark  # tests/test_real_kineto.py
 detach  # tests/test_phantora_docker.py
 labels  # tests/test_phantora_docker.py
+# column contracts that document a table's columns for readers (lib/net: issue 27's NIC tables)
+NIC_INPUT_COLUMNS  # lib/net/nics.py: the flows' columns nic_flows reads
+NIC_FLOW_COLUMNS  # lib/net/reconfig.py: the columns of the NIC-level flows nic_phases reads

@@ -49,7 +49,6 @@ NIC_PAIR_DOCS = {
     "flows_per_step": "flows from src to dst per steady step (mean)",
 }
 OUTPUTS = ("nic_pairs", "nic_phases", "transition_windows", "reconfig_sweep")
-PLOTS = ("reconfig_windows", "reconfig_sweep")
 
 
 def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.DataFrame, int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from phantora_assets.lib.sim.workload_types import MEGATRON_BUCKET_ELEMENTS, Communicator, Param
 from phantora_assets.lib.workload.pipeline import stage_bounds
-from phantora_assets.lib.workload.placement import groups_of, rank_coords
+from phantora_assets.lib.workload.placement import groups_of
 from phantora_assets.matrix import RunSpec
 
 
@@ -258,12 +258,6 @@ class WorkloadLayout:
         return per_expert * (self.experts // self.spec.ep)
 
     # ------------------------------------------------------------------ communicators
-    def coords(self, rank: int) -> dict[str, int]:
-        """The rank's coordinates in the framework's mesh (docs/WORKLOADS.md "Rank placement"):
-        ``tp`` innermost, then ``cp``, ``dp`` (torchtitan: dp_shard inner, dp_replicate outer), ``pp``
-        outermost; the expert mesh of a stage splits its tp x cp x dp ranks as etp (inner), ep, edp."""
-        return rank_coords(self.spec.par, rank)
-
     def _build_comms(self) -> dict[str, list[Communicator]]:
         """The communicators of the run, by kind, in the order each framework creates them (kinds:
         tp, dp, ep, edp, then cp, dp_cp, pp, dp_shard, dp_rep); each a tuple of ascending global ranks
@@ -272,7 +266,7 @@ class WorkloadLayout:
         fw = self.spec.framework
         comms: dict[str, list[Communicator]] = {}
 
-        def add(kind: str, dims: tuple[str, ...], stage_local: bool = True) -> None:
+        def add(kind: str, dims: tuple[str, ...]) -> None:
             comms[kind] = groups_of(par, kind, dims)
 
         if par.tp > 1:

@@ -331,35 +331,3 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.EXDEV, errno.EPERM):
         return False
     raise OSError(err, os.strerror(err), str(b))
-
-
-def swap_in_dir(staging: Path, target: Path) -> None:
-    """Make the complete folder ``staging`` the folder ``target`` at once: a reader (or a crash)
-    sees the old folder or the new one, whole, never a mix. With ``renameat2`` the two are
-    exchanged atomically; elsewhere the old folder is first renamed aside (a crash in between
-    leaves ``target`` absent and the old one beside it as a temp folder, which the next export
-    replaces). The old folder is then removed, and the parent folder fsynced.
-
-    Raises:
-        OutputWriteError: the rename failed (naming ``target``).
-    """
-    try:
-        if target.exists() and not _exchange(staging, target):
-            aside = target.with_name(f".{target.name}.old.p{os.getpid()}.dir.tmp")
-            shutil.rmtree(aside, ignore_errors=True)
-            os.rename(target, aside)
-            os.rename(staging, target)
-            shutil.rmtree(aside, ignore_errors=True)
-        elif not target.exists():
-            os.rename(staging, target)
-        else:
-            shutil.rmtree(staging, ignore_errors=True)  # the old folder, after the exchange
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:
-        if isinstance(exc, OutputWriteError):
-            raise
-        raise _write_error(target, exc) from exc
