@@ -166,7 +166,7 @@ def test_empty_tables_keep_their_text_columns_typed(tmp_path):
     import duckdb
 
     from phantora_assets.lib.store import database
-    from phantora_assets.stages.common import write_parquet
+    from phantora_assets.lib.store.parquet import write_parquet
     from phantora_assets.stages.reconfig import _typed, database_tables
 
     empty = rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "a"), {1}, "a")

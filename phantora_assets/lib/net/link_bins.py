@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
+from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.net.fabric import Fabric
 from phantora_assets.lib.net.fabric_bins import fabric_subflows
 from phantora_assets.lib.net.routes import LINK_CLASSES, classes_of, flow_links, link_table
