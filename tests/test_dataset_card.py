@@ -1,12 +1,11 @@
 """The published dataset of two shipped runs (issue 14, items 3 and 6): per-run Parquet files
-(hive-partitioned by run_id) that DuckDB, pyarrow and pandas read by subset, the CSVs with the
+(one folder per run, named by its run_id) that DuckDB, pyarrow and pandas read by subset, the CSVs with the
 same rows, a byte-identical rebuild, and the dataset card: its data dictionary covers every
 column of every contract, and ``datasets.load_dataset`` reads the three configs offline."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
@@ -50,9 +49,9 @@ def _digests(d: Path) -> dict[str, str]:
 
 def test_layout_is_one_parquet_file_per_run(dataset):
     assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*.parquet")) == [
-        *(f"flows_100ms/run_id={r}/part-0.parquet" for r in RUNS),
+        *(f"flows_100ms/{r}/part-0.parquet" for r in RUNS),
         "runs.parquet",
-        *(f"windows/run_id={r}/part-0.parquet" for r in RUNS),
+        *(f"windows/{r}/part-0.parquet" for r in RUNS),
     ]
     assert {p.name for p in dataset.iterdir() if p.is_file()} == {
         "README.md",
@@ -79,7 +78,7 @@ def test_each_reader_takes_one_run_and_gets_the_csv_rows(dataset, table):
     for got in (via_duckdb, via_arrow, via_pandas):
         pd.testing.assert_frame_equal(got[list(want.columns)].reset_index(drop=True), want, check_dtype=False)
     # one run's file alone is the run's rows
-    one = pd.read_parquet(dataset / table / f"run_id={RUNS[1]}" / "part-0.parquet")
+    one = pd.read_parquet(dataset / table / RUNS[1] / "part-0.parquet")
     assert len(one) == int((csv["run_id"] == RUNS[1]).sum()) and set(one["run_id"]) == {RUNS[1]}
 
 
@@ -146,10 +145,8 @@ def test_datasets_load_dataset_reads_the_three_configs_offline(dataset, tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
-    if os.environ.get("CI"):  # CI installs the test extra: a missing package fails there, never skips
-        import datasets
-    else:
-        datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets  # the dev extra brings it: a missing package fails, never skips
+
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     for name in ("runs", "flows_100ms", "windows"):
@@ -229,9 +226,10 @@ def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, mo
     text = (d / "README.md").read_text()
     meta = yaml.safe_load(text.split("---\n")[1])
     assert [c["config_name"] for c in meta["configs"]] == ["runs", "windows"]
-    assert '"windows")  # configs: runs, windows' in text
+    assert 'datasets.load_dataset(here, "windows")["train"]  # configs: runs, windows' in text
     assert "- `flows_100ms`: no run, no Parquet file; and `flows_100ms.csv` (its header only)" in text
-    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     for c in meta["configs"]:
@@ -245,7 +243,8 @@ def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch)
     card's dataset_info carries each table's Parquet sha256, so a new build is a new cache entry."""
     import dataclasses
 
-    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     base = next(s for s in load_run_matrix() if s.run_id == RUNS[1])

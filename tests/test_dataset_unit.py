@@ -23,7 +23,7 @@ A = RunSpec("W4", "l40s", 2, 1)
 B = RunSpec("W4", "h100", 2, 1)
 TABLES = [f"{t}.csv" for t in ("runs", "flows_100ms", "windows")] + [
     "runs.parquet",
-    *(f"{t}/run_id={s.run_id}/part-0.parquet" for t in ("flows_100ms", "windows") for s in (A, B)),
+    *(f"{t}/{s.run_id}/part-0.parquet" for t in ("flows_100ms", "windows") for s in (A, B)),
     "run_status.csv",
     "README.md",
 ]

@@ -5,6 +5,7 @@ check specs from the registry (``checks.py``), StageResult -> Dagster metadata a
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -103,11 +104,48 @@ def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any
         release_memory()  # every step of a run runs in one process: the next starts from what is in use
 
 
-def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
-    """The Dagster check specs of ``asset``, from the registry (``checks.CHECKS``)."""
-    return [
-        dg.AssetCheckSpec(c.name, asset=asset, blocking=c.blocking, description=c.description) for c in checks_of(asset)
-    ]
+def check_specs(asset: str, partitions_def: dg.PartitionsDefinition | None = None) -> list[dg.AssetCheckSpec]:
+    """The Dagster check specs of ``asset``, from the registry (``checks.CHECKS``).
+
+    ``partitions_def``: the asset's (the run partitions), so that every execution of a check is
+    recorded with its partition: the UI reads a check's results per partition, and a partition
+    whose check did not run (a run that does not fit in GPU memory: "Skipped") is that partition's
+    state, not the check's. Dagster 1.13 calls partitioned check specs a preview; its warning
+    is not repeated at every load."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
+        return [
+            dg.AssetCheckSpec(
+                c.name, asset=asset, blocking=c.blocking, description=c.description, partitions_def=partitions_def
+            )
+            for c in checks_of(asset)
+        ]
+
+
+#: The per-run assets a run that does not fit in GPU memory does not build (``chrome_trace`` and below).
+NOT_APPLICABLE_ASSETS = (
+    "chrome_trace",
+    "validated_flows",
+    "binned_flows",
+    "link_bins",
+    "window_features",
+    "run_summary",
+    "step_anatomy",
+    "run_plots",
+)
+
+
+def not_applicable_materializations(context: dg.AssetExecutionContext, reason: str) -> list[dg.AssetMaterialization]:
+    """For a partition that does not fit in GPU memory: one ``AssetMaterialization`` of that
+    partition per asset of :data:`NOT_APPLICABLE_ASSETS` in the run's selection, metadata
+    ``status = "not_applicable"`` and ``reason``, so that the UI reads "not applicable" and why,
+    not "Missing" like a partition never built. Nothing is written: the steps below
+    ``chrome_trace`` are skipped and their checks stay unexecuted ("Skipped" for that partition)."""
+    selected = context.run.asset_selection or None  # None or empty (execute_in_process): the whole job
+    names = [n for n in NOT_APPLICABLE_ASSETS if selected is None or dg.AssetKey(n) in selected]
+    meta, words = {"status": "not_applicable", "reason": reason}, f"not applicable: {reason}"
+    key = context.partition_key
+    return [dg.AssetMaterialization(n, partition=key, metadata=meta, description=words) for n in names]
 
 
 def stage_metadata(result: StageResult, **extra: Any) -> dict[str, Any]:

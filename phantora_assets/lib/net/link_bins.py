@@ -138,7 +138,7 @@ def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int
     return per_bin[:, :n_keys], int(built.placed_flow_bytes)
 
 
-def build_link_bins(
+def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-only)
     step_flows: pd.DataFrame,
     conn: np.ndarray,
     topo: Topology,

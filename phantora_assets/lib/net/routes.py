@@ -76,11 +76,6 @@ def link_table(topo: Topology) -> pd.DataFrame:
     )
 
 
-def link_classes(topo: Topology) -> np.ndarray:
-    """The class of every link id (object array of :data:`LINK_CLASSES` names)."""
-    return link_table(topo)["link_class"].to_numpy()
-
-
 def connection_keys(flows: pd.DataFrame, gpus_per_node: int) -> np.ndarray:
     """The ECMP key of every flow: one per NCCL connection as a trace shows it.
 
