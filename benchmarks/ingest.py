@@ -383,7 +383,7 @@ def load() -> str:
 # ------------------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912, PLR0915 (a benchmark's main: its options, then one timed section per reader)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--size-mb",

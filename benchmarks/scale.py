@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             if not res.fits:
                 print(f"{n:6d} {nodes:5d}  does not fit ({res.memory.as_dict()['peak_gib']} GiB)")
                 continue
-            t_emit, sim_e, _ = one_step(wl, args.gpu, nodes, args.gpus_per_node, emit=True)
+            t_emit, _, _ = one_step(wl, args.gpu, nodes, args.gpus_per_node, emit=True)
             flows = sim.n_flows
             if base is None:
                 base = (t_sim, flows)

@@ -82,7 +82,7 @@ def _pattern(rng: np.random.Generator) -> tuple[list[tuple[str, int]], np.ndarra
     return calls, np.round(offs * T, 1), how
 
 
-def make_run(seed: int, with_compute: bool = False) -> Run:
+def make_run(seed: int, with_compute: bool = False) -> Run:  # noqa: C901, PLR0912 (draws every trace shape the fuzzer covers, a branch per shape)
     """The run of ``seed`` (module docstring)."""
     rng = np.random.default_rng(seed)
     kind = KINDS[seed % 3]

@@ -332,16 +332,6 @@ def blocking_failures(folder: Path) -> dict[str, dict]:
     }
 
 
-def all_passed(data: dict[str, dict]) -> bool:
-    """True iff every check of RUN_CHECKS is recorded as passed in ``data`` (a ``read_checks`` result)."""
-    return all(data.get(n, {}).get("status") == "passed" for n in RUN_CHECKS)
-
-
-def run_passed(folder: Path) -> bool:
-    """True iff every check of RUN_CHECKS is recorded as passed."""
-    return all_passed(read_checks(folder))
-
-
 #: The exclusion reason of a run whose folder records no check (its assets never ran).
 NOT_BUILT = "not built"
 

@@ -14,14 +14,23 @@ Environment (all optional):
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
 
 from phantora_assets.assets import DATASET_ASSET_NAMES, RUN_ASSET_NAMES, build_assets
-from phantora_assets.assets.common import Partitions
-from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, env_import_dirs, matrix_for
+from phantora_assets.assets.common import RUN_PARTITIONS, Partitions
+from phantora_assets.assets.dataset_retry import dataset_retry_sensor
+from phantora_assets.imported_runs import (
+    IMPORT_DIR_ENV,
+    discover_imports,
+    env_import_dirs,
+    matrix_for,
+    remember_watched,
+)
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import RunSpec, check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
@@ -120,52 +129,60 @@ def _automation(assets: dict[str, dg.AssetsDefinition], parts: Partitions, root:
 
 
 def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefinition:
-    """The sensor ``import_dir`` (on by default): every run folder under
-    ``$PHANTORA_ASSETS_IMPORT_DIR`` that is a run partition of these definitions and has no
-    complete, current build gets one run of ``all_runs``. Its run key is the run_id and the
-    fingerprint of what the build reads (``run_spec_record`` of the matrix entry as the folder now
-    gives it, netconfig included, which covers the size and mtime of the folder's files: for a
-    Phantora run folder the trace, ``run.log``, ``timeline.bin`` and every file under ``config/``
-    and ``perfdb_missing/``), so a folder whose files change is requested again and a failing one
-    once per state of its files. A folder of profiler traces or Chakra ETs counts when it has an
-    ``import.toml`` (``imported_runs.discover_imports``); the folders that cannot be imported are
-    named in the skip message.
-    Folders that appeared after the code location loaded are not partitions yet: the tick names
-    them; they become partitions when the code location reloads (``dagster-daemon run`` and
-    ``dagster dev --use-legacy-code-server-behavior`` reload the daemon's code server every 60 s;
-    plain ``dagster dev`` shares one code server between the UI and the daemon: "Reload
-    definitions")."""
+    """The sensor ``import_dir`` (on by default). Every tick:
+
+    1. the runs of the data root's matrix as it is now (``imported_runs.matrix_for``: the shipped
+       matrix, the registry ``<data root>/imports.toml``, the folders under
+       ``$PHANTORA_ASSETS_IMPORT_DIR``) that are not yet keys of the dynamic run partitions
+       (:data:`~phantora_assets.assets.common.RUN_PARTITIONS`) are added to them
+       (``SensorResult.dynamic_partitions_requests``): a folder dropped in, or registered by
+       ``phantora-assets import --no-build``, becomes a partition with no reload of the code
+       location; the watched folder's runs are registered (``imported_runs.remember_watched``), so
+       that they stay runs of the data root when the variable is unset later;
+    2. every run folder under ``$PHANTORA_ASSETS_IMPORT_DIR`` without a complete, current build
+       gets one run of ``all_runs`` in the same tick. Its run key is the run_id and the
+       fingerprint of what the build reads (``run_spec_record`` of the matrix entry as the folder
+       now gives it, netconfig included, which covers the size and mtime of the folder's files:
+       for a Phantora run folder the trace, ``run.log``, ``timeline.bin`` and every file under
+       ``config/`` and ``perfdb_missing/``), so a folder whose files change is requested again and
+       a failing one once per state of its files. A folder of profiler traces or Chakra ETs counts
+       when it has an ``import.toml`` (``imported_runs.discover_imports``); the folders that
+       cannot be imported are named in the skip message.
+
+    No partition is ever deleted here: removal is explicit (``phantora-assets forget``)."""
 
     @dg.sensor(
         job_name="all_runs",
-        minimum_interval_seconds=5,
+        minimum_interval_seconds=2,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Materializes the run folders found under $PHANTORA_ASSETS_IMPORT_DIR that have no complete, "
-        "current build (one run of all_runs each).",
+        description="Adds the runs of the data root that are not partitions yet (shipped matrix, imports.toml, "
+        "$PHANTORA_ASSETS_IMPORT_DIR) to the dynamic run partitions, and materializes the run folders found under "
+        "$PHANTORA_ASSETS_IMPORT_DIR that have no complete, current build (one run of all_runs each).",
     )
     def import_dir(context: dg.SensorEvaluationContext):
         dirs = env_import_dirs()
-        if not dirs:
-            return dg.SkipReason(f"${IMPORT_DIR_ENV} is not set")
         for d in dirs:
             if not d.is_dir():
                 return dg.SkipReason(f"${IMPORT_DIR_ENV}: {d} is not a directory")
+        notes: list[str] = []
+        try:
+            remember_watched(paths.root)
+        except (RunMatrixError, OSError) as exc:  # a read-only data root: still a partition, named
+            notes.append(f"cannot register the watched folder's runs: {exc}")
         try:  # the entries as the folders give them now (the code location's may be older: netconfig)
             now = {s.run_id: s for s in matrix_for(paths.root)}
         except RunMatrixError as exc:
             return dg.SkipReason(str(exc))
-        requests, pending, declined = [], [], []
+        have = set(context.instance.get_dynamic_partitions(RUN_PARTITIONS))
+        added = [r for r in now if r not in have]
+        requests, declined = [], []
         for d in dirs:
             found, skipped = discover_imports(d)
             declined += [f"{s.path}: {s.reason}" for s in skipped]
             for folder in found:
-                loaded = parts.by_id.get(folder.spec.run_id)
                 spec = now.get(folder.spec.run_id)
                 if spec is None or spec.path != folder.spec.path:
                     continue  # shadowed by a later import directory of the same run_id
-                if loaded is None or loaded.path != folder.spec.path:
-                    pending.append(f"{folder.spec.run_id} ({folder.path})")
-                    continue
                 why = _reason(spec, paths)
                 if why:
                     requests.append(
@@ -175,14 +192,47 @@ def _import_dir_sensor(parts: Partitions, paths: DataPaths) -> dg.SensorDefiniti
                             tags={"phantora/build_reason": why[:200]},
                         )
                     )
-        note = (
-            f"not partitions until the code location reloads: {', '.join(pending)}"
-            if pending
-            else "every imported run folder is built and current"
-        ) + "".join(f"; declined {s}" for s in declined)
-        return dg.SensorResult(run_requests=requests, skip_reason=None if requests else note)
+        if added:
+            notes.insert(0, f"added {len(added)} run partition(s): {', '.join(added[:10])}{' ...' * (len(added) > 10)}")
+        if not dirs:
+            notes.append(f"${IMPORT_DIR_ENV} is not set")
+        elif not requests:
+            notes.append("every imported run folder is built and current")
+        note = "; ".join(notes) + "".join(f"; declined {s}" for s in declined)
+        return dg.SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(RUN_PARTITIONS, added)] if added else None,
+            skip_reason=None if requests else note,
+        )
 
     return import_dir
+
+
+def seed_run_partitions(instance: dg.DagsterInstance, run_ids: Sequence[str]) -> list[str]:
+    """Add the ``run_ids`` that are not keys of the dynamic run partitions
+    (:data:`~phantora_assets.assets.common.RUN_PARTITIONS`) of ``instance`` yet; returns those
+    added, in order. Never removes one (``phantora-assets forget`` does)."""
+    have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
+    new = [r for r in dict.fromkeys(run_ids) if r not in have]
+    if new:
+        instance.add_dynamic_partitions(RUN_PARTITIONS, new)
+    return new
+
+
+def _seed_at_load(specs: Sequence[RunSpec]) -> None:
+    """When the code location loads with ``$DAGSTER_HOME`` set (``dagster dev``, ``dagster-daemon
+    run``, ``dagster asset materialize``, the code servers of the deployments): its run matrix's
+    run_ids become keys of the run partitions of that instance at once, so the UI lists them
+    before the ``import_dir`` sensor's first tick. Not in a run worker (its launcher's side did it).
+    A failure is a warning: the sensor adds them on its next tick."""
+    worker = sys.modules.get("phantora_assets.instance.worker")
+    if not os.environ.get("DAGSTER_HOME") or (worker is not None and worker.IN_RUN_WORKER[0]):
+        return
+    try:
+        with dg.DagsterInstance.get() as instance:
+            seed_run_partitions(instance, [s.run_id for s in specs])
+    except Exception as exc:  # e.g. a read-only or half-created instance: the sensor tries again
+        warnings.warn(f"phantora_assets: run partitions not added at load ({type(exc).__name__}: {exc})", stacklevel=1)
 
 
 def _reason(spec: RunSpec, paths: DataPaths) -> str | None:
@@ -237,7 +287,7 @@ def build_defs(
     return dg.Definitions(
         assets=list(assets.values()),
         jobs=_jobs(assets, parts),
-        sensors=[sensor, import_dir],
+        sensors=[sensor, import_dir, dataset_retry_sensor([assets[n].key for n in DATASET_ASSET_NAMES])],
         schedules=[schedule],
         resources={"data": data_root_from_env(root), "simulator": simulator or simulator_from_env(specs)},
         executor=dg.in_process_executor,
@@ -254,6 +304,7 @@ def loaded_from() -> tuple:
 
 LOADED_FROM = loaded_from()
 defs = build_defs()
+_seed_at_load(LOADED_FROM[1])
 
 #: The assets of ``defs`` by name (``ASSETS["validated_flows"]``), and the lists the CLI and tests
 #: select from: every asset, the per-run assets (``all_runs``) and the dataset assets.

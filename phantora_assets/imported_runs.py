@@ -7,8 +7,13 @@ run-matrix format with ``source = "import"`` and ``path`` = the folder, or ``sou
 "chakra"`` for a folder of Chakra ETs), written by
 ``phantora-assets import``. Directories named in ``$PHANTORA_ASSETS_IMPORT_DIR``
 (``os.pathsep``-separated) are scanned as well (:func:`discover_imports`: Phantora run folders,
-and folders of profiler traces or Chakra ETs with an ``import.toml``), without being written
-anywhere: that is how the Dagster UI gets imported runs without running the CLI.
+and folders of profiler traces or Chakra ETs with an ``import.toml``): that is how the Dagster UI
+gets imported runs without running the CLI.
+
+Removal is only ever explicit (:func:`forget`, ``phantora-assets forget``): a run of the watched
+folder is registered too once a build, an import or the ``import_dir`` sensor has seen it
+(:func:`remember_watched`), so a later import or build without ``$PHANTORA_ASSETS_IMPORT_DIR``
+set keeps it in the run matrix and the dataset (before, it dropped it silently: issue 29).
 
 :func:`effective_matrix` (alias :func:`matrix_for`) merges both into the run matrix. Replacement
 rule: an imported run whose run_id equals a matrix entry replaces that entry's source (analytic or
@@ -23,9 +28,12 @@ This module sits above both ``matrix`` (RunSpec, the matrix file) and ``lib/phan
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +95,85 @@ def read_registry(data_root: str | Path) -> list[RunSpec]:
     return specs
 
 
-def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
-    """Add or replace ``specs`` (by run_id) in the registry; written atomically. Returns its path."""
-    current = {s.run_id: s for s in read_registry(data_root)}
-    for s in specs:
-        current[s.run_id] = s
+@contextlib.contextmanager
+def _registry_lock(data_root: str | Path) -> Iterator[None]:
+    """An exclusive lock on ``<data root>/.imports.lock`` for a read-modify-write of the registry
+    (the CLI and the ``import_dir`` sensor may write it at the same time)."""
+    root = Path(data_root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".imports.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_registry(data_root: str | Path, current: dict[str, RunSpec]) -> Path:
     path = registry_path(data_root)
     header = (
-        "# Imported Phantora run folders (written by `phantora-assets import`).\n"
-        "# One [[run]] per folder; merged into the run matrix when the code location loads.\n\n"
+        "# Imported run folders (written by `phantora-assets import`, and for the runs of\n"
+        "# $PHANTORA_ASSETS_IMPORT_DIR by the build and the import_dir sensor once they saw them).\n"
+        "# One [[run]] per folder; merged into the run matrix. Remove one with `phantora-assets forget RUN_ID`.\n\n"
     )
     body = tomli_w.dumps({"run": [_entry(current[k]) for k in sorted(current)]})
     atomic_write_text(path, header + body, durable=True)
     return path
+
+
+def register(data_root: str | Path, specs: list[RunSpec]) -> Path:
+    """Add or replace ``specs`` (by run_id) in the registry; written atomically, under a lock.
+    Returns its path."""
+    with _registry_lock(data_root):
+        current = {s.run_id: s for s in read_registry(data_root)}
+        for s in specs:
+            current[s.run_id] = s
+        return _write_registry(data_root, current)
+
+
+def remember_watched(data_root: str | Path) -> list[RunSpec]:
+    """Register the runs of ``$PHANTORA_ASSETS_IMPORT_DIR`` whose registry entry is absent or
+    differs (another folder, layout or topology), so that the data root keeps them when the
+    variable is unset later. Returns the specs written (``[]``: nothing changed, no write).
+
+    Raises:
+        RunMatrixError: a directory of the variable is not one, or the registry is invalid (named).
+    """
+    watched = _watched_specs()
+    if not watched:
+        return []
+    known = {s.run_id: s for s in read_registry(data_root)}
+    new = [s for s in watched if s.run_id not in known or _entry(known[s.run_id]) != _entry(s)]
+    if new:
+        register(data_root, new)
+    return new
+
+
+def forget(data_root: str | Path, run_ids: list[str]) -> list[RunSpec]:
+    """Remove ``run_ids`` from the registry: the explicit way a run leaves the run matrix (and,
+    at the dataset's next materialization, the dataset). Returns the removed entries.
+
+    Raises:
+        RunMatrixError: a run_id is not in the registry, or is still found under
+            ``$PHANTORA_ASSETS_IMPORT_DIR`` (it would be registered again: remove the folder first).
+    """
+    with _registry_lock(data_root):
+        current = {s.run_id: s for s in read_registry(data_root)}
+        unknown = [r for r in run_ids if r not in current]
+        if unknown:
+            raise RunMatrixError(
+                f"{registry_path(data_root)}: {', '.join(unknown)}: not an imported run of this data root"
+            )
+        still = [s for s in _watched_specs() if s.run_id in run_ids]
+        if still:
+            raise RunMatrixError(
+                f"${IMPORT_DIR_ENV}: "
+                + ", ".join(f"{s.run_id} ({s.path})" for s in still)
+                + ": still in the watched folder; remove the folder first, or it is registered again"
+            )
+        removed = [current.pop(r) for r in run_ids]
+        _write_registry(data_root, current)
+    return removed
 
 
 def env_import_dirs() -> list[Path]:
@@ -108,15 +182,28 @@ def env_import_dirs() -> list[Path]:
     return [Path(p) for p in value.split(os.pathsep) if p.strip()]
 
 
-def imported_specs(data_root: str | Path) -> list[RunSpec]:
-    """Registry entries, then the environment's directories (later wins per run_id)."""
-    out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
+def _watched_specs() -> list[RunSpec]:
+    """The runs found under the directories of ``$PHANTORA_ASSETS_IMPORT_DIR`` (a later directory
+    wins per run_id).
+
+    Raises:
+        RunMatrixError: one of them is not a directory.
+    """
+    out: dict[str, RunSpec] = {}
     for d in env_import_dirs():
         if not d.is_dir():
             raise RunMatrixError(f"${IMPORT_DIR_ENV}: {d} is not a directory")
         folders, _ = discover_imports(d)
         for f in folders:
             out[f.spec.run_id] = f.spec
+    return list(out.values())
+
+
+def imported_specs(data_root: str | Path) -> list[RunSpec]:
+    """Registry entries, then the environment's directories (later wins per run_id)."""
+    out: dict[str, RunSpec] = {s.run_id: s for s in read_registry(data_root)}
+    for s in _watched_specs():
+        out[s.run_id] = s
     return list(out.values())
 
 

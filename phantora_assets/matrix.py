@@ -189,7 +189,7 @@ def _describe(workload: object, gpu: object, nodes: object, gpus_per_node: objec
     return f"{name[0]} {name[1]} {layout}"
 
 
-def _check_fields(spec: RunSpec, entry: str) -> None:
+def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901 (one check per run-matrix key, each with its message)
     """Types, known names and ranges of the entry's own keys (not the layout rules, not topology)."""
     strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():

@@ -14,7 +14,7 @@
 <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
 <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
 <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card)
-<root>/phantora_v0/<table>/run_id=<id>/     part-0.parquet: flows_100ms, windows, one file per run
+<root>/phantora_v0/<table>/<run_id>/       part-0.parquet: flows_100ms, windows, one file per run
 <root>/phantora_v0/plots/                  bytes_vs_published.png  step_time_by_layout.png
 <root>/phantora.duckdb                     cross-run database (rebuilt from partitions/)
 """

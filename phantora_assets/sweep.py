@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import RunSpec, presets, validate
+from phantora_assets.matrix import RunSpec, validate
 
 SWEEP_COLUMNS = [
     "workload",
@@ -180,7 +180,3 @@ def run_sweep(points: list[SweepPoint], jobs: int = 1) -> pd.DataFrame:
         df[c] = df[c].astype("int64")
     df["inter_node_bytes_per_step"] = df["inter_node_bytes_per_step"].astype("Int64")
     return df
-
-
-def default_cluster() -> dict[str, Any]:
-    return dict(presets()["cluster"])

@@ -16,6 +16,13 @@ from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
+def ephemeral_with_runs(run_ids) -> dg.DagsterInstance:
+    """An ephemeral instance whose dynamic run partitions hold ``run_ids`` (``definitions.seed_run_partitions``)."""
+    instance = dg.DagsterInstance.ephemeral()
+    d.seed_run_partitions(instance, list(run_ids))
+    return instance
+
+
 def materialize_run(data: Path, partition: str) -> dg.ExecuteInProcessResult:
     """Materialize the per-run assets of ``partition`` under data root ``data`` (``raise_on_error=False``)."""
     all_assets, run_assets = d.assets_for(effective_matrix(data))
@@ -24,7 +31,7 @@ def materialize_run(data: Path, partition: str) -> dg.ExecuteInProcessResult:
         selection=run_assets,
         partition_key=partition,
         raise_on_error=False,
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([partition]),
         run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(data)), "simulator": AnalyticSimulatorResource()},
     )

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import DATA
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main
@@ -314,7 +315,7 @@ def test_plots_metadata_renders_in_the_ui(built) -> None:
         selection=[d.ASSETS["run_plots"]],
         partition_key=RUN,
         resources={"data": DataRoot(data_dir=str(built)), "simulator": AnalyticSimulatorResource()},
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([RUN]),
         run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}},
     )
     assert result.success

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import ADVISORY_CHECKS, RUN_CHECKS, read_checks
@@ -41,8 +42,8 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     """A failing check of partition A (does not fit) is reported on A; partition B passes. Not
     fitting is an outcome: A's run succeeds, its check fails with WARN severity (see
     tests/test_honest_outcomes.py)."""
-    instance = dg.DagsterInstance.ephemeral()
     oom, ok = "phantora_l40s_W5_2x1", "phantora_l40s_W4_2x1"
+    instance = ephemeral_with_runs([oom, ok])
     res_oom = _materialize(oom, tmp_path, instance)
     res_ok = _materialize(ok, tmp_path, instance)
     assert res_oom.success

@@ -27,6 +27,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import TRACE_CHECKS, read_checks
@@ -54,7 +55,7 @@ def _materialize(root: Path, run_id: str, assets: list, instance: dg.DagsterInst
         selection=assets,
         partition_key=run_id,
         raise_on_error=False,
-        instance=instance or dg.DagsterInstance.ephemeral(),
+        instance=instance or ephemeral_with_runs([run_id]),
         run_config=QUIET,
         resources={"data": DataRoot(data_dir=str(root)), "simulator": AnalyticSimulatorResource()},
     )
@@ -108,7 +109,7 @@ def _other_partition_materializes(root: Path) -> None:
 def upstream(tmp_path_factory) -> Path:
     """Data root with A and B materialized through validated_flows (good traces)."""
     root = tmp_path_factory.mktemp("bad_input") / "data"
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([A, B])
     for run_id in (A, B):
         res = _materialize(root, run_id, [raw_timeline, chrome_trace, validated_flows], instance)
         assert res.success, _error_text(res)
@@ -378,8 +379,8 @@ def _load_definitions(tmp_path: Path, matrix: str) -> subprocess.CompletedProces
     path.write_text(matrix)
     env = {**os.environ, RUN_MATRIX_ENV: str(path), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data")}
     code = (
-        "from phantora_assets.definitions import defs\n"
-        "print(sorted(defs.resolve_job_def('all_runs').partitions_def.get_partition_keys()))\n"
+        "from phantora_assets.definitions import LOADED_FROM\n"  # the run matrix of the code location
+        "print(sorted(s.run_id for s in LOADED_FROM[1]))\n"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
 

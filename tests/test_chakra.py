@@ -90,7 +90,10 @@ def test_export_decodes_with_chakra_and_matches_the_flows_table(exported):
 def test_astra_sim_microbenchmarks_decode(bench, comm_type):
     folder = TRACES / "astra-sim" / "microbenchmarks" / bench / "4npus_1MB"
     if not folder.is_dir():
-        pytest.skip("../shared/reference/traces/astra-sim/ is not here")
+        pytest.skip(
+            "../shared/reference/traces/astra-sim/ is not here: ASTRA-sim's examples/workload/microbenchmarks/ "
+            "(repository astra-sim/astra-sim) copied there"
+        )
     for rank in range(4):
         et = read_et(folder / f"{bench}.{rank}.et")
         assert et.version == "0.0.4" and len(et.nodes) == 1
@@ -102,7 +105,10 @@ def test_astra_sim_microbenchmarks_decode(bench, comm_type):
 def test_chakra_converter_output_decodes(tmp_path):
     tarball = TRACES / "chakra" / "feeder_tests_trace.tar.gz"
     if not tarball.is_file():
-        pytest.skip("../shared/reference/traces/chakra/ is not here")
+        pytest.skip(
+            "../shared/reference/traces/chakra/ is not here: mlcommons/chakra's tests/data/feeder_tests_trace.tar.gz "
+            "copied there"
+        )
     with tarfile.open(tarball) as tar:
         tar.extractall(tmp_path, filter="data")
     et = read_et(tmp_path / "tests" / "data" / "chakra.0.et")

@@ -46,7 +46,10 @@ def test_the_hand_encoded_bytes_decode(tmp_path):
 def test_astra_sim_reference_ets_are_rewritten_byte_for_byte(bench, comm_type):
     path = ASTRA / bench / "4npus_1MB" / f"{bench}.0.et"
     if not path.is_file():
-        pytest.skip("../shared/reference/traces/astra-sim/ is not here (ASTRA-sim's examples/workload/microbenchmarks)")
+        pytest.skip(
+            "../shared/reference/traces/astra-sim/ is not here: ASTRA-sim's examples/workload/microbenchmarks/ "
+            "(repository astra-sim/astra-sim) copied there"
+        )
     node = EtNode(0, f"{bench}_4npus_1MB", 7, attrs={"is_cpu_op": False, "comm_type": comm_type, "comm_size": 2**20})
     assert encode_et({}, [node]) == path.read_bytes()
 

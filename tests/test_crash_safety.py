@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.lib.store.io import TEMP_NAME, atomic_path, sweep_temp_files
@@ -161,7 +162,7 @@ def _materialize(root: Path, instance: dg.DagsterInstance) -> None:
 def test_rematerializing_gives_byte_identical_files(tmp_path: Path) -> None:
     """Every asset of a run, then the dataset, materialized twice in one data root and once in
     another: every file (Parquet, json.gz, CSV, JSON, text) is byte-identical."""
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs(RUNS)
     a, b = tmp_path / "a", tmp_path / "b"
     _materialize(a, instance)
     first = _files(a)
@@ -170,7 +171,7 @@ def test_rematerializing_gives_byte_identical_files(tmp_path: Path) -> None:
     assert any(k.endswith("timeline.json.gz") for k in first)
     _materialize(a, instance)
     assert _files(a) == first
-    _materialize(b, dg.DagsterInstance.ephemeral())
+    _materialize(b, ephemeral_with_runs(RUNS))
     assert _files(b) == first
     for name in ("runs.csv", "flows_100ms.csv", "windows.csv"):
         assert filecmp.cmp(a / "phantora_v0" / name, b / "phantora_v0" / name, shallow=False)
@@ -182,7 +183,7 @@ def test_trace_reader_is_deterministic_across_workers_and_batches(tmp_path: Path
     from phantora_assets.lib.phantora.chrome_trace import read_trace
 
     root = tmp_path / "data"
-    _materialize(root, dg.DagsterInstance.ephemeral())
+    _materialize(root, ephemeral_with_runs(RUNS))
     trace = next(root.rglob("timeline.json.gz"))
     ref = read_trace(trace, workers=0)
     for chunk in (1 << 20, 4096, 777):

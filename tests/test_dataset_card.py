@@ -1,21 +1,20 @@
 """The published dataset of two shipped runs (issue 14, items 3 and 6): per-run Parquet files
-(hive-partitioned by run_id) that DuckDB, pyarrow and pandas read by subset, the CSVs with the
+(one folder per run, named by its run_id) that DuckDB, pyarrow and pandas read by subset, the CSVs with the
 same rows, a byte-identical rebuild, and the dataset card: its data dictionary covers every
 column of every contract, and ``datasets.load_dataset`` reads the three configs offline."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
-import dagster as dg
 import duckdb
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 import yaml
+from materialize import ephemeral_with_runs
 
 from phantora_assets import contracts
 from phantora_assets.definitions import build_defs
@@ -34,7 +33,7 @@ def dataset(tmp_path_factory) -> Path:
     defs = build_defs(root, specs)
     for spec in specs:
         res = defs.resolve_job_def("all_runs").execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         )
         assert res.success
     result = dataset_stage.export_dataset(specs, DataPaths(root))
@@ -50,9 +49,9 @@ def _digests(d: Path) -> dict[str, str]:
 
 def test_layout_is_one_parquet_file_per_run(dataset):
     assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*.parquet")) == [
-        *(f"flows_100ms/run_id={r}/part-0.parquet" for r in RUNS),
+        *(f"flows_100ms/{r}/part-0.parquet" for r in RUNS),
         "runs.parquet",
-        *(f"windows/run_id={r}/part-0.parquet" for r in RUNS),
+        *(f"windows/{r}/part-0.parquet" for r in RUNS),
     ]
     assert {p.name for p in dataset.iterdir() if p.is_file()} == {
         "README.md",
@@ -79,7 +78,7 @@ def test_each_reader_takes_one_run_and_gets_the_csv_rows(dataset, table):
     for got in (via_duckdb, via_arrow, via_pandas):
         pd.testing.assert_frame_equal(got[list(want.columns)].reset_index(drop=True), want, check_dtype=False)
     # one run's file alone is the run's rows
-    one = pd.read_parquet(dataset / table / f"run_id={RUNS[1]}" / "part-0.parquet")
+    one = pd.read_parquet(dataset / table / RUNS[1] / "part-0.parquet")
     assert len(one) == int((csv["run_id"] == RUNS[1]).sum()) and set(one["run_id"]) == {RUNS[1]}
 
 
@@ -146,10 +145,8 @@ def test_datasets_load_dataset_reads_the_three_configs_offline(dataset, tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
-    if os.environ.get("CI"):  # CI installs the test extra: a missing package fails there, never skips
-        import datasets
-    else:
-        datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets  # the dev extra brings it: a missing package fails, never skips
+
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     for name in ("runs", "flows_100ms", "windows"):
@@ -219,7 +216,7 @@ def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, mo
     res = (
         build_defs(root, [spec])
         .resolve_job_def("all_runs")
-        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+        .execute_in_process(partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET)
     )
     assert res.success
     result = dataset_stage.export_dataset([spec], DataPaths(root))
@@ -229,9 +226,10 @@ def test_a_dataset_without_100ms_runs_lists_only_configs_with_files(tmp_path, mo
     text = (d / "README.md").read_text()
     meta = yaml.safe_load(text.split("---\n")[1])
     assert [c["config_name"] for c in meta["configs"]] == ["runs", "windows"]
-    assert '"windows")  # configs: runs, windows' in text
+    assert 'datasets.load_dataset(here, "windows")["train"]  # configs: runs, windows' in text
     assert "- `flows_100ms`: no run, no Parquet file; and `flows_100ms.csv` (its header only)" in text
-    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     for c in meta["configs"]:
@@ -245,7 +243,8 @@ def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch)
     card's dataset_info carries each table's Parquet sha256, so a new build is a new cache entry."""
     import dataclasses
 
-    datasets = pytest.importorskip("datasets", reason='needs the test extra: pip install -e ".[test]"')
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     base = next(s for s in load_run_matrix() if s.run_id == RUNS[1])
@@ -254,7 +253,7 @@ def test_load_dataset_after_a_rebuild_reads_the_new_build(tmp_path, monkeypatch)
         spec = dataclasses.replace(base, bin_s=bin_s)
         job = build_defs(root, [spec]).resolve_job_def("all_runs")
         assert job.execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         ).success
         assert dataset_stage.export_dataset([spec], DataPaths(root)).outcome.passed
         d = root / "phantora_v0"

@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.store import export as export_writer
@@ -22,7 +23,7 @@ A = RunSpec("W4", "l40s", 2, 1)
 B = RunSpec("W4", "h100", 2, 1)
 TABLES = [f"{t}.csv" for t in ("runs", "flows_100ms", "windows")] + [
     "runs.parquet",
-    *(f"{t}/run_id={s.run_id}/part-0.parquet" for t in ("flows_100ms", "windows") for s in (A, B)),
+    *(f"{t}/{s.run_id}/part-0.parquet" for t in ("flows_100ms", "windows") for s in (A, B)),
     "run_status.csv",
     "README.md",
 ]
@@ -32,7 +33,7 @@ def _build(root: Path, specs: list[RunSpec], runs: list[RunSpec] | None = None) 
     defs = build_defs(root, specs)
     for spec in runs if runs is not None else specs:
         res = defs.resolve_job_def("all_runs").execute_in_process(
-            partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET
+            partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
         )
         assert res.success
     return defs
@@ -120,7 +121,7 @@ def test_rebuilding_only_the_raw_timeline_from_a_changed_entry_does_not_pass_old
     res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
         partition_key=A.run_id,
         asset_selection=[dg.AssetKey("raw_timeline")],
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([A.run_id]),
         run_config=QUIET,
     )
     assert res.success
@@ -145,7 +146,7 @@ def test_rebuilding_only_the_raw_timeline_from_a_changed_entry_does_not_pass_old
     res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
         partition_key=A.run_id,
         asset_selection=[dg.AssetKey("raw_timeline")],
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([A.run_id]),
         run_config=QUIET,
     )
     assert res.success

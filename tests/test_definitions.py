@@ -66,6 +66,7 @@ def test_build_defs_uses_the_specs_it_is_given(tmp_path):
     """Partitions, RunSpecs and the dataset all come from ``specs``, not from the shipped matrix."""
     import dagster as dg
     import pytest
+    from materialize import ephemeral_with_runs
 
     from phantora_assets.definitions import build_defs
     from phantora_assets.lib.errors import RunMatrixError
@@ -74,9 +75,11 @@ def test_build_defs_uses_the_specs_it_is_given(tmp_path):
     spec = RunSpec("W4", "l40s", 2, 1, topology=(("host_bw_gbps", 100),))
     defs = build_defs(tmp_path / "data", [spec])
     job = defs.resolve_job_def("all_runs")
-    assert job.partitions_def.get_partition_keys() == [spec.run_id]
+    assert isinstance(job.partitions_def, dg.DynamicPartitionsDefinition)  # keys on the instance (docs/IMPORTS.md)
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    res = job.execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=quiet)
+    res = job.execute_in_process(
+        partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=quiet
+    )
     assert res.success
     netconfig = (tmp_path / "data" / spec.trace_dir / "config" / "netconfig.toml").read_text()
     assert "host_bw = 100" in netconfig

@@ -3,7 +3,8 @@
 
 The non-fitting run succeeds: ``raw_timeline`` materializes with the verdict and the estimate in
 its metadata, its ``fits_in_memory`` check fails with WARN severity (not blocking), ``chrome_trace``
-materializes nothing (``output_required=False``) and Dagster skips every step below it; the run
+writes nothing (``output_required=False``), records itself and every asset below it as materialized
+with status ``not_applicable`` and the reason, and Dagster skips every step below it; the run
 folder records the same outcomes as before (``checks.json`` ``failed``), so the dataset still
 excludes it.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 from run_folders import write_run_folder
 
 from phantora_assets import checks
@@ -57,7 +59,8 @@ def _steps(res: dg.ExecuteInJobResult, event_type: str) -> set[str]:
 
 
 def _user_logs(instance: dg.DagsterInstance, res: dg.ExecuteInJobResult) -> list[str]:
-    return [e.user_message for e in instance.all_logs(res.run_id) if e.user_message]
+    """The run's log lines (context.log), not the descriptions of its events."""
+    return [e.user_message for e in instance.all_logs(res.run_id) if e.user_message and e.dagster_event is None]
 
 
 @dataclass
@@ -74,7 +77,7 @@ def runs(tmp_path_factory) -> Runs:
     data = tmp_path_factory.mktemp("honest") / "data"
     specs = [s for s in load_run_matrix() if s.run_id in (OOM, FITS)]
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM, FITS])
     seen: list[str] = []
 
     class _Keep(logging.Handler):
@@ -97,9 +100,17 @@ def test_both_runs_succeed(runs):
     assert not _steps(runs.res[OOM], "STEP_FAILURE") and not _steps(runs.res[FITS], "STEP_FAILURE")
 
 
+def _applicable(mats: dict[str, dict]) -> set[str]:
+    return {k for k, meta in mats.items() if meta.get("status") != "not_applicable"}
+
+
 def test_not_fitting_run_records_the_estimate_on_raw_timeline(runs):
     mats = _materialized(runs.res[OOM])
-    assert set(mats) == {"raw_timeline"}
+    assert _applicable(mats) == {"raw_timeline"}
+    reason = "phantora_l40s_W5_2x1 does not fit in GPU memory (49.70 GiB > 46.00 GiB)"
+    assert {k: v for k, v in mats.items() if k != "raw_timeline"} == {
+        n: {"status": "not_applicable", "reason": reason} for n in RUN_ASSET_NAMES if n != "raw_timeline"
+    }
     meta = mats["raw_timeline"]
     assert meta["fits_in_memory"] is False
     assert meta["peak_memory_gib"] == pytest.approx(49.70)
@@ -182,10 +193,11 @@ def test_imported_run_that_reports_cuda_out_of_memory_is_skipped_too(tmp_path):
     specs = [s for s in effective_matrix(data) if s.run_id == OOM]
     assert specs[0].source == "import"
     defs = build_defs(data, specs, simulator=AnalyticSimulatorResource())
-    instance = dg.DagsterInstance.ephemeral()
+    instance = ephemeral_with_runs([OOM])
     res = _run(defs, OOM, instance)
     assert res.success
-    assert set(_materialized(res)) == {"raw_timeline"}
+    assert _applicable(_materialized(res)) == {"raw_timeline"}
+    assert set(_materialized(res)) == set(RUN_ASSET_NAMES)
     assert _materialized(res)["raw_timeline"]["fits_in_memory"] is False
     assert _steps(res, "STEP_SKIPPED") == set(SKIPPED)
     logs = [m for m in _user_logs(instance, res) if m.startswith("not applicable")]

@@ -372,8 +372,10 @@ def test_the_import_dir_sensor_requests_a_folder_again_when_its_files_change(tmp
 
     def requests() -> list[dg.RunRequest]:
         defs = d.build_defs(data)
-        with dg.DagsterInstance.ephemeral() as inst:
-            ctx = dg.build_sensor_context(instance=inst, repository_def=defs.get_repository_def())
+        with dg.instance_for_test() as inst:  # a real instance (ref): the sensor adds dynamic partitions
+            ctx = dg.build_sensor_context(
+                instance=inst, instance_ref=inst.get_ref(), repository_def=defs.get_repository_def()
+            )
             result = defs.get_sensor_def("import_dir").evaluate_tick(ctx)
         return result.run_requests or []
 

@@ -58,7 +58,10 @@ REAL = {  # file -> (rule, words of the reason)
 @pytest.mark.parametrize("path", list(REAL), ids=lambda p: p.parent.name)
 def test_real_traces_that_cannot_give_flows_are_declined_with_the_file_and_reason(path):
     if not path.is_file():
-        pytest.skip(f"{path.name}: ../shared/reference/traces/hta/ is not here")
+        pytest.skip(
+            f"{path.name}: ../shared/reference/traces/hta/ is not here: "
+            "facebookresearch/HolisticTraceAnalysis's tests/data/ copied there"
+        )
     rule, words = REAL[path]
     with pytest.raises(KinetoDeclined) as err:
         read_folder(path.parent, 1)
@@ -71,7 +74,10 @@ def test_the_real_full_metadata_trace_reads_every_field(tmp_path):
     edited to 2 so that it is read rather than declined: the values are the trace's own."""
     src = HTA / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
     if not src.is_file():
-        pytest.skip("../shared/reference/traces/hta/ is not here")
+        pytest.skip(
+            "../shared/reference/traces/hta/ is not here: "
+            "facebookresearch/HolisticTraceAnalysis's tests/data/ copied there"
+        )
     data = json.loads(gzip.decompress(src.read_bytes()))
     data["distributedInfo"]["world_size"] = 2
     (tmp_path / "rank-0.json").write_text(json.dumps(data))

@@ -1,5 +1,6 @@
 """The tree stays the one the README's Layout section describes: every module named there with its
-job, no module over 400 lines, no package folder over 12 modules."""
+job, no package folder over 12 modules. (A function's size and complexity: ruff's C901 and PLR09xx
+limits in pyproject.toml, run by .ci/run; dead code: vulture, also there.)"""
 
 from __future__ import annotations
 
@@ -31,11 +32,6 @@ def test_every_module_is_in_the_readme_layout():
     assert missing == []
     for d in sorted({p.parent for p in _modules()} - {PKG}):
         assert f"{d.name}/" in block, d
-
-
-def test_no_module_over_400_lines():
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _modules()}
-    assert {k: v for k, v in sizes.items() if v > 400} == {}
 
 
 def test_no_package_folder_over_12_modules():

@@ -9,6 +9,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import read_checks
@@ -174,7 +175,7 @@ def test_shipped_run_materializes_link_bins_into_duckdb(tmp_path):
         d.ALL_ASSETS,
         selection=d.RUN_ASSETS,
         partition_key=RUN,
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([RUN]),
         raise_on_error=False,
         resources={"data": DataRoot(data_dir=str(tmp_path)), "simulator": AnalyticSimulatorResource()},
         run_config=QUIET,

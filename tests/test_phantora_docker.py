@@ -21,6 +21,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 import yaml
+from materialize import ephemeral_with_runs
 from run_folders import megatron_log
 
 from phantora_assets.checks import read_checks
@@ -382,7 +383,7 @@ def test_end_to_end_phantora_in_docker(tmp_path, monkeypatch):
         selection=run_assets,
         partition_key="phantora_l40s_W1_2x1",
         resources={"data": DataRoot(data_dir=str(data)), "simulator": sim},
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs(["phantora_l40s_W1_2x1"]),
         raise_on_error=False,
     )
     checks = read_checks(DataPaths(data).run_folder(matrix[0]))

@@ -180,7 +180,7 @@ def instance(pg: PgServer, tmp_path: Path) -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def test_backfill_survives_daemon_sigkill(instance: dg.DagsterInstance, pg: PgServer, tmp_path: Path) -> None:
+def test_backfill_survives_daemon_sigkill(instance: dg.DagsterInstance, pg: PgServer, tmp_path: Path) -> None:  # noqa: C901, PLR0912, PLR0915 (one end-to-end scenario: start, kill, restart, verify)
     home = tmp_path / "dagster_home"
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("PHANTORA_ASSETS_")}  # the shipped matrix

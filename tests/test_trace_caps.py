@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from materialize import ephemeral_with_runs
 from run_folders import analytic, megatron_log, write_run_folder
 
 from phantora_assets import definitions as d
@@ -47,7 +48,7 @@ def _materialize(data: Path, **caps: int) -> dg.ExecuteInProcessResult:
         partition_key=W1,
         raise_on_error=False,
         run_config=QUIET,
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([W1]),
         resources={"data": DataRoot(data_dir=str(data), **caps), "simulator": AnalyticSimulatorResource()},
     )
 
@@ -75,7 +76,7 @@ def test_the_cap_is_a_field_of_the_data_resource_in_the_run_config(data):
     res = job.execute_in_process(
         partition_key=W1,
         run_config={**QUIET, "resources": {"data": {"config": {"data_dir": str(data), "max_trace_line_mib": 1}}}},
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=ephemeral_with_runs([W1]),
         raise_on_error=False,
     )
     assert not res.success

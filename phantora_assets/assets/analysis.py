@@ -30,7 +30,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="analysis",
         deps=["validated_flows"],
-        check_specs=check_specs("step_anatomy"),
+        check_specs=check_specs("step_anatomy", p.runs),
         kinds={"parquet"},
         description="One row per (step, host): compute time (union of the host's Computation events), network "
         "time (union of its network flows), the part of it overlapped by compute, exposed communication "

@@ -5,9 +5,11 @@ check specs from the registry (``checks.py``), StageResult -> Dagster metadata a
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -16,40 +18,57 @@ from phantora_assets.checks import BY_NAME, checks_of, clear_step_error, record_
 from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.stages.common import StageResult, release_memory
 
+#: The name of the run partitions (a ``DynamicPartitionsDefinition``): one key per run_id, kept on
+#: the Dagster instance. The code location adds the keys of its run matrix when it loads
+#: (``definitions.seed_run_partitions``), the ``import_dir`` sensor those of imports that appeared
+#: since, ``phantora-assets build`` those it builds; none is ever removed but by
+#: ``phantora-assets forget`` (docs/IMPORTS.md).
+RUN_PARTITIONS = "run_id"
+
 
 @dataclass(frozen=True)
 class Partitions:
-    """The partitions of one run matrix: ``runs`` (one key per run_id), ``gpus`` (one per GPU of
-    ``gpus.toml``) and ``gpu_to_runs`` (each run depends on the perf DB of its own GPU)."""
+    """The partitions of one run matrix: ``runs`` (dynamic, :data:`RUN_PARTITIONS`: one key per
+    run_id), ``gpus`` (one per GPU of ``gpus.toml``) and ``gpu_to_runs``, the partition mapping of
+    ``raw_timeline``'s dependency on ``perf_db``: every GPU partition (Dagster's
+    ``StaticPartitionMapping`` holds between static partitions only, and a mapping class of our
+    own would not reach the UI or the daemon, which keep built-in mappings only). Which perf DB a
+    run reads -- its own GPU's -- is in its fingerprint (``stages/simulation.run_spec_record``),
+    which makes a run stale when that perf DB changes."""
 
     specs: tuple[RunSpec, ...]
-    runs: dg.StaticPartitionsDefinition
+    runs: dg.DynamicPartitionsDefinition
     gpus: dg.StaticPartitionsDefinition
-    gpu_to_runs: dg.StaticPartitionMapping
+    gpu_to_runs: dg.PartitionMapping
     by_id: dict[str, RunSpec]
 
     @classmethod
     def of(cls, specs: Sequence[RunSpec]) -> Partitions:
-        gpus = sorted({s.gpu for s in specs} & set(gpu_specs()))  # a profiled run has no perf DB: gpu ""
-        mapping = {gpu: {s.run_id for s in specs if s.gpu == gpu} for gpu in gpus}
         return cls(
             tuple(specs),
-            dg.StaticPartitionsDefinition([s.run_id for s in specs]),
+            dg.DynamicPartitionsDefinition(name=RUN_PARTITIONS),
             dg.StaticPartitionsDefinition(sorted(gpu_specs())),
-            dg.StaticPartitionMapping(mapping),
+            dg.AllPartitionMapping(),
             {s.run_id: s for s in specs},
         )
 
-    def spec_for(self, context: dg.AssetExecutionContext) -> RunSpec:
+    def spec_for(self, context: dg.AssetExecutionContext, root: Path | None = None) -> RunSpec:
         """The RunSpec of the partition being materialized: a lookup in the run matrix these
-        definitions were built with (parsed once, when ``build_defs`` ran).
+        definitions were built with (parsed once, when ``build_defs`` ran), else -- a partition
+        added since, e.g. a folder dropped into the watched folder -- in the run matrix of data
+        root ``root`` as it is now (``imported_runs.matrix_for``).
 
         Raises:
-            KeyError: the partition is not a run of that matrix.
+            KeyError: the partition is not a run of either.
         """
-        spec = self.by_id.get(context.partition_key)
+        key = context.partition_key
+        spec = self.by_id.get(key)
+        if spec is None and root is not None:
+            from phantora_assets.imported_runs import runs_by_id
+
+            spec = runs_by_id(root).get(key)
         if spec is None:
-            raise KeyError(f"partition {context.partition_key!r} is not a run of the run matrix")
+            raise KeyError(f"partition {key!r} is not a run of the run matrix (forgotten, or its folder is gone)")
         return spec
 
 
@@ -60,7 +79,7 @@ def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any
     ``phantora-assets runs`` and ``build`` read) with its type and first line -- for our errors the
     file, rule and detail -- then re-raised, so the run fails with the same root cause. The
     trace caps of ``data`` (``DataRoot.trace_limits``) hold for the body."""
-    spec = p.spec_for(context)
+    spec = p.spec_for(context, data.paths.root)
     folder = data.paths.run_folder(spec)
     clear_step_error(folder, asset)
     try:
@@ -74,11 +93,48 @@ def failure_recorded(p: Partitions, context: dg.AssetExecutionContext, data: Any
         release_memory()  # every step of a run runs in one process: the next starts from what is in use
 
 
-def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
-    """The Dagster check specs of ``asset``, from the registry (``checks.CHECKS``)."""
-    return [
-        dg.AssetCheckSpec(c.name, asset=asset, blocking=c.blocking, description=c.description) for c in checks_of(asset)
-    ]
+def check_specs(asset: str, partitions_def: dg.PartitionsDefinition | None = None) -> list[dg.AssetCheckSpec]:
+    """The Dagster check specs of ``asset``, from the registry (``checks.CHECKS``).
+
+    ``partitions_def``: the asset's (the run partitions), so that every execution of a check is
+    recorded with its partition: the UI reads a check's results per partition, and a partition
+    whose check did not run (a run that does not fit in GPU memory: "Skipped") is that partition's
+    state, not the check's. Dagster 1.13 calls partitioned check specs a preview; its warning
+    is not repeated at every load."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
+        return [
+            dg.AssetCheckSpec(
+                c.name, asset=asset, blocking=c.blocking, description=c.description, partitions_def=partitions_def
+            )
+            for c in checks_of(asset)
+        ]
+
+
+#: The per-run assets a run that does not fit in GPU memory does not build (``chrome_trace`` and below).
+NOT_APPLICABLE_ASSETS = (
+    "chrome_trace",
+    "validated_flows",
+    "binned_flows",
+    "link_bins",
+    "window_features",
+    "run_summary",
+    "step_anatomy",
+    "run_plots",
+)
+
+
+def not_applicable_materializations(context: dg.AssetExecutionContext, reason: str) -> list[dg.AssetMaterialization]:
+    """For a partition that does not fit in GPU memory: one ``AssetMaterialization`` of that
+    partition per asset of :data:`NOT_APPLICABLE_ASSETS` in the run's selection, metadata
+    ``status = "not_applicable"`` and ``reason``, so that the UI reads "not applicable" and why,
+    not "Missing" like a partition never built. Nothing is written: the steps below
+    ``chrome_trace`` are skipped and their checks stay unexecuted ("Skipped" for that partition)."""
+    selected = context.run.asset_selection or None  # None or empty (execute_in_process): the whole job
+    names = [n for n in NOT_APPLICABLE_ASSETS if selected is None or dg.AssetKey(n) in selected]
+    meta, words = {"status": "not_applicable", "reason": reason}, f"not applicable: {reason}"
+    key = context.partition_key
+    return [dg.AssetMaterialization(n, partition=key, metadata=meta, description=words) for n in names]
 
 
 def stage_metadata(result: StageResult, **extra: Any) -> dict[str, Any]:

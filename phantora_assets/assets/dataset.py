@@ -16,7 +16,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="dataset",
         deps=["binned_flows"],
-        check_specs=check_specs("window_features"),
+        check_specs=check_specs("window_features", p.runs),
         kinds={"parquet", "pandera"},
         description="One row per (window_s, window_start_s): detector features of each 1 s and 15 s window "
         "(aligned to t = 0) computed from the run's 100 ms bins.",
@@ -32,7 +32,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         group_name="dataset",
         # raw_timeline: simulation.json / run_log.json (FLOPs, memory); validated_flows: trace_summary.json
         deps=["raw_timeline", "validated_flows", window_features],
-        check_specs=check_specs("run_summary"),
+        check_specs=check_specs("run_summary", p.runs),
         kinds={"parquet", "pandera"},
         description="The run's runs.csv row: step time (s), inter-node bytes per steady step, layout, "
         "parallelism, NIC bandwidth (bytes/s), roofline figures where timing is a roofline.",
@@ -50,7 +50,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         check_specs=check_specs("phantora_v0"),
         kinds={"csv", "parquet", "pandera"},
         description="data/phantora_v0/: every run whose checks all passed, as Parquet (runs.parquet; "
-        "flows_100ms/ and windows/ one file per run, hive-partitioned by run_id) and the v1 CSVs "
+        "flows_100ms/ and windows/ one file per run, <table>/<run_id>/part-0.parquet) and the v1 CSVs "
         "{runs,flows_100ms,windows}.csv. runs: one row per run_id; flows_100ms: one row per run_id, t, src_node, "
         "dst_node; windows: one row per run_id, window_s, window_start_s. run_status.csv lists included and "
         "excluded runs with reasons; README.md is the dataset card (data dictionary, build, limits, license).",

@@ -14,7 +14,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="flows",
         deps=["chrome_trace"],
-        check_specs=check_specs("validated_flows"),
+        check_specs=check_specs("validated_flows", p.runs),
         kinds={"parquet"},
         description="One row per network flow (src_node != dst_node) parsed from the run's Chrome JSON: op, "
         "dtype, count, communicator, bytes, start and duration (us), and the step it belongs to. Steady steps "
@@ -30,7 +30,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="flows",
         deps=[validated_flows],
-        check_specs=check_specs("binned_flows"),
+        check_specs=check_specs("binned_flows", p.runs),
         kinds={"parquet"},
         description="One row per (t, src_node, dst_node): bytes in each 100 ms bin of a 180 s window built by "
         "repeating one steady step (step time x U[0.98, 1.02] per repetition, random phase, 5 kB/s control "

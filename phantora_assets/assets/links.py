@@ -15,7 +15,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="links",
         deps=["validated_flows"],
-        check_specs=check_specs("link_bins"),
+        check_specs=check_specs("link_bins", p.runs),
         kinds={"parquet"},
         description="One row per (t, directed link) of the run's leaf-spine (host_up, leaf_spine, spine_leaf, "
         "host_down): bytes on the link in each bin of the 180 s window, the flows placed as binned_flows places "

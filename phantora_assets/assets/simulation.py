@@ -52,7 +52,7 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         partitions_def=p.runs,
         group_name="simulation",
         deps=[dg.AssetDep(perf_db, partition_mapping=p.gpu_to_runs)],
-        check_specs=check_specs("raw_timeline"),
+        check_specs=check_specs("raw_timeline", p.runs),
         kinds={"python", "parquet", "docker"},
         pool="phantora_simulation",
         description="The simulator's output for one run, 20 iterations (the first is warm-up). Analytic: "

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from phantora_assets.assets.common import Partitions, failure_recorded, stage_metadata
+from phantora_assets.assets.common import Partitions, failure_recorded, not_applicable_materializations, stage_metadata
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import traces as stage
 
@@ -23,14 +23,17 @@ def build(p: Partitions) -> list[dg.AssetsDefinition]:
         "run folder data/traces/<gpu>/<workload>_<nodes>x<gpus>/: from the analytic raw timeline, by "
         "phantora_visualizer from timeline.bin (Docker), or copied from the imported folder (converted and "
         "imported traces are parsed before they replace the previous file). Not applicable to a run that "
-        "does not fit in GPU memory (raw_timeline's fits_in_memory failed): nothing is materialized and "
-        "the run's assets below this one are skipped.",
+        "does not fit in GPU memory (raw_timeline's fits_in_memory failed): no trace is written, Dagster "
+        "skips the steps below this one, and this asset and the run's assets below it are recorded as "
+        "materialized with metadata status = not_applicable and the reason (nothing written, not Missing).",
     )
     def chrome_trace(context: dg.AssetExecutionContext, data: DataRoot, simulator: SimulatorResource):
-        spec = p.spec_for(context)
+        spec = p.spec_for(context, data.paths.root)
         why = stage.not_applicable(spec, data.paths)
         if why is not None:
             context.log.info(f"not applicable: {why}")
+            for event in not_applicable_materializations(context, why):
+                context.log_event(event)
             return
         with failure_recorded(p, context, data, "chrome_trace"):
             result = stage.chrome_trace(spec, data.paths, simulator.context())

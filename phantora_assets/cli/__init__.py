@@ -3,6 +3,7 @@
     phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build] [--gpus-per-node N] [--run-id ID]
                            [--world-size N] [--rank R]
+    phantora-assets forget RUN_ID [RUN_ID ...] [--data-dir DIR]
     phantora-assets runs   [--data-dir DIR]
     phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
@@ -35,7 +36,7 @@ import sys
 
 from phantora_assets.cli.build import cmd_build
 from phantora_assets.cli.chakra import cmd_chakra
-from phantora_assets.cli.commands import cmd_import, cmd_runs, cmd_sweep
+from phantora_assets.cli.commands import cmd_forget, cmd_import, cmd_runs, cmd_sweep
 from phantora_assets.cli.query import cmd_query, format_rows
 from phantora_assets.paths import DATA_DIR_ENV
 
@@ -43,6 +44,7 @@ __all__ = [
     "build_parser",
     "cmd_build",
     "cmd_chakra",
+    "cmd_forget",
     "cmd_import",
     "cmd_query",
     "cmd_runs",
@@ -132,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--quiet", action="store_true", help="print only the summary")
     i.set_defaults(func=cmd_import)
+    f = sub.add_parser(
+        "forget", help="remove imported runs from DIR/imports.toml (the explicit way out of the run matrix and dataset)"
+    )
+    f.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    f.add_argument("--data-dir", default=default_dir, help="data root (default: $PHANTORA_ASSETS_DATA_DIR or ./data)")
+    f.set_defaults(func=cmd_forget)
     r = sub.add_parser("runs", help="list the run matrix with memory verdicts and check status")
     r.add_argument("--data-dir", default=default_dir)
     r.set_defaults(func=cmd_runs)

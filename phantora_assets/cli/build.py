@@ -33,28 +33,50 @@ from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
-#: The instance ``<data-dir>/dagster_home`` gets when DAGSTER_HOME is unset: the storages of the
-#: project's dagster.yaml (``phantora_assets.instance``); copy the project's file over it for the
-#: run queue, launcher and monitoring settings of ``dagster dev``.
-HOME_YAML = """# written by `phantora-assets build` (DAGSTER_HOME was unset); see the project's dagster.yaml
+#: The instance ``<data-dir>/dagster_home`` gets when DAGSTER_HOME is unset: the settings of the
+#: project's dagster.yaml (tests/test_instance_home.py keeps the two equal), so that
+#: ``DAGSTER_HOME=<data-dir>/dagster_home dagster dev`` (and ``dagster-daemon run``) open the very
+#: instance the build recorded its runs in, with the project's launcher, storage, run queue and
+#: backfill settings (docs/INSTANCE.md).
+HOME_YAML = """# written by `phantora-assets build` (DAGSTER_HOME was unset): the settings of the project's
+# dagster.yaml (comments there). Start the UI on this instance, the one the build records into:
+#   DAGSTER_HOME=<data-dir>/dagster_home PHANTORA_ASSETS_DATA_DIR=<data-dir> dagster dev
 telemetry:
   enabled: false
+run_launcher:
+  module: phantora_assets.instance
+  class: ForkRunLauncher
+  config:
+    start_method: forkserver
+    preload: [phantora_assets.instance.warm]
+    runs_per_worker: 8
+    idle_timeout_seconds: 60
 event_log_storage:
   module: phantora_assets.instance
   class: PooledSqliteEventLogStorage
 compute_logs:
   module: dagster._core.storage.noop_compute_log_manager
   class: NoOpComputeLogManager
-# for `DAGSTER_HOME=<data-dir>/dagster_home dagster dev`: the project's launcher and monitoring
-run_launcher:
-  module: phantora_assets.instance
-  class: ForkRunLauncher
-  config:
-    runs_per_worker: 8
 run_monitoring:
   enabled: true
   poll_interval_seconds: 5
   free_slots_after_run_end_seconds: 5
+  start_timeout_seconds: 120
+run_queue:
+  dequeue_interval_seconds: 1
+backfills:
+  use_threads: true
+  num_workers: 2
+  num_submit_workers: 2
+concurrency:
+  runs:
+    max_concurrent_runs: 4
+    tag_concurrency_limits:
+      - key: phantora/simulator
+        value: docker
+        limit: 1
+  pools:
+    default_limit: 2
 """
 
 
@@ -65,11 +87,21 @@ def _build_env(data_dir: Path) -> Iterator[None]:
     with :data:`HOME_YAML`, on first use); both restored afterwards."""
     old = {k: os.environ.get(k) for k in (DATA_DIR_ENV, "DAGSTER_HOME")}
     os.environ[DATA_DIR_ENV] = str(data_dir.resolve())
+    own = (data_dir / "dagster_home").resolve()
+    if old["DAGSTER_HOME"] and Path(old["DAGSTER_HOME"]).resolve() != own and (own / "dagster.yaml").exists():
+        print(
+            f"note: DAGSTER_HOME={old['DAGSTER_HOME']}: this build records its runs there, while earlier builds "
+            f"of this data root recorded theirs in {own} (a UI opened on one instance does not show the other's "
+            f"runs; docs/INSTANCE.md)",
+            file=sys.stderr,
+        )
     if not old["DAGSTER_HOME"]:
-        home = (data_dir / "dagster_home").resolve()
+        home = own
         home.mkdir(parents=True, exist_ok=True)
-        if not (home / "dagster.yaml").exists():
-            (home / "dagster.yaml").write_text(HOME_YAML)
+        yaml_path = home / "dagster.yaml"
+        mine = not yaml_path.exists() or yaml_path.read_text().startswith(HOME_YAML.splitlines()[0])
+        if mine and (not yaml_path.exists() or yaml_path.read_text() != HOME_YAML):  # ours, from an older build
+            yaml_path.write_text(HOME_YAML)
         os.environ["DAGSTER_HOME"] = str(home)
     try:
         yield
@@ -147,7 +179,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     Raises:
         RunMatrixError: S is not an allowed width (``lib/bins/width.bin_s_rule``), or the matrix is invalid.
     """
-    from phantora_assets.imported_runs import matrix_for
+    from phantora_assets.imported_runs import matrix_for, remember_watched
 
     bin_s = getattr(args, "bin_s", None)
     if bin_s is not None and (rule := bin_s_rule(bin_s)):
@@ -155,6 +187,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         with _env(BIN_S_ENV, None if bin_s is None else repr(bin_s)):
             data_dir = Path(args.data_dir)
+            remember_watched(data_dir)  # the watched folder's runs stay runs of the data root
             matrix = matrix_for(data_dir)
             unknown = set(args.run or []) - {s.run_id for s in matrix}
             if unknown:
@@ -216,7 +249,7 @@ def _build_in(
 ) -> int:
     """:func:`_build` in the build's environment (``_build_env``)."""
     from phantora_assets import assets as a
-    from phantora_assets.definitions import build_defs
+    from phantora_assets.definitions import build_defs, seed_run_partitions
 
     paths = DataPaths(data_dir)
     specs = [s for s in matrix if not only or s.run_id in only]
@@ -231,6 +264,7 @@ def _build_in(
         if reaped and not quiet:
             print(f"marked {len(reaped)} run(s) left unfinished by an interrupted build as failed", flush=True)
         defs = build_defs(data_dir, matrix)
+        seed_run_partitions(instance, [s.run_id for s in matrix])  # the run partitions are dynamic
         skip = set() if plots else set(a.PLOT_ASSET_NAMES)
         sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
         run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from phantora_assets.imported_runs import matrix_for, register
+    from phantora_assets.imported_runs import matrix_for, register, remember_watched
     from phantora_assets.lib.errors import FileRuleError
     from phantora_assets.lib.phantora.run_folder import RunFolder, Skipped, discover
     from phantora_assets.sources import chakra, kineto
@@ -55,6 +55,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    remember_watched(data_dir)  # the watched folder's runs stay runs of the data root (imported_runs.forget)
     registry = register(data_dir, [f.spec for f in found])
     for f in found:
         print(f"registered {f.spec.run_id:34s} <- {f.path}")
@@ -63,6 +64,45 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 0
     matrix = matrix_for(data_dir)
     return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    """``forget RUN_ID ...``: remove imported runs from ``DIR/imports.toml`` (``imported_runs.forget``);
+    the next dataset materialization leaves them out. Exit 2 (nothing changed) when a run_id is not
+    imported or its folder is still under ``$PHANTORA_ASSETS_IMPORT_DIR``."""
+    from phantora_assets.imported_runs import forget
+    from phantora_assets.lib.errors import RunMatrixError
+
+    try:
+        removed = forget(Path(args.data_dir), list(args.run_ids))
+    except RunMatrixError as exc:
+        print(f"forget: {exc}", file=sys.stderr)
+        return 2
+    for s in removed:
+        print(f"forgot {s.run_id:34s} (was {s.path})")
+    home = _instance_home(Path(args.data_dir))
+    if home is not None:  # the run partition goes too (runs and materializations stay in the history)
+        import dagster as dg
+
+        from phantora_assets.assets.common import RUN_PARTITIONS
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            have = set(instance.get_dynamic_partitions(RUN_PARTITIONS))
+            for s in removed:
+                if s.run_id in have:
+                    instance.delete_dynamic_partition(RUN_PARTITIONS, s.run_id)
+        print(f"removed their run partitions from the Dagster instance {home}")
+    print("the dataset leaves them out from its next materialization (phantora-assets build, or the daemon)")
+    return 0
+
+
+def _instance_home(data_dir: Path) -> Path | None:
+    """The Dagster instance a build of ``data_dir`` records into (``$DAGSTER_HOME``, else
+    ``<data_dir>/dagster_home``), when it exists."""
+    import os
+
+    home = Path(os.environ["DAGSTER_HOME"]) if os.environ.get("DAGSTER_HOME") else data_dir / "dagster_home"
+    return home if (home / "dagster.yaml").is_file() else None
 
 
 def _profiled_spec(folder: Path, args: argparse.Namespace):

@@ -40,6 +40,9 @@ _deferred: list[int] = []
 #: The run this worker executes (None between runs); switched under ``_switch``.
 _current: list[str | None] = [None]
 _switch = threading.Lock()
+#: True in a run worker (set by :func:`run_worker`): the code location it re-executes does not add
+#: its run partitions to the instance (``definitions.seed_run_partitions``), the launching side did.
+IN_RUN_WORKER = [False]
 
 
 def process_start_time(pid: int) -> str | None:
@@ -132,6 +135,7 @@ def run_worker(
     from dagster._serdes import deserialize_value
 
     gc.freeze()  # what the launcher built after the preload is not the run's to collect either (warm.py)
+    IN_RUN_WORKER[0] = True
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     # held by the launcher while it forked; CANCEL_SIGNAL stays blocked, for _watch_cancel's sigwait

@@ -36,7 +36,7 @@ _CHECK_TEXT = {
 
 
 def _config_glob(t: ExportTable) -> str:
-    """The table's Parquet files, relative to the dataset folder (``run_id=*/part-0.parquet`` for a per-run table)."""
+    """The table's Parquet files, relative to the dataset folder (``<run_id>/part-0.parquet`` for a per-run table)."""
     return f"{t.name}/*/*.parquet" if t.per_run else f"{t.name}.parquet"
 
 
@@ -178,13 +178,14 @@ def dataset_card(
     counts = ", ".join(f"`{t.name}` {rows.get(t.name, 0):,} rows" for t in EXPORT_TABLES)
     files = "\n".join(
         (f"- `{t.name}`: `{_config_glob(t)}`" if _has_files(t, rows) else f"- `{t.name}`: no run, no Parquet file;")
-        + (" (one file per run, hive-partitioned by run_id)" if t.per_run and _has_files(t, rows) else "")
+        + (" (one file per run, in a folder named by its run_id)" if t.per_run and _has_files(t, rows) else "")
         + f" and `{t.name}.csv`"
         + ("" if _has_files(t, rows) else " (its header only)")
         for t in EXPORT_TABLES
     )
     configs = ", ".join(t.name for t in EXPORT_TABLES if _has_files(t, rows))
     example = "flows_100ms" if "flows_100ms" in configs else "windows"
+    run = included[0] if included else "<run_id>"
     return f"""{front_matter(rows, digests)}
 # phantora_v0: node-to-node network traffic of distributed LLM training
 
@@ -197,15 +198,18 @@ of simulated or traced training configurations. {counts}. Written by `phantora-a
 {files}
 - `run_status.csv`: every run of the run matrix, `included` or `excluded` with the reason.
 
-Parquet is the primary form; every Parquet file holds its `run_id` column too. The CSVs are the v1
-contract (same rows and columns; floats as `%.10g`, empty field = null). Join the tables on `run_id`.
+Parquet is the primary form; every Parquet file holds its `run_id` column (its folder is named by
+the run, not `run_id=...`: no reader sees a partition column beside the file's own). The CSVs are the
+v1 contract (same rows and columns; floats as `%.10g`, empty field = null). Join the tables on `run_id`.
+Run from inside this folder, or set `here` to its path:
 
 ```python
-import duckdb, pandas as pd, pyarrow.dataset as ds, datasets
-duckdb.sql("SELECT run_id, sum(bytes) FROM read_parquet('flows_100ms/*/*.parquet', hive_partitioning=true) GROUP BY 1")
-ds.dataset("flows_100ms", partitioning="hive").to_table(filter=ds.field("run_id") == "<run_id>")
-pd.read_parquet("flows_100ms", partitioning=None, filters=[("run_id", "==", "<run_id>")])
-datasets.load_dataset("<this folder>", "{example}")  # configs: {configs}
+import os, duckdb, pandas as pd, pyarrow.dataset as ds, datasets
+here, run = os.path.abspath("."), "{run}"
+per_run = duckdb.sql(f"SELECT run_id, count(*) FROM '{{here}}/{example}/*/*.parquet' GROUP BY 1").fetchall()
+one_run = ds.dataset(f"{{here}}/{example}").to_table(filter=ds.field("run_id") == run)
+frame = pd.read_parquet(f"{{here}}/{example}", filters=[("run_id", "==", run)])
+table = datasets.load_dataset(here, "{example}")["train"]  # configs: {configs}
 ```
 
 ## Data dictionary

@@ -256,7 +256,7 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
         for t in export.EXPORT_TABLES:
             if t.per_run:
                 exists = (paths.dataset_dir / t.name).is_dir()
-                files = sorted((paths.dataset_dir / t.name).glob("run_id=*/part-0.parquet"))
+                files = sorted((paths.dataset_dir / t.name).glob("*/part-0.parquet"))
             else:
                 files = [paths.dataset_dir / f"{t.name}.parquet"]
                 exists = files[0].exists()

@@ -6,8 +6,8 @@ Layout (``lib/store/export.py``)::
     phantora_v0/README.md                                 the dataset card (stages/card.py)
     phantora_v0/runs.csv, runs.parquet                    one row per run
     phantora_v0/flows_100ms.csv, windows.csv              the v1 CSVs, every run
-    phantora_v0/flows_100ms/run_id=<id>/part-0.parquet    one Parquet file per run (hive-partitioned)
-    phantora_v0/windows/run_id=<id>/part-0.parquet
+    phantora_v0/flows_100ms/<run_id>/part-0.parquet       one Parquet file per run
+    phantora_v0/windows/<run_id>/part-0.parquet
     phantora_v0/run_status.csv                            every run of the matrix, included or not
     phantora_v0/plots/                                    kept from the previous export (dataset_plots)
 
@@ -75,7 +75,7 @@ class ExportTable:
     source: str  # paths.table(run_id, source)
     columns: dict[str, str]
     schema: Callable[[], object]  # -> pandera DataFrameSchema
-    per_run: bool  # one Parquet file per run (hive), else one <name>.parquet
+    per_run: bool  # one Parquet file per run (<name>/<run_id>/part-0.parquet), else one <name>.parquet
     config_doc: str = ""  # the dataset card's line for it
     v1_width_only: bool = False  # v1's 100 ms runs only (flows_100ms; every width: DuckDB's flows_binned)
 

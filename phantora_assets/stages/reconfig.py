@@ -137,9 +137,9 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     write_parquet(_typed(phases, reconfig.PHASE_COLUMNS), paths.table(spec.run_id, "nic_phases"))
     write_parquet(_typed(trans, reconfig.TRANSITION_COLUMNS), paths.table(spec.run_id, "transition_windows"))
     write_parquet(_typed(sweep, reconfig.SWEEP_COLUMNS), paths.table(spec.run_id, "reconfig_sweep"))
-    out = paths.plots_dir(spec)
-    reconfig_plots.windows_cdf_plot(trans, spec.run_id, out / "reconfig_windows.png")
-    reconfig_plots.sweep_plot(sweep, spec.run_id, out / "reconfig_sweep.png")
+    png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
+    reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
+    reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
     at = lambda d, m: float(sweep.loc[(sweep["delay_ms"] == d) & (sweep["mode"] == m), "utilisation"].iloc[0])
     meta |= {
         "phases": len(phases),

@@ -148,7 +148,7 @@ def _add(acc: np.ndarray, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
         np.add.at(acc, idx, vals)
 
 
-def _place_zero_duration(acc, a, d, b, p, w, wp, n_cols, bin_ns, window_ns) -> int:
+def _place_zero_duration(acc, a, d, b, p, w, wp, n_cols, bin_ns, window_ns) -> int:  # noqa: PLR0913 (the columns of one vectorized pass, not options)
     """Add 0-duration instances (times ``w``) to their start bin; returns their in-window bytes (times ``wp``)."""
     sel = (d == 0) & (a >= 0) & (a < window_ns)
     if not sel.any():
@@ -157,7 +157,7 @@ def _place_zero_duration(acc, a, d, b, p, w, wp, n_cols, bin_ns, window_ns) -> i
     return _dot(b[sel], wp[sel])
 
 
-def _place_spread(acc, a, d, b, p, w, wp, n_cols, bin_ns, n_bins, window_ns) -> int:
+def _place_spread(acc, a, d, b, p, w, wp, n_cols, bin_ns, n_bins, window_ns) -> int:  # noqa: PLR0913 (the columns of one vectorized pass, not options)
     """Spread instances with ``d > 0`` (times ``w``) over the bins they overlap; returns their in-window
     bytes (times ``wp``)."""
     end = a + d

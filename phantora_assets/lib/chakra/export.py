@@ -134,7 +134,7 @@ def _members(flows: pd.DataFrame, gpus_per_node: int) -> dict[str, list[int]]:
     return out
 
 
-def export_run(
+def export_run(  # noqa: C901, PLR0912, PLR0915 (one pass over the run's collectives, a branch per op kind)
     trace: Path, steps: pd.DataFrame, table: pd.DataFrame, out_dir: Path, prefix: str, run_id: str, gpus_per_node: int,
     world_size: int,
 ) -> ExportSummary:  # fmt: skip

@@ -192,7 +192,7 @@ def _stream(attrs: dict, default: int) -> int:
     return int(s) & 0xFFFFFFFF if isinstance(s, int) else default
 
 
-def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:
+def raw_timeline(run: ChakraRun) -> tuple[pd.DataFrame, dict[str, int]]:  # noqa: C901, PLR0912, PLR0915 (one pass over the nodes, a named rule per node kind)
     """The run's raw timeline (module docstring) and counts of what it read (``collectives``,
     ``sends``, ``compute``, ``skipped`` CPU-side or barrier nodes).
 

@@ -105,4 +105,3 @@ _CLASSES = _classes()
 GlobalMetadata: Any = _CLASSES["GlobalMetadata"]
 Node: Any = _CLASSES["Node"]
 AttributeProto: Any = _CLASSES["AttributeProto"]
-IOInfo: Any = _CLASSES["IOInfo"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -140,7 +141,7 @@ def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int
     return per_bin[:, :n_keys], int(built.placed_flow_bytes)
 
 
-def build_link_bins(
+def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-only)
     step_flows: pd.DataFrame,
     conn: np.ndarray,
     topo: Topology | Fabric,
@@ -180,7 +181,8 @@ def build_link_bins(
     """
     if isinstance(topo, Fabric):
         step_flows, fi, li = fabric_subflows(step_flows, conn, topo)
-        return _place_link_rows(step_flows, fi, li, topo, run_id, routes, window_s, bin_s, jitter, step_time_s, by_path)
+        args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
+        return _place_link_rows(step_flows, fi, li, topo, routes, args, by_path)
     links = link_table(topo)
     n_links = len(links)
     fi, li, co = flow_links(
@@ -237,19 +239,15 @@ def _place_link_rows(
     fi: np.ndarray,
     li: np.ndarray,
     topo: Fabric,
-    run_id: str,
     routes: str,
-    window_s: float,
-    bin_s: float,
-    jitter: float,
-    step_time_s: float,
+    args: dict[str, Any],
     by_path: bool | None,
 ) -> LinkBins:
     """:func:`build_link_bins` of (flow, link) rows with coefficient 1 (a fabric's sub-flows)."""
     links = link_table(topo)
     n_links = len(links)
-    args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
-    n_bins = int(round(window_s / bin_s))
+    run_id, bin_s = args["run_id"], args["bin_s"]
+    n_bins = int(round(args["window_s"] / bin_s))
     paths = _path_signatures(fi, li) if len(fi) and by_path is not False else None
     if paths is not None and by_path is None and len(paths[1]) * n_bins > max(n_links * n_bins, _PATH_CELLS):
         paths = None

@@ -98,11 +98,6 @@ def classes_of(topo: Topology | Fabric) -> tuple[str, ...]:
     return ("host_up", *mid, "host_down")
 
 
-def link_classes(topo: Topology | Fabric) -> np.ndarray:
-    """The class of every link id (object array of :data:`LINK_CLASSES` names)."""
-    return link_table(topo)["link_class"].to_numpy()
-
-
 def connection_keys(flows: pd.DataFrame, gpus_per_node: int) -> np.ndarray:
     """The ECMP key of every flow: one per NCCL connection as a trace shows it.
 

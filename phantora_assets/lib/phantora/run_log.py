@@ -143,7 +143,7 @@ def _merge_ranks(per_rank: dict[int, list[float]]) -> list[float]:
     return [max(v[i] for v in per_rank.values() if len(v) > i) for i in range(n)]
 
 
-def parse_run_log(text: str) -> RunLog:
+def parse_run_log(text: str) -> RunLog:  # noqa: C901, PLR0912, PLR0915 (one pass over run.log, a branch per line format)
     """Parse ``run.log`` text (see the module docstring for the formats). Never raises."""
     out = RunLog()
     lists: dict[int, list[float]] = {}

@@ -127,7 +127,7 @@ def duplicate_key(doc: bytes, line0: int) -> tuple[str, str] | None:
 _DONE = object()
 
 
-def raw_chunks(path, out_bytes: int) -> Iterator[bytes]:
+def raw_chunks(path, out_bytes: int) -> Iterator[bytes]:  # noqa: C901, PLR0912 (the gzip member loop and its refusals)
     """Decompressed chunks of the file (gzip by magic, multi-member ok), each <= ~out_bytes.
 
     Raises:
@@ -235,7 +235,7 @@ def check_start(head: bytes) -> None:
     raise StreamError("invalid JSON", f"line 1: unexpected {c!r}")
 
 
-def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]]:
+def iter_batches(path, chunk_bytes: int) -> Iterator[tuple[int, memoryview, int]]:  # noqa: C901, PLR0912, PLR0915 (the streaming scanner's one loop)
     """``(offset, view, end)`` for each batch of elements of the array in ``path``, in file order.
 
     ``view`` (``end`` bytes) is ``[`` + whole elements joined by ``,\\n`` + ``]``, a view into

@@ -151,7 +151,7 @@ class AnalyticSimulator:
         return total
 
     # --------------------------------------------------------------- main loop
-    def run(self) -> SimulationResult:
+    def run(self) -> SimulationResult:  # noqa: C901, PLR0912, PLR0915 (the step DAG of the workload, then its simulation)
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
@@ -295,7 +295,7 @@ class AnalyticSimulator:
             n_db,
         )
 
-    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):
+    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0915 (the DAG's event loop, every node kind in it)
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
         the network simulator and end with their last flow, barriers take no time."""
         n_nodes = len(kind)

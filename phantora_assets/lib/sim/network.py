@@ -58,7 +58,7 @@ TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbp
 MIN_BW_GBPS, MAX_BW_GBPS = 0.001, 1_000_000
 
 
-def topology_rule(key: str, value: object, preset: object, source: str, got: Callable[[object], str]) -> str | None:
+def topology_rule(key: str, value: object, preset: object, source: str, got: Callable[[object], str]) -> str | None:  # noqa: PLR0911 (one return per rule broken, each its message)
     """What is wrong with ``topology.<key> = value`` (None when it is allowed); ``got`` words a value."""
     if key in TOPOLOGY_NAMES:
         known = TOPOLOGY_NAMES[key]

@@ -87,7 +87,7 @@ def empty_raw() -> pd.DataFrame:
     return df
 
 
-def emit_raw_timeline(
+def emit_raw_timeline(  # noqa: PLR0913 (the simulated DAG's arrays; issue 30 asks for one dataclass)
     spec: RunSpec,
     flows_arrays: FlowsArrays,
     kind,

@@ -90,7 +90,7 @@ class WorkloadModel(WorkloadLayout):
                 cache[warmup] = self._deepspeed_zero0_step(warmup)
         return cache[warmup]
 
-    def _megatron_step(self, warmup: bool) -> list[Item]:
+    def _megatron_step(self, warmup: bool) -> list[Item]:  # noqa: C901, PLR0915 (Megatron-core's step in program order, a branch per option)
         """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
         optimizer, ``overlap_grad_reduce=True`` (a bucket's reduce-scatter starts as soon as its
         gradients are ready and overlaps the rest of the backward; the optimizer waits for all)

@@ -3,13 +3,15 @@
 Layout under a staging folder (``stages/export.py`` swaps it in whole, ``io.swap_in_dir``)::
 
     <table>.csv                              every run, appended run by run (the v1 CSV contract)
-    <table>/run_id=<run_id>/part-0.parquet   per-run tables (hive-partitioned by run_id)
+    <table>/<run_id>/part-0.parquet          per-run tables, one folder per run
     <table>.parquet                          single-file tables (runs)
 
-Each Parquet file carries the ``run_id`` column too, so a file read alone (or by a reader that
-ignores path partitions, e.g. Hugging Face ``datasets``) is whole; DuckDB
-(``read_parquet('<table>/*/*.parquet', hive_partitioning = true)``) and ``pyarrow.dataset``
-(``partitioning="hive"``) prune by the folder name. Memory is bounded by one batch
+Each Parquet file carries the ``run_id`` column, so a file read alone is whole. The folders are
+named by the bare run_id, not hive-style ``run_id=<run_id>``: a hive folder name makes a partition
+column beside the file's own ``run_id``, and pandas' default reader (``pd.read_parquet("<table>")``,
+which infers it as a dictionary) and ``pyarrow.dataset(..., partitioning="hive")`` (as a string)
+cannot both merge it with the file's string column. Readers skip other runs' row groups by the
+column's statistics (``filters=[("run_id", "==", ...)]``, ``WHERE run_id = ...``). Memory is bounded by one batch
 (:data:`BATCH_ROWS` rows), whatever the size of a run or of the dataset.
 
 Byte-identical across rebuilds: fixed writer settings (:data:`PARQUET_OPTIONS`, pinned pyarrow),
@@ -52,8 +54,8 @@ def arrow_schema(columns: dict[str, str]) -> pa.Schema:
 
 
 def part_path(root: Path, table: str, run_id: str) -> Path:
-    """``root/<table>/run_id=<run_id>/part-0.parquet``: the run's file of a per-run table."""
-    return root / table / f"run_id={run_id}" / "part-0.parquet"
+    """``root/<table>/<run_id>/part-0.parquet``: the run's file of a per-run table."""
+    return root / table / run_id / "part-0.parquet"
 
 
 def iter_batches(path: Path, schema: pa.Schema, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:

@@ -127,7 +127,7 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
     uniq: dict[tuple, list[int]] = {}
     for k, s in per_step.items():
         uniq.setdefault(s, []).append(k)
-    ref_sig, ref_steps = max(uniq.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+    ref_sig, _ = max(uniq.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
     ref = dict(ref_sig)
     problems: list[str] = []
     bad_steps: list[int] = []

@@ -76,7 +76,7 @@ def _split_step(cs: _Calls, r: int, cut: _Cut, g: int) -> int | None:
     return cut.n_steps - 1 - int(np.argmax(ok)) if ok.any() else None
 
 
-def _coarse_try(
+def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed explicitly)
     cs: _Calls,
     per: list[_Periodicity],
     best: dict[int, int],
@@ -218,7 +218,7 @@ def _reference(
     return counts, r, same
 
 
-def _coarser(
+def _coarser(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     cs: _Calls,
     per: list[_Periodicity],
     best: dict[int, int],

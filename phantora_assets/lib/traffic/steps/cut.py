@@ -169,7 +169,7 @@ class _Cut:
     starts: np.ndarray  # start_us of every step, shape (n_steps,)
 
 
-def _cut(
+def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     cs: _Calls,
     period: dict[int, int],
     counts: dict[int, int],

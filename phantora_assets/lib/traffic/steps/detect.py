@@ -116,7 +116,7 @@ class StepResult:
         return out.reset_index(drop=True).astype(STEP_FLOW_COLUMNS)
 
 
-def detect_steps(
+def detect_steps(  # noqa: C901, PLR0912, PLR0915 (the step detector's driver, each refusal named in order)
     flows: pd.DataFrame,
     *,
     warmup_steps: int = 1,
