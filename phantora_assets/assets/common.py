@@ -132,6 +132,7 @@ NOT_APPLICABLE_ASSETS = (
     "window_features",
     "run_summary",
     "step_anatomy",
+    "reconfig",
     "run_plots",
 )
 
