@@ -91,7 +91,7 @@ def test_rail_optimized_run_keeps_scale_out_traffic_on_its_rails(tmp_path):
     steps = pd.read_parquet(paths.table(spec.run_id, "steps"))
     per_step = steps.loc[steps["steady"], "network_bytes"].iloc[0]
     assert net["bytes_per_step"].sum() == pytest.approx(per_step)
-    assert not paths.table(spec.run_id, "transition_windows").exists()  # no group on the flows yet
+    assert "group" in pd.read_parquet(paths.table(spec.run_id, "flows")).columns  # flows carry their group (issue 26)
 
     _with_groups(paths, spec.run_id)
     result = reconfig_stage.reconfig_stage(spec, paths)
