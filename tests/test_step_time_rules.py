@@ -43,3 +43,40 @@ def test_micro_batch_of_two_costs_two_micro_batches_of_one(framework):
     _api()
     one, two = _step_ms(framework, 1, 2), _step_ms(framework, 2, 1)
     assert two <= 1.1 * one, f"micro-batch 2: {two:.1f} ms, 2 x micro-batch 1: {one:.1f} ms"
+
+
+def _tp_table(overlap: bool | None, sp: bool = True) -> dict:
+    par: dict = {"tp": 4, "dp": 1, "zero": 1, "sequence_parallel": sp}
+    if overlap is not None:
+        par["tp_comm_overlap"] = overlap
+    model = {"kind": "dense", "layers": 2, "hidden": 4096, "ffn_hidden": 11008, "heads": 32, "kv_heads": 32}
+    return {
+        "framework": "megatron",
+        "model": model | {"vocab": 32000},
+        "parallel": par,
+        "train": {"seq_len": 4096, "micro_batch": 1, "grad_accumulation": 2},
+    }
+
+
+def test_tp_comm_overlap_hides_sequence_parallel_collectives_and_keeps_their_bytes():
+    # rule time.tp_comm_overlap: Megatron's --tp-comm-overlap (Transformer Engine userbuffers)
+    # runs a TP all-gather / reduce-scatter beside the compute after it; the calls and bytes stay.
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
+
+    api = _api()
+    specs = {o: api.run_spec_of(_tp_table(o), nodes=1, gpus_per_node=4, gpu="h100", name="ov") for o in (False, True)}
+    calls = {o: [(c.group, c.op, c.nbytes) for c in api.step_collectives(s)] for o, s in specs.items()}
+    assert calls[True] == calls[False] and any(c[0] == "tp" for c in calls[True])
+    res = {o: AnalyticSimulator(s, emit=False).run() for o, s in specs.items()}
+    sync, over = res[False].step_ns, res[True].step_ns
+    assert over < 0.97 * sync, f"overlapped {over / 1e6:.2f} ms, synchronous {sync / 1e6:.2f} ms"
+    # the default is the synchronous program (the shipped W1-W5 keep their step times)
+    default = api.run_spec_of(_tp_table(None), nodes=1, gpus_per_node=4, gpu="h100", name="ov")
+    assert AnalyticSimulator(default, emit=False).run().step_ns == sync
+
+
+def test_tp_comm_overlap_needs_megatron_sequence_parallelism():
+    from phantora_assets.lib.errors import RunMatrixError
+
+    with pytest.raises(RunMatrixError, match="tp_comm_overlap .* sequence_parallel = true"):
+        _api().run_spec_of(_tp_table(True, sp=False), nodes=1, gpus_per_node=4, gpu="h100", name="ov")

@@ -186,16 +186,19 @@ def foreach(op: str, lists: list[list[Tensor]] | list[Tensor]) -> Kernel:
     return Kernel(make_key(op, lists), 0.0, traffic, float(_unique_bytes(list(first))))
 
 
-def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str) -> Kernel:
+def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str, batch: int = 1) -> Kernel:
     """A fused causal attention call (FlashAttention-2: torch SDPA, Transformer Engine) of one rank:
-    ``heads`` query heads of [s_q, d] against ``kv_heads`` of [s_k, d]. Forward 4 s_q s_k d heads / 2
-    FLOP (causal), reading Q, K, V and writing O (bf16) and the fp32 log-sum-exp; backward 2.5 x the
-    FLOP (recomputed scores, dQ, dK, dV), reading Q, K, V, O, dO and writing dQ, dK, dV."""
-    q, kv = s_q * heads * d * 2, s_k * kv_heads * d * 2
+    ``batch`` sequences, each ``heads`` query heads of [s_q, d] against ``kv_heads`` of [s_k, d]
+    (attention stays inside a sequence: the FLOP are linear in ``batch``, quadratic in s). Forward
+    4 s_q s_k d heads / 2 FLOP per sequence (causal), reading Q, K, V and writing O (bf16) and the
+    fp32 log-sum-exp; backward 2.5 x the FLOP (recomputed scores, dQ, dK, dV), reading Q, K, V, O,
+    dO and writing dQ, dK, dV. The perf-DB key names ``batch`` only when it is > 1."""
+    q, kv = batch * s_q * heads * d * 2, batch * s_k * kv_heads * d * 2
+    dims = [s_q, s_k, heads, kv_heads, d] + ([batch] if batch > 1 else [])
     if phase == "fwd":
-        return Kernel(make_key("FlashAttention", [s_q, s_k, heads, kv_heads, d]), 2.0 * s_q * s_k * d * heads,
-                      float(2 * q + 2 * kv + 4 * s_q * heads), float(2 * q + 2 * kv))  # fmt: skip
-    return Kernel(make_key("FlashAttentionBackward", [s_q, s_k, heads, kv_heads, d]), 5.0 * s_q * s_k * d * heads,
+        return Kernel(make_key("FlashAttention", dims), 2.0 * batch * s_q * s_k * d * heads,
+                      float(2 * q + 2 * kv + 4 * batch * s_q * heads), float(2 * q + 2 * kv))  # fmt: skip
+    return Kernel(make_key("FlashAttentionBackward", dims), 5.0 * batch * s_q * s_k * d * heads,
                   float(5 * q + 4 * kv), float(5 * q + 4 * kv))  # fmt: skip
 
 

@@ -68,6 +68,7 @@ _PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "cp": ((int,), 1),
     "etp": ((int,), None),
     "sequence_parallel": ((bool,), False),
+    "tp_comm_overlap": ((bool,), False),
     "zero": ((int,), 0),
     "dp_replicate": ((int,), 1),
     "pp_schedule": ((str,), "1f1b"),
@@ -157,6 +158,7 @@ class ParallelSpec:
     cp: int = 1
     etp: int | None = None
     sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
     zero: int = 0
     dp_replicate: int = 1
     pp_schedule: str = "1f1b"
@@ -200,6 +202,7 @@ class Parallel:
     dp_replicate: int
     pp_schedule: str
     virtual_stages: int
+    tp_comm_overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,11 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         raise RunMatrixError(f"{pw}: megatron MoE with tp > 1 needs sequence_parallel = true (Megatron-core's rule)")
     if fw == "torchtitan" and tp > 1 and not pd_["sequence_parallel"]:
         raise RunMatrixError(f"{pw}: torchtitan's TP plan is sequence parallel: set sequence_parallel = true")
+    if pd_["tp_comm_overlap"] and not (fw == "megatron" and pd_["sequence_parallel"]):
+        raise RunMatrixError(
+            f"{pw}: tp_comm_overlap (Megatron's --tp-comm-overlap, Transformer Engine userbuffers) is for "
+            "framework = 'megatron' with sequence_parallel = true"
+        )
     if pd_["sequence_parallel"] and tp == 1:
         raise RunMatrixError(f"{pw}: sequence_parallel needs tp > 1")
     if fw == "deepspeed" and (tp, pp, cp) != (1, 1, 1):
