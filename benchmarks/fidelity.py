@@ -112,6 +112,7 @@ def workload_table(row: dict) -> dict:
         "micro_batch": int(row["micro_batch"]),
         "global_batch": int(row["global_batch"]),
         "recompute": row["recompute"],
+        "compile": row["compile"] == "true",  # the published run's torch.compile (torchtitan)
         "iterations": 2,
     }
     return {"framework": row["framework"], "model": model, "parallel": par, "train": train}

@@ -202,6 +202,34 @@ def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase
                   float(5 * q + 4 * kv), float(5 * q + 4 * kv))  # fmt: skip
 
 
+def fuse_pointwise(kernels: list[Kernel]) -> list[Kernel]:
+    """torch.compile (Inductor) on a kernel list: every maximal run of consecutive element-wise
+    kernels (no FLOP, not a ``Foreach`` optimizer call) becomes one fused kernel, which reads the
+    run's inputs and writes its outputs once while the intermediates stay on chip; its traffic and
+    working set are taken as those of the run's largest member (RMSNorm: read x, write y; SwiGLU:
+    read x1, x3, write y), and it pays one launch floor. GEMMs and fused attention stay as they are.
+    A run of one kernel is left unchanged (its perf-DB key too)."""
+    out: list[Kernel] = []
+    run: list[Kernel] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            big = max(run, key=lambda k: k.bytes)
+            out.append(Kernel(make_key("FusedPointwise", [len(run), big.key]), 0.0, big.bytes, big.working_set))
+        run.clear()
+
+    for k in kernels:
+        if k.flops == 0.0 and not k.op.startswith("Foreach"):
+            run.append(k)
+        else:
+            flush()
+            out.append(k)
+    flush()
+    return out
+
+
 def zeros_like(t: Tensor) -> Kernel:
     return kernel("ZerosLike", t, 0.0, t, inputs=[])
 

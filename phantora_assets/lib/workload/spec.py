@@ -83,6 +83,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "grad_accumulation": ((int,), None),
     "recompute": ((str,), "none"),
     "attention": ((str,), "flash"),
+    "compile": ((bool,), False),
     "dtype": ((str,), "bf16"),
     "iterations": ((int,), 20),
 }
@@ -177,6 +178,7 @@ class TrainSpec:
     grad_accumulation: int | None = None
     recompute: str = "none"
     attention: str = "flash"
+    compile: bool = False
     dtype: str = "bf16"
     iterations: int = 20
 
@@ -357,6 +359,8 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     # ---- train
     _choice(td["recompute"], RECOMPUTE, "recompute", tw)
     _choice(td["attention"], ("flash", "eager"), "attention", tw)
+    if td["compile"] and fw != "torchtitan":
+        raise RunMatrixError(f"{tw}: compile (torchtitan's compile.enable, torch.compile per block) is torchtitan's")
     _choice(td["dtype"], DTYPES, "dtype", tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):
