@@ -56,12 +56,12 @@ def synthesise(root: Path, n_runs: int, nodes: int) -> dict:
     import pandas as pd
 
     from phantora_assets.checks import CHECKS, record_checks
-    from phantora_assets.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
+    from phantora_assets.lib.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
     from phantora_assets.lib.store.export import arrow_schema
+    from phantora_assets.lib.store.parquet import write_parquet
     from phantora_assets.lib.traffic.window_features import compute_window_features
     from phantora_assets.paths import DataPaths
     from phantora_assets.records import write_record
-    from phantora_assets.stages.common import write_parquet
     from phantora_assets.stages.dataset import runs_frame
     from phantora_assets.stages.simulation import run_spec_record
 

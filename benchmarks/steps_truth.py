@@ -13,12 +13,20 @@ failure counts as a refusal. Outcomes: ``right``; ``refused`` (StepDetectionErro
 Prints, per family and overall, the decidable runs' outcomes, the undecidable runs' outcomes, the
 refusals by rule, and the seeds of every wrong run. Exit status 1 when a decidable run is wrong.
 
-Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399), the detector before issue 28
-(main at a700257): decidable 2,398: right 482 (20.1 %), refused 1,477, wrong 439 (megatron 130 / 338 / 132,
-zero3 222 / 194 / 184, grad_accum 130 / 345 / 123, moe 0 / 600 / 0); refused by rule: steps ambiguous 729,
-steps never repeat 411, steps disagree 143, steps irregular 112, steps disagree with compute 61,
-steps_match_run_log 23. The wrong runs: steady steps that each hold the end of one iteration and the start
-of the next (a trace cut inside its last iteration) and k-iteration steps.
+Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399; decidable / right / refused / wrong):
+
+* the first version of this benchmark (every run judged decidable, no ``rotated`` outcome) on main at a700257:
+  2,398 / 482 (20.1 %) / 1,477 / 439 (refused by rule: steps ambiguous 729, steps never repeat 411, steps
+  disagree 143, steps irregular 112, steps disagree with compute 61, steps_match_run_log 23);
+* this version on main's detector (a700257's steps package, run.log through its check only): 1,408 / 477
+  (33.9 %) / 880 / 51 (megatron 360 / 130 / 223 / 7, zero3 355 / 222 / 115 / 18, grad_accum 351 / 125 / 200 /
+  26, moe 342 / 0 / 342 / 0); undecidable 992: right 6, rotated 370, refused 599, wrong 17;
+* this version on issue 28's detector (fa2a6fb): 1,408 / 1,335 (94.8 %) / 32 / 41 (megatron 360 / 331 / 4 / 25,
+  zero3 355 / 349 / 1 / 5, grad_accum 351 / 319 / 26 / 6, moe 342 / 336 / 1 / 5); undecidable 992: right 221,
+  rotated 631, refused 133, wrong 7. The wrong decidable runs: 22 megatron runs with a warm-up or ramp-up and
+  a trace cut inside its last iteration whose steps are rotated (each the end of one iteration and the start
+  of the next), and short runs whose steady steps are mostly outliers (a checkpoint every 3rd iteration and
+  stragglers: the median step is a long one, 5-22 % off the iterations').
 """
 
 from __future__ import annotations

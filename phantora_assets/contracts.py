@@ -4,7 +4,7 @@
 No Dagster import. Units: bytes, seconds (``_s``), bytes/s, FLOP. Column descriptions are the
 documentation of the contract (README links here). Schemas: ``RUNS``, ``FLOWS_100MS``,
 :func:`windows_schema` (the published tables), ``PERFDB_COMPUTE`` / ``PERFDB_MEMCPY``. The column
-dicts of the in-memory tables are in :mod:`phantora_assets.columns`, the sidecar records in
+dicts of the in-memory tables are in :mod:`phantora_assets.lib.columns`, the sidecar records in
 :mod:`phantora_assets.records`.
 """
 

@@ -21,10 +21,10 @@ import dagster as dg
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora import trace_batches
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import DockerBackend, SourceContext
-from phantora_assets.stages.common import StageResult
 
 DOCKER_MAX_CONCURRENT_ENV = "PHANTORA_ASSETS_DOCKER_MAX_CONCURRENT"
 SIMULATOR_ENV = "PHANTORA_ASSETS_SIMULATOR"

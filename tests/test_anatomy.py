@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.columns import STEP_COLUMNS
+from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.traffic import anatomy
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.traffic.binning import (
     BinnedFlows,
     build_bins,

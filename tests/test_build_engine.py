@@ -94,12 +94,16 @@ def test_build_records_its_runs_and_materializations_in_the_data_roots_instance(
         assert {r.status for r in runs.values()} == {dg.DagsterRunStatus.SUCCESS}
         assert all(r.job_code_origin is not None for r in runs.values())  # re-executable from the UI
         summary = inst.fetch_materializations(dg.AssetKey("run_summary"), limit=10).records
-        assert [m.partition_key for m in summary] == [FITS]
+        # the configuration that does not fit reads "not applicable" (with the reason), not "Missing"
+        status = {m.partition_key: m.asset_materialization.metadata.get("status") for m in summary}
+        assert set(status) == {FITS, NO_FIT}
+        assert status[NO_FIT] == dg.TextMetadataValue("not_applicable") and status[FITS] is None
         raw = {m.partition_key for m in inst.fetch_materializations(dg.AssetKey("raw_timeline"), limit=10).records}
         assert raw == {FITS, NO_FIT}
         assert inst.fetch_materializations(dg.AssetKey("phantora_v0"), limit=10).records
         # the asset status the UI shows: materialized partitions of run_summary
-        assert inst.get_materialized_partitions(dg.AssetKey("run_summary")) == {FITS}
+        # both partitions read materialized: the one that does not fit as "not applicable" (above)
+    assert inst.get_materialized_partitions(dg.AssetKey("run_summary")) == {FITS, NO_FIT}
 
 
 def _signalled_build(root: Path, send) -> tuple[str, int, subprocess.Popen, str, str, float]:

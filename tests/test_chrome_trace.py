@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora.chrome_trace import comm_id_of, read_trace, write_chrome_trace
 

@@ -4,11 +4,11 @@ reconfiguration tables and plots in DuckDB once the flows carry their parallelis
 
 from __future__ import annotations
 
-import dagster as dg
 import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 from phantora_assets.checks import read_checks
 from phantora_assets.definitions import build_defs
@@ -54,7 +54,9 @@ def _build(tmp_path, topology: dict):
     data = tmp_path / "data"
     defs = build_defs(data, [spec])
     job = defs.resolve_job_def("all_runs")
-    res = job.execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+    res = job.execute_in_process(
+        partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET
+    )
     assert res.success
     return spec, DataPaths(data)
 
@@ -150,7 +152,7 @@ def test_moe_run_on_rails_has_ep_dp_transitions_and_a_linear_on_demand_cost(tmp_
     res = (
         build_defs(data, [spec])
         .resolve_job_def("all_runs")
-        .execute_in_process(partition_key=spec.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+        .execute_in_process(partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET)
     )
     assert res.success
     paths = DataPaths(data)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import dagster as dg
 import duckdb
 import pandas as pd
 import pytest
+from materialize import ephemeral_with_runs
 
 pytest.importorskip("phantora_assets.lib.workload.spec", reason="issue 26's workload schema is not on this branch")
 
@@ -77,7 +77,7 @@ def built(tmp_path_factory) -> tuple[list, DataPaths]:
     specs = load_run_matrix(root / "matrix.toml")
     job = build_defs(root / "data", specs).resolve_job_def("all_runs")
     for s in specs:
-        res = job.execute_in_process(partition_key=s.run_id, instance=dg.DagsterInstance.ephemeral(), run_config=QUIET)
+        res = job.execute_in_process(partition_key=s.run_id, instance=ephemeral_with_runs([s.run_id]), run_config=QUIET)
         assert res.success, s.run_id
     paths = DataPaths(root / "data")
     dataset_stage.export_dataset(specs, paths)

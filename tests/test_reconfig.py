@@ -166,14 +166,14 @@ def test_empty_tables_keep_their_text_columns_typed(tmp_path):
     import duckdb
 
     from phantora_assets.lib.store import database
-    from phantora_assets.stages.common import write_parquet
-    from phantora_assets.stages.reconfig import _typed, database_tables
+    from phantora_assets.lib.store.parquet import write_parquet
+    from phantora_assets.stages.reconfig import database_tables
 
     empty = rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "a"), {1}, "a")
     full = _transitions()
     dirs = {"a": tmp_path / "a", "b": tmp_path / "b"}
     for run_id, table in (("a", empty), ("b", full)):
-        write_parquet(_typed(table, rc.TRANSITION_COLUMNS), dirs[run_id] / "transition_windows.parquet")
+        write_parquet(table, dirs[run_id] / "transition_windows.parquet", columns=rc.TRANSITION_COLUMNS)
     (t,) = [t for t in database_tables() if t.name == "transition_windows"]
     with duckdb.connect() as con:
         ddl = ", ".join(f"{c} {database._sql_type(d)}" for c, d in t.columns.items())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from phantora_assets.cli.build import HOME_YAML
 from phantora_assets.lib.errors import OutputWriteError
 from phantora_assets.lib.faults import fault_from_text, resource_fault
 
@@ -108,6 +109,7 @@ def test_a_resource_fault_ends_the_build_with_one_line(base, tmp_path, case, fre
             shutil.rmtree(data / "dagster_home")
             env["DAGSTER_HOME"] = str(tmp_path / "home")
             (tmp_path / "home").mkdir()
+            (tmp_path / "home" / "dagster.yaml").write_text(HOME_YAML)  # as build writes it
         before = _dataset(data)
         if free_kb is not None:
             st = os.statvfs(mnt)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from phantora_assets.columns import FLOW_COLUMNS, STEP_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.columns import FLOW_COLUMNS, STEP_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, OP_TO_CALL, hop_bytes
 from phantora_assets.lib.traffic.steps import StepResult, detect_steps

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.sim.analytic import AnalyticSimulator, simulate
+from phantora_assets.lib.store.parquet import write_parquet, write_parquet_frames
 from phantora_assets.matrix import RunSpec
-from phantora_assets.stages.common import write_parquet, write_parquet_frames
 
 
 def _sha(p: Path) -> str:

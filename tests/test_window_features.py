@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phantora_assets.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.traffic.binning import build_bins
 from phantora_assets.lib.traffic.periodicity import alias_period_s, dominant_period, fold_frequency_hz, spectral_peak_hz
 from phantora_assets.lib.traffic.window_features import (

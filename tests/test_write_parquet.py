@@ -1,4 +1,4 @@
-"""``stages.common.write_parquet`` with a column contract: the file has the contract's columns and
+"""``lib.store.parquet.write_parquet`` with a column contract: the file has the contract's columns and
 Arrow types, also for an empty table (pandas alone writes an empty object column as Arrow's ``null``
 type, which DuckDB cannot cast to VARCHAR when it unions the runs' files)."""
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from phantora_assets.lib.net.reconfig import TRANSITION_COLUMNS
-from phantora_assets.stages.common import write_parquet
+from phantora_assets.lib.store.parquet import write_parquet
 
 
 def test_an_empty_table_keeps_the_contract_types(tmp_path) -> None:

@@ -16,7 +16,8 @@ import dagster as dg
 
 from phantora_assets.checks import BY_NAME, checks_of, clear_step_error, record_step_error
 from phantora_assets.matrix import RunSpec, gpu_specs
-from phantora_assets.stages.common import StageResult, release_memory
+from phantora_assets.outcomes import StageResult
+from phantora_assets.stages.common import release_memory
 
 #: The name of the run partitions (a ``DynamicPartitionsDefinition``): one key per run_id, kept on
 #: the Dagster instance. The code location adds the keys of its run matrix when it loads

@@ -6,9 +6,9 @@ import dagster as dg
 import msgspec
 
 from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
+from phantora_assets.outcomes import StageResult
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import simulation as stage
-from phantora_assets.stages.common import StageResult
 
 
 def memory_metadata(result: StageResult) -> dict[str, Any]:

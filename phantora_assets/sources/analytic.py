@@ -19,11 +19,12 @@ from phantora_assets.lib.sim.analytic import simulate
 from phantora_assets.lib.sim.workload_types import Compute
 from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.lib.store.parquet import write_parquet_frames
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, write_record
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet_frames
 
 NAME = "analytic"
 DESCRIPTION = "the embedded analytic simulator (roofline + perf DB kernel times, flow-level network)"

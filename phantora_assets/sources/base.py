@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from phantora_assets.matrix import RunSpec
+    from phantora_assets.outcomes import StageResult
     from phantora_assets.paths import DataPaths
-    from phantora_assets.stages.common import StageResult
 
 
 @dataclass(frozen=True)

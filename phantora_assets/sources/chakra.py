@@ -25,11 +25,11 @@ from phantora_assets.lib.chakra.ingest import ChakraRun, is_et_folder, read_fold
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources import profiled
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.sources.profiled import SIDECAR, check_world, finish_raw_timeline, make_spec, start_raw_timeline
-from phantora_assets.stages.common import Outcome, StageResult
 
 NAME = "chakra"
 DESCRIPTION = "a folder of Chakra execution traces, one per rank (phantora-assets import)"

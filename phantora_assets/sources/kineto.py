@@ -23,6 +23,7 @@ from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.run import TRACE_SUFFIXES, convert, read_folder, trace_files
 from phantora_assets.lib.phantora.run_folder import trace_file
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import KinetoRecord, read_record_or_none, write_record
 from phantora_assets.sources import profiled
@@ -34,7 +35,6 @@ from phantora_assets.sources.profiled import (
     make_spec,
     start_raw_timeline,
 )
-from phantora_assets.stages.common import Outcome, StageResult
 
 NAME = "kineto"
 DESCRIPTION = "a folder of PyTorch profiler (Kineto) traces, one per rank (phantora-assets import)"

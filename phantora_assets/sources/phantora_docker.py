@@ -16,6 +16,7 @@ from phantora_assets.lib.phantora.docker_config import config_files, layout_for,
 from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError
 from phantora_assets.lib.store.io import atomic_write_text, copy_file, link_or_copy, replace_dir
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources.base import DockerBackend, SourceContext
 from phantora_assets.sources.phantora_run import (
@@ -24,7 +25,6 @@ from phantora_assets.sources.phantora_run import (
     perfdb_from_missing,
     write_run_log_summary,
 )
-from phantora_assets.stages.common import StageResult, record
 
 NAME = "docker"
 DESCRIPTION = "Phantora itself, run in Docker (image built with patches/visualizer.patch)"

@@ -34,6 +34,7 @@ from phantora_assets.lib.phantora.run_folder import (
 )
 from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, walk
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import ImportRecord, write_record
 from phantora_assets.sources.base import SourceContext
@@ -43,7 +44,6 @@ from phantora_assets.sources.phantora_run import (
     perfdb_from_missing,
     write_run_log_summary,
 )
-from phantora_assets.stages.common import StageResult, record
 
 NAME = "import"
 DESCRIPTION = "a Phantora run folder imported from disk (phantora-assets import, $PHANTORA_ASSETS_IMPORT_DIR)"

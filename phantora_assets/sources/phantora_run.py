@@ -21,9 +21,9 @@ from phantora_assets.lib.phantora.run_folder import refusal
 from phantora_assets.lib.phantora.run_log import RunLog, read_run_log
 from phantora_assets.lib.store.io import atomic_path, same_path
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, write_record
-from phantora_assets.stages.common import Outcome, StageResult
 
 
 def write_run_log_summary(paths: DataPaths, spec: RunSpec) -> RunLog:

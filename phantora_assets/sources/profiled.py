@@ -28,11 +28,12 @@ from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.run import default_run_id
 from phantora_assets.lib.phantora import trace_writer
 from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, write_record
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import Outcome, StageResult, record, write_parquet
 
 #: The checks.json entry that holds a profiled source's assumptions (status ``note``).
 NOTE_NAME = "source_assumptions"

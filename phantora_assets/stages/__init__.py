@@ -3,7 +3,7 @@ group, paired by name with ``assets/<group>.py``.
 
 Each stage reads the files of the stages before it under a ``paths.DataPaths`` root, writes its own
 files atomically, records its check outcomes in the run folder and returns a
-``common.StageResult`` (metadata and outcomes). The simulation and trace stages hand the run to
+``outcomes.StageResult`` (metadata and outcomes). The simulation and trace stages hand the run to
 its source (``sources/``).
 
     simulation.perf_db          -> perfdb/<gpu>/perf_db.json

@@ -18,10 +18,12 @@ import pandas as pd
 
 from phantora_assets.checks import record_check, reset_checks
 from phantora_assets.lib.store import bin_table, plots
+from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic import anatomy
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
-from phantora_assets.stages.common import WINDOW_S, Outcome, StageResult, write_parquet
+from phantora_assets.stages.common import WINDOW_S
 from phantora_assets.stages.flows import read_trace_summary
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"

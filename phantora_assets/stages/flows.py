@@ -19,10 +19,12 @@ from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.net import nics
 from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.store import bin_table
+from phantora_assets.lib.store.parquet import write_parquet, write_parquet_frames
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
 from phantora_assets.lib.workload.collectives import comm_groups
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import (
     CrossCheckRecord,
@@ -33,17 +35,7 @@ from phantora_assets.records import (
     write_record,
 )
 from phantora_assets.sources import get_source
-from phantora_assets.stages.common import (
-    CONTROL_BYTES_PER_S,
-    WINDOW_S,
-    Outcome,
-    StageResult,
-    jsonable,
-    record,
-    release_memory,
-    write_parquet,
-    write_parquet_frames,
-)
+from phantora_assets.stages.common import CONTROL_BYTES_PER_S, WINDOW_S, jsonable, release_memory
 
 
 def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome:

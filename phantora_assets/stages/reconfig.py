@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 from phantora_assets.lib.net import nics, reconfig
 from phantora_assets.lib.net.fabric import Fabric, nic_name
 from phantora_assets.lib.store import database, reconfig_plots
+from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.matrix import RunSpec
+from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
-from phantora_assets.stages.common import StageResult, write_parquet
 from phantora_assets.stages.links import known_members, run_topology
 
 #: nic_pairs rows: the NIC pair's traffic per steady step.
@@ -49,6 +50,7 @@ NIC_PAIR_DOCS = {
     "flows_per_step": "flows from src to dst per steady step (mean)",
 }
 OUTPUTS = ("nic_pairs", "nic_phases", "transition_windows", "reconfig_sweep")
+PLOTS = ("reconfig_windows", "reconfig_sweep")
 
 
 def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.DataFrame, int]:
@@ -130,9 +132,9 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     write_parquet(phases, paths.table(spec.run_id, "nic_phases"), columns=reconfig.PHASE_COLUMNS)
     write_parquet(trans, paths.table(spec.run_id, "transition_windows"), columns=reconfig.TRANSITION_COLUMNS)
     write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"), columns=reconfig.SWEEP_COLUMNS)
-    out = paths.plots_dir(spec)
-    reconfig_plots.windows_cdf_plot(trans, spec.run_id, out / "reconfig_windows.png")
-    reconfig_plots.sweep_plot(sweep, spec.run_id, out / "reconfig_sweep.png")
+    png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
+    reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
+    reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
     at = lambda d, m: float(sweep.loc[(sweep["delay_ms"] == d) & (sweep["mode"] == m), "utilisation"].iloc[0])
     meta |= {
         "phases": len(phases),

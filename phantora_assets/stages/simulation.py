@@ -27,6 +27,7 @@ from phantora_assets.lib.phantora.perfdb import load_perfdb
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.matrix import RunSpec, gpu_specs
+from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.records import (
     PerfDbRecord,
@@ -38,7 +39,7 @@ from phantora_assets.records import (
 )
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import WINDOW_S, StageResult
+from phantora_assets.stages.common import WINDOW_S
 
 
 def perf_db(gpu: str, paths: DataPaths) -> tuple[PerfDbRecord, bool]:

@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.chakra.et_io import (
     COMM_COLL_NODE,
     COMM_SEND_NODE,
@@ -49,6 +48,7 @@ from phantora_assets.lib.chakra.et_io import (
     et_files,
     read_et,
 )
+from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.collectives import comm_hex
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.reader import Collective, RankTrace
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_COLUMNS
+from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import StepResult
 

@@ -87,7 +87,7 @@ class Fabric:
         loopback_bw: bytes per ns inside a scale-up domain; ``ecmp``: :data:`ECMP_MODES`.
     """
 
-    def __init__(  # noqa: PLR0913 (a fabric's parameters, each a topology key)
+    def __init__(  # noqa: PLR0913 (a graph and its layout, keyword-only)
         self,
         kind: str,
         b: Builder,

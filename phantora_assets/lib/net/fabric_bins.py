@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_FLOW_COLUMNS
+from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.net.fabric import Fabric
 
 

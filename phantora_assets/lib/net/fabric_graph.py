@@ -45,7 +45,7 @@ def nic_name(host: int, nic: int, nics_per_host: int) -> str:
     return f"host-{host + 1}" if nics_per_host == 1 else f"host-{host + 1}/nic-{nic}"
 
 
-def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # noqa: C901, PLR0912 (one strict check a key of the user's file, each naming the entry)
+def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # noqa: C901, PLR0912 (one check per rule of the file, each with its message)
     """An ``Arbitrary`` fabric file: returns the graph and the NICs per host.
 
     Format (TOML)::

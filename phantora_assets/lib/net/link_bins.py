@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
+from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.net.fabric import Fabric
 from phantora_assets.lib.net.fabric_bins import fabric_subflows
 from phantora_assets.lib.net.routes import LINK_CLASSES, classes_of, flow_links, link_table
@@ -180,7 +181,8 @@ def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-onl
     """
     if isinstance(topo, Fabric):
         step_flows, fi, li = fabric_subflows(step_flows, conn, topo)
-        return _place_link_rows(step_flows, fi, li, topo, run_id, routes, window_s, bin_s, jitter, step_time_s, by_path)
+        args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
+        return _place_link_rows(step_flows, fi, li, topo, routes, args, by_path)
     links = link_table(topo)
     n_links = len(links)
     fi, li, co = flow_links(
@@ -232,24 +234,20 @@ def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-onl
     return LinkBins(table, class_bytes(table))
 
 
-def _place_link_rows(  # noqa: PLR0913 (the flows' arrays and the bin geometry, as build_link_bins passes them)
+def _place_link_rows(
     flows: pd.DataFrame,
     fi: np.ndarray,
     li: np.ndarray,
     topo: Fabric,
-    run_id: str,
     routes: str,
-    window_s: float,
-    bin_s: float,
-    jitter: float,
-    step_time_s: float,
+    args: dict[str, Any],
     by_path: bool | None,
 ) -> LinkBins:
     """:func:`build_link_bins` of (flow, link) rows with coefficient 1 (a fabric's sub-flows)."""
     links = link_table(topo)
     n_links = len(links)
-    args = dict(step_time_s=step_time_s, run_id=run_id, window_s=window_s, bin_s=bin_s, jitter=jitter)
-    n_bins = int(round(window_s / bin_s))
+    run_id, bin_s = args["run_id"], args["bin_s"]
+    n_bins = int(round(args["window_s"] / bin_s))
     paths = _path_signatures(fi, li) if len(fi) and by_path is not False else None
     if paths is not None and by_path is None and len(paths[1]) * n_bins > max(n_links * n_bins, _PATH_CELLS):
         paths = None

@@ -65,8 +65,11 @@ def flow_gpus(flows: pd.DataFrame, known: pd.DataFrame | None = None) -> tuple[n
         with the NIC every candidate shares, :func:`flow_nics`).
 
     Raises:
-        ValueError: a communicator rank on two GPUs.
+        ValueError: a communicator rank on two GPUs, or a column of :data:`NIC_INPUT_COLUMNS` missing.
     """
+    missing = sorted(set(NIC_INPUT_COLUMNS) - set(flows.columns))
+    if missing:
+        raise ValueError(f"flows lack the columns {missing} the NIC rules read")
     dst_node = flows["dst_node"].to_numpy(np.int64)
     src_gpu = flows["stream"].to_numpy(np.int64) >> 32
     comm = flows["comm_id"].astype(str).to_numpy()

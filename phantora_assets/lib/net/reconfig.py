@@ -90,8 +90,11 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
         nics_per_host: NICs per host (names the NICs, :func:`lib.net.fabric.nic_name`).
 
     Raises:
-        ValueError: a ``group`` outside :data:`GROUPS`.
+        ValueError: a ``group`` outside :data:`GROUPS`, or a column of :data:`NIC_FLOW_COLUMNS` missing.
     """
+    missing = sorted(set(NIC_FLOW_COLUMNS) - set(flows.columns))
+    if missing:
+        raise ValueError(f"flows lack the columns {missing} the phases are made from")
     f = flows[flows["network"].to_numpy(bool) & (flows["src_node"].to_numpy() != flows["dst_node"].to_numpy())]
     bad = sorted(set(f["group"].astype(str)) - set(GROUPS))
     if bad:

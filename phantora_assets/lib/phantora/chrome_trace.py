@@ -40,7 +40,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS
+from phantora_assets.lib.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import trace_batches as tb
 from phantora_assets.lib.phantora import trace_decode as td

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from phantora_assets.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
 __all__ = ["CHUNK_ROWS", "GZIP_LEVEL", "write_chrome_trace"]

@@ -3,7 +3,7 @@
 :func:`emit_raw_timeline` turns the simulated DAG of :class:`~phantora_assets.lib.sim.analytic.
 AnalyticSimulator` (per node: kind 0 compute / 1 collective / 2 barrier, rank or communicator
 index, program item, iteration, start and end in ns; per flow: end time in ns) into Phantora's
-event schema, the columns and dtypes of :data:`~phantora_assets.columns.RAW_TIMELINE_COLUMNS`
+event schema, the columns and dtypes of :data:`~phantora_assets.lib.columns.RAW_TIMELINE_COLUMNS`
 (a :class:`RawTimeline`: one iteration's rows at a time, or one DataFrame): one computation event per rank per
 compute item (its ``meta_json`` the Torch record, ``info`` from
 :func:`~phantora_assets.lib.sim.keys.torch_info`), one communication event per ring flow
@@ -24,7 +24,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
 from phantora_assets.lib.sim.memory import MemoryEstimate
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from phantora_assets.columns import BIN_COLUMNS
+from phantora_assets.lib.columns import BIN_COLUMNS
 from phantora_assets.lib.store.io import atomic_path
 
 #: The most cells (bins x ordered node pairs) of a run's dense per-pair bin table the binned stages

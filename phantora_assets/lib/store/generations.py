@@ -4,7 +4,8 @@ is a symbolic link to the newest one, moved in one step; older ones stay for a g
 Layout beside the published name ``<root>/<name>`` (``phantora_v0``)::
 
     <root>/<name>                     -> .<name>.gens/g<publish time, ns>   (relative symlink)
-    <root>/.<name>.gens/g<ns>/        one complete generation a folder, never changed once linked
+    <root>/.<name>.gens/g<ns>/        one complete generation a folder (its tables never change once
+                                      linked; dataset_plots adds plots/ to it)
     <root>/.<name>.gens/.g<ns>.p<pid>.dir.tmp/   a generation being written (io.sweep_temp_files
                                                   removes it when its writer is gone)
 

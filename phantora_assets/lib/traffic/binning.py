@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.bins.place import exact_sum, place_flows
 from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, add_control
+from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.store.bin_table import bins_frame
 
 NS_PER_S = 1_000_000_000

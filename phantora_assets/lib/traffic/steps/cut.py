@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_COLUMNS
+from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import _Periodicity
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phantora_assets.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
 from phantora_assets.lib.traffic.steps.coarse import _coarse_cut, _coarser, _overlap, broken_period

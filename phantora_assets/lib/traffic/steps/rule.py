@@ -7,11 +7,11 @@ the same sequence of calls (op, count, dtype, communicator) in every steady step
 ``ProfilerStep#N`` spans (``lib/kineto/step_spans.py``, upstream of this package) and run.log's iteration
 records (``iteration_s``: their count and median time select the candidate). (2) The communicators' own
 periods give the candidates: each communicator rank's primitive period, then steps of several periods on
-every communicator, finest first. (3) The compute rhythm and the gaps between steps only break ties between
-candidates the communicators allow, and say why a step is an outlier; they never coarsen a step the
-communicators already repeat exactly.
+every communicator, finest first. (3) The compute rhythm and the gaps between steps never coarsen or re-cut a step the
+communicators repeat exactly: they say why a step is an outlier, and steps lasting a whole number of compute
+periods are refused.
 
-**Invariants** (each a function of a candidate returning a violation or None, ``detect._INVARIANTS``):
+**Invariants** (each a function of a candidate returning a violation or None; ``detect._decide`` applies them):
 the communicators agree on the number of steps (``steps disagree``); the steps are ordered in time (no call
 of a step after a call of the next); a communicator rank that never repeats calls only before the first
 steady step (``steps never repeat``); the steps do not last a whole ``g >= 2`` compute periods
