@@ -167,8 +167,12 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
             try:
                 spec = published_run_spec(run_spec_of, r)
                 res = AnalyticSimulator(spec, emit=False).run()
-                rec["simulated_s"] = res.step_ns / 1e9
-                rec["error"] = (rec["simulated_s"] - pub) / pub
+                if not res.fits:  # refused by the memory estimate: no step time to compare
+                    peak = res.memory.as_dict()["peak_gib"]
+                    rec["why"] = f"does not fit (estimate {peak:.1f} GiB > {spec.gpu_spec['memory_gb']} GB)"
+                else:
+                    rec["simulated_s"] = res.step_ns / 1e9
+                    rec["error"] = (rec["simulated_s"] - pub) / pub
             except Exception as e:  # reported in the table, never hidden
                 rec["why"] = f"{type(e).__name__}: {e}"[:100]
         out.append(rec)
