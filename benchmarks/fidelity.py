@@ -49,6 +49,7 @@ PUBLISHED = ROOT / "tests" / "data" / "published_runs.csv"
 TARGET_MEDIAN, TARGET_MAX = 0.15, 0.40
 THROUGHPUT = ROOT / "benchmarks" / "published_throughput.csv"
 PUBLISHED_GPUS = ROOT / "benchmarks" / "published_gpus.toml"
+PUBLISHED_CLUSTERS = ROOT / "benchmarks" / "published_clusters.toml"
 FULL_DEPTH_MEDIAN, FULL_DEPTH_MAX = 0.10, 0.20
 
 
@@ -100,6 +101,8 @@ def workload_table(row: dict) -> dict:
     par["zero"] = int(row["zero"])
     if row["sequence_parallel"] == "true":
         par["sequence_parallel"] = True
+    if row["tp_comm_overlap"] == "true":  # the published command line's --tp-comm-overlap
+        par["tp_comm_overlap"] = True
     if row["pp_schedule"]:
         par["pp_schedule"] = row["pp_schedule"]
     model = {k: int(row[k]) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
@@ -109,6 +112,7 @@ def workload_table(row: dict) -> dict:
         "micro_batch": int(row["micro_batch"]),
         "global_batch": int(row["global_batch"]),
         "recompute": row["recompute"],
+        "compile": row["compile"] == "true",  # the published run's torch.compile (torchtitan)
         "iterations": 2,
     }
     return {"framework": row["framework"], "model": model, "parallel": par, "train": train}
@@ -117,7 +121,7 @@ def workload_table(row: dict) -> dict:
 def published_run_spec(run_spec_of, row: dict):
     """The RunSpec of a published row: its workload table on its GPUs; a GPU of
     ``published_gpus.toml`` becomes the run's own ``[gpus.NAME]`` (validated on h100, whose keys it
-    shares)."""
+    shares); the platform's network of ``published_clusters.toml`` its ``topology``."""
     import dataclasses
     import tomllib
 
@@ -129,6 +133,9 @@ def published_run_spec(run_spec_of, row: dict):
     )
     if row["gpu"] in extra:
         spec = dataclasses.replace(spec, gpu=row["gpu"], gpu_def=tuple(sorted(extra[row["gpu"]].items())))
+    net = tomllib.loads(PUBLISHED_CLUSTERS.read_text()).get(row["gpu"])
+    if net:  # the published platform's network (published_clusters.toml), per GPU key
+        spec = dataclasses.replace(spec, topology=tuple(sorted(net.items())))
     return spec
 
 
@@ -160,8 +167,12 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
             try:
                 spec = published_run_spec(run_spec_of, r)
                 res = AnalyticSimulator(spec, emit=False).run()
-                rec["simulated_s"] = res.step_ns / 1e9
-                rec["error"] = (rec["simulated_s"] - pub) / pub
+                if not res.fits:  # refused by the memory estimate: no step time to compare
+                    peak = res.memory.as_dict()["peak_gib"]
+                    rec["why"] = f"does not fit (estimate {peak:.1f} GiB > {spec.gpu_spec['memory_gb']} GB)"
+                else:
+                    rec["simulated_s"] = res.step_ns / 1e9
+                    rec["error"] = (rec["simulated_s"] - pub) / pub
             except Exception as e:  # reported in the table, never hidden
                 rec["why"] = f"{type(e).__name__}: {e}"[:100]
         out.append(rec)

@@ -186,17 +186,48 @@ def foreach(op: str, lists: list[list[Tensor]] | list[Tensor]) -> Kernel:
     return Kernel(make_key(op, lists), 0.0, traffic, float(_unique_bytes(list(first))))
 
 
-def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str) -> Kernel:
+def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str, batch: int = 1) -> Kernel:
     """A fused causal attention call (FlashAttention-2: torch SDPA, Transformer Engine) of one rank:
-    ``heads`` query heads of [s_q, d] against ``kv_heads`` of [s_k, d]. Forward 4 s_q s_k d heads / 2
-    FLOP (causal), reading Q, K, V and writing O (bf16) and the fp32 log-sum-exp; backward 2.5 x the
-    FLOP (recomputed scores, dQ, dK, dV), reading Q, K, V, O, dO and writing dQ, dK, dV."""
-    q, kv = s_q * heads * d * 2, s_k * kv_heads * d * 2
+    ``batch`` sequences, each ``heads`` query heads of [s_q, d] against ``kv_heads`` of [s_k, d]
+    (attention stays inside a sequence: the FLOP are linear in ``batch``, quadratic in s). Forward
+    4 s_q s_k d heads / 2 FLOP per sequence (causal), reading Q, K, V and writing O (bf16) and the
+    fp32 log-sum-exp; backward 2.5 x the FLOP (recomputed scores, dQ, dK, dV), reading Q, K, V, O,
+    dO and writing dQ, dK, dV. The perf-DB key names ``batch`` only when it is > 1."""
+    q, kv = batch * s_q * heads * d * 2, batch * s_k * kv_heads * d * 2
+    dims = [s_q, s_k, heads, kv_heads, d] + ([batch] if batch > 1 else [])
     if phase == "fwd":
-        return Kernel(make_key("FlashAttention", [s_q, s_k, heads, kv_heads, d]), 2.0 * s_q * s_k * d * heads,
-                      float(2 * q + 2 * kv + 4 * s_q * heads), float(2 * q + 2 * kv))  # fmt: skip
-    return Kernel(make_key("FlashAttentionBackward", [s_q, s_k, heads, kv_heads, d]), 5.0 * s_q * s_k * d * heads,
+        return Kernel(make_key("FlashAttention", dims), 2.0 * batch * s_q * s_k * d * heads,
+                      float(2 * q + 2 * kv + 4 * batch * s_q * heads), float(2 * q + 2 * kv))  # fmt: skip
+    return Kernel(make_key("FlashAttentionBackward", dims), 5.0 * batch * s_q * s_k * d * heads,
                   float(5 * q + 4 * kv), float(5 * q + 4 * kv))  # fmt: skip
+
+
+def fuse_pointwise(kernels: list[Kernel]) -> list[Kernel]:
+    """torch.compile (Inductor) on a kernel list: every maximal run of consecutive element-wise
+    kernels (no FLOP, not a ``Foreach`` optimizer call) becomes one fused kernel, which reads the
+    run's inputs and writes its outputs once while the intermediates stay on chip; its traffic and
+    working set are taken as those of the run's largest member (RMSNorm: read x, write y; SwiGLU:
+    read x1, x3, write y), and it pays one launch floor. GEMMs and fused attention stay as they are.
+    A run of one kernel is left unchanged (its perf-DB key too)."""
+    out: list[Kernel] = []
+    run: list[Kernel] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            big = max(run, key=lambda k: k.bytes)
+            out.append(Kernel(make_key("FusedPointwise", [len(run), big.key]), 0.0, big.bytes, big.working_set))
+        run.clear()
+
+    for k in kernels:
+        if k.flops == 0.0 and not k.op.startswith("Foreach"):
+            run.append(k)
+        else:
+            flush()
+            out.append(k)
+    flush()
+    return out
 
 
 def zeros_like(t: Tensor) -> Kernel:

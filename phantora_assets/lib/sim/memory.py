@@ -21,6 +21,13 @@ after Korthikanti et al. 2022 generalised to SwiGLU/MoE): s*h*(10/t_sp + 24/t) +
 width seen per token (ffn; (topk + shared) * moe_ffn for a Megatron MoE layer; experts*ffn plus the
 repeated input for Hugging Face gpt-oss, which runs every expert on every token). Recompute
 ``selective`` drops the attention-score term, ``full`` keeps only the layer input (2*s*h/t_sp).
+Fused attention (``train.attention = "flash"``) has no attention-score term either (it keeps the
+output and the fp32 log-sum-exp, not the [s, s] scores; the output is in the 10/t_sp + 24/t part).
+TorchTitan's ``selective`` is its per-op SAC policy (``activation_checkpoint.mode = "selective"``,
+``selective_ac_option = "op"``: the layer is checkpointed and only the ops of ``_save_list`` keep
+their outputs, every second matmul among them): the layer input 2sh, the attention output 2sh
+and the saved matmul outputs wq 2sh, wv 2sh*kv/heads, w1 2sf, w2 2sh, i.e.
+(s*h*(8 + 2*kv/heads) + 2*s*f)/t bytes (no dropout, no norm or SwiGLU intermediates: recomputed).
 A stage keeps the activations of the micro-batches its schedule has in flight
 (:func:`~phantora_assets.lib.workload.pipeline.in_flight`: 1F1B pp - stage, GPipe all, one without
 pipelining). Logits on the last stage: s*V/t*10 (bf16 logits, fp32 copy and fp32 gradient). A 5 %
@@ -90,6 +97,8 @@ def _per_layer(model: WorkloadLayout, i: int) -> float:
     recompute = spec.wl.train.recompute
     if recompute == "full":  # only the layer's input is kept
         return 2 * s * h / (t if sp else 1)
+    if recompute == "selective" and spec.framework == "torchtitan":  # per-op SAC (module docstring)
+        return (s * h * (8 + 2 * model.kv_heads / model.heads) + 2 * s * m.ffn_hidden) / t
     input_repeat = 0.0
     if spec.framework == "megatron":
         f_eff = (m.topk + m.shared_experts) * model.ffn if m.is_moe_layer(i) else m.ffn_hidden
@@ -98,7 +107,8 @@ def _per_layer(model: WorkloadLayout, i: int) -> float:
         input_repeat = model.experts * s * h * 2 * 2
     else:
         f_eff = m.ffn_hidden
-    attn_scores = 0.0 if recompute == "selective" else 5 * model.heads * s * s * model.spec.par.cp / t
+    flash = spec.wl.train.attention == "flash"  # fused attention keeps O and the log-sum-exp, no [s, s]
+    attn_scores = 0.0 if recompute == "selective" or flash else 5 * model.heads * s * s * model.spec.par.cp / t
     return s * h * (10 / (t if sp else 1) + 24 / t) + attn_scores + 6 * s * f_eff / t + input_repeat
 
 

@@ -126,7 +126,7 @@ class TorchOps(HfOps):
         qkv = (self.nh + 2 * self.nkv) * d // tp
         proj_in = self.nh * d // tp
         rope = self._mrope(self.nh // tp) + self._mrope(max(1, self.nkv // tp))
-        flash = [flash_attention(self.s, self.s, self.nh // tp, max(1, self.nkv // tp), d, phase)]
+        flash = [flash_attention(self.seq, self.seq, self.nh // tp, max(1, self.nkv // tp), d, phase, self.mbs)]
         core = (flash if self.flash else self._mcore_attention(phase)) * self.cp  # ring: cp blocks of [s/cp]^2
         if phase == "fwd":
             return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")

@@ -34,6 +34,7 @@ class HfOps(OptimizerOps):
     def __init__(self, model: WorkloadLayout) -> None:
         super().__init__(model)
         self.s = model.seq * model.mbs
+        self.seq, self.mbs = model.seq, model.mbs  # fused attention: mbs sequences of seq tokens
         self.h = model.hidden
         self.f = model.ffn
         self.tp = model.spec.tp
@@ -115,7 +116,7 @@ class HfOps(OptimizerOps):
             if self.flash:
                 return (
                     out
-                    + [flash_attention(s, s, nh, nkv, d, "fwd")]
+                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs)]
                     + self._hf_lin_fwd(q, h, gpt_oss)
                     + [_r2("Add", res)]
                 )
@@ -130,7 +131,7 @@ class HfOps(OptimizerOps):
         out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
         core = [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
         if self.flash:
-            core = [flash_attention(s, s, nh, nkv, d, "bwd")]
+            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs)]
         elif gpt_oss:
             sk = T(B16, 1, nh, s, s + 1)
             core += [

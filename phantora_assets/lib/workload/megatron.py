@@ -64,10 +64,18 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     items: list[Item] = []
     pending_waits: list[str] = []
 
+    overlap = tp_on and sp and par.tp_comm_overlap
+    tp_inflight: list[str] = []  # tp_comm_overlap: TP collectives issued since the last compute
+    tp_carry: list[str] = []  # ... and those issued before it: the next compute waits for them
+
     def comp(name: str, phase: str, kernels: list) -> None:
         waits = tuple(pending_waits)
         pending_waits.clear()
         if kernels or waits:
+            if overlap:  # a TP collective runs beside the compute after it, waited one compute later
+                waits += tuple(tp_carry)
+                tp_carry[:] = tp_inflight
+                tp_inflight.clear()
             items.append(compute(name, phase, kernels, waits))
 
     def tp_ar(tag: str) -> None:
@@ -77,7 +85,9 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     def tp_sp(op: Literal["all_gather", "reduce_scatter"], tag: str) -> None:
         """Sequence parallelism: an all-gather / reduce-scatter of [seq/tp, mbs, hidden]."""
         if tp_on and sp:
-            items.append(Collective("tp", op, s * h // self.spec.tp, "Bf16", tag))
+            items.append(Collective("tp", op, s * h // self.spec.tp, "Bf16", tag, blocking=not overlap))
+            if overlap:
+                tp_inflight.append(tag)
 
     tok = s // self.spec.tp if (tp_on and sp) else s  # tokens a rank routes (MoE with TP: SP)
     etp_on = tp_on and par.etp > 1
@@ -297,6 +307,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             backward(mb, v)
         p2p(self, items, stage, phase, mb, v, "send")
     pending_waits.extend(rs_tags)  # finish_grad_sync
+    pending_waits.extend(tp_carry + tp_inflight)  # tp_comm_overlap: the last TP collectives
     if dp > 1:
         items.append(Collective(gk, "all_reduce", 1, "F32", "loss.average"))
         items.append(Collective(gk, "all_reduce", 1, "F32", "grad_norm.dp"))

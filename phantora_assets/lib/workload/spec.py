@@ -68,6 +68,7 @@ _PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "cp": ((int,), 1),
     "etp": ((int,), None),
     "sequence_parallel": ((bool,), False),
+    "tp_comm_overlap": ((bool,), False),
     "zero": ((int,), 0),
     "dp_replicate": ((int,), 1),
     "pp_schedule": ((str,), "1f1b"),
@@ -82,6 +83,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "grad_accumulation": ((int,), None),
     "recompute": ((str,), "none"),
     "attention": ((str,), "flash"),
+    "compile": ((bool,), False),
     "dtype": ((str,), "bf16"),
     "iterations": ((int,), 20),
 }
@@ -157,6 +159,7 @@ class ParallelSpec:
     cp: int = 1
     etp: int | None = None
     sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
     zero: int = 0
     dp_replicate: int = 1
     pp_schedule: str = "1f1b"
@@ -175,6 +178,7 @@ class TrainSpec:
     grad_accumulation: int | None = None
     recompute: str = "none"
     attention: str = "flash"
+    compile: bool = False
     dtype: str = "bf16"
     iterations: int = 20
 
@@ -200,6 +204,7 @@ class Parallel:
     dp_replicate: int
     pp_schedule: str
     virtual_stages: int
+    tp_comm_overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,11 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         raise RunMatrixError(f"{pw}: megatron MoE with tp > 1 needs sequence_parallel = true (Megatron-core's rule)")
     if fw == "torchtitan" and tp > 1 and not pd_["sequence_parallel"]:
         raise RunMatrixError(f"{pw}: torchtitan's TP plan is sequence parallel: set sequence_parallel = true")
+    if pd_["tp_comm_overlap"] and not (fw == "megatron" and pd_["sequence_parallel"]):
+        raise RunMatrixError(
+            f"{pw}: tp_comm_overlap (Megatron's --tp-comm-overlap, Transformer Engine userbuffers) is for "
+            "framework = 'megatron' with sequence_parallel = true"
+        )
     if pd_["sequence_parallel"] and tp == 1:
         raise RunMatrixError(f"{pw}: sequence_parallel needs tp > 1")
     if fw == "deepspeed" and (tp, pp, cp) != (1, 1, 1):
@@ -349,6 +359,8 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     # ---- train
     _choice(td["recompute"], RECOMPUTE, "recompute", tw)
     _choice(td["attention"], ("flash", "eager"), "attention", tw)
+    if td["compile"] and fw != "torchtitan":
+        raise RunMatrixError(f"{tw}: compile (torchtitan's compile.enable, torch.compile per block) is torchtitan's")
     _choice(td["dtype"], DTYPES, "dtype", tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):

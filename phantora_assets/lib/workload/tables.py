@@ -195,7 +195,7 @@ def resolve(wl: WorkloadSpec, world: int, entry: str, ep_override: int | None = 
         )
     return Parallel(
         world, p.tp, p.pp, dp, p.cp, ep, etp, edp, mbs, p.sequence_parallel, p.zero, p.dp_replicate,
-        p.pp_schedule if p.pp > 1 else "none", p.virtual_stages,
+        p.pp_schedule if p.pp > 1 else "none", p.virtual_stages, p.tp_comm_overlap,
     )  # fmt: skip
 
 

@@ -7,11 +7,29 @@ its docstring and docs/WORKLOADS.md); ``self`` is the run's
 
 from __future__ import annotations
 
+from phantora_assets.lib.sim.kernels import Kernel, fuse_pointwise
 from phantora_assets.lib.sim.torch_ops import torch_ops
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import Collective, Item, compute
 from phantora_assets.lib.workload.megatron import p2p
 from phantora_assets.lib.workload.pipeline import schedule
+
+
+def sac_recompute(block_fwd: list[Kernel]) -> list[Kernel]:
+    """What torchtitan's per-op selective activation checkpointing (``selective_ac_option =
+    "op"``, ``_save_list``) runs again before a block's backward: every op of the block's forward
+    except fused attention (saved) and the saved matmuls: of the block's matmuls in forward order
+    (wq, wk, wv, wo, w1, w3, w2) every second one is recomputed (wk, wo, w3), the others saved."""
+    out, mm = [], 0
+    for k in block_fwd:
+        if k.op.startswith("FlashAttention"):
+            continue
+        if k.flops:
+            mm += 1
+            if mm % 2:
+                continue
+        out.append(k)
+    return out
 
 
 def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0915 (torchtitan's step in program order, a branch per option)
@@ -39,14 +57,17 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     n = len(self.comms["dp"][0].ranks)  # FSDP mesh: dp_shard x cp
     hsdp = "dp_rep" in self.comms
     full_ac = self.spec.wl.train.recompute == "full"
+    sac = self.spec.wl.train.recompute == "selective"
     items: list[Item] = []
     pending: list[str] = []
+
+    compiled = self.spec.wl.train.compile  # torch.compile per block: element-wise runs fused
 
     def comp(name: str, phase: str, kernels: list) -> None:
         waits = tuple(pending)
         pending.clear()
         if kernels or waits:
-            items.append(compute(name, phase, kernels, waits))
+            items.append(compute(name, phase, fuse_pointwise(kernels) if compiled else kernels, waits))
 
     def tp_c(op: str, tag: str) -> None:
         if tp_on:
@@ -138,6 +159,8 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
                 comp(f"layers.{i}.mlp.recompute", "bwd", ops.hf_llama_mlp("fwd"))
                 tp_c("rs", f"layers.{i}.mlp.recompute.reduce_scatter")
+            if sac:  # per-op SAC: the block's unsaved ops run again (no collective: those are saved)
+                comp(f"layers.{i}.recompute", "bwd", sac_recompute(ops.hf_attention("fwd") + ops.hf_llama_mlp("fwd")))
             tp_c("ag", f"layers.{i}.mlp.bwd.all_gather")
             comp(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd"))
             tp_c("rs", f"layers.{i}.mlp.bwd.reduce_scatter")
