@@ -9,21 +9,9 @@ from __future__ import annotations
 import dagster as dg
 
 from phantora_assets.assets import analysis, dataset, flows, links, simulation, traces
+from phantora_assets.assets.common import RUN_ASSET_NAMES as RUN_ASSET_NAMES
 from phantora_assets.assets.common import Partitions, quiet_skipped_check_warnings
 
-#: Per-run assets, in graph order.
-RUN_ASSET_NAMES = (
-    "raw_timeline",
-    "chrome_trace",
-    "validated_flows",
-    "binned_flows",
-    "link_bins",
-    "window_features",
-    "run_summary",
-    "step_anatomy",
-    "reconfig",
-    "run_plots",
-)
 #: Assets that only draw (``phantora-assets build --no-plots`` skips them).
 PLOT_ASSET_NAMES = ("run_plots", "dataset_plots")
 #: Unpartitioned assets materialized after every run, in order.

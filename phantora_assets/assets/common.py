@@ -123,8 +123,9 @@ def check_specs(asset: str, partitions_def: dg.PartitionsDefinition | None = Non
         ]
 
 
-#: The per-run assets a run that does not fit in GPU memory does not build (``chrome_trace`` and below).
-NOT_APPLICABLE_ASSETS = (
+#: Per-run assets, in graph order.
+RUN_ASSET_NAMES = (
+    "raw_timeline",
     "chrome_trace",
     "validated_flows",
     "binned_flows",
@@ -135,6 +136,8 @@ NOT_APPLICABLE_ASSETS = (
     "reconfig",
     "run_plots",
 )
+#: The per-run assets a run that does not fit in GPU memory does not build (``chrome_trace`` and below).
+NOT_APPLICABLE_ASSETS = RUN_ASSET_NAMES[RUN_ASSET_NAMES.index("chrome_trace") :]
 
 
 def not_applicable_materializations(context: dg.AssetExecutionContext, reason: str) -> list[dg.AssetMaterialization]:
