@@ -346,9 +346,12 @@ def exclusion_reason(data: dict[str, dict]) -> str | None:
         :data:`RUN_CHECKS` not recorded as passed, in their order, joined by ``", "``: ``failed``,
         ``not evaluated`` (:data:`NOT_EVALUATED`, also for a check never recorded: its asset did not
         run or did not apply, e.g. every check below a run that does not fit in GPU memory), or the
-        status recorded. E.g. ``fits_in_memory: failed, flows_exist: not evaluated, ...``.
+        status recorded. E.g. ``fits_in_memory: failed, flows_exist: not evaluated, ...``. A step
+        whose latest materialization raised (``step_failed:<asset>``) comes first, as ``step
+        <asset>: <error>``: a run whose rebuild failed is out although its earlier checks passed.
     """
     if not data:
         return NOT_BUILT
     status = {n: data.get(n, {}).get("status", NOT_EVALUATED) for n in RUN_CHECKS}
-    return ", ".join(f"{n}: {s}" for n, s in status.items() if s != "passed") or None
+    failed_steps = [f"step {e}" for e in step_errors(data)]  # the cause first: the checks follow from it
+    return ", ".join(failed_steps + [f"{n}: {s}" for n, s in status.items() if s != "passed"]) or None

@@ -5,6 +5,8 @@ set; ``phantora-assets forget`` is the one way out. Real folders, real builds.""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -91,3 +93,40 @@ def test_the_watched_folder_runs_are_registered_by_an_import(tmp_path: Path, mon
     monkeypatch.delenv(IMPORT_DIR_ENV)
     ids = {s.run_id for s in effective_matrix(data)}
     assert {WATCHED.run_id, CLI.run_id} <= ids
+
+
+def test_a_run_whose_folder_was_deleted_stays_as_built_and_rebuilds_from_the_data_roots_copy(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The folder of a watched run is deleted; a later build of that run builds it from the data
+    root's copy (run.log, timeline.bin, config/, the validated timeline.json.gz): same tables to the
+    byte, still included. Without the copy's trace the build fails naming the folder and the way out
+    (``forget``), and the refused build leaves the run's checks as they were."""
+    watched, data = tmp_path / "watched", tmp_path / "data"
+    src = _folder(watched, WATCHED)
+    monkeypatch.setenv(IMPORT_DIR_ENV, str(watched))
+    build = ["build", "--data-dir", str(data), "--run", WATCHED.run_id, "--no-plots", "--quiet"]
+    assert main(build) == 0
+    part = data / "partitions" / WATCHED.run_id
+    before = {p.name: p.read_bytes() for p in part.glob("*.parquet")}
+    assert {"flows.parquet", "flows_100ms.parquet", "windows.parquet"} <= set(before)
+
+    shutil.rmtree(src)
+    assert main(build) == 0
+    assert _status(data).loc[WATCHED.run_id, "status"] == "included"
+    assert {p.name: p.read_bytes() for p in part.glob("*.parquet")} == before
+
+    folder = data / "traces" / "h100" / "W4_2x1"
+    (folder / "timeline.json.gz").unlink()
+    checks = (folder / "checks.json").read_text()
+    capsys.readouterr()
+    assert main([*build[:-1]]) == 1
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith(WATCHED.run_id))
+    assert "FAILED: raw_timeline: " in line and f"imported run folder {src} does not exist" in line, line
+    after = json.loads((folder / "checks.json").read_text())
+    kept = {k: v for k, v in json.loads(checks).items()}
+    assert {k: after[k] for k in kept} == kept  # nothing reset by the refused build: the failure is added
+    assert [k for k in after if k not in kept] == ["step_failed:raw_timeline"], after.keys()
+    why = _status(data).loc[WATCHED.run_id, "reason"]
+    assert "raw_timeline" in why and "does not exist" in why, why

@@ -36,7 +36,7 @@ from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, wa
 from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import ImportRecord, write_record
+from phantora_assets.records import ImportRecord, RecordError, read_record_or_none, write_record
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.sources.phantora_run import (
     fits_from_log,
@@ -196,6 +196,37 @@ def _copy_in(src: Path, folder: Path) -> dict[str, int]:
     return copied
 
 
+def source_folder(spec: RunSpec, paths: DataPaths) -> Path:
+    """The folder an imported run is built from: its registered folder ``spec.path``, or, when that
+    folder is gone, the data root's copy of it (``paths.run_folder(spec)``, which holds every file
+    the import takes: run.log, timeline.bin, config/, perfdb_missing/ and the validated
+    ``timeline.json.gz``), so a run stays as built until ``phantora-assets forget`` removes it
+    (docs/IMPORTS.md: removal is only ever explicit). The copy counts only when its
+    ``import.json`` says it was imported from ``spec.path`` and, when that folder had a trace, the
+    trace copy is there.
+
+    Raises:
+        FileNotFoundError: the registered folder is gone and the data root holds no complete copy
+            of it (names both).
+    """
+    src = Path(spec.path)
+    if src.is_dir():
+        return src
+    folder = paths.run_folder(spec)
+    where = f"registered in {paths.root / 'imports.toml'} or $PHANTORA_ASSETS_IMPORT_DIR"
+    try:
+        rec = read_record_or_none(folder / "import.json", ImportRecord)
+    except RecordError:
+        rec = None
+    if rec is None or rec.source != str(src) or (rec.trace is not None and trace_file(folder) is None):
+        raise FileNotFoundError(
+            f"{spec.run_id}: imported run folder {src} does not exist ({where}), and the data root "
+            f"holds no complete copy of it ({folder / 'import.json'}); restore the folder or "
+            f"`phantora-assets forget {spec.run_id}`"
+        )
+    return folder
+
+
 def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     """raw_timeline of an imported run: copy its run folder's files into the data root's run folder.
 
@@ -207,19 +238,16 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     this project's Docker runs; a folder without it has no replay record and passes).
 
     Raises:
-        FileNotFoundError: the registered folder does not exist.
+        FileNotFoundError: the registered folder is gone and the data root holds no complete copy
+            of it (:func:`source_folder`); the run's files are left as they were.
         FileRuleError: a file or directory the import takes is a symlink (rule ``symlink in run
             folder``) or a FIFO, socket or device (``not a regular file``); nothing was copied.
         TraceFormatError: the folder has no trace and its run.log reports no out-of-memory error.
     """
     folder = paths.run_folder(spec)
+    src = source_folder(spec, paths)  # before anything is reset: a refused build changes nothing
+    registered = str(Path(spec.path))
     reset_checks(folder, "raw_timeline")
-    src = Path(spec.path)
-    if not src.is_dir():
-        raise FileNotFoundError(
-            f"{spec.run_id}: imported run folder {src} does not exist "
-            f"(registered in {paths.root / 'imports.toml'} or $PHANTORA_ASSETS_IMPORT_DIR)"
-        )
     refuse_links(src)  # also a folder registered in place: nothing is read through a link
     copied = {} if same_path(src, folder) else _copy_in(src, folder)
     trace = trace_file(src)
@@ -241,11 +269,12 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
         )
     write_record(
         folder / "import.json",
-        ImportRecord(run_id=spec.run_id, source=str(src), trace=trace.name if trace else None, copied=copied),
+        ImportRecord(run_id=spec.run_id, source=registered, trace=trace.name if trace else None, copied=copied),
     )
     meta = {
         "status": "imported" if fits.passed else "out_of_memory",
-        "source_folder": str(src),
+        "source_folder": registered,
+        **({"built_from": f"the data root's copy ({src}): the folder is gone"} if str(src) != registered else {}),
         "trace_file": trace.name if trace else None,
         "copied_files": len(copied),
         **log.metadata(),
@@ -260,7 +289,7 @@ def import_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
         FileRuleError: the trace is a symlink (``symlink in run folder``) or no regular file.
         TraceFormatError: no trace, or a format rule broken (names the file and the rule).
     """
-    src_dir = Path(spec.path)
+    src_dir = source_folder(spec, paths)
     src = trace_file(src_dir)
     if src is None:
         raise TraceFormatError(src_dir, "missing trace", "no timeline.json.gz or timeline.json")

@@ -103,7 +103,7 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
         before = read_record_or_none(spec_file, RunSpecRecord)
     except RecordError:
         before = None
-    if before is None or before.fingerprint != now.fingerprint:
+    if before is None or not same_inputs(spec, before, now):
         invalidate_downstream(spec, paths, before)
     spec_file.unlink(missing_ok=True)
     result = get_source(spec.source).raw_timeline(spec, paths, ctx)
@@ -292,12 +292,21 @@ def stale_reason(spec: RunSpec, paths: DataPaths) -> str | None:
     if rec is None:
         return "stale: built without a run_spec.json (by an older version); rebuild the run"
     now = run_spec_record(spec)
-    if rec.fingerprint == now.fingerprint:
+    if same_inputs(spec, rec, now):
         return None
     changed = sorted(k for k in now.inputs if rec.inputs.get(k) != now.inputs[k])
-    if changed == ["source_files"] and not Path(spec.path).is_dir():
-        return None  # the imported folder is gone since: what the data root copied is what was built
     return f"stale: built from another {', '.join(changed) or 'input'} than the run matrix now gives; rebuild the run"
+
+
+def same_inputs(spec: RunSpec, before: RunSpecRecord, now: RunSpecRecord) -> bool:
+    """Whether a run built from ``before`` is built from what ``now`` describes: the same
+    fingerprint, or only the source files differ because the imported folder is gone since (what
+    the data root copied is what was built, and the import builds from that copy:
+    ``sources/phantora_import.source_folder``)."""
+    if before.fingerprint == now.fingerprint:
+        return True
+    changed = sorted(k for k in now.inputs if before.inputs.get(k) != now.inputs[k])
+    return changed == ["source_files"] and bool(spec.path) and not Path(spec.path).is_dir()
 
 
 def build_reason(spec: RunSpec, paths: DataPaths) -> str | None:
