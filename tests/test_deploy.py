@@ -313,8 +313,10 @@ def test_instance_loads_through_dagster_schema():
     assert config["run_launcher"]["module"] == "dagster_docker"
     assert config["run_launcher"]["class"] == "DockerRunLauncher"
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
-    assert set(config["storage"]) == {"postgres"}
-    db = config["storage"]["postgres"]["postgres_db"]
+    assert set(config["storage"]) == {"custom"}
+    storage = config["storage"]["custom"]
+    assert (storage["module"], storage["class"]) == ("phantora_assets.instance", "PooledPostgresStorage")
+    db = storage["config"]["postgres_db"]
     # every connection setting from the environment, the driver named
     assert {k: v for k, v in db.items() if k != "scheme"} == {
         "username": {"env": "DAGSTER_POSTGRES_USER"},
@@ -370,7 +372,7 @@ def test_storage_config_is_dagster_postgres_s(monkeypatch):
     from dagster_postgres import DagsterPostgresStorage
     from dagster_postgres.utils import pg_url_from_config
 
-    storage = _instance()["storage"]["postgres"]
+    storage = _instance()["storage"]["custom"]["config"]  # PooledPostgresStorage takes dagster-postgres's config
     for name, value in [
         ("DAGSTER_POSTGRES_USER", "u"),
         ("DAGSTER_POSTGRES_PASSWORD", "p"),
@@ -419,7 +421,13 @@ def test_instance_starts_against_postgresql(tmp_path, monkeypatch):
     from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
     from dagster._core.run_coordinator import QueuedRunCoordinator
     from dagster_docker import DockerRunLauncher
-    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
+    from dagster_postgres import PostgresRunStorage
+
+    from phantora_assets.instance.postgres import (
+        PooledPostgresEventLogStorage,
+        PooledPostgresRunStorage,
+        PooledPostgresScheduleStorage,
+    )
 
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -434,9 +442,11 @@ def test_instance_starts_against_postgresql(tmp_path, monkeypatch):
         ]:
             monkeypatch.setenv(name, value)
         with DagsterInstance.from_config(str(home)) as instance:
-            assert isinstance(instance.run_storage, PostgresRunStorage)
-            assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
-            assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
+            # the project's kept-connection storage (what makes a PostgreSQL backfill as fast as SQLite's)
+            assert isinstance(instance.run_storage, PooledPostgresRunStorage)
+            assert isinstance(instance.event_log_storage, PooledPostgresEventLogStorage)
+            assert isinstance(instance.schedule_storage, PooledPostgresScheduleStorage)
+            assert isinstance(instance.run_storage, PostgresRunStorage)  # still dagster-postgres's underneath
             assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
             assert isinstance(instance.run_launcher, DockerRunLauncher)
             assert instance.run_launcher.networks == ["phantora_assets"]
@@ -458,7 +468,10 @@ def test_instance_starts_against_postgresql(tmp_path, monkeypatch):
             # a run container rebuilds this instance from its ref: the variables it reads are exactly
             # those the run launcher hands on
             ref = instance.get_ref()
-            assert _env_refs(yaml.safe_load(ref.run_storage_data.config_yaml)) == set(instance.run_launcher.env_vars)
+            # (a custom storage: the ref holds its config as written, env: references unresolved)
+            assert ref.storage_data is not None and ref.storage_data.class_name == "PooledPostgresStorage"
+            assert _env_refs(yaml.safe_load(ref.storage_data.config_yaml)) == set(instance.run_launcher.env_vars)
+            assert pg["password"] not in ref.storage_data.config_yaml  # no secret written into the ref
 
 
 # ------------------------------------------------------------------------------------------- workspace
@@ -1015,7 +1028,7 @@ def test_deployment_doc_one_host_storage_block(tmp_path):
     custom = config["storage"]["custom"]
     assert (custom["module"], custom["class"]) == ("phantora_assets.instance", "PooledPostgresStorage")
     db = custom["config"]["postgres_db"]
-    deploy_db = _instance()["storage"]["postgres"]["postgres_db"]
+    deploy_db = _instance()["storage"]["custom"]["config"]["postgres_db"]
     # no scheme needed: the class reads the bare postgresql:// with psycopg2 (deploy/dagster.yaml names it)
     same = {k: v for k, v in deploy_db.items() if k not in ("port", "scheme")}
     assert {k: v for k, v in db.items() if k != "port"} == same
