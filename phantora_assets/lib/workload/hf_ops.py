@@ -116,7 +116,7 @@ class HfOps(OptimizerOps):
             if self.flash:
                 return (
                     out
-                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs)]
+                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs, "sdpa")]
                     + self._hf_lin_fwd(q, h, gpt_oss)
                     + [_r2("Add", res)]
                 )
@@ -131,7 +131,7 @@ class HfOps(OptimizerOps):
         out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
         core = [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
         if self.flash:
-            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs)]
+            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")]
         elif gpt_oss:
             sk = T(B16, 1, nh, s, s + 1)
             core += [
