@@ -113,6 +113,7 @@ def workload_table(row: dict) -> dict:
         "global_batch": int(row["global_batch"]),
         "recompute": row["recompute"],
         "compile": row["compile"] == "true",  # the published run's torch.compile (torchtitan)
+        "uncaptured_kernels": True,  # real GPUs: also the kernels Phantora does not intercept
         "iterations": 2,
     }
     return {"framework": row["framework"], "model": model, "parallel": par, "train": train}

@@ -210,6 +210,14 @@ def flash_attention(
                   float(5 * q + 4 * kv), float(5 * q + 4 * kv), engine)  # fmt: skip
 
 
+def uncaptured(op: str, dims: list[int], traffic: float) -> Kernel:
+    """A kernel the framework runs on the GPU that Phantora does not intercept (its key op ``op``,
+    e.g. ``SiLU``, ``LogSoftmax``, ``FsdpCopyOut``), timed by its memory traffic ``traffic`` (bytes
+    read + written; no FLOP, no perf-DB entry). Only programs with ``train.uncaptured_kernels``
+    list such kernels."""
+    return Kernel(make_key(op, [int(x) for x in dims]), 0.0, float(traffic), float(traffic))
+
+
 def fuse_pointwise(kernels: list[Kernel]) -> list[Kernel]:
     """torch.compile (Inductor) on a kernel list: every maximal run of consecutive element-wise
     kernels (no FLOP, not a ``Foreach`` optimizer call) becomes one fused kernel, which reads the
