@@ -56,8 +56,12 @@ class HfOps(OptimizerOps):
         self.nkv = model.kv_heads
         self.d = model.head_dim
         self.v = model.vocab
+        self.s_sp = self.s  # tokens of the norms and residual adds (sequence-parallel shard)
         if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
             self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
+            # torchtitan's TP plan: attention_norm, ffn_norm and the final norm are SequenceParallel
+            # and the block's residual stream is Shard(1): norms and residual adds on s / tp tokens
+            self.s_sp = self.s // self.tp
 
     # ================================================================== Hugging Face Llama
     def _hf_lin_fwd(self, k_in: int, n_out: int, bias: bool = False, x3: bool = True) -> list[Kernel]:
@@ -71,7 +75,7 @@ class HfOps(OptimizerOps):
         return out
 
     def _hf_rmsnorm(self, phase: str, weight_first: bool) -> list[Kernel]:
-        s, h = self.s, self.h
+        s, h = self.s_sp, self.h
         xb, xf, r = T(B16, 1, s, h), T(F32, 1, s, h), T(F32, 1, s, 1)
         w = T(B16, h)
         if phase == "fwd":
@@ -121,7 +125,7 @@ class HfOps(OptimizerOps):
         s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
         q, kv = nh * d, nkv * d
         sc = T(B16, 1, nh, s, s)
-        res = T(B16, 1, s, h)
+        res = T(B16, 1, self.s_sp, h)
         if phase == "fwd":
             out = self._hf_rmsnorm("fwd", weight_first=not gpt_oss)
             out += self._hf_lin_fwd(h, q, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss)
@@ -166,7 +170,7 @@ class HfOps(OptimizerOps):
     @_memo
     def hf_llama_mlp(self, phase: str) -> list[Kernel]:
         h, f, s = self.h, self.f, self.s
-        glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
+        glu, res = T(B16, 1, s, f), T(B16, 1, self.s_sp, h)
         silu = [uncaptured("SiLU", [s, f], 2 * 2 * s * f)] if self.hw else []  # read x1, write silu(x1)
         silu_bwd = [uncaptured("SiLUBackward", [s, f], 3 * 2 * s * f)] if self.hw else []  # read dy, x1; write dx1
         if phase == "fwd":
