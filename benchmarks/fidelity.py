@@ -6,6 +6,8 @@ Usage::
     python benchmarks/fidelity.py --fit    # also: the L40S roofline constants refitted from perfdb/l40s
     python benchmarks/fidelity.py --full-depth [--max-gpus N]
                                            # also: published full-depth jobs (benchmarks/published_throughput.csv)
+    python benchmarks/fidelity.py --only tt_llama3_8b_fsdp8_h100,mlm_gpt_1p7b_h100
+                                           # just these full-depth rows (no W1-W5 table)
 
 For every ``ok`` row of ``tests/data/published_runs.csv`` it simulates the run (no Dagster, no
 trace files) and prints the published and simulated step time with the error, the inter-node
@@ -113,6 +115,7 @@ def workload_table(row: dict) -> dict:
         "global_batch": int(row["global_batch"]),
         "recompute": row["recompute"],
         "compile": row["compile"] == "true",  # the published run's torch.compile (torchtitan)
+        "uncaptured_kernels": True,  # real GPUs: also the kernels Phantora does not intercept
         "iterations": 2,
     }
     return {"framework": row["framework"], "model": model, "parallel": par, "train": train}
@@ -139,9 +142,10 @@ def published_run_spec(run_spec_of, row: dict):
     return spec
 
 
-def full_depth_rows(max_gpus: int) -> list[dict]:
+def full_depth_rows(max_gpus: int, only: set[str] | None = None) -> list[dict]:
     """One dict per published full-depth row: published and simulated step time and error
-    (``simulated_s`` None, with ``why``, where the row was not simulated)."""
+    (``simulated_s`` None, with ``why``, where the row was not simulated); ``only``: just the
+    rows of these run ids (``--only``)."""
     import importlib
 
     run_spec_of = None
@@ -152,7 +156,7 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
         except ImportError:
             continue
     with THROUGHPUT.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        rows = [r for r in csv.DictReader(fh) if only is None or r["run_id"] in only]
     out = []
     for r in rows:
         pub = published_step_s(r)
@@ -179,8 +183,8 @@ def full_depth_rows(max_gpus: int) -> list[dict]:
     return out
 
 
-def print_full_depth(max_gpus: int) -> bool:
-    rows = full_depth_rows(max_gpus)
+def print_full_depth(max_gpus: int, only: set[str] | None = None) -> bool:
+    rows = full_depth_rows(max_gpus, only)
     print(f"\nFull-depth published jobs ({THROUGHPUT.relative_to(ROOT)}):")
     print(
         f"{'run_id':32s} {'GPUs':>5s} {'gpu':>15s} {'published':>10s} {'GEMM floor':>10s} {'simulated':>10s} "
@@ -303,8 +307,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="also refit the L40S roofline constants from perfdb/l40s")
     ap.add_argument("--full-depth", action="store_true", help="also the published full-depth jobs (issue 26)")
     ap.add_argument("--max-gpus", type=int, default=400, help="simulate full-depth rows up to this many GPUs")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated run ids of published_throughput.csv: simulate just these full-depth rows, "
+        "skipping the W1-W5 table (implies --full-depth; for iterating)",
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.only:
+        only = {x.strip() for x in args.only.split(",") if x.strip()}
+        ok = print_full_depth(args.max_gpus, only)
+        print(f"({time.perf_counter() - t0:.1f} s)")
+        return 0 if ok else 1
     rows = fidelity_rows()
     print(
         f"{'run_id':30s} {'published':>10s} {'simulated':>10s} {'error':>8s}   {'pub GB':>7s} {'sim GB':>8s} "

@@ -125,3 +125,63 @@ def test_torchtitan_selective_ac_memory_is_below_the_published_peaks():
         est = estimate_memory(WorkloadModel(fidelity.published_run_spec(_api().run_spec_of, rows[run_id])))
         got = est.as_dict()
         assert got["fits"] and published_gib - 12 <= got["peak_gib"] <= published_gib, (run_id, got)
+
+
+def _tt_spec(uncaptured: bool, gpu: str = "h100", framework: str = "torchtitan"):
+    table = {
+        "framework": framework,
+        "model": {"kind": "dense", "layers": 2, "hidden": 1024, "ffn_hidden": 2816, "heads": 8, "kv_heads": 8},
+        "parallel": {"dp": 2, "zero": 3 if framework == "torchtitan" else 1},
+        "train": {"seq_len": 2048, "micro_batch": 1, "grad_accumulation": 1, "uncaptured_kernels": uncaptured},
+    }
+    table["model"]["vocab"] = 32000
+    return _api().run_spec_of(table, nodes=1, gpus_per_node=2, gpu=gpu, name="uncaptured")
+
+
+def _kernels(spec) -> list:
+    from phantora_assets.lib.sim.workload_types import Compute
+    from phantora_assets.lib.sim.workloads import workload_model
+
+    return [k for it in workload_model(spec).stage_programs(False)[0] if isinstance(it, Compute) for k in it.kernels]
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron"])
+def test_uncaptured_kernels_add_only_kernels_phantora_does_not_intercept(framework):
+    # rule time.uncaptured_kernels: off (the default, W1-W5) the programs hold Phantora's
+    # intercepted calls only; on, the same calls in the same order plus the real GPU's others
+    # (norm statistics, activation, loss softmax, embedding, FSDP2 copies, the rest of AdamW),
+    # each timed by its traffic (no FLOP), so the step gets longer and no GEMM changes.
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
+
+    _api()
+    off, on = _kernels(_tt_spec(False, framework=framework)), _kernels(_tt_spec(True, framework=framework))
+    extra = [k for k in on if k not in set(off)]
+    assert [k for k in on if k in set(off)] == off
+    ops = {k.op for k in extra}
+    expected = {"SiLU", "LogSoftmax", "FsdpCopyOut", "ForeachLerp_"} if framework == "torchtitan" else {"LayerNorm"}
+    assert expected <= ops, ops
+    assert all(k.flops == 0 and k.bytes > 0 for k in extra)
+    t_off = AnalyticSimulator(_tt_spec(False, framework=framework), emit=False).run().step_ns
+    t_on = AnalyticSimulator(_tt_spec(True, framework=framework), emit=False).run().step_ns
+    assert t_on > 1.02 * t_off, (t_on, t_off)
+
+
+def test_sdpa_attention_runs_at_the_gpus_sdpa_efficiency():
+    # rule time.sdpa_efficiency: torch SDPA's flash kernels (torchtitan, HF) run at gpus.toml's
+    # sdpa_efficiency (H100: 0.35, FlashAttention-2 per the FA3 paper), Transformer Engine's fused
+    # attention (Megatron) and every GEMM at matmul_efficiency; a GPU without the key: the GEMMs'.
+    from phantora_assets.lib.sim.kernels import GpuRoofline, flash_attention
+    from phantora_assets.matrix import gpu_specs
+
+    h100 = GpuRoofline.from_spec(gpu_specs()["h100"])
+    te, sdpa = (flash_attention(8192, 8192, 32, 8, 128, "fwd", 2, e) for e in ("", "sdpa"))
+    assert te.key == sdpa.key  # the perf-DB key does not name the engine
+    gemm_ns = te.flops / (989.0e12 * 0.60) * 1e9
+    assert h100.time_ns(te) == pytest.approx(gemm_ns + 4900)
+    assert h100.time_ns(sdpa) == pytest.approx(te.flops / (989.0e12 * 0.35) * 1e9 + 4900)
+    a100 = GpuRoofline.from_spec(gpu_specs()["a100_80g"])
+    assert a100.time_ns(sdpa) == a100.time_ns(te)
+    tt = [k for k in _kernels(_tt_spec(False)) if k.op.startswith("FlashAttention")]
+    mg = [k for k in _kernels(_tt_spec(False, framework="megatron")) if k.op.startswith("FlashAttention")]
+    assert tt and {k.engine for k in tt} == {"sdpa"}
+    assert mg and {k.engine for k in mg} == {""}

@@ -96,12 +96,15 @@ def make_key(op: str, args: Any) -> str:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One intercepted torch call. ``flops`` > 0 marks a GEMM-like op (tensor cores)."""
+    """One intercepted torch call. ``flops`` > 0 marks a GEMM-like op (tensor cores). ``engine``
+    names a kernel family with its own efficiency per GPU model: ``"sdpa"`` for torch SDPA's
+    flash backend (``sdpa_efficiency`` of gpus.toml), ``""`` for every other call."""
 
     key: str
     flops: float
     bytes: float
     working_set: float
+    engine: str = ""
 
     @property
     def op(self) -> str:
@@ -186,20 +189,33 @@ def foreach(op: str, lists: list[list[Tensor]] | list[Tensor]) -> Kernel:
     return Kernel(make_key(op, lists), 0.0, traffic, float(_unique_bytes(list(first))))
 
 
-def flash_attention(s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str, batch: int = 1) -> Kernel:
+def flash_attention(
+    s_q: int, s_k: int, heads: int, kv_heads: int, d: int, phase: str, batch: int = 1, engine: str = ""
+) -> Kernel:
     """A fused causal attention call (FlashAttention-2: torch SDPA, Transformer Engine) of one rank:
     ``batch`` sequences, each ``heads`` query heads of [s_q, d] against ``kv_heads`` of [s_k, d]
     (attention stays inside a sequence: the FLOP are linear in ``batch``, quadratic in s). Forward
     4 s_q s_k d heads / 2 FLOP per sequence (causal), reading Q, K, V and writing O (bf16) and the
     fp32 log-sum-exp; backward 2.5 x the FLOP (recomputed scores, dQ, dK, dV), reading Q, K, V, O,
-    dO and writing dQ, dK, dV. The perf-DB key names ``batch`` only when it is > 1."""
+    dO and writing dQ, dK, dV. The perf-DB key names ``batch`` only when it is > 1. ``engine``:
+    ``"sdpa"`` for torch's ``scaled_dot_product_attention`` (its flash backend is FlashAttention-2,
+    timed at the GPU's ``sdpa_efficiency``), ``""`` for Transformer Engine's fused attention
+    (cuDNN, at ``matmul_efficiency``)."""
     q, kv = batch * s_q * heads * d * 2, batch * s_k * kv_heads * d * 2
     dims = [s_q, s_k, heads, kv_heads, d] + ([batch] if batch > 1 else [])
     if phase == "fwd":
         return Kernel(make_key("FlashAttention", dims), 2.0 * batch * s_q * s_k * d * heads,
-                      float(2 * q + 2 * kv + 4 * batch * s_q * heads), float(2 * q + 2 * kv))  # fmt: skip
+                      float(2 * q + 2 * kv + 4 * batch * s_q * heads), float(2 * q + 2 * kv), engine)  # fmt: skip
     return Kernel(make_key("FlashAttentionBackward", dims), 5.0 * batch * s_q * s_k * d * heads,
-                  float(5 * q + 4 * kv), float(5 * q + 4 * kv))  # fmt: skip
+                  float(5 * q + 4 * kv), float(5 * q + 4 * kv), engine)  # fmt: skip
+
+
+def uncaptured(op: str, dims: list[int], traffic: float) -> Kernel:
+    """A kernel the framework runs on the GPU that Phantora does not intercept (its key op ``op``,
+    e.g. ``SiLU``, ``LogSoftmax``, ``FsdpCopyOut``), timed by its memory traffic ``traffic`` (bytes
+    read + written; no FLOP, no perf-DB entry). Only programs with ``train.uncaptured_kernels``
+    list such kernels."""
+    return Kernel(make_key(op, [int(x) for x in dims]), 0.0, float(traffic), float(traffic))
 
 
 def fuse_pointwise(kernels: list[Kernel]) -> list[Kernel]:
@@ -247,6 +263,7 @@ class GpuRoofline:
     l2_bw: float
     floor_ns: float
     gemm_floor_ns: float = 0.0
+    sdpa_efficiency: float = 0.0  # torch SDPA flash (FlashAttention-2) kernels; 0: matmul_efficiency
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> GpuRoofline:
@@ -259,6 +276,7 @@ class GpuRoofline:
             float(spec.get("l2_bw_bytes_per_s", 0.0)),
             float(spec.get("kernel_floor_ns", 1000.0)),
             float(spec.get("gemm_floor_ns", spec.get("kernel_floor_ns", 1000.0))),
+            float(spec.get("sdpa_efficiency", 0.0)),
         )
 
     def time_ns(self, k: Kernel) -> float:
@@ -269,7 +287,8 @@ class GpuRoofline:
             bw = self.l2_bw
         t = k.bytes / bw
         if k.flops:
-            t = max(t, k.flops / (self.peak_flops * self.matmul_efficiency))
+            eff = self.sdpa_efficiency if (k.engine == "sdpa" and self.sdpa_efficiency) else self.matmul_efficiency
+            t = max(t, k.flops / (self.peak_flops * eff))
             return t * 1e9 + self.gemm_floor_ns
         return t * 1e9 + self.floor_ns
 

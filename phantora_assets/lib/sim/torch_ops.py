@@ -22,7 +22,7 @@ sizes element counts; nothing raises for a valid layout. No Dagster import.
 
 from __future__ import annotations
 
-from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, flash_attention
+from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, flash_attention, uncaptured
 from phantora_assets.lib.sim.optimizer_ops import B16, F32, _memo, _r2
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.workload.hf_ops import HfOps, _bmm, _mat, _mm
@@ -43,6 +43,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         sp.framework,
         sp.par,
         sp.wl.train.attention,
+        sp.wl.train.uncaptured_kernels,
         model.seq,
         model.mbs,
         model.hidden,
@@ -119,6 +120,18 @@ class TorchOps(HfOps):
             return [ew("Dropout", [t, DROPOUT_P, True]), _r2("Add", t)]
         return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]), _r2("Add", t)]
 
+    def _hw_norm(self, phase: str) -> list[Kernel]:
+        """``train.uncaptured_kernels``: Transformer Engine's fused LayerNorm / RMSNorm of the
+        layer input (fwd: read x, write y, bf16; bwd: read x and dy, write dx), on the sequence
+        shard with sequence parallelism. Phantora times none of it."""
+        if not self.hw:
+            return []
+        sp = self.tp > 1 and self.m.spec.par.sequence_parallel
+        n = (self.s // self.tp if sp else self.s) * self.h
+        if phase == "fwd":
+            return [uncaptured("LayerNorm", [n], 4 * n)]
+        return [uncaptured("LayerNormBackward", [n], 6 * n)]
+
     @_memo
     def megatron_attention(self, phase: str) -> list[Kernel]:
         """One layer's self-attention block (after input norm) incl. the residual."""
@@ -129,8 +142,11 @@ class TorchOps(HfOps):
         flash = [flash_attention(self.seq, self.seq, self.nh // tp, max(1, self.nkv // tp), d, phase, self.mbs)]
         core = (flash if self.flash else self._mcore_attention(phase)) * self.cp  # ring: cp blocks of [s/cp]^2
         if phase == "fwd":
-            return self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
-        return self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv)
+            norm = self._hw_norm("fwd")
+            return norm + self._mlin_fwd(h, qkv) + rope + core + self._mlin_fwd(proj_in, h) + self._bda("fwd")
+        return (
+            self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv) + self._hw_norm("bwd")
+        )
 
     @_memo
     def megatron_mlp(self, phase: str, ffn: int | None = None) -> list[Kernel]:
@@ -138,9 +154,22 @@ class TorchOps(HfOps):
         (default the model's)."""
         h, f = self.h, (ffn or self.f) // self.tp
         glu = T(B16, self.s, 1, f)
+        act, act_bwd = [], []
+        if self.hw:  # the activation (SiLU / GELU) Phantora does not intercept: fwd read, write; bwd read 2, write
+            act = [uncaptured("Activation", [self.s, f], 2 * 2 * self.s * f)]
+            act_bwd = [uncaptured("ActivationBackward", [self.s, f], 3 * 2 * self.s * f)]
         if phase == "fwd":
-            return self._mlin_fwd(h, 2 * f) + [_r2("Mul", glu)] + self._mlin_fwd(f, h) + self._bda("fwd")
-        return self._bda("bwd") + self._mlin_bwd(f, h) + [_r2("Mul", glu), _r2("Mul", glu)] + self._mlin_bwd(h, 2 * f)
+            return (
+                self._hw_norm("fwd") + self._mlin_fwd(h, 2 * f) + act + [_r2("Mul", glu)] + self._mlin_fwd(f, h)
+            ) + self._bda("fwd")
+        return (
+            self._bda("bwd")
+            + self._mlin_bwd(f, h)
+            + [_r2("Mul", glu), _r2("Mul", glu)]
+            + act_bwd
+            + self._mlin_bwd(h, 2 * f)
+            + self._hw_norm("bwd")
+        )
 
     @_memo
     def megatron_router(self, phase: str) -> list[Kernel]:
@@ -183,11 +212,15 @@ class TorchOps(HfOps):
     @_memo
     def megatron_embedding(self, phase: str) -> list[Kernel]:
         t = T(B16, self.s, 1, self.h)
+        sh, vh = self.s * self.h, self.v // self.tp * self.h
         if phase == "fwd":
             rope = T(F32, self.s, 1, 1, self.d)
-            return [ew("Mul", [rope, T("f64")]), conv(rope, "BFloat16"), ew("Dropout", [t, DROPOUT_P, True])]
+            gather = [uncaptured("Embedding", [self.s, self.h], 4 * sh)] if self.hw else []
+            return gather + [ew("Mul", [rope, T("f64")]), conv(rope, "BFloat16"), ew("Dropout", [t, DROPOUT_P, True])]
+        dense = [uncaptured("EmbeddingBackward", [self.v // self.tp, self.h], 2 * vh + 6 * sh)] if self.hw else []
         return [
             ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
+            *dense,
             _r2("Add_", T(B16, self.v // self.tp, self.h)),
         ]
 
@@ -196,11 +229,19 @@ class TorchOps(HfOps):
         """Output layer and the vocab-parallel cross entropy in fp32."""
         s, h, vt = self.s, self.h, self.v // self.tp
         lg, lf = T(B16, s, 1, vt), T(F32, s, 1, vt)
+        # uncaptured_kernels: the vocab-parallel cross entropy's max (read), logits - max, exp_ and
+        # div_ by the sum (read and write each) over the fp32 logits, beside the final norm
+        ce = [uncaptured("VocabParallelSoftmax", [s, vt], 28 * s * vt)] if self.hw else []
         if phase == "fwd":
-            return self._mlin_fwd(h, vt) + [
-                conv(lg, "Float"),
-                ew("Sum", lf),
-                _r2("Mul", T(F32, s)),
-                ew("Sum", T(F32, s)),
-            ]
-        return [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")] + self._mlin_bwd(h, vt)
+            return (
+                self._hw_norm("fwd")
+                + self._mlin_fwd(h, vt)
+                + [conv(lg, "Float")]
+                + ce
+                + [ew("Sum", lf), _r2("Mul", T(F32, s)), ew("Sum", T(F32, s))]
+            )
+        return (
+            [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")]
+            + self._mlin_bwd(h, vt)
+            + self._hw_norm("bwd")
+        )

@@ -11,7 +11,18 @@ No Dagster import.
 
 from __future__ import annotations
 
-from phantora_assets.lib.sim.kernels import Kernel, T, conv, ew, flash_attention, linear, matmul, zeros_like
+from phantora_assets.lib.sim.kernels import (
+    Kernel,
+    T,
+    conv,
+    ew,
+    flash_attention,
+    foreach,
+    linear,
+    matmul,
+    uncaptured,
+    zeros_like,
+)
 from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, _memo, _r2
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 
@@ -40,12 +51,17 @@ class HfOps(OptimizerOps):
         self.tp = model.spec.tp
         self.cp = model.spec.par.cp
         self.flash = model.spec.wl.train.attention == "flash"  # fused attention (else the eager calls)
+        self.hw = model.spec.wl.train.uncaptured_kernels  # also the kernels Phantora does not intercept
         self.nh = model.heads
         self.nkv = model.kv_heads
         self.d = model.head_dim
         self.v = model.vocab
+        self.s_sp = self.s  # tokens of the norms and residual adds (sequence-parallel shard)
         if model.spec.framework == "torchtitan":  # the Hugging Face-style lists on TP shards
             self.nh, self.nkv, self.f, self.v = (x // self.tp for x in (self.nh, self.nkv, self.f, self.v))
+            # torchtitan's TP plan: attention_norm, ffn_norm and the final norm are SequenceParallel
+            # and the block's residual stream is Shard(1): norms and residual adds on s / tp tokens
+            self.s_sp = self.s // self.tp
 
     # ================================================================== Hugging Face Llama
     def _hf_lin_fwd(self, k_in: int, n_out: int, bias: bool = False, x3: bool = True) -> list[Kernel]:
@@ -59,13 +75,14 @@ class HfOps(OptimizerOps):
         return out
 
     def _hf_rmsnorm(self, phase: str, weight_first: bool) -> list[Kernel]:
-        s, h = self.s, self.h
+        s, h = self.s_sp, self.h
         xb, xf, r = T(B16, 1, s, h), T(F32, 1, s, h), T(F32, 1, s, 1)
         w = T(B16, h)
         if phase == "fwd":
             scale = ew("Mul", [w, xf]) if not weight_first else ew("Mul", [w, xb])
             tail = [scale, conv(xf, "BFloat16")] if not weight_first else [conv(xf, "BFloat16"), scale]
-            return [conv(xb, "Float"), ew("Pow", xf), ew("Add", [r, T("f64")]), ew("Mul", [xf, r])] + tail
+            mean = [uncaptured("Mean", [s, h], 4 * s * h + 4 * s)] if self.hw else []  # x.pow(2).mean(-1)
+            return [conv(xb, "Float"), ew("Pow", xf)] + mean + [ew("Add", [r, T("f64")]), ew("Mul", [xf, r])] + tail
         scale = ew("Mul", [xf, w]) if not weight_first else ew("Mul", [xb, w])
         return [
             scale,
@@ -108,7 +125,7 @@ class HfOps(OptimizerOps):
         s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
         q, kv = nh * d, nkv * d
         sc = T(B16, 1, nh, s, s)
-        res = T(B16, 1, s, h)
+        res = T(B16, 1, self.s_sp, h)
         if phase == "fwd":
             out = self._hf_rmsnorm("fwd", weight_first=not gpt_oss)
             out += self._hf_lin_fwd(h, q, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss) + self._hf_lin_fwd(h, kv, gpt_oss)
@@ -116,7 +133,7 @@ class HfOps(OptimizerOps):
             if self.flash:
                 return (
                     out
-                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs)]
+                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs, "sdpa")]
                     + self._hf_lin_fwd(q, h, gpt_oss)
                     + [_r2("Add", res)]
                 )
@@ -131,7 +148,7 @@ class HfOps(OptimizerOps):
         out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
         core = [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
         if self.flash:
-            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs)]
+            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")]
         elif gpt_oss:
             sk = T(B16, 1, nh, s, s + 1)
             core += [
@@ -153,11 +170,14 @@ class HfOps(OptimizerOps):
     @_memo
     def hf_llama_mlp(self, phase: str) -> list[Kernel]:
         h, f, s = self.h, self.f, self.s
-        glu, res = T(B16, 1, s, f), T(B16, 1, s, h)
+        glu, res = T(B16, 1, s, f), T(B16, 1, self.s_sp, h)
+        silu = [uncaptured("SiLU", [s, f], 2 * 2 * s * f)] if self.hw else []  # read x1, write silu(x1)
+        silu_bwd = [uncaptured("SiLUBackward", [s, f], 3 * 2 * s * f)] if self.hw else []  # read dy, x1; write dx1
         if phase == "fwd":
             return (
                 self._hf_rmsnorm("fwd", True)
                 + self._hf_lin_fwd(h, f)
+                + silu
                 + self._hf_lin_fwd(h, f)
                 + [_r2("Mul", glu)]
                 + self._hf_lin_fwd(f, h)
@@ -167,6 +187,7 @@ class HfOps(OptimizerOps):
             [_r2("Add", res)]
             + self._hf_lin_bwd(f, h)
             + [_r2("Mul", glu), _r2("Mul", glu)]
+            + silu_bwd
             + self._hf_lin_bwd(h, f)
             + self._hf_lin_bwd(h, f)
             + self._hf_rmsnorm("bwd", True)
@@ -177,9 +198,51 @@ class HfOps(OptimizerOps):
         """Final norm, LM head and the loss's fp32 upcast of the logits."""
         s, h, v = self.s, self.h, self.v
         logits = T(B16, 1, s, v) if gpt_oss else T(B16, 1, s - 1, v)
+        n = s * v
+        if phase == "fwd":  # cross entropy: log_softmax over the fp32 logits (read, write)
+            loss = [uncaptured("LogSoftmax", [s, v], 8 * n)] if self.hw else []
+            return self._hf_rmsnorm("fwd", not gpt_oss) + self._hf_lin_fwd(h, v) + [conv(logits, "Float")] + loss
+        # nll_loss backward (zero-filled fp32 gradient), log_softmax backward (read 2, write 1)
+        loss = [uncaptured("NllLossBackward", [s, v], 4 * n), uncaptured("LogSoftmaxBackward", [s, v], 12 * n)]
+        return (
+            (loss if self.hw else [])
+            + [conv(T(F32, *logits[1]), "BFloat16")]
+            + self._hf_lin_bwd(h, v)
+            + self._hf_rmsnorm("bwd", not gpt_oss)
+        )
+
+    # ================================================================== kernels Phantora does not see
+    def hw_embedding(self, phase: str) -> list[Kernel]:
+        """``train.uncaptured_kernels``: the token embedding's gather (fwd: read and write [s, h]
+        bf16) and its dense backward (a zero-filled bf16 [v, h] gradient, the rows added in)."""
+        if not self.hw:
+            return []
+        s, h, v = self.s, self.h, self.v
         if phase == "fwd":
-            return self._hf_rmsnorm("fwd", not gpt_oss) + self._hf_lin_fwd(h, v) + [conv(logits, "Float")]
-        return [conv(T(F32, *logits[1]), "BFloat16")] + self._hf_lin_bwd(h, v) + self._hf_rmsnorm("bwd", not gpt_oss)
+            return [uncaptured("Embedding", [s, h], 4 * s * h)]
+        return [uncaptured("EmbeddingBackward", [v, h], 2 * v * h + 6 * s * h)]
+
+    def hw_fsdp_copy_out(self, unsharded: int) -> list[Kernel]:
+        """FSDP2's all-gather copy-out of one unit (``foreach_all_gather_copy_out``: the gathered
+        flat bf16 buffer split into the parameters: read and write ``unsharded`` elements)."""
+        return [uncaptured("FsdpCopyOut", [unsharded], 4 * unsharded)] if self.hw else []
+
+    def hw_fsdp_rs_copy_in(self, unsharded: int) -> list[Kernel]:
+        """FSDP2's reduce-scatter copy-in of one unit (``foreach_reduce``: the unsharded bf16
+        gradients chunk-cat into the fp32 reduce-scatter input: read 2, write 4 bytes each)."""
+        return [uncaptured("FsdpReduceCopyIn", [unsharded], 6 * unsharded)] if self.hw else []
+
+    def hw_adamw_rest(self, partition: int) -> list[Kernel]:
+        """The rest of torch AdamW (foreach, weight decay > 0) beyond the three calls Phantora
+        intercepts (``adam_flat``): the decoupled weight decay ``_foreach_mul_`` of the
+        parameters, ``_foreach_lerp_`` of exp_avg, ``_foreach_sqrt`` / ``_foreach_div_`` /
+        ``_foreach_add_`` of the denominator; and the gradient clipping before it
+        (``clip_grad_norm_``: ``_foreach_norm`` reads the gradients, ``_foreach_mul_`` scales them)."""
+        if not self.hw:
+            return []
+        p = [T(F32, partition)]
+        names = ("ForeachMulWd_", "ForeachLerp_", "ForeachSqrt", "ForeachDiv_", "ForeachAdd_", "ForeachMulClip_")
+        return [foreach(k, p) for k in names] + [uncaptured("ForeachNorm", [partition], 4 * partition)]
 
     # ================================================================== gpt-oss MoE (HF training path)
     @_memo

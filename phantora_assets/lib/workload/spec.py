@@ -84,6 +84,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "recompute": ((str,), "none"),
     "attention": ((str,), "flash"),
     "compile": ((bool,), False),
+    "uncaptured_kernels": ((bool,), False),
     "dtype": ((str,), "bf16"),
     "iterations": ((int,), 20),
 }
@@ -179,6 +180,7 @@ class TrainSpec:
     recompute: str = "none"
     attention: str = "flash"
     compile: bool = False
+    uncaptured_kernels: bool = False
     dtype: str = "bf16"
     iterations: int = 20
 

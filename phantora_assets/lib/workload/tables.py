@@ -47,6 +47,7 @@ GPU_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "l2_bw_bytes_per_s": ((int, float), 0),
     "kernel_floor_ns": ((int, float), 1000),
     "gemm_floor_ns": ((int, float), 4900),
+    "sdpa_efficiency": ((int, float), 0),
     "perfdb": ((str,), ""),
     "source": ((str,), ""),
 }
@@ -66,6 +67,9 @@ def parse_gpu(name: str, table: object, source_name: str) -> dict[str, Any]:
     for k in ("l2_bytes", "l2_bw_bytes_per_s", "kernel_floor_ns", "gemm_floor_ns"):
         if not (math.isfinite(d[k]) and d[k] >= 0):
             raise RunMatrixError(f"{where}: {k} must be >= 0 and finite, got {d[k]!r}")
+    if not 0 <= d["sdpa_efficiency"] <= 1:
+        sdpa = d["sdpa_efficiency"]
+        raise RunMatrixError(f"{where}: sdpa_efficiency must be in [0, 1] (0: matmul_efficiency), got {sdpa!r}")
     if not d["perfdb"]:
         d["perfdb"] = name
     if not d["source"]:

@@ -63,11 +63,14 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
 
     compiled = self.spec.wl.train.compile  # torch.compile per block: element-wise runs fused
 
+    copy_out: list[Kernel] = []  # uncaptured_kernels: FSDP2 copy-outs of the gathers waited for
+
     def comp(name: str, phase: str, kernels: list) -> None:
         waits = tuple(pending)
         pending.clear()
+        kernels, copy_out[:] = copy_out + (fuse_pointwise(kernels) if compiled else kernels), []
         if kernels or waits:
-            items.append(compute(name, phase, fuse_pointwise(kernels) if compiled else kernels, waits))
+            items.append(compute(name, phase, kernels, waits))
 
     def tp_c(op: str, tag: str) -> None:
         if tp_on:
@@ -82,6 +85,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         rows = p.shape[0] if p.shape else self.local_numel(p)  # fully_shard splits dim 0 in ceil(rows / n)
         units[u] = units.get(u, 0) + -(-rows // n) * (self.local_numel(p) // max(rows, 1))
     gathered: set[tuple[str, str, int]] = set()
+    copied: set[tuple[str, str, int]] = set()
     rs_tags: list[str] = []
 
     def gather(u: str, phase: str, mb: int) -> None:
@@ -94,7 +98,11 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     def wait(u: str, phase: str, mb: int) -> None:
         phase, mb = ("fwd", 0) if pp > 1 else (phase, mb)
         if fsdp and u in units:
-            pending.append(f"fsdp.{u}.{phase}.mb{mb}.all_gather")
+            tag = f"fsdp.{u}.{phase}.mb{mb}.all_gather"
+            if tag not in pending and (u, phase, mb) not in copied:
+                copied.add((u, phase, mb))
+                copy_out.extend(ops.hw_fsdp_copy_out(units[u] * n))
+            pending.append(tag)
 
     def regather(i: int) -> bool:
         """Block i is gathered again for its backward: zero 3 without PP, all but the last block
@@ -104,6 +112,8 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     def reduce(u: str) -> None:
         if fsdp and u in units:
             tag = f"fsdp.{u}.reduce_scatter"
+            if ops.hw:  # the reduce-scatter input's fp32 copy-in (uncaptured_kernels)
+                items.append(compute(f"fsdp.{u}.reduce_scatter.copy_in", "bwd", ops.hw_fsdp_rs_copy_in(units[u] * n)))
             items.append(Collective("dp", "reduce_scatter", units[u], "F32", tag, blocking=False))
             rs_tags.append(tag)
             if hsdp:
@@ -119,7 +129,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         if layers:
             gather(f"layers.{layers[0]}", "fwd", mb)
         if chunk == 0:
-            comp("embedding.fwd", "fwd", ops.hf_rotary())
+            comp("embedding.fwd", "fwd", ops.hw_embedding("fwd") + ops.hf_rotary())
             tp_c("rs", "embedding.fwd.reduce_scatter")
         for k, i in enumerate(layers):
             if k + 1 < len(layers):
@@ -170,7 +180,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
             if sync:
                 reduce(f"layers.{i}")
         if chunk == 0:
-            comp("embedding.bwd", "bwd", [])
+            comp("embedding.bwd", "bwd", ops.hw_embedding("bwd"))
         if sync and pp == 1:
             reduce("root")  # no PP: every backward reduce-scatters (gradient sync stays on)
 
@@ -201,5 +211,5 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     if pp > 1:
         items.append(Collective("pp", "all_reduce", 1, "F32", "grad_norm.pp"))
     shard = sum(units.values()) if fsdp else local
-    comp("optimizer.step", "opt", ops.adam_flat(shard, warmup, False, False))
+    comp("optimizer.step", "opt", ops.adam_flat(shard, warmup, False, False) + ops.hw_adamw_rest(shard))
     return items
