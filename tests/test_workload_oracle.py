@@ -161,7 +161,7 @@ def test_generator_matches_the_measured_fsdp_table():
 # --------------------------------------------------------------------------- random specs
 # While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
 # outside the regions where a bug changes sizes or counts of calls the generator does issue: no
-# interleaved schedule with dp x cp > 1, DeepSpeed ZeRO-2 without accumulation; the CP ring and
+# interleaved schedule with dp x cp > 1; the CP ring and
 # torchtitan PP's TP calls are not compared. Each region has its strict xfail; widen a draw when
 # its bug is fixed.
 KNOWN_BUGS = True
@@ -276,7 +276,7 @@ def deepspeed_specs(draw):
         "vocab": draw(st.integers(200, 5000)),
     }
     train = {"seq_len": 256, "micro_batch": 1, "grad_accumulation": draw(st.sampled_from([1, 2]))}
-    zero = draw(st.sampled_from([0, 1] if KNOWN_BUGS and train["grad_accumulation"] > 1 else [0, 1, 2]))
+    zero = draw(st.sampled_from([0, 1, 2]))
     return {"framework": "deepspeed", "model": model, "parallel": {"dp": dp, "zero": zero}, "train": train}, dp
 
 
@@ -514,8 +514,8 @@ def test_bug_torchtitan_tp_backward():
     assert_tp_order_matches(_small("torchtitan", par, {"grad_accumulation": 1}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule deepspeed.zero2_reduce_every_backward: ZeRO-2 reduces every micro-batch")
-def test_bug_deepspeed_zero2_accumulation():
+def test_deepspeed_zero2_accumulation():
+    """Rule deepspeed.zero2_reduce_every_backward (fixed): ZeRO-2 reduces every micro-batch."""
     # stage_1_and_2.py reduce_ready_partitions_and_remove_grads reduces the gradient buckets at
     # every backward when gradients are partitioned (ZeRO-2), at the boundary only for ZeRO-1
     assert_matches_oracle(_small("deepspeed", {"dp": 4, "zero": 2}, {"grad_accumulation": 2}), 4, 4)
