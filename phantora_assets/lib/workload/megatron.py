@@ -158,28 +158,33 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             items.append(
                 Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.fwd")
             )
-        kernels = ops.megatron_experts("fwd") + ops._bda("fwd")
-        if model.shared_experts:
-            kernels += ops.megatron_mlp("fwd", model.shared_experts * self.ffn)
-        comp(f"layers.{i}.moe.fwd", "fwd", kernels)
+        comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
         if etp_on:
             items.append(
                 Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.fwd")
             )
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
+        if model.shared_experts:  # SharedExpertMLP (shared_experts.py): a TP MLP on the input, after the combine
+            tp_sp("all_gather", f"layers.{i}.shared_experts.fwd.all_gather")
+            comp(f"layers.{i}.shared_experts.fwd", "fwd", ops.megatron_mlp("fwd", model.shared_experts * self.ffn))
+            tp_sp("reduce_scatter", f"layers.{i}.shared_experts.fwd.reduce_scatter")
+            tp_ar(f"layers.{i}.shared_experts.fwd.all_reduce")
 
     def moe_bwd(i: int) -> None:
+        if model.shared_experts:  # the shared TP MLP's backward, as a dense MLP's
+            tp_sp("all_gather", f"layers.{i}.shared_experts.bwd.all_gather")
+            comp(f"layers.{i}.shared_experts.bwd", "bwd", ops.megatron_mlp("bwd", model.shared_experts * self.ffn))
+            tp_sp("all_gather", f"layers.{i}.shared_experts.bwd.input_all_gather")
+            tp_sp("reduce_scatter", f"layers.{i}.shared_experts.bwd.reduce_scatter")
+            tp_ar(f"layers.{i}.shared_experts.bwd.all_reduce")
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.bwd"))
         if etp_on:
             items.append(
                 Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.bwd")
             )
-        kernels = ops._bda("bwd") + ops.megatron_experts("bwd")
-        if model.shared_experts:
-            kernels += ops.megatron_mlp("bwd", model.shared_experts * self.ffn)
-        comp(f"layers.{i}.moe.bwd", "bwd", kernels)
+        comp(f"layers.{i}.moe.bwd", "bwd", ops._bda("bwd") + ops.megatron_experts("bwd"))
         if etp_on:
             items.append(
                 Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.bwd")
