@@ -91,7 +91,12 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
 
     tok = s // self.spec.tp if (tp_on and sp) else s  # tokens a rank routes (MoE with TP: SP)
     etp_on = tp_on and par.etp > 1
-    a2a = (tok * self.topk // self.experts) * (self.experts // self.spec.ep) * h if ep_on else 0
+    # hidden vectors a rank sends each EP peer (balanced routing); expert TP all-gathers the ep
+    # peers' shares it received (dispatch_postprocess gathers whenever the expert TP size > 1,
+    # with or without EP)
+    routed = (tok * self.topk // self.experts) * (self.experts // self.spec.ep) * h if self.experts else 0
+    a2a = routed if ep_on else 0
+    etp_n = routed * self.spec.ep
     buckets = self.megatron_dense_buckets(stage) if dp > 1 else []
     ebuckets = self.megatron_expert_buckets(stage)
     edp = par.edp if ep_on else 1
@@ -155,14 +160,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.fwd")
-            )
+            items.append(Collective("tp", "all_gather", etp_n, "Bf16", f"layers.{i}.moe.etp.all_gather.fwd"))
         comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.fwd")
-            )
+            items.append(Collective("tp", "reduce_scatter", etp_n, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.fwd"))
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
         if model.shared_experts:  # SharedExpertMLP (shared_experts.py): a TP MLP on the input, after the combine
@@ -181,14 +182,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.bwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.bwd")
-            )
+            items.append(Collective("tp", "all_gather", etp_n, "Bf16", f"layers.{i}.moe.etp.all_gather.bwd"))
         comp(f"layers.{i}.moe.bwd", "bwd", ops._bda("bwd") + ops.megatron_experts("bwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.bwd")
-            )
+            items.append(Collective("tp", "reduce_scatter", etp_n, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.bwd"))
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.bwd"))
         comp(f"layers.{i}.router.bwd", "bwd", ops.megatron_router("bwd"))
