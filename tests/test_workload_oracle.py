@@ -169,12 +169,11 @@ KNOWN_BUGS = True
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
 PINNED_RULES = frozenset(
     {
-        "megatron.sp_router_grad_all_reduce",
         "megatron.expert_grad_reduce_etp_below_tp",
     }
 )
 # the generator's own calls of a pinned rule that the oracle's named calls replace
-PINNED_TAGS = {"megatron.sp_router_grad_all_reduce": "finalize.layernorm_grads"}
+PINNED_TAGS: dict[str, str] = {}
 
 
 @st.composite
@@ -550,12 +549,11 @@ def test_inter_node_bytes_match_the_simulator(case):
     assert simulated == expected
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.sp_router_grad_all_reduce: router grads are in the SP all-reduce")
-def test_bug_megatron_sp_router_grads():
+def test_megatron_sp_router_grads():
+    """Rule megatron.sp_router_grad_all_reduce (fixed): router grads are in the SP all-reduce."""
     # router.py sets the router weight's sequence_parallel attribute, so finalize_model_grads
-    # all-reduces its gradient over TP with the norms' (one coalesced call); the generator's call
-    # holds the norms only
-    assert_matches_oracle(_moe_tp(2, 0), 4, 4, pinned=PINNED_RULES - {"megatron.sp_router_grad_all_reduce"})
+    # all-reduces its gradient over TP with the norms' (one coalesced call)
+    assert_matches_oracle(_moe_tp(2, 0), 4, 4, pinned=PINNED_RULES)
 
 
 @pytest.mark.xfail(strict=True, reason="rule megatron.expert_grad_reduce_etp_below_tp: experts replicated over EDP")

@@ -313,9 +313,14 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     if dp > 1:
         items.append(Collective(gk, "all_reduce", 1, "F32", "loss.average"))
         items.append(Collective(gk, "all_reduce", 1, "F32", "grad_norm.dp"))
-    if tp_on and sp:  # finalize_model_grads: the replicated norm weights' gradients, one coalesced buffer
+    if tp_on and sp:
+        # finalize_model_grads: the gradients of the sequence-parallel (replicated) parameters, one
+        # coalesced buffer: the norm weights and the MoE router's weight (router.py sets its
+        # sequence_parallel attribute)
         norms = sum(
-            p.numel for p in self.stage_params(stage) if not p.tp_sharded and not p.expert and len(p.shape) == 1
+            p.numel
+            for p in self.stage_params(stage)
+            if not p.tp_sharded and not p.expert and (len(p.shape) == 1 or p.name.endswith(".router.weight"))
         )
         items.append(Collective("tp", "all_reduce", norms, "Bf16", "finalize.layernorm_grads.all_reduce"))
     if tp_on:
