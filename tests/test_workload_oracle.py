@@ -167,11 +167,7 @@ def test_generator_matches_the_measured_fsdp_table():
 KNOWN_BUGS = True
 # Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
-PINNED_RULES = frozenset(
-    {
-        "megatron.expert_grad_reduce_etp_below_tp",
-    }
-)
+PINNED_RULES: frozenset[str] = frozenset()
 # the generator's own calls of a pinned rule that the oracle's named calls replace
 PINNED_TAGS: dict[str, str] = {}
 
@@ -556,14 +552,13 @@ def test_megatron_sp_router_grads():
     assert_matches_oracle(_moe_tp(2, 0), 4, 4, pinned=PINNED_RULES)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.expert_grad_reduce_etp_below_tp: experts replicated over EDP")
-def test_bug_megatron_expert_grads_etp_below_tp():
+def test_megatron_expert_grads_etp_below_tp():
+    """Rule megatron.expert_grad_reduce_etp_below_tp (fixed): experts replicated over EDP."""
     # Megatron's expert mesh of a stage is etp x ep x edp = tp x cp x dp ranks: with etp = 1 < tp
     # an expert lives on tp x cp x dp / ep ranks (here tp 4, ep 2, dp 1: edp 2) and its gradients
-    # are reduced over them; the generator reduces expert gradients only where dp x cp > 1 (it
-    # all-gathers the expert buckets here, but never reduce-scatters them)
+    # are reduced over them
     moe = {"kind": "moe", "experts": 4, "topk": 2, "moe_ffn_hidden": 256}
     par = {"tp": 4, "dp": 1, "zero": 1, "ep": 2, "etp": 1, "sequence_parallel": True}
     table = _small("megatron", par, {"grad_accumulation": 1}, **moe)
     table["model"]["heads"] = table["model"]["kv_heads"] = 8
-    assert_matches_oracle(table, 4, 4, pinned=PINNED_RULES - {"megatron.expert_grad_reduce_etp_below_tp"})
+    assert_matches_oracle(table, 4, 4, pinned=PINNED_RULES)

@@ -254,7 +254,9 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
                     items.append(Collective(gk, "all_reduce", padded, "Bf16", tag, blocking=False))
                 rs_tags.append(tag)
         for b, (padded, mem) in enumerate(ebuckets):
-            if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
+            # the expert mesh replicates each expert over edp = tp cp dp / (ep etp) ranks: with
+            # etp < tp also at dp x cp = 1
+            if b not in elaunched and all(p.module in ready for p, _, _ in mem) and (dp > 1 or edp > 1):
                 elaunched.add(b)
                 comp(f"ddp.expert_bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
                 if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
