@@ -161,9 +161,8 @@ def test_generator_matches_the_measured_fsdp_table():
 # --------------------------------------------------------------------------- random specs
 # While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
 # outside the regions where a bug changes sizes or counts of calls the generator does issue: no
-# interleaved schedule with dp x cp > 1; the CP ring and
-# torchtitan PP's TP calls are not compared. Each region has its strict xfail; widen a draw when
-# its bug is fixed.
+# interleaved schedule with dp x cp > 1; the CP ring is not compared. Each region has its strict
+# xfail; widen a draw when its bug is fixed.
 KNOWN_BUGS = True
 # Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
@@ -285,11 +284,8 @@ def any_spec(draw):
 def test_generated_collectives_match_the_oracle(case):
     _collectives()
     table, gpus, gpn = case
-    # torchtitan with PP: the DP and TP calls are pinned (test_bug_torchtitan_pp_*); the PP messages still compared
-    pp_titan = table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1
-    skip: tuple[str, ...] = ("tp",) if KNOWN_BUGS and pp_titan else ()
     # Megatron CP: the ring calls are pinned (test_bug_megatron_cp_ring_*); every other group compared
-    skip += ("cp",) if KNOWN_BUGS else ()
+    skip: tuple[str, ...] = ("cp",) if KNOWN_BUGS else ()
     assert_matches_oracle(table, gpus, gpn, skip, PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
@@ -405,12 +401,12 @@ def test_bug_megatron_interleaved_buffers():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 2}, layers=4), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.pp_embedding_backward: stage 0 all-gathers the embedding grad")
-def test_bug_torchtitan_pp_embedding_backward():
+def test_torchtitan_pp_embedding_backward():
+    """Rule torchtitan.pp_embedding_backward (fixed): stage 0 all-gathers the embedding grad."""
     # tok_embeddings RowwiseParallel(output_layouts=Shard(1)): its output gradient is all-gathered
     # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
     par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
-    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4, ("dp",))
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
@@ -493,18 +489,15 @@ def test_tp_calls_in_issue_order(case):
     par, tr = table["parallel"], table["train"]
     if par.get("pp", 1) > 1 or table["model"]["kind"] != "dense" or tr.get("recompute") == "full":
         return
-    if KNOWN_BUGS and table["framework"] == "torchtitan" and par.get("tp", 1) > 1:
-        return  # test_bug_torchtitan_tp_backward
     assert_tp_order_matches(table, gpus, gpn, PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.tp_backward: output RS only, embedding AG in backward")
-def test_bug_torchtitan_tp_backward():
+def test_torchtitan_tp_backward():
+    """Rule torchtitan.tp_backward (fixed): output RS only, embedding AG in backward."""
     # DTensor saves the all-gathered input of ColwiseParallel(output), so its backward is one
     # reduce-scatter (no re-gather, unlike Megatron's SP); the RowwiseParallel embedding's
-    # Partial -> Shard(1) forward makes its backward an all-gather. The generator all-gathers
-    # and reduce-scatters in the output's backward and none for the embedding: the same
-    # multiset, other calls (the order shows it)
+    # Partial -> Shard(1) forward makes its backward an all-gather (same multiset as an output
+    # AG + RS and no embedding call: the order tells them apart)
     par = {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}
     assert_tp_order_matches(_small("torchtitan", par, {"grad_accumulation": 1}), 4, 4)
 
@@ -527,8 +520,6 @@ def test_inter_node_bytes_match_the_simulator(case):
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     table, gpus, gpn = case
-    if KNOWN_BUGS and (table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1):
-        return  # torchtitan PP: its TP calls are pinned
     if KNOWN_BUGS and table["parallel"].get("cp", 1) > 1:
         return  # the CP ring is pinned
     spec = col.run_spec_of(table, nodes=gpus // gpn, gpus_per_node=gpn, gpu="h100", name="oracle")
