@@ -160,9 +160,8 @@ def test_generator_matches_the_measured_fsdp_table():
 
 # --------------------------------------------------------------------------- random specs
 # While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
-# outside the regions where a bug changes sizes or counts of calls the generator does issue: no
-# interleaved schedule with dp x cp > 1; the CP ring is not compared. Each region has its strict
-# xfail; widen a draw when its bug is fixed.
+# outside the regions where a bug changes sizes or counts of calls the generator does issue: the
+# CP ring is not compared. Each region has its strict xfail; widen a draw when its bug is fixed.
 KNOWN_BUGS = True
 # Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
@@ -180,7 +179,7 @@ def megatron_specs(draw):
     moe = draw(st.booleans())
     heads = tp * draw(st.sampled_from([1, 2, 4]))
     kv_heads = tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0]))
-    schedules = ["1f1b", "gpipe"] + ([] if KNOWN_BUGS and dp * cp > 1 else ["interleaved"])
+    schedules = ["1f1b", "gpipe", "interleaved"]
     schedule = draw(st.sampled_from(schedules)) if pp > 1 else "1f1b"
     v = 2 if schedule == "interleaved" else 1
     accumulation = pp * draw(st.sampled_from([1, 2])) if v > 1 else draw(st.sampled_from([1, 2, 3]))
@@ -392,11 +391,11 @@ def test_bug_megatron_cp_ring_full_recompute():
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.ddp_per_model_chunk: one DDP grad buffer per model chunk")
-def test_bug_megatron_interleaved_buffers():
+def test_megatron_interleaved_buffers():
+    """Rule megatron.ddp_per_model_chunk (fixed): one DDP grad buffer per model chunk."""
     # megatron/training/training.py get_model: with virtual pipeline stages every model chunk is
     # wrapped in its own DistributedDataParallel (bucketing off for chunks after the first), so a
-    # rank reduces one buffer per chunk; the generator reduces the chunks' parameters together
+    # rank reduces one buffer per chunk
     par = {"pp": 2, "dp": 2, "zero": 0, "pp_schedule": "interleaved", "virtual_stages": 2}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 2}, layers=4), 4, 4)
 

@@ -97,7 +97,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     routed = (tok * self.topk // self.experts) * (self.experts // self.spec.ep) * h if self.experts else 0
     a2a = routed if ep_on else 0
     etp_n = routed * self.spec.ep
-    buckets = self.megatron_dense_buckets(stage) if dp > 1 else []
+    # one DDP buffer per model chunk (interleaved: every chunk its own DistributedDataParallel),
+    # their buckets numbered chunk by chunk
+    buffers = self.megatron_dense_buffers(stage) if dp > 1 else []
+    buckets = [b for buf in buffers for b in buf]
     ebuckets = self.megatron_expert_buckets(stage)
     edp = par.edp if ep_on else 1
     if self.experts and not ep_on:
@@ -134,7 +137,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             ag(b - 1)
 
     if buckets:
-        ag(len(buckets) - 1)
+        ag(len(buffers[0]) - 1)  # the first chunk's first needed bucket (its last: reverse order)
     if dist_opt:
         for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):  # expert params, gathered over EDP
             tag = f"ddp.expert_bucket{b}.all_gather"
