@@ -103,9 +103,12 @@ def test_context_parallel_ring_and_grad_sync_over_dp_x_cp():
     calls = step_collectives(spec)
     ring = [c for c in calls if c.group == "cp"]
     m, layers = spec.par.micro_batches, 8
-    assert len(ring) == 4 * 2 * 2 * layers * m  # 4 cp rings x 2 hops x (fwd + bwd) x layers x micro-batches
+    # 4 cp rings x 2 hops x (cp - 1 = 1 forward step + cp = 2 backward steps) x layers x micro-batches
+    assert len(ring) == 4 * 2 * (1 + 2) * layers * m
     fwd = {c.count for c in ring if ".fwd." in c.tag}
     assert fwd == {2 * 512 * 16 // 2 * 64}  # K and V of [seq/cp, heads/tp, head_dim]
+    # Transformer Engine's backward at cp = 2: KV, then dKV, each one chunk's size, to the previous rank
+    assert {c.count for c in ring if ".bwd." in c.tag} == fwd
     rs = {c.ranks for c in calls if c.op == "reduce_scatter"}
     assert rs == {(0, 2, 4, 6), (1, 3, 5, 7)}  # gradients over dp x cp
 

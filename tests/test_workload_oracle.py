@@ -159,10 +159,10 @@ def test_generator_matches_the_measured_fsdp_table():
 
 
 # --------------------------------------------------------------------------- random specs
-# While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
-# outside the regions where a bug changes sizes or counts of calls the generator does issue: the
-# CP ring is not compared. Each region has its strict xfail; widen a draw when its bug is fixed.
-KNOWN_BUGS = True
+# While the generator has bugs pinned as strict xfails (KNOWN_BUGS), the draws stay outside the
+# regions where a bug changes sizes or counts of calls the generator does issue, each region with
+# its strict xfail; widen a draw when its bug is fixed. None is pinned now: every draw is compared.
+KNOWN_BUGS = False
 # Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
 PINNED_RULES: frozenset[str] = frozenset()
@@ -283,9 +283,7 @@ def any_spec(draw):
 def test_generated_collectives_match_the_oracle(case):
     _collectives()
     table, gpus, gpn = case
-    # Megatron CP: the ring calls are pinned (test_bug_megatron_cp_ring_*); every other group compared
-    skip: tuple[str, ...] = ("cp",) if KNOWN_BUGS else ()
-    assert_matches_oracle(table, gpus, gpn, skip, PINNED_RULES if KNOWN_BUGS else frozenset())
+    assert_matches_oracle(table, gpus, gpn, (), PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -375,18 +373,18 @@ def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.cp_ring_backward: TE sends KV, then dKV (cp = 2), per step")
-def test_bug_megatron_cp_ring_backward():
+def test_megatron_cp_ring_backward():
+    """Rule megatron.cp_ring_backward (fixed): TE sends KV, then dKV (cp = 2), per step."""
     # Transformer Engine AttnFuncWithCPAndKVP2P.backward (bf16): cp steps, each one send to the
-    # previous rank: KV at the first, dKV at the last, both in between; the generator sends one
-    # KV + dKV buffer per layer (same bytes at cp = 2, other calls)
+    # previous rank: KV at the first, dKV at the last, both in between
     assert_matches_oracle(_small("megatron", {"cp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 1}), 2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_cp_ring: full recompute reruns the CP ring")
-def test_bug_megatron_cp_ring_full_recompute():
+def test_megatron_cp_ring_full_recompute():
+    """Rule megatron.full_recompute_cp_ring: full recompute reruns the CP ring."""
     # --recompute-granularity full checkpoints whole layers: the attention forward, its KV ring
-    # included, runs again in backward (the generator's ring is the same with and without)
+    # included, runs again in backward (the generator did rerun it; this failed on the backward
+    # ring's calls at cp = 4, rule megatron.cp_ring_backward)
     par = {"cp": 4, "dp": 1, "zero": 1}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
 
@@ -519,8 +517,6 @@ def test_inter_node_bytes_match_the_simulator(case):
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     table, gpus, gpn = case
-    if KNOWN_BUGS and table["parallel"].get("cp", 1) > 1:
-        return  # the CP ring is pinned
     spec = col.run_spec_of(table, nodes=gpus // gpn, gpus_per_node=gpn, gpu="h100", name="oracle")
     simulated = AnalyticSimulator(spec, emit=False).network_bytes_per_step()
     pred = predict(table, gpus, gpn)

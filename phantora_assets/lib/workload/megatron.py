@@ -145,16 +145,24 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     first_expert_layer = next((i for i in range(self.layers) if model.is_moe_layer(i)), -1)
 
     def cp_ring(i: int, phase: str) -> None:
-        """Context parallelism (ring attention, p2p): cp - 1 exchanges of this rank's K and V
-        chunk ([seq/cp, mbs, kv_heads/tp, head_dim] each) around the CP ring; backward sends
-        K, V and their gradients (twice the bytes)."""
+        """Context parallelism, Transformer Engine's P2P ring (``AttnFuncWithCPAndKVP2P``): the
+        rank's K and V chunk ([seq/cp, mbs, kv_heads/tp, head_dim] each, one packed buffer).
+        Forward: cp - 1 sends to the next CP rank. Backward: cp steps, each a send to the
+        previous rank: the KV chunk at the first, its gradient dKV at the last, KV and dKV
+        together (twice the bytes) at the cp - 2 in between."""
         if not cp_on:
             return
         n = par.cp
-        kv = 2 * s * (self.kv_heads // self.spec.tp) * self.head_dim * (1 if phase == "fwd" else 2)
-        pairs = tuple((k, (k + 1) % n) for k in range(n))
-        for step in range(n - 1):
-            items.append(SendRecv("cp", pairs, kv, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
+        kv = 2 * s * (self.kv_heads // self.spec.tp) * self.head_dim
+        if phase == "fwd":
+            pairs = tuple((k, (k + 1) % n) for k in range(n))
+            for step in range(n - 1):
+                items.append(SendRecv("cp", pairs, kv, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
+            return
+        pairs = tuple((k, (k - 1) % n) for k in range(n))
+        for step in range(n):
+            count = kv if step in (0, n - 1) else 2 * kv
+            items.append(SendRecv("cp", pairs, count, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
 
     def moe_fwd(i: int) -> None:
         comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
