@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.workload.collectives import collective_table, run_spec_of, step_collectives
 from phantora_assets.lib.workload.pipeline import in_flight, schedule
 
-BASE = {
+BASE: dict[str, Any] = {
     "framework": "megatron",
     "model": {"kind": "dense", "layers": 8, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "vocab": 32768},
     "parallel": {"tp": 2, "pp": 2, "dp": "rest", "zero": 1},
