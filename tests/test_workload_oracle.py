@@ -359,10 +359,11 @@ def test_oracle_hand_counts():
     assert all(k % 128 == 0 for k in padded) and 0 <= sum(padded) - 961_581_056 < 128 * len(padded)
 
 
-# --------------------------------------------------------------------------- known generator bugs
-# Each pins one rule where the generator (issue 26 branch gen26, lib/sim) and the oracle disagree
-# and the frameworks' sources side with the oracle; strict, so a fix turns it into a failure to
-# remove the mark.
+# --------------------------------------------------------------------------- generator bugs, by rule
+# Each test holds one rule where the generator (issue 26 branch gen26, lib/sim) and the oracle
+# disagreed and the frameworks' sources side with the oracle; each was a strict xfail until its
+# fix (docs/ORACLE.md "Disagreements"). A new disagreement gets a strict xfail here, named
+# test_bug_<rule>, until it is fixed.
 def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
     base = {"kind": "dense", "layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 4, "vocab": 1024}
     return {
