@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.workload.collectives import collective_table, run_spec_of, step_collectives
 from phantora_assets.lib.workload.pipeline import in_flight, schedule
 
-BASE = {
+BASE: dict[str, Any] = {
     "framework": "megatron",
     "model": {"kind": "dense", "layers": 8, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "vocab": 32768},
     "parallel": {"tp": 2, "pp": 2, "dp": "rest", "zero": 1},
@@ -103,9 +104,12 @@ def test_context_parallel_ring_and_grad_sync_over_dp_x_cp():
     calls = step_collectives(spec)
     ring = [c for c in calls if c.group == "cp"]
     m, layers = spec.par.micro_batches, 8
-    assert len(ring) == 4 * 2 * 2 * layers * m  # 4 cp rings x 2 hops x (fwd + bwd) x layers x micro-batches
+    # 4 cp rings x 2 hops x (cp - 1 = 1 forward step + cp = 2 backward steps) x layers x micro-batches
+    assert len(ring) == 4 * 2 * (1 + 2) * layers * m
     fwd = {c.count for c in ring if ".fwd." in c.tag}
     assert fwd == {2 * 512 * 16 // 2 * 64}  # K and V of [seq/cp, heads/tp, head_dim]
+    # Transformer Engine's backward at cp = 2: KV, then dKV, each one chunk's size, to the previous rank
+    assert {c.count for c in ring if ".bwd." in c.tag} == fwd
     rs = {c.ranks for c in calls if c.op == "reduce_scatter"}
     assert rs == {(0, 2, 4, 6), (1, 3, 5, 7)}  # gradients over dp x cp
 
@@ -130,8 +134,12 @@ def test_deepspeed_zero_stages():
     ds["parallel"] = {"zero": 0}
     ops = {z: _calls(run_spec_of({**ds, "parallel": {"zero": z}}, 1, 4, "h100", f"d{z}")) for z in (0, 1, 2)}
     assert ops[0][("dp", "all_reduce")] > 1 and ops[0][("dp", "reduce_scatter")] == 0
-    assert ops[2][("dp", "reduce_scatter")] == ops[0][("dp", "all_reduce")] - 1  # the grad-norm stays an all-reduce
-    assert ops[1] == ops[2]
+    assert ops[1][("dp", "reduce_scatter")] == ops[0][("dp", "all_reduce")] - 1  # the grad-norm stays an all-reduce
+    # global batch 8 on dp 4: 2 micro-batches; ZeRO-1 reduces at the accumulation boundary, ZeRO-2
+    # after every backward (stage_1_and_2.py reduce_ready_partitions_and_remove_grads)
+    assert ops[2][("dp", "reduce_scatter")] == 2 * ops[1][("dp", "reduce_scatter")]
+    others = [{k: n for k, n in ops[z].items() if k != ("dp", "reduce_scatter")} for z in (1, 2)]
+    assert others[0] == others[1] and others[0][("dp", "all_gather")] > 0
 
 
 def test_memory_estimate_per_stage_and_refusal():

@@ -159,24 +159,15 @@ def test_generator_matches_the_measured_fsdp_table():
 
 
 # --------------------------------------------------------------------------- random specs
-# While the generator has the bugs pinned at the end of this file (KNOWN_BUGS), the draws stay
-# outside the regions where a bug changes sizes or counts of calls the generator does issue: no
-# interleaved schedule with dp x cp > 1, DeepSpeed ZeRO-2 without accumulation; the CP ring and
-# torchtitan PP's TP calls are not compared. Each region has its strict xfail; widen a draw when
-# its bug is fixed.
-KNOWN_BUGS = True
+# While the generator has bugs pinned as strict xfails (KNOWN_BUGS), the draws stay outside the
+# regions where a bug changes sizes or counts of calls the generator does issue, each region with
+# its strict xfail; widen a draw when its bug is fixed. None is pinned now: every draw is compared.
+KNOWN_BUGS = False
 # Rules whose calls the generator leaves out entirely: the property test sets aside exactly their
 # contribution (Prediction.ruled) instead of avoiding the specs they touch.
-PINNED_RULES = frozenset(
-    {
-        "megatron.sp_router_grad_all_reduce",
-        "megatron.shared_expert_tp",
-        "megatron.etp_gather_without_ep",
-        "megatron.expert_grad_reduce_etp_below_tp",
-    }
-)
+PINNED_RULES: frozenset[str] = frozenset()
 # the generator's own calls of a pinned rule that the oracle's named calls replace
-PINNED_TAGS = {"megatron.sp_router_grad_all_reduce": "finalize.layernorm_grads"}
+PINNED_TAGS: dict[str, str] = {}
 
 
 @st.composite
@@ -188,7 +179,7 @@ def megatron_specs(draw):
     moe = draw(st.booleans())
     heads = tp * draw(st.sampled_from([1, 2, 4]))
     kv_heads = tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0]))
-    schedules = ["1f1b", "gpipe"] + ([] if KNOWN_BUGS and dp * cp > 1 else ["interleaved"])
+    schedules = ["1f1b", "gpipe", "interleaved"]
     schedule = draw(st.sampled_from(schedules)) if pp > 1 else "1f1b"
     v = 2 if schedule == "interleaved" else 1
     accumulation = pp * draw(st.sampled_from([1, 2])) if v > 1 else draw(st.sampled_from([1, 2, 3]))
@@ -276,7 +267,7 @@ def deepspeed_specs(draw):
         "vocab": draw(st.integers(200, 5000)),
     }
     train = {"seq_len": 256, "micro_batch": 1, "grad_accumulation": draw(st.sampled_from([1, 2]))}
-    zero = draw(st.sampled_from([0, 1] if KNOWN_BUGS and train["grad_accumulation"] > 1 else [0, 1, 2]))
+    zero = draw(st.sampled_from([0, 1, 2]))
     return {"framework": "deepspeed", "model": model, "parallel": {"dp": dp, "zero": zero}, "train": train}, dp
 
 
@@ -292,12 +283,7 @@ def any_spec(draw):
 def test_generated_collectives_match_the_oracle(case):
     _collectives()
     table, gpus, gpn = case
-    # torchtitan with PP: the DP and TP calls are pinned (test_bug_torchtitan_pp_*); the PP messages still compared
-    pp_titan = table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1
-    skip: tuple[str, ...] = ("tp",) if KNOWN_BUGS and pp_titan else ()
-    # Megatron CP: the ring calls are pinned (test_bug_megatron_cp_ring_*); every other group compared
-    skip += ("cp",) if KNOWN_BUGS else ()
-    assert_matches_oracle(table, gpus, gpn, skip, PINNED_RULES if KNOWN_BUGS else frozenset())
+    assert_matches_oracle(table, gpus, gpn, (), PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -373,10 +359,11 @@ def test_oracle_hand_counts():
     assert all(k % 128 == 0 for k in padded) and 0 <= sum(padded) - 961_581_056 < 128 * len(padded)
 
 
-# --------------------------------------------------------------------------- known generator bugs
-# Each pins one rule where the generator (issue 26 branch gen26, lib/sim) and the oracle disagree
-# and the frameworks' sources side with the oracle; strict, so a fix turns it into a failure to
-# remove the mark.
+# --------------------------------------------------------------------------- generator bugs, by rule
+# Each test holds one rule where the generator (issue 26 branch gen26, lib/sim) and the oracle
+# disagreed and the frameworks' sources side with the oracle; each was a strict xfail until its
+# fix (docs/ORACLE.md "Disagreements"). A new disagreement gets a strict xfail here, named
+# test_bug_<rule>, until it is fixed.
 def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
     base = {"kind": "dense", "layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 4, "vocab": 1024}
     return {
@@ -387,37 +374,37 @@ def _small(framework: str, parallel: dict, train: dict, **model) -> dict:
     }
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.cp_ring_backward: TE sends KV, then dKV (cp = 2), per step")
-def test_bug_megatron_cp_ring_backward():
+def test_megatron_cp_ring_backward():
+    """Rule megatron.cp_ring_backward (fixed): TE sends KV, then dKV (cp = 2), per step."""
     # Transformer Engine AttnFuncWithCPAndKVP2P.backward (bf16): cp steps, each one send to the
-    # previous rank: KV at the first, dKV at the last, both in between; the generator sends one
-    # KV + dKV buffer per layer (same bytes at cp = 2, other calls)
+    # previous rank: KV at the first, dKV at the last, both in between
     assert_matches_oracle(_small("megatron", {"cp": 2, "dp": 1, "zero": 1}, {"grad_accumulation": 1}), 2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.full_recompute_cp_ring: full recompute reruns the CP ring")
-def test_bug_megatron_cp_ring_full_recompute():
+def test_megatron_cp_ring_full_recompute():
+    """Rule megatron.full_recompute_cp_ring: full recompute reruns the CP ring."""
     # --recompute-granularity full checkpoints whole layers: the attention forward, its KV ring
-    # included, runs again in backward (the generator's ring is the same with and without)
+    # included, runs again in backward (the generator did rerun it; this failed on the backward
+    # ring's calls at cp = 4, rule megatron.cp_ring_backward)
     par = {"cp": 4, "dp": 1, "zero": 1}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 1, "recompute": "full"}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.ddp_per_model_chunk: one DDP grad buffer per model chunk")
-def test_bug_megatron_interleaved_buffers():
+def test_megatron_interleaved_buffers():
+    """Rule megatron.ddp_per_model_chunk (fixed): one DDP grad buffer per model chunk."""
     # megatron/training/training.py get_model: with virtual pipeline stages every model chunk is
     # wrapped in its own DistributedDataParallel (bucketing off for chunks after the first), so a
-    # rank reduces one buffer per chunk; the generator reduces the chunks' parameters together
+    # rank reduces one buffer per chunk
     par = {"pp": 2, "dp": 2, "zero": 0, "pp_schedule": "interleaved", "virtual_stages": 2}
     assert_matches_oracle(_small("megatron", par, {"grad_accumulation": 2}, layers=4), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.pp_embedding_backward: stage 0 all-gathers the embedding grad")
-def test_bug_torchtitan_pp_embedding_backward():
+def test_torchtitan_pp_embedding_backward():
+    """Rule torchtitan.pp_embedding_backward (fixed): stage 0 all-gathers the embedding grad."""
     # tok_embeddings RowwiseParallel(output_layouts=Shard(1)): its output gradient is all-gathered
     # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
     par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
-    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4, ("dp",))
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
@@ -450,18 +437,20 @@ def _moe_tp(ep: int, shared: int) -> dict:
     return _small("megatron", par, {"grad_accumulation": 1}, **moe)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.shared_expert_tp: shared experts are a TP MLP")
-def test_bug_megatron_shared_expert_tp():
+def test_megatron_shared_expert_tp():
+    """Rule megatron.shared_expert_tp (fixed): shared experts are a TP MLP."""
     # SharedExpertMLP (transformer/moe/shared_experts.py) is an MLP with ColumnParallel fc1 and
-    # RowParallel fc2: under TP + SP the same all-gathers / reduce-scatters as a dense MLP
-    assert_matches_oracle(_moe_tp(2, 1), 4, 4)
+    # RowParallel fc2: under TP + SP the same all-gathers / reduce-scatters as a dense MLP (the
+    # rules still pinned set aside)
+    assert_matches_oracle(_moe_tp(2, 1), 4, 4, pinned=PINNED_RULES)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.etp_gather_without_ep: expert TP gathers even with ep = 1")
-def test_bug_megatron_etp_without_ep():
+def test_megatron_etp_without_ep():
+    """Rule megatron.etp_gather_without_ep (fixed): expert TP gathers even with ep = 1."""
     # MoEAlltoAllTokenDispatcher.dispatch_postprocess all-gathers the tokens over the expert TP
     # group whenever tp_size > 1 (and combine_preprocess reduce-scatters them), whatever ep is
-    assert_matches_oracle(_moe_tp(1, 0), 4, 4)
+    # (the rules still pinned set aside)
+    assert_matches_oracle(_moe_tp(1, 0), 4, 4, pinned=PINNED_RULES)
 
 
 def _minus(seq: list[Call], calls: list[Call]) -> list[Call]:
@@ -498,24 +487,21 @@ def test_tp_calls_in_issue_order(case):
     par, tr = table["parallel"], table["train"]
     if par.get("pp", 1) > 1 or table["model"]["kind"] != "dense" or tr.get("recompute") == "full":
         return
-    if KNOWN_BUGS and table["framework"] == "torchtitan" and par.get("tp", 1) > 1:
-        return  # test_bug_torchtitan_tp_backward
     assert_tp_order_matches(table, gpus, gpn, PINNED_RULES if KNOWN_BUGS else frozenset())
 
 
-@pytest.mark.xfail(strict=True, reason="rule torchtitan.tp_backward: output RS only, embedding AG in backward")
-def test_bug_torchtitan_tp_backward():
+def test_torchtitan_tp_backward():
+    """Rule torchtitan.tp_backward (fixed): output RS only, embedding AG in backward."""
     # DTensor saves the all-gathered input of ColwiseParallel(output), so its backward is one
     # reduce-scatter (no re-gather, unlike Megatron's SP); the RowwiseParallel embedding's
-    # Partial -> Shard(1) forward makes its backward an all-gather. The generator all-gathers
-    # and reduce-scatters in the output's backward and none for the embedding: the same
-    # multiset, other calls (the order shows it)
+    # Partial -> Shard(1) forward makes its backward an all-gather (same multiset as an output
+    # AG + RS and no embedding call: the order tells them apart)
     par = {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}
     assert_tp_order_matches(_small("torchtitan", par, {"grad_accumulation": 1}), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="rule deepspeed.zero2_reduce_every_backward: ZeRO-2 reduces every micro-batch")
-def test_bug_deepspeed_zero2_accumulation():
+def test_deepspeed_zero2_accumulation():
+    """Rule deepspeed.zero2_reduce_every_backward (fixed): ZeRO-2 reduces every micro-batch."""
     # stage_1_and_2.py reduce_ready_partitions_and_remove_grads reduces the gradient buckets at
     # every backward when gradients are partitioned (ZeRO-2), at the boundary only for ZeRO-1
     assert_matches_oracle(_small("deepspeed", {"dp": 4, "zero": 2}, {"grad_accumulation": 2}), 4, 4)
@@ -532,10 +518,6 @@ def test_inter_node_bytes_match_the_simulator(case):
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     table, gpus, gpn = case
-    if KNOWN_BUGS and (table["framework"] == "torchtitan" and table["parallel"].get("pp", 1) > 1):
-        return  # torchtitan PP: its TP calls are pinned
-    if KNOWN_BUGS and table["parallel"].get("cp", 1) > 1:
-        return  # the CP ring is pinned
     spec = col.run_spec_of(table, nodes=gpus // gpn, gpus_per_node=gpn, gpu="h100", name="oracle")
     simulated = AnalyticSimulator(spec, emit=False).network_bytes_per_step()
     pred = predict(table, gpus, gpn)
@@ -550,22 +532,20 @@ def test_inter_node_bytes_match_the_simulator(case):
     assert simulated == expected
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.sp_router_grad_all_reduce: router grads are in the SP all-reduce")
-def test_bug_megatron_sp_router_grads():
+def test_megatron_sp_router_grads():
+    """Rule megatron.sp_router_grad_all_reduce (fixed): router grads are in the SP all-reduce."""
     # router.py sets the router weight's sequence_parallel attribute, so finalize_model_grads
-    # all-reduces its gradient over TP with the norms' (one coalesced call); the generator's call
-    # holds the norms only
-    assert_matches_oracle(_moe_tp(2, 0), 4, 4, pinned=PINNED_RULES - {"megatron.sp_router_grad_all_reduce"})
+    # all-reduces its gradient over TP with the norms' (one coalesced call)
+    assert_matches_oracle(_moe_tp(2, 0), 4, 4, pinned=PINNED_RULES)
 
 
-@pytest.mark.xfail(strict=True, reason="rule megatron.expert_grad_reduce_etp_below_tp: experts replicated over EDP")
-def test_bug_megatron_expert_grads_etp_below_tp():
+def test_megatron_expert_grads_etp_below_tp():
+    """Rule megatron.expert_grad_reduce_etp_below_tp (fixed): experts replicated over EDP."""
     # Megatron's expert mesh of a stage is etp x ep x edp = tp x cp x dp ranks: with etp = 1 < tp
     # an expert lives on tp x cp x dp / ep ranks (here tp 4, ep 2, dp 1: edp 2) and its gradients
-    # are reduced over them; the generator reduces expert gradients only where dp x cp > 1 (it
-    # all-gathers the expert buckets here, but never reduce-scatters them)
+    # are reduced over them
     moe = {"kind": "moe", "experts": 4, "topk": 2, "moe_ffn_hidden": 256}
     par = {"tp": 4, "dp": 1, "zero": 1, "ep": 2, "etp": 1, "sequence_parallel": True}
     table = _small("megatron", par, {"grad_accumulation": 1}, **moe)
     table["model"]["heads"] = table["model"]["kv_heads"] = 8
-    assert_matches_oracle(table, 4, 4, pinned=PINNED_RULES - {"megatron.expert_grad_reduce_etp_below_tp"})
+    assert_matches_oracle(table, 4, 4, pinned=PINNED_RULES)

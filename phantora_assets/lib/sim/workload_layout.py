@@ -29,6 +29,9 @@ from phantora_assets.lib.workload.pipeline import stage_bounds
 from phantora_assets.lib.workload.placement import groups_of
 from phantora_assets.matrix import RunSpec
 
+# a DDP bucket: (padded elements, [(param, offset in the bucket, elements)])
+Bucket = tuple[int, list[tuple[Param, int, int]]]
+
 
 def ceil_to(x: int, m: int) -> int:
     """``x`` rounded up to a multiple of ``m``."""
@@ -300,28 +303,57 @@ class WorkloadLayout:
         context parallelism; dp alone when cp = 1)."""
         return self.spec.dp * self.spec.par.cp
 
-    def megatron_dense_buckets(self, stage: int | None = None) -> list[tuple[int, list[tuple[Param, int, int]]]]:
-        """The DDP grad buffer of the dense parameters of ``stage``: parameters in reverse order, a
-        bucket closes once it holds >= max(40M, 1M x dp) elements and, with the distributed
-        optimizer (zero = 1), is padded to lcm(dp, 128) (dp: :meth:`grad_sync_size`).
-        Returns ``(padded_numel, [(param, offset_in_bucket, numel)])`` per bucket."""
+    def virtual_stage_of(self, module: str) -> int:
+        """Model chunk (virtual stage) of its pipeline stage that holds ``module``: a layer's chunk
+        c // pp (c = layer // layers per chunk), the embedding 0, the final norm and output layer
+        the last."""
+        par = self.spec.par
+        if par.virtual_stages == 1:
+            return 0
+        if module.startswith("layers."):
+            return (int(module.split(".")[1]) // self.layers_per_chunk()) // par.pp
+        return 0 if module.startswith("embedding") else par.virtual_stages - 1
+
+    def _chunk_buffers(self, params: list[Param], stage: int | None, size: int, pad: int) -> list[list[Bucket]]:
+        """Megatron-core's DDP grad buffers of ``params`` (one stage), one per model chunk
+        (training.py get_model wraps every chunk in its own DistributedDataParallel), each in
+        buckets of ``size`` elements; bucketing is off (one bucket) for chunks after the first
+        (``disable_bucketing``) and on pipeline stages > 0 (distributed_data_parallel.py)."""
+        out: list[list[Bucket]] = []
+        for v in range(self.spec.par.virtual_stages):
+            mine = [p for p in params if self.virtual_stage_of(p.module) == v]
+            bucketed = v == 0 and not stage
+            out.append(self._buckets(mine, size if bucketed else sum(map(self.local_numel, mine)), pad) if mine else [])
+        return out
+
+    def megatron_dense_buffers(self, stage: int | None = None) -> list[list[Bucket]]:
+        """The DDP grad buffers (one per model chunk, :meth:`_chunk_buffers`) of the dense parameters
+        of ``stage``: parameters in reverse order, a bucket closes once it holds >= max(40M, 1M x
+        dp) elements and, with the distributed optimizer (zero = 1), is padded to lcm(dp, 128)
+        (dp: :meth:`grad_sync_size`). Per bucket ``(padded_numel, [(param, offset_in_bucket, numel)])``."""
         dp = self.grad_sync_size()
         size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
         pad = math.lcm(dp, 128) if self.spec.zero_stage >= 1 else 1
-        return self._buckets([p for p in self.stage_params(stage) if not p.expert], size, pad)
+        return self._chunk_buffers([p for p in self.stage_params(stage) if not p.expert], stage, size, pad)
 
-    def megatron_expert_buckets(self, stage: int | None = None) -> list[tuple[int, list[tuple[Param, int, int]]]]:
-        """The expert grad buffer of rank 0's local experts of ``stage`` (expert-data-parallel size edp)."""
+    def megatron_dense_buckets(self, stage: int | None = None) -> list[Bucket]:
+        """:meth:`megatron_dense_buffers`' buckets, chunk by chunk."""
+        return [b for buf in self.megatron_dense_buffers(stage) for b in buf]
+
+    def megatron_expert_buckets(self, stage: int | None = None) -> list[Bucket]:
+        """The expert grad buffers of rank 0's local experts of ``stage`` (expert-data-parallel size
+        edp), one per model chunk as the dense ones (:meth:`_chunk_buffers`), chunk by chunk."""
         if not self.experts or self.spec.framework != "megatron":
             return []
         local = self.experts // self.spec.ep
         mine = [p for p in self.stage_params(stage) if p.expert and int(p.name.split(".")[4]) < local]
         edp = self.spec.par.edp
         pad = math.lcm(edp, 128) if self.spec.zero_stage >= 1 else 1
-        return self._buckets(mine, max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * edp), pad)
+        size = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * edp)
+        return [b for buf in self._chunk_buffers(mine, stage, size, pad) for b in buf]
 
-    def _buckets(self, params: list[Param], size: int, pad: int) -> list[tuple[int, list[tuple[Param, int, int]]]]:
-        out: list[tuple[int, list[tuple[Param, int, int]]]] = []
+    def _buckets(self, params: list[Param], size: int, pad: int) -> list[Bucket]:
+        out: list[Bucket] = []
         cur: list[tuple[Param, int, int]] = []
         n = 0
         for p in reversed(params):

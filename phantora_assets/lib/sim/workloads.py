@@ -111,17 +111,43 @@ class WorkloadModel(WorkloadLayout):
     def _deepspeed_zero12_step(self, warmup: bool) -> list[Item]:
         """DeepSpeed ZeRO stage 1 / 2 (bf16, ``reduce_scatter: true``, ``overlap_comm`` off): as
         stage 0 but each 5e8-element gradient bucket is reduce-scattered (ceil(bucket / dp) per
-        rank) instead of all-reduced; the updated bf16 partitions are all-gathered after the step."""
+        rank) instead of all-reduced; the updated bf16 partitions are all-gathered after the step.
+        ZeRO-2 (partitioned gradients) reduces the buckets after every micro-batch's backward
+        (``stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``: ``if
+        self.partition_gradients or self.is_gradient_accumulation_boundary()``), ZeRO-1 at the
+        accumulation boundary only."""
         return self._deepspeed_zero0_step(warmup, reduce_scatter=True)
 
     def _deepspeed_zero0_step(self, warmup: bool, reduce_scatter: bool = False) -> list[Item]:
         """DeepSpeed 1-stage pipeline, bf16 optimizer (ZeRO stage 0): synchronous gradient
         all-reduce after the backward, synchronous parameter all-gather after the step (no
         overlap on this path: ``_exec_reduce_grads`` / ``update_lp_params``). With gradient
-        accumulation the forward and backward repeat per micro-batch, the reduction once."""
+        accumulation the forward and backward repeat per micro-batch, the reduction once (ZeRO-2:
+        after every backward, :meth:`_deepspeed_zero12_step`)."""
         ops = torch_ops(self)
         items: list[Item] = []
-        for _ in range(self.spec.par.micro_batches):
+        dp = self.spec.dp
+
+        def reduce(n: int, b: int, prefix: str) -> Collective:
+            if reduce_scatter:
+                return Collective("dp", "reduce_scatter", -(-n // dp), "Bf16", f"{prefix}reduce_scatter.bucket{b}")
+            return Collective("dp", "all_reduce", n, "Bf16", f"{prefix}allreduce.bucket{b}")
+
+        def reduce_buckets(prefix: str = "") -> None:
+            """The gradient buckets (5e8 elements, reverse parameter order); ``prefix`` names a
+            ZeRO-2 reduction after a micro-batch's backward before the last."""
+            cur, b = 0, 0
+            for p in reversed(self.params):
+                cur += p.numel
+                if cur >= DEEPSPEED_BUCKET_ELEMENTS:
+                    items.append(reduce(cur, b, prefix))
+                    cur, b = 0, b + 1
+            if cur:
+                items.append(reduce(cur, b, prefix))
+
+        every_backward = reduce_scatter and self.spec.zero_stage == 2 and dp > 1
+        micro_batches = self.spec.par.micro_batches
+        for mb in range(micro_batches):
             items.append(compute("embedding.fwd", "fwd", ops.hf_rotary()))
             for i in range(self.layers):
                 items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
@@ -131,26 +157,14 @@ class WorkloadModel(WorkloadLayout):
             for i in reversed(range(self.layers)):
                 items.append(compute(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd")))
                 items.append(compute(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd")))
+            if every_backward and mb < micro_batches - 1:
+                reduce_buckets(f"mb{mb}.")  # ZeRO-2: this micro-batch's gradients to their owners
         items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
-        dp = self.spec.dp
         if dp > 1:
             items.append(
                 compute("bf16_optimizer.grads_for_reduction", "opt", ops.bf16_grads_for_reduction(self.total_params))
             )
-            cur, b = 0, 0
-
-            def reduce(n: int, b: int) -> Collective:
-                if reduce_scatter:
-                    return Collective("dp", "reduce_scatter", -(-n // dp), "Bf16", f"reduce_scatter.bucket{b}")
-                return Collective("dp", "all_reduce", n, "Bf16", f"allreduce.bucket{b}")
-
-            for p in reversed(self.params):
-                cur += p.numel
-                if cur >= DEEPSPEED_BUCKET_ELEMENTS:
-                    items.append(reduce(cur, b))
-                    cur, b = 0, b + 1
-            if cur:
-                items.append(reduce(cur, b))
+            reduce_buckets()
             items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
         padded = ceil_to(self.total_params, 2 * dp)
         partition = padded // dp

@@ -91,8 +91,16 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
 
     tok = s // self.spec.tp if (tp_on and sp) else s  # tokens a rank routes (MoE with TP: SP)
     etp_on = tp_on and par.etp > 1
-    a2a = (tok * self.topk // self.experts) * (self.experts // self.spec.ep) * h if ep_on else 0
-    buckets = self.megatron_dense_buckets(stage) if dp > 1 else []
+    # hidden vectors a rank sends each EP peer (balanced routing); expert TP all-gathers the ep
+    # peers' shares it received (dispatch_postprocess gathers whenever the expert TP size > 1,
+    # with or without EP)
+    routed = (tok * self.topk // self.experts) * (self.experts // self.spec.ep) * h if self.experts else 0
+    a2a = routed if ep_on else 0
+    etp_n = routed * self.spec.ep
+    # one DDP buffer per model chunk (interleaved: every chunk its own DistributedDataParallel),
+    # their buckets numbered chunk by chunk
+    buffers = self.megatron_dense_buffers(stage) if dp > 1 else []
+    buckets = [b for buf in buffers for b in buf]
     ebuckets = self.megatron_expert_buckets(stage)
     edp = par.edp if ep_on else 1
     if self.experts and not ep_on:
@@ -129,7 +137,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             ag(b - 1)
 
     if buckets:
-        ag(len(buckets) - 1)
+        ag(len(buffers[0]) - 1)  # the first chunk's first needed bucket (its last: reverse order)
     if dist_opt:
         for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):  # expert params, gathered over EDP
             tag = f"ddp.expert_bucket{b}.all_gather"
@@ -137,16 +145,24 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     first_expert_layer = next((i for i in range(self.layers) if model.is_moe_layer(i)), -1)
 
     def cp_ring(i: int, phase: str) -> None:
-        """Context parallelism (ring attention, p2p): cp - 1 exchanges of this rank's K and V
-        chunk ([seq/cp, mbs, kv_heads/tp, head_dim] each) around the CP ring; backward sends
-        K, V and their gradients (twice the bytes)."""
+        """Context parallelism, Transformer Engine's P2P ring (``AttnFuncWithCPAndKVP2P``): the
+        rank's K and V chunk ([seq/cp, mbs, kv_heads/tp, head_dim] each, one packed buffer).
+        Forward: cp - 1 sends to the next CP rank. Backward: cp steps, each a send to the
+        previous rank: the KV chunk at the first, its gradient dKV at the last, KV and dKV
+        together (twice the bytes) at the cp - 2 in between."""
         if not cp_on:
             return
         n = par.cp
-        kv = 2 * s * (self.kv_heads // self.spec.tp) * self.head_dim * (1 if phase == "fwd" else 2)
-        pairs = tuple((k, (k + 1) % n) for k in range(n))
-        for step in range(n - 1):
-            items.append(SendRecv("cp", pairs, kv, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
+        kv = 2 * s * (self.kv_heads // self.spec.tp) * self.head_dim
+        if phase == "fwd":
+            pairs = tuple((k, (k + 1) % n) for k in range(n))
+            for step in range(n - 1):
+                items.append(SendRecv("cp", pairs, kv, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
+            return
+        pairs = tuple((k, (k - 1) % n) for k in range(n))
+        for step in range(n):
+            count = kv if step in (0, n - 1) else 2 * kv
+            items.append(SendRecv("cp", pairs, count, "Bf16", f"layers.{i}.attention.{phase}.cp_ring{step}"))
 
     def moe_fwd(i: int) -> None:
         comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
@@ -155,35 +171,32 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.fwd")
-            )
-        kernels = ops.megatron_experts("fwd") + ops._bda("fwd")
-        if model.shared_experts:
-            kernels += ops.megatron_mlp("fwd", model.shared_experts * self.ffn)
-        comp(f"layers.{i}.moe.fwd", "fwd", kernels)
+            items.append(Collective("tp", "all_gather", etp_n, "Bf16", f"layers.{i}.moe.etp.all_gather.fwd"))
+        comp(f"layers.{i}.moe.fwd", "fwd", ops.megatron_experts("fwd") + ops._bda("fwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.fwd")
-            )
+            items.append(Collective("tp", "reduce_scatter", etp_n, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.fwd"))
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.fwd"))
+        if model.shared_experts:  # SharedExpertMLP (shared_experts.py): a TP MLP on the input, after the combine
+            tp_sp("all_gather", f"layers.{i}.shared_experts.fwd.all_gather")
+            comp(f"layers.{i}.shared_experts.fwd", "fwd", ops.megatron_mlp("fwd", model.shared_experts * self.ffn))
+            tp_sp("reduce_scatter", f"layers.{i}.shared_experts.fwd.reduce_scatter")
+            tp_ar(f"layers.{i}.shared_experts.fwd.all_reduce")
 
     def moe_bwd(i: int) -> None:
+        if model.shared_experts:  # the shared TP MLP's backward, as a dense MLP's
+            tp_sp("all_gather", f"layers.{i}.shared_experts.bwd.all_gather")
+            comp(f"layers.{i}.shared_experts.bwd", "bwd", ops.megatron_mlp("bwd", model.shared_experts * self.ffn))
+            tp_sp("all_gather", f"layers.{i}.shared_experts.bwd.input_all_gather")
+            tp_sp("reduce_scatter", f"layers.{i}.shared_experts.bwd.reduce_scatter")
+            tp_ar(f"layers.{i}.shared_experts.bwd.all_reduce")
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.combine.bwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "all_gather", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.all_gather.bwd")
-            )
-        kernels = ops._bda("bwd") + ops.megatron_experts("bwd")
-        if model.shared_experts:
-            kernels += ops.megatron_mlp("bwd", model.shared_experts * self.ffn)
-        comp(f"layers.{i}.moe.bwd", "bwd", kernels)
+            items.append(Collective("tp", "all_gather", etp_n, "Bf16", f"layers.{i}.moe.etp.all_gather.bwd"))
+        comp(f"layers.{i}.moe.bwd", "bwd", ops._bda("bwd") + ops.megatron_experts("bwd"))
         if etp_on:
-            items.append(
-                Collective("tp", "reduce_scatter", a2a * self.spec.ep, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.bwd")
-            )
+            items.append(Collective("tp", "reduce_scatter", etp_n, "Bf16", f"layers.{i}.moe.etp.reduce_scatter.bwd"))
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.bwd"))
         comp(f"layers.{i}.router.bwd", "bwd", ops.megatron_router("bwd"))
@@ -252,7 +265,9 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
                     items.append(Collective(gk, "all_reduce", padded, "Bf16", tag, blocking=False))
                 rs_tags.append(tag)
         for b, (padded, mem) in enumerate(ebuckets):
-            if b not in elaunched and all(p.module in ready for p, _, _ in mem) and dp > 1:
+            # the expert mesh replicates each expert over edp = tp cp dp / (ep etp) ranks: with
+            # etp < tp also at dp x cp = 1
+            if b not in elaunched and all(p.module in ready for p, _, _ in mem) and (dp > 1 or edp > 1):
                 elaunched.add(b)
                 comp(f"ddp.expert_bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
                 if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
@@ -311,9 +326,14 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     if dp > 1:
         items.append(Collective(gk, "all_reduce", 1, "F32", "loss.average"))
         items.append(Collective(gk, "all_reduce", 1, "F32", "grad_norm.dp"))
-    if tp_on and sp:  # finalize_model_grads: the replicated norm weights' gradients, one coalesced buffer
+    if tp_on and sp:
+        # finalize_model_grads: the gradients of the sequence-parallel (replicated) parameters, one
+        # coalesced buffer: the norm weights and the MoE router's weight (router.py sets its
+        # sequence_parallel attribute)
         norms = sum(
-            p.numel for p in self.stage_params(stage) if not p.tp_sharded and not p.expert and len(p.shape) == 1
+            p.numel
+            for p in self.stage_params(stage)
+            if not p.tp_sharded and not p.expert and (len(p.shape) == 1 or p.name.endswith(".router.weight"))
         )
         items.append(Collective("tp", "all_reduce", norms, "Bf16", "finalize.layernorm_grads.all_reduce"))
     if tp_on:

@@ -45,7 +45,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     gradient all-reduce in 25 MiB buckets after the last backward. TP (``tp > 1``) follows
     torchtitan's plan, always sequence parallel: all-gather before and reduce-scatter after
     attention and feed-forward, a reduce-scatter after the embedding, an all-gather before the
-    output layer, loss_parallel's three fp32 all-reduces. PP: as Megatron's (send/recv per
+    output layer, loss_parallel's three fp32 all-reduces; backward: the transposes (an
+    all-gather for each reduce-scatter and vice versa), but the output layer's backward only
+    reduce-scatters (its gathered input is saved). PP: as Megatron's (send/recv per
     micro-batch). The optimizer (AdamW, foreach) updates the local shard."""
     ops = torch_ops(self)
     par = self.spec.par
@@ -154,8 +156,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         if layers and regather(layers[0]):
             gather(f"layers.{layers[0]}", "bwd", mb)
         if chunk == pp * vs - 1:
+            # ColwiseParallel(input_layouts=Shard(1)): DTensor saved the all-gathered input, so the
+            # backward only reduce-scatters the input gradient back to Shard(1)
             comp("output_layer.bwd", "bwd", ops.hf_head("bwd"))
-            tp_c("ag", "output_layer.bwd.all_gather")
             tp_c("rs", "output_layer.bwd.reduce_scatter")
         for k, i in enumerate(layers):
             if k + 1 < len(layers) and regather(layers[k + 1]):
@@ -180,6 +183,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
             if sync:
                 reduce(f"layers.{i}")
         if chunk == 0:
+            # RowwiseParallel(output_layouts=Shard(1)): the forward's Partial -> Shard(1)
+            # reduce-scatter is an all-gather of the output gradient in backward
+            tp_c("ag", "embedding.bwd.all_gather")
             comp("embedding.bwd", "bwd", ops.hw_embedding("bwd"))
         if sync and pp == 1:
             reduce("root")  # no PP: every backward reduce-scatters (gradient sync stays on)
