@@ -20,18 +20,20 @@ def _timed_median(cut: _Cut) -> float:
     return float(np.median(timed)) if len(timed) else float("nan")
 
 
-def run_log_violation(cut: _Cut, iteration_s: list[float]) -> tuple[str, float] | None:
+def run_log_violation(cut: _Cut, iteration_s: list[float], resolution_s: float = 0.0) -> tuple[str, float] | None:
     """Why ``cut`` disagrees with run.log's iterations (``iteration_s``, seconds; the first is warm-up) and
     run.log's median iteration in steps of ``cut`` (the multiple a coarser cut must take), or None: as many
     steps as iterations (up to ``RULE.log_missing_steps`` fewer) and the median step within
-    ``RULE.log_rel_tol`` of the median iteration. None with fewer than 3 iterations (nothing to tell)."""
+    ``RULE.log_rel_tol`` of the median iteration plus ``resolution_s`` (a log that prints two decimals:
+    0.01 s). None with fewer than 3 iterations (nothing to tell)."""
     if len(iteration_s) < 3:
         return None
     med_us = float(np.median(np.asarray(iteration_s[1:], dtype=float))) * 1e6
     step_us = _timed_median(cut)
     ratio = med_us / step_us if step_us > 0 else float("inf")
     n_log = len(iteration_s)
-    if n_log - RULE.log_missing_steps <= cut.n_steps <= n_log and abs(ratio - 1.0) <= RULE.log_rel_tol:
+    close = abs(med_us - step_us) <= RULE.log_rel_tol * med_us + resolution_s * 1e6
+    if n_log - RULE.log_missing_steps <= cut.n_steps <= n_log and close:
         return None
     return (
         f"{cut.n_steps} steps of {step_us:.3f} us, but run.log reports {n_log} iterations of {med_us:.3f} us "
