@@ -26,7 +26,7 @@ from phantora_assets.lib.traffic.steps.cut import (
     _step_table,
     first_alike,
 )
-from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation
+from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation, typical_step_us
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
@@ -391,7 +391,7 @@ def detect_steps(
         timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
         if not timed:
             raise _fail(src, "no steady step", "the only steady step is the last one, which has no next step to end it")
-    step_time = float(np.median(steps["duration_us"].to_numpy()[timed]))
+    step_time = typical_step_us(steps["duration_us"].to_numpy()[timed])[0]
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}

@@ -12,12 +12,29 @@ from phantora_assets.lib.traffic.steps.cut import _Cut, _Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
+def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
+    """``(step time, number of typical steps)`` of the timed steady steps' ``durations``: the typical ones
+    are the most of them that last within ``RULE.outlier_rel_tol`` of one of them (ties: the shortest), the
+    step time their median; the others (an eval pass, a checkpoint, a straggler) are outliers, kept as
+    steps, not setting it. Equal steps, or typical ones no more than half of them: the median of all.
+    ``(nan, 0)`` when there is none."""
+    d = np.sort(np.asarray(durations, dtype=np.float64))
+    if not len(d):
+        return float("nan"), 0
+    tol = RULE.outlier_rel_tol
+    inside = np.searchsorted(d, d * (1 + tol), side="right") - np.searchsorted(d, d * (1 - tol), side="left")
+    c = float(d[int(np.argmax(inside))])
+    typical = d[np.abs(d - c) <= tol * c]
+    if 2 * len(typical) <= len(d):  # as many outliers as typical steps: no typical step, the median of all
+        return float(np.median(d)), len(typical)
+    return float(np.median(typical)), len(typical)
+
+
 def _timed_median(cut: _Cut) -> float:
-    """Median duration (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
+    """The step time (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
     d = cut.steps["duration_us"].to_numpy()
     hi = cut.n_complete if cut.n_complete < cut.n_steps else cut.n_steps - 1
-    timed = d[cut.first_steady : hi]
-    return float(np.median(timed)) if len(timed) else float("nan")
+    return typical_step_us(d[cut.first_steady : hi])[0]
 
 
 def run_log_violation(cut: _Cut, iteration_s: list[float], resolution_s: float = 0.0) -> tuple[str, float] | None:
