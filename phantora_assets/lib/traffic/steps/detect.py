@@ -391,6 +391,13 @@ def detect_steps(
         timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
         if not timed:
             raise _fail(src, "no steady step", "the only steady step is the last one, which has no next step to end it")
+    if len(steady_steps) < 2:  # the rule's "every steady step" needs two to compare
+        raise _fail(
+            src,
+            "no steady step",
+            f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
+            "are cut short or differ",
+        )
     step_time = typical_step_us(steps["duration_us"].to_numpy()[timed])[0]
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])

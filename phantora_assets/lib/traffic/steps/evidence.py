@@ -14,17 +14,18 @@ from phantora_assets.lib.traffic.steps.rule import RULE
 
 def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     """``(step time, number of typical steps)`` of the timed steady steps' ``durations``: the typical ones
-    are the most of them that last within ``RULE.outlier_rel_tol`` of one of them (ties: the shortest), the
-    step time their median; the others (an eval pass, a checkpoint, a straggler) are outliers, kept as
+    are the most of them within a window of ``2 * RULE.outlier_rel_tol`` above one of them (jitter of up to
+    that share either way; ties: the shortest window, as outliers only lengthen steps), the step time their
+    median; the others (an eval pass, a checkpoint, a straggler) are outliers, kept as
     steps, not setting it. Equal steps, or typical ones no more than half of them: the median of all.
     ``(nan, 0)`` when there is none."""
     d = np.sort(np.asarray(durations, dtype=np.float64))
     if not len(d):
         return float("nan"), 0
     tol = RULE.outlier_rel_tol
-    inside = np.searchsorted(d, d * (1 + tol), side="right") - np.searchsorted(d, d * (1 - tol), side="left")
-    c = float(d[int(np.argmax(inside))])
-    typical = d[np.abs(d - c) <= tol * c]
+    inside = np.searchsorted(d, d * (1 + 2 * tol), side="right") - np.arange(len(d))
+    k = int(np.argmax(inside))  # the window [d_k, (1 + 2 tol) d_k] holding the most (ties: the shortest)
+    typical = d[k : k + int(inside[k])]
     if 2 * len(typical) <= len(d):  # as many outliers as typical steps: no typical step, the median of all
         return float(np.median(d)), len(typical)
     return float(np.median(typical)), len(typical)
