@@ -31,6 +31,12 @@ Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399; decid
   a trace cut inside its last iteration whose steps are rotated (each the end of one iteration and the start
   of the next), and short runs whose steady steps are mostly outliers (a checkpoint every 3rd iteration and
   stragglers: the median step is a long one, 5-22 % off the iterations').
+* issue 28's second pass (1a6dce4: run.log from the stage, the typical step time, ramp-up placed by time; the
+  decidability rule also states no typical step, a ramp-up with the last iteration cut, and finer partitions
+  at any phase): 1,314 / 1,303 (99.2 %) / 11 / 0 (megatron 332 / 329 / 3 / 0, zero3 348 / 348 / 0 / 0,
+  grad_accum 300 / 292 / 8 / 0, moe 334 / 334 / 0 / 0); undecidable 1,086: right 285, rotated 669, refused
+  116, wrong 16 (outliers as many as the regular iterations: the median of all steps; a finer partition at
+  another phase).
 """
 
 from __future__ import annotations
