@@ -16,8 +16,13 @@ iteration) on 4 ranks over 2 hosts, flows only (no Computation events, no run.lo
 * few iterations (3-8) in about a third of the runs, else 10-24.
 
 Every run is classified: ``right`` (step time within 3 % of the true iterations', at most one step
-per iteration, every flow of a steady step in one iteration), ``refused`` (StepDetectionError, by
-rule), ``wrong`` (a step time that is a multiple or a fraction of the iteration: silently wrong),
+per iteration, every flow of a steady step in one iteration), ``by the rule`` (issue 28's rule,
+docs/STEPS.md, where its answer is not one step an iteration: steps of ``g`` iterations when the extra
+all-reduce comes every ``g`` and nothing finer issues the same calls in every step, which flows alone
+cannot tell from a ``g``-iteration step (Computation events or run.log refuse it); ``r`` steps an
+iteration when every communicator repeats its block a multiple of ``r`` times: the finest partition),
+``refused`` (StepDetectionError, by rule), ``wrong`` (any other step time that is a multiple or a
+fraction of the iteration: silently wrong),
 ``misplaced`` (the step time is right but a steady step holds flows of two iterations: silently
 wrong too; the flows of the extra calls are not checked: where a step starts in the quiet time
 between two iterations is a convention; a cut inside one communicator's pattern, when it rotates
@@ -64,6 +69,8 @@ class Run:
     kind: str
     desc: list[str]
     rotated: bool  # the cut falls inside a communicator's pattern (README: partly left open)
+    extra_every: int = 0  # the extra all-reduce comes every this many iterations (0: none or irregular)
+    reps: tuple[int, ...] = ()  # each communicator's repetitions of its block within an iteration
 
 
 def _pattern(rng: np.random.Generator) -> tuple[list[tuple[str, int]], np.ndarray, str]:
@@ -82,28 +89,32 @@ def _pattern(rng: np.random.Generator) -> tuple[list[tuple[str, int]], np.ndarra
     return calls, np.round(offs * T, 1), how
 
 
-def make_run(seed: int, with_compute: bool = False) -> Run:  # noqa: C901, PLR0912 (draws every trace shape the fuzzer covers, a branch per shape)
+def make_run(seed: int, with_compute: bool = False) -> Run:  # noqa: C901, PLR0912, PLR0915 (draws every trace shape the fuzzer covers, a branch per shape)
     """The run of ``seed`` (module docstring)."""
     rng = np.random.default_rng(seed)
     kind = KINDS[seed % 3]
     n_iter = int(rng.integers(3, 9)) if rng.random() < 0.33 else int(rng.integers(10, 25))
     n_comm = int(rng.integers(1, 4))
     comms = []
+    reps: list[int] = []
     desc = [f"{kind}, {n_iter} iterations, {n_comm} communicator(s)"]
     for c in range(n_comm):
         calls, offs, how = _pattern(rng)
         ranks = GROUPS[int(rng.integers(len(GROUPS)))]
         comms.append((f"00000000000d{c:04x}", ranks, calls, offs))
+        d = next(d for d in range(1, len(calls) + 1) if len(calls) % d == 0 and calls == calls[:d] * (len(calls) // d))
+        reps.append(len(calls) // d)  # identical blocks (drawn so, or calls alike by chance)
         desc.append(
             f"  comm {c} ranks {ranks}: {how}: " + ", ".join(f"{o}:{n}@{t:.0f}" for (o, n), t in zip(calls, offs))
         )
     extra = None
+    every = 0
     if rng.random() < 0.35:
         target = int(rng.integers(0, n_comm + 1))  # n_comm: its own communicator
         if rng.random() < 0.6:
             g = int(rng.integers(2, 8))
             its = set(range(int(rng.integers(0, g)), n_iter, g))
-            what = f"every {g}"
+            what, every = f"every {g}", g
         else:
             its = {int(i) for i in rng.choice(n_iter, size=min(n_iter, int(rng.integers(2, 5))), replace=False)}
             what = f"at {sorted(its)}"
@@ -160,7 +171,7 @@ def make_run(seed: int, with_compute: bool = False) -> Run:  # noqa: C901, PLR09
         compute = pd.DataFrame(rows, columns=["host", "ts_us", "dur_us"])
         if kind == "cut":
             compute = compute[compute["ts_us"] < flows["ts_us"].max() + 1]
-    return Run(flows, compute, starts, end, kind, desc, rotated)
+    return Run(flows, compute, starts, end, kind, desc, rotated, every, tuple(reps))
 
 
 def classify(run: Run) -> tuple[str, str]:
@@ -176,15 +187,37 @@ def classify(run: Run) -> tuple[str, str]:
     timed = lengths[1:-1] if n_iter > 2 else lengths
     lo, hi = float(timed.min()), float(timed.max())
     got = f"{len(sr.steps)} steps of {sr.step_time_us:.1f} us (true {np.median(timed):.1f} us, {n_iter} iterations)"
-    if len(sr.steps) > n_iter or not lo * 0.97 <= sr.step_time_us <= hi * 1.03:
-        return "wrong", got
     it = np.searchsorted(run.starts, sr.flows["ts_us"].to_numpy(), side="right") - 1
     step = sr.flows["step"].to_numpy()
+    if len(sr.steps) > n_iter or not lo * 0.97 <= sr.step_time_us <= hi * 1.03:
+        return (f"by the rule ({_by_rule(run, sr, it, step)})", got) if _by_rule(run, sr, it, step) else ("wrong", got)
     steady = (step >= 0) & (sr.flows["count"].to_numpy() != 1)  # the pattern's calls, not the extra ones
     offsets = np.unique(step[steady] - it[steady])
     if len(offsets) > 1:
         return ("misplaced (rotated)" if run.rotated else "misplaced"), f"{got}; step - iteration in {offsets.tolist()}"
     return "right", got
+
+
+def _by_rule(run: Run, sr, it: np.ndarray, step: np.ndarray) -> str:
+    """The rule's own answer where it is not one step an iteration (docs/STEPS.md), or "": steps of ``g``
+    whole iterations when the extra all-reduce comes every ``g`` (nothing finer has the same calls in every
+    step: flows alone cannot tell it from a ``g``-iteration step; Computation events or run.log refuse it),
+    or ``r`` steps an iteration when every communicator repeats its block a multiple of ``r`` times (the
+    finest partition; their parts ordered in time)."""
+    m = step >= 0
+    if not m.any():
+        return ""
+    per_step = pd.Series(it[m]).groupby(step[m]).agg(["min", "max", "nunique"])
+    per_it = pd.Series(step[m]).groupby(it[m]).nunique()
+    g, lengths = run.extra_every, np.diff(np.append(run.starts, run.end))
+    lo, hi = float(lengths[1:].min()), float(lengths[1:].max())
+    if g >= 2 and g * lo * 0.97 <= sr.step_time_us <= g * hi * 1.03 and len(sr.steps) <= len(run.starts) // g + 2:
+        return f"{g}-iteration steps"  # at the phase of the extra call, maybe: inside an iteration
+    inner = per_it.iloc[1:-1] if len(per_it) > 2 else per_it
+    r = int(inner.iloc[0]) if len(inner) else 0
+    if r >= 2 and (per_step["nunique"] == 1).all() and (inner == r).all() and all(k % r == 0 for k in run.reps):
+        return f"{r} steps an iteration"
+    return ""
 
 
 def _seeds(text: str) -> list[int]:
@@ -220,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{seed}: {run.kind}: {outcome}: {detail}")
         if outcome in ("wrong", "misplaced", "crash"):
             bad.append(f"  seed {seed} ({run.kind}) {outcome}: {detail}")
-    outcomes = ("right", "refused", "wrong", "misplaced", "misplaced (rotated)", "crash")
+    outcomes = ("right", "by the rule", "refused", "wrong", "misplaced", "misplaced (rotated)", "crash")
     print(f"{'class':10}" + "".join(f"{o:>21}" for o in outcomes))
     for kind in (*KINDS, "all"):
-        row = [sum(v for (k, o), v in counts.items() if o == out and kind in (k, "all")) for out in outcomes]
+        key = lambda o: "by the rule" if o.startswith("by the rule") else o
+        row = [sum(v for (k, o), v in counts.items() if key(o) == out and kind in (k, "all")) for out in outcomes]
         print(f"{kind:10}" + "".join(f"{n:>21}" for n in row))
     print("refused by rule: " + ", ".join(f"{r} {n}" for r, n in sorted(rules.items())))
     print(f"silently wrong or crash: {len(bad)}")

@@ -76,8 +76,8 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         outcomes.append(_not_cross_checked(why))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
-    result = _detect_steps(spec, paths, flows, src, parsed.compute_events)
     run_log = read_record_or_none(paths.partition_dir(spec.run_id) / "run_log.json", RunLogRecord)
+    result = _detect_steps(spec, paths, flows, src, parsed.compute_events, run_log)
     logged = trace_checks.steps_match_run_log(
         result, run_log.iteration_s if run_log else [], run_log.precise if run_log else False
     )
@@ -126,6 +126,9 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     return StageResult(pdir / "flows.parquet", meta, outcomes)
 
 
+#: How finely a run.log that is not ``precise`` prints its iteration times (two decimals, seconds).
+LOG_RESOLUTION_S = 0.01
+
 #: Rows of ``flows.parquet`` converted to Arrow at a time (one row group each beyond it).
 FLOW_CHUNK_ROWS = 500_000
 
@@ -155,15 +158,30 @@ def _bytes_by_group(result: steps.StepResult, is_net, groups: dict[str, str]) ->
 
 
 def _detect_steps(
-    spec: RunSpec, paths: DataPaths, flows: pd.DataFrame, src: Path, compute: pd.DataFrame
+    spec: RunSpec,
+    paths: DataPaths,
+    flows: pd.DataFrame,
+    src: Path,
+    compute: pd.DataFrame,
+    run_log: RunLogRecord | None = None,
 ) -> steps.StepResult:
-    """Steps from the run's step markers when its source has them (``profiler_steps``: a Kineto
-    run's ``ProfilerStep#N`` spans, ``lib/kineto/step_spans.py``), else the communicator rule
-    checked against the compute rhythm of ``compute`` (``lib/traffic/steps/``)."""
+    """Steps from the explicit iteration boundaries the input has, strongest first (docs/STEPS.md): a
+    Kineto run's ``ProfilerStep#N`` spans (the source's ``profiler_steps``, ``lib/kineto/step_spans.py``)
+    cut them; else the communicator rule (``lib/traffic/steps/``) with the iteration records of
+    ``run_log`` (``run_log.json``: run.log's iterations, or the analytic simulator's own iteration marks)
+    selecting among its candidates, and the compute rhythm of ``compute``."""
     marks = getattr(get_source(spec.source), "profiler_steps", None)
     spans = marks(paths, spec) if marks is not None else None
     if spans is None:
-        return steps.detect_steps(flows, source=str(src), compute=compute)
+        iteration_s = list(run_log.iteration_s) if run_log is not None and run_log.present else None
+        resolution_s = 0.0 if run_log is None or run_log.precise else LOG_RESOLUTION_S
+        return steps.detect_steps(
+            flows,
+            source=str(src),
+            compute=compute,
+            iteration_s=iteration_s or None,
+            iteration_resolution_s=resolution_s,
+        )
     return steps_from_spans(flows, spans[0], spans[1], source=str(src))
 
 

@@ -28,8 +28,9 @@ Definitions (documented choices):
   RULE.max_repetitions``, each other sequence at the multiple whose calls sit at the same places among
   the reference's; the smallest ``k`` that holds and is indivisible; two that hold: ``steps ambiguous``.
 * **Timing**: a step starts with its first flow and ends where the next starts; the last steady step is
-  untimed (its end is its last flow's), so ``step_time_us`` is the median of the other steady steps; a
-  steady step more than ``RULE.outlier_rel_tol`` off it is named in ``steps.outlier``.
+  untimed (its end is its last flow's), so ``step_time_us`` is the median of the typical ones among the
+  other steady steps (``evidence.typical_step_us``); a steady step more than ``RULE.outlier_rel_tol`` off it
+  is named in ``steps.outlier``.
 """
 
 from phantora_assets.lib.traffic.steps.detect import MIN_REPEATS, StepResult, detect_steps

@@ -366,6 +366,20 @@ def _period_us(cs: _Calls, i: int, q: int) -> float:
     return float(np.median(d)) if len(d) else 0.0
 
 
+def _steady_period_us(cs: _Calls, i: int, q: int) -> float:
+    """:func:`_period_us` when most of the last (up to 8) periods of ``q`` calls of sequence ``i`` last
+    within 10 % of their median and their mean within 25 % of it (a rhythm in time, outliers aside: its
+    period is a step; not two calls close together, then a long gap), else 0."""
+    n = min(8, int(cs.seq_len[i]) // q)
+    first, _ = cs.step_bounds(i, q, n)
+    d = -np.diff(first)
+    if len(d) < 2:
+        return 0.0
+    med = float(np.median(d))
+    most = 2 * int((np.abs(d - med) <= 0.1 * med).sum()) > len(d)
+    return med if med > 0 and most and abs(float(d.mean()) / med - 1.0) <= 0.25 else 0.0
+
+
 def _multiple_by_time(cs: _Calls, i: int, p: int, ref: int, best: dict[int, int]) -> int | None:
     """The multiple ``m`` of sequence ``i``'s period ``p`` whose periods last the reference sequence's
     (within 10 %), or None."""
@@ -398,7 +412,8 @@ def _primary_periods(
     # are assigned to steps by time, using the boundaries of the other ("anchor") sequences.
     # A sequence that repeats its pattern k times per step is an anchor with period k * p
     # when exactly one multiple brings its count into [c_ref, c_ref + slack]; when several
-    # do, the step boundary inside it is ambiguous and it is assigned by time.
+    # do, or the one that does has periods that do not last the anchors' step (10 %: a ramp-up's fewer
+    # calls alike shift the count), the step boundary inside it is not its own and it is assigned by time.
     period = {}
     by_time = []
     for i in repeating:
@@ -407,7 +422,11 @@ def _primary_periods(
             period[i] = p
             continue
         fits = [q for q in range(p, cs.seq_len[i] + 1, p) if c_ref <= per[i].full_periods(q) <= c_ref + slack]
-        if len(fits) == 1:
+        ref = min(repeating, key=lambda j: counts[j])
+        t_ref = _steady_period_us(cs, ref, best[ref]) if len(fits) == 1 else 0.0
+        if len(fits) == 1 and t_ref > 0 and abs(_period_us(cs, i, fits[0]) / t_ref - 1.0) > 0.1:
+            by_time.append(i)  # the one count that fits is not a step in time (a ramp-up's fewer calls alike)
+        elif len(fits) == 1:
             period[i] = fits[0]
             counts[i] = per[i].full_periods(fits[0])
         elif fits:

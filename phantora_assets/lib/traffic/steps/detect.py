@@ -26,7 +26,7 @@ from phantora_assets.lib.traffic.steps.cut import (
     _step_table,
     first_alike,
 )
-from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation
+from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation, typical_step_us
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
@@ -278,7 +278,9 @@ def _violation(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | 
 # ---- decision -------------------------------------------------------------------------------------
 
 
-def _decide(ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: list[float] | None, src: str) -> _Cut:
+def _decide(
+    ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: list[float] | None, res_s: float, src: str
+) -> _Cut:
     """The finest candidate that holds (the primitive cut, else steps of several periods on every
     communicator); with run.log's iterations, the candidate they select (steps of ``g`` times as many calls
     when the finest lasts ``1/g`` iteration).
@@ -300,7 +302,7 @@ def _decide(ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: lis
         got = coarse
     cut = _aligned(ev, got, warmup_steps, src)
     if iteration_s:
-        why = run_log_violation(cut, iteration_s)
+        why = run_log_violation(cut, iteration_s, res_s)
         if why is not None:
             g = int(round(why[1]))
             coarser = (
@@ -308,8 +310,8 @@ def _decide(ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: lis
                 if g >= 2
                 else why[0]
             )
-            if isinstance(coarser, str) or run_log_violation(coarser, iteration_s) is not None:
-                reason = coarser if isinstance(coarser, str) else run_log_violation(coarser, iteration_s)
+            if isinstance(coarser, str) or run_log_violation(coarser, iteration_s, res_s) is not None:
+                reason = coarser if isinstance(coarser, str) else run_log_violation(coarser, iteration_s, res_s)
                 raise _fail(src, "steps disagree with run.log", f"{why[0]}; steps of {g} times as many calls: {reason}")
             cut = _aligned(ev, coarser, warmup_steps, src)
     cut = _steady_calls(ev, cut, src)
@@ -326,6 +328,7 @@ def detect_steps(
     min_repeats: int = RULE.min_repeats,
     compute: pd.DataFrame | None = None,
     iteration_s: list[float] | None = None,
+    iteration_resolution_s: float = 0.0,
 ) -> StepResult:
     """Cut a run's flows (``FLOW_COLUMNS``, any row order) into steps by the rule of ``rule.py``.
 
@@ -339,6 +342,8 @@ def detect_steps(
             they never change the steps.
         iteration_s: run.log's iteration times (seconds, every iteration the job ran), or None: the steps
             must agree with their count and median (``RULE.log_rel_tol``).
+        iteration_resolution_s: how finely run.log prints ``iteration_s`` (0.01 s for a log of two
+            decimals, 0 for full precision or the simulator's own iteration marks): added to the tolerance.
 
     Returns:
         StepResult (see the module docstring for the definitions); ``steps.outlier`` names why a steady
@@ -371,7 +376,7 @@ def detect_steps(
         )
     if (broken := broken_period(cs, ev.per, ev.prim, min_repeats)) is not None:
         raise _fail(src, "steps irregular", broken)
-    cut = _decide(ev, warmup_steps, min_repeats, iteration_s, src)
+    cut = _decide(ev, warmup_steps, min_repeats, iteration_s, iteration_resolution_s, src)
     if (slow := compute_violation(cut, compute)) is not None:
         raise _fail(src, "steps disagree with compute", slow)
 
@@ -386,7 +391,14 @@ def detect_steps(
         timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
         if not timed:
             raise _fail(src, "no steady step", "the only steady step is the last one, which has no next step to end it")
-    step_time = float(np.median(steps["duration_us"].to_numpy()[timed]))
+    if len(steady_steps) < 2:  # the rule's "every steady step" needs two to compare
+        raise _fail(
+            src,
+            "no steady step",
+            f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
+            "are cut short or differ",
+        )
+    step_time = typical_step_us(steps["duration_us"].to_numpy()[timed])[0]
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}

@@ -12,26 +12,46 @@ from phantora_assets.lib.traffic.steps.cut import _Cut, _Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
+def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
+    """``(step time, number of typical steps)`` of the timed steady steps' ``durations``: the typical ones
+    are the most of them within a window of ``2 * RULE.outlier_rel_tol`` above one of them (jitter of up to
+    that share either way; ties: the shortest window, as outliers only lengthen steps), the step time their
+    median; the others (an eval pass, a checkpoint, a straggler) are outliers, kept as
+    steps, not setting it. Equal steps, or typical ones no more than half of them: the median of all.
+    ``(nan, 0)`` when there is none."""
+    d = np.sort(np.asarray(durations, dtype=np.float64))
+    if not len(d):
+        return float("nan"), 0
+    tol = RULE.outlier_rel_tol
+    inside = np.searchsorted(d, d * (1 + 2 * tol), side="right") - np.arange(len(d))
+    k = int(np.argmax(inside))  # the window [d_k, (1 + 2 tol) d_k] holding the most (ties: the shortest)
+    typical = d[k : k + int(inside[k])]
+    if 2 * len(typical) <= len(d):  # as many outliers as typical steps: no typical step, the median of all
+        return float(np.median(d)), len(typical)
+    return float(np.median(typical)), len(typical)
+
+
 def _timed_median(cut: _Cut) -> float:
-    """Median duration (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
+    """The step time (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
     d = cut.steps["duration_us"].to_numpy()
     hi = cut.n_complete if cut.n_complete < cut.n_steps else cut.n_steps - 1
-    timed = d[cut.first_steady : hi]
-    return float(np.median(timed)) if len(timed) else float("nan")
+    return typical_step_us(d[cut.first_steady : hi])[0]
 
 
-def run_log_violation(cut: _Cut, iteration_s: list[float]) -> tuple[str, float] | None:
+def run_log_violation(cut: _Cut, iteration_s: list[float], resolution_s: float = 0.0) -> tuple[str, float] | None:
     """Why ``cut`` disagrees with run.log's iterations (``iteration_s``, seconds; the first is warm-up) and
     run.log's median iteration in steps of ``cut`` (the multiple a coarser cut must take), or None: as many
     steps as iterations (up to ``RULE.log_missing_steps`` fewer) and the median step within
-    ``RULE.log_rel_tol`` of the median iteration. None with fewer than 3 iterations (nothing to tell)."""
+    ``RULE.log_rel_tol`` of the median iteration plus ``resolution_s`` (a log that prints two decimals:
+    0.01 s). None with fewer than 3 iterations (nothing to tell)."""
     if len(iteration_s) < 3:
         return None
     med_us = float(np.median(np.asarray(iteration_s[1:], dtype=float))) * 1e6
     step_us = _timed_median(cut)
     ratio = med_us / step_us if step_us > 0 else float("inf")
     n_log = len(iteration_s)
-    if n_log - RULE.log_missing_steps <= cut.n_steps <= n_log and abs(ratio - 1.0) <= RULE.log_rel_tol:
+    close = abs(med_us - step_us) <= RULE.log_rel_tol * med_us + resolution_s * 1e6
+    if n_log - RULE.log_missing_steps <= cut.n_steps <= n_log and close:
         return None
     return (
         f"{cut.n_steps} steps of {step_us:.3f} us, but run.log reports {n_log} iterations of {med_us:.3f} us "

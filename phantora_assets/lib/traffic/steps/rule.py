@@ -32,8 +32,10 @@ class StepRule:
     Attributes:
         min_repeats: full periods a communicator rank's periodic tail must cover (3).
         warmup_steps: full leading steps that are warm-up, on top of the calls before the first full period.
-        outlier_rel_tol: a steady step longer or shorter than the median by more than this share is kept
-            and flagged as an outlier (eval pass, checkpoint, straggler), never merged into a coarser step.
+        outlier_rel_tol: a steady step longer or shorter than the step time by more than this share is kept
+            and flagged as an outlier (eval pass, checkpoint, straggler), never merged into a coarser step;
+            the step time is the median of the typical steps, the most within ``2 x`` this share above the
+            shortest of them.
         p2p_bytes_rel_tol: a send/recv (an MoE all-to-all's transfers) whose element count varies with
             routing is compared by (op, communicator, dtype, peer); its steady steps' bytes per
             communicator must stay within this share of the median step's.
