@@ -247,8 +247,7 @@ def torchtitan_specs(draw):
         "seq_len": draw(st.sampled_from([256, 512])),
         "micro_batch": draw(st.sampled_from([1, 2])),
         "grad_accumulation": pp * draw(st.sampled_from([1, 2])) if pp > 1 else draw(st.sampled_from([1, 2])),
-        # selective (op-level) AC under TP may recompute the all-gathers: not a documented rule
-        "recompute": draw(st.sampled_from(["none", "full"] if tp > 1 else ["none", "selective", "full"])),
+        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
     }
     return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp
 
@@ -498,6 +497,29 @@ def test_torchtitan_tp_backward():
     # AG + RS and no embedding call: the order tells them apart)
     par = {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}
     assert_tp_order_matches(_small("torchtitan", par, {"grad_accumulation": 1}), 4, 4)
+
+
+def test_torchtitan_sac_reruns_tp_all_gathers():
+    """Rule torchtitan.sac_tp_all_gathers: per-op SAC reissues each block's two TP all-gathers."""
+    # _op_sac_save_list (torchtitan models/llama3/infra/parallelize.py) saves mm, SDPA, max and
+    # reduce_scatter_tensor outputs; the Shard(1) -> Replicate all-gathers of the attention and
+    # feed-forward inputs are recomputed before the block's backward, the reduce-scatters are not
+    par = {"tp": 2, "dp": 2, "zero": 3, "sequence_parallel": True}
+    table = _small("torchtitan", par, {"grad_accumulation": 2, "recompute": "selective"})
+    _collectives()
+    assert_tp_order_matches(table, 4, 4)
+    pred = predict(table, 4, 4)
+    n = 512 * 1 * 256 // 2
+    tp_calls = pred.multiset(("tp", (0, 1)))
+    # per micro-batch: embedding RS + output RS + 2 RS fwd + 2 RS bwd a block; AG: output +
+    # embedding + (2 fwd + 2 recompute + 2 bwd) a block
+    assert tp_calls[Call("reduce_scatter", n, "bf16")] == 2 * (2 + 4 * 2)
+    assert tp_calls[Call("all_gather", n, "bf16")] == 2 * (2 + 6 * 2)
+    # the generator: the same calls, and per block exactly two more all-gathers than without AC
+    got = Counter(generated(table, 4, 4)[("tp", (0, 1))])
+    plain = Counter(generated(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)[("tp", (0, 1))])
+    assert got == +tp_calls
+    assert got - plain == Counter({Call("all_gather", n, "bf16"): 2 * 2 * 2})
 
 
 def test_deepspeed_zero2_accumulation():

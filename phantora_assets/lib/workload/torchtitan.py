@@ -47,7 +47,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     attention and feed-forward, a reduce-scatter after the embedding, an all-gather before the
     output layer, loss_parallel's three fp32 all-reduces; backward: the transposes (an
     all-gather for each reduce-scatter and vice versa), but the output layer's backward only
-    reduce-scatters (its gathered input is saved). PP: as Megatron's (send/recv per
+    reduce-scatters (its gathered input is saved). Recompute before a block's backward: full AC
+    reruns its forward, TP collectives included; per-op SAC reruns the two TP all-gathers (the
+    reduce-scatters' outputs are on the save list). PP: as Megatron's (send/recv per
     micro-batch). The optimizer (AdamW, foreach) updates the local shard."""
     ops = torch_ops(self)
     par = self.spec.par
@@ -172,7 +174,14 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
                 comp(f"layers.{i}.mlp.recompute", "bwd", ops.hf_llama_mlp("fwd"))
                 tp_c("rs", f"layers.{i}.mlp.recompute.reduce_scatter")
-            if sac:  # per-op SAC: the block's unsaved ops run again (no collective: those are saved)
+            if sac:
+                # per-op SAC: the block's unsaved ops run again. The save list (torchtitan
+                # models/llama3/infra/parallelize.py _op_sac_save_list) holds mm, SDPA, max and
+                # _c10d_functional.reduce_scatter_tensor, not all_gather_into_tensor: the
+                # sequence-parallel inputs of attention and feed-forward are all-gathered again
+                # (the wo / w2 reduce-scatters are saved)
+                tp_c("ag", f"layers.{i}.attention.recompute.all_gather")
+                tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
                 comp(f"layers.{i}.recompute", "bwd", sac_recompute(ops.hf_attention("fwd") + ops.hf_llama_mlp("fwd")))
             tp_c("ag", f"layers.{i}.mlp.bwd.all_gather")
             comp(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd"))
