@@ -413,9 +413,10 @@ def _signal_code(e: KeyboardInterrupt) -> int:
 
 
 def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, home: str, quiet: bool) -> None:
-    """The build's last lines: each run's status, the dataset's failure, the counts and where things are."""
-    if not quiet:
-        for spec, status in rows:
+    """The build's last lines: each run's status (``quiet``: the failed runs' only), the dataset's
+    failure, the counts and where things are."""
+    for spec, status in rows:  # --quiet leaves out the runs that went well, never a failure
+        if not quiet or status.startswith("FAILED"):
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
     if dataset_errs is not None:
         print(f"dataset: FAILED: {'; '.join(dataset_errs)[:300]}", file=sys.stderr)

@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phantora_assets.checks import exclusion_reason, read_checks, step_errors
+from phantora_assets.checks import read_checks
 from phantora_assets.cli.build import _build
 from phantora_assets.paths import DataPaths
+from phantora_assets.records import RecordError
+from phantora_assets.stages.export import run_exclusion
 
 if TYPE_CHECKING:
-    pass
+    from phantora_assets.matrix import RunSpec
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -126,16 +128,15 @@ def _profiled_spec(folder: Path, args: argparse.Namespace):
     return chakra.spec_for(folder, gpn, run_id, world)
 
 
-def check_status(checks: dict[str, dict]) -> str:
-    """One phrase for a run's ``checks.json`` (``read_checks``): ``all checks passed``, or the
-    exclusion reason that ``run_status.csv`` gives (``checks.exclusion_reason``: each gating check
-    not passed, ``<check>: failed`` or ``<check>: not evaluated``), then the advisory ``warning``s;
-    a step that raised comes first (``error: <asset>: <type>: <file>: <rule>...``)."""
-    parts = [exclusion_reason(checks) or "all checks passed"]
-    errors = step_errors(checks)
-    if errors:
-        parts.insert(0, "error: " + "; ".join(e[:300] for e in errors))
-    out = "; ".join(parts)
+def check_status(spec: RunSpec, paths: DataPaths) -> str:
+    """One phrase for a run: ``all checks passed``, or the exclusion reason ``run_status.csv`` and
+    the database give (``stages/export.run_exclusion``: a failed step first as ``step <asset>:
+    <error>``, each gating check not passed, or ``stale: ...``), then the advisory ``warning``s."""
+    out = run_exclusion(spec, paths) or "all checks passed"
+    try:
+        checks = read_checks(paths.run_folder(spec))
+    except RecordError:
+        checks = {}
     warned = [k for k, v in checks.items() if v["status"] == "warning"]
     if warned:
         out += " (warning: " + ", ".join(warned) + ")"
@@ -155,8 +156,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     cols = f"{'run_id':{w_id}s} {'source':9s} {'model':{w_model}s} {'parallelism':{w_par}s}"
     print(f"{cols} {'memory GiB':>11s} {'fits':5s} built")
     for spec in specs:
-        checks = read_checks(paths.run_folder(spec))
-        built = check_status(checks)
+        built = check_status(spec, paths)
         head = f"{spec.run_id:{w_id}s} {spec.source:9s} {spec.model_name:{w_model}s} {spec.parallelism:{w_par}s}"
         if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
             print(f"{head} {'profiled':>11s} {'yes':5s} {built}")

@@ -77,7 +77,9 @@ class Source(Protocol):
     (step markers of the trace; ``validated_flows`` then cuts steps at them, ``lib/kineto/step_spans.py``).
     Optional, for sources of a registered folder (``import``, ``kineto``, ``chakra``): ``input_files(folder)
     -> names`` (the files its build reads; the run's fingerprint covers their size and mtime,
-    ``stages/simulation.source_files``).
+    ``stages/simulation.source_files``) and ``check_inputs(spec, paths)`` (raises when the folder
+    cannot be built from, before ``raw_timeline`` invalidates anything of the run: a refused build
+    leaves the run as it was).
     """
 
     NAME: str

@@ -32,6 +32,7 @@ from phantora_assets.lib.phantora.run_folder import (
     too_deep,
     trace_file,
 )
+from phantora_assets.lib.phantora.run_log import read_run_log
 from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, walk
 from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import StageResult, record
@@ -227,6 +228,33 @@ def source_folder(spec: RunSpec, paths: DataPaths) -> Path:
     return folder
 
 
+def check_inputs(spec: RunSpec, paths: DataPaths) -> Path:
+    """The folder to build ``spec`` from (:func:`source_folder`), checked before anything of the
+    run is replaced (``stages/simulation.raw_timeline`` calls it before it invalidates the run's
+    files): no symlink among the files the import takes, and a trace there, or a run.log that
+    reports the run did not fit (an empty or half-copied folder must not replace the data root's
+    copy with nothing).
+
+    Raises:
+        FileNotFoundError: :func:`source_folder`.
+        FileRuleError: a link, FIFO, socket or device among the files (``refuse_links``).
+        TraceFormatError: no timeline.json.gz or timeline.json in the folder, and no run.log that
+            reports the run did not fit (the rule ``missing trace``).
+    """
+    src = source_folder(spec, paths)
+    refuse_links(src)  # also a folder registered in place: nothing is read through a link
+    if trace_file(src) is None:
+        log = src / "run.log"
+        if not log.is_file():
+            raise TraceFormatError(src, "missing trace", "no timeline.json.gz, timeline.json or run.log")
+        if not fits_from_log(spec, read_run_log(log), True, "imported").passed:
+            return src  # a run that did not fit has no trace: its run.log is the evidence
+        raise TraceFormatError(
+            src, "missing trace", "no timeline.json.gz or timeline.json, and run.log reports no out-of-memory error"
+        )
+    return src
+
+
 def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
     """raw_timeline of an imported run: copy its run folder's files into the data root's run folder.
 
@@ -245,10 +273,9 @@ def import_run_folder(spec: RunSpec, paths: DataPaths) -> StageResult:
         TraceFormatError: the folder has no trace and its run.log reports no out-of-memory error.
     """
     folder = paths.run_folder(spec)
-    src = source_folder(spec, paths)  # before anything is reset: a refused build changes nothing
+    src = check_inputs(spec, paths)  # before anything is reset: a refused build changes nothing
     registered = str(Path(spec.path))
     reset_checks(folder, "raw_timeline")
-    refuse_links(src)  # also a folder registered in place: nothing is read through a link
     copied = {} if same_path(src, folder) else _copy_in(src, folder)
     trace = trace_file(src)
     log_present = (folder / "run.log").is_file()

@@ -93,6 +93,8 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
     Raises:
         RunMatrixError: the run's dense per-pair bin table would be too large to build in bounded
             memory (``lib/store/bin_table.dense_table_rule``), before anything is simulated or read.
+        FileNotFoundError, FileRuleError, TraceFormatError: the source's ``check_inputs`` refused its
+            folder (``sources/base.py``), before anything of the run was invalidated.
     """
     if (why := bin_table.dense_table_rule(spec.n_nodes, WINDOW_S, spec.bin_s)) is not None:
         raise RunMatrixError(f"run {spec.run_id} ({spec.layout}): bin table too large: {why}")
@@ -103,10 +105,13 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
         before = read_record_or_none(spec_file, RunSpecRecord)
     except RecordError:
         before = None
+    source = get_source(spec.source)
+    if (check_inputs := getattr(source, "check_inputs", None)) is not None:
+        check_inputs(spec, paths)  # a folder that cannot be built from changes nothing of the run
     if before is None or not same_inputs(spec, before, now):
         invalidate_downstream(spec, paths, before)
     spec_file.unlink(missing_ok=True)
-    result = get_source(spec.source).raw_timeline(spec, paths, ctx)
+    result = source.raw_timeline(spec, paths, ctx)
     write_record(spec_file, now)
     result.metadata.update(workload_metadata(spec))
     return result
@@ -144,7 +149,8 @@ def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord
     """Before ``raw_timeline`` rebuilds a run from other inputs than its files were built from
     (``before``: the ``run_spec.json`` it had, None when absent or unreadable): remove what the
     assets below it wrote (the partition's other tables and records, the run folder's
-    ``timeline.json.gz`` and ``plots/``) and mark their checks in ``checks.json`` as not evaluated.
+    ``timeline.json.gz`` and ``plots/``, unless that trace is the run's only copy of its source) and
+    mark their checks in ``checks.json`` as not evaluated.
     Without this, rematerializing ``raw_timeline`` alone would leave the old flows, windows and
     run summary beside a current ``run_spec.json``, and the dataset would export them as current.
     """
@@ -153,9 +159,10 @@ def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord
         for f in pdir.iterdir():
             if f.name not in RAW_TIMELINE_FILES and (f.is_file() or f.is_symlink()):
                 f.unlink(missing_ok=True)
-    # a folder registered in place (the data root's own run folder is the imported one): its
-    # timeline.json.gz is the source trace and its plots/ came with it, the only copies
-    if not (spec.path and same_path(Path(spec.path), folder)):
+    # the data root's timeline.json.gz is the run's only trace when the folder is registered in
+    # place (the data root's own run folder is the imported one: its plots/ came with it too) or
+    # when the registered folder is gone (the import builds from the data root's copy): kept
+    if not (spec.path and (same_path(Path(spec.path), folder) or not Path(spec.path).is_dir())):
         paths.chrome_trace(spec).unlink(missing_ok=True)
         shutil.rmtree(paths.plots_dir(spec), ignore_errors=True)
     why = "built without a run_spec.json" if before is None else "built from other inputs"
