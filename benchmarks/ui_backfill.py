@@ -264,7 +264,7 @@ def _postgres(tmp: Path) -> Iterator[Callable[[str], dict[str, Any]]]:
     import sqlalchemy as sa
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from pg_server import pg_server
+    from fixtures.pg_server import pg_server
 
     with pg_server(tmp / "pg") as server:
 

@@ -16,8 +16,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import DATA
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.paths import DATA
 
 from phantora_assets import definitions as d
 from phantora_assets.cli import format_rows, main

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.paths import ROOT
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import ADVISORY_CHECKS, RUN_CHECKS, read_checks
@@ -18,7 +19,6 @@ from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from fixtures.paths import ROOT as REPO
 
 
 def _env() -> dict[str, str]:

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from run_folders import analytic, megatron_log, write_run_folder
+from fixtures.paths import ROOT
+from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
 from phantora_assets.imported_runs import discover_imports
 from phantora_assets.lib.errors import FileRuleError
@@ -22,7 +23,6 @@ from phantora_assets.paths import DataPaths
 from phantora_assets.sources import phantora_import
 from phantora_assets.stages.simulation import run_spec_record
 
-ROOT = Path(__file__).resolve().parent.parent
 W4 = "phantora_a100_40g_W4_2x1"
 DEPTH = 300  # deeper than _shallow_stack allows: Python 3.11's os.walk recursed once per level
 
@@ -240,7 +240,7 @@ def test_a_trace_event_with_a_key_twice_is_refused(tmp_path):
 # ---- Kineto: a kernel of negative duration --------------------------------------------------------
 def test_a_kineto_nccl_kernel_of_negative_duration_is_refused(tmp_path):
     # was: converted into a flow of zero duration (start = end), every other round 400 us long, silently
-    from kineto_traces import Coll, rank_trace, write_traces
+    from fixtures.kineto_traces import Coll, rank_trace, write_traces
 
     from phantora_assets.lib.errors import TraceFormatError
     from phantora_assets.lib.kineto.run import convert, read_folder

@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 import pytest
-from run_folders import analytic
+from fixtures.run_folders import analytic
 
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import trace_decode as td
@@ -117,7 +117,7 @@ def test_the_compute_anatomy_refuses_a_zero_padded_host_name_too():
 
 # ---- Kineto: two NCCL kernels with one correlation id ---------------------------------------------
 def _kineto_folder(tmp_path, change) -> None:
-    from kineto_traces import Coll, rank_trace, write_traces
+    from fixtures.kineto_traces import Coll, rank_trace, write_traces
 
     traces = {r: rank_trace(r, 2, [Coll("allreduce", 1000, 1000, "Float", (0, 1))], steps=4) for r in range(2)}
     events = traces[0]["traceEvents"]

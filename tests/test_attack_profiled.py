@@ -12,7 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from kineto_traces import Coll, rank_trace, write_traces
+from fixtures.kineto_traces import Coll, rank_trace, write_traces
 
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.run import convert, read_folder

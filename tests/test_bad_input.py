@@ -27,7 +27,8 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.paths import ROOT
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import TRACE_CHECKS, read_checks
@@ -40,7 +41,6 @@ perf_db, raw_timeline, chrome_trace, validated_flows, binned_flows = (
 )
 RUNS_BY_ID = {s.run_id: s for s in load_run_matrix()}
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 A = "phantora_l40s_W4_2x1"  # the partition fed bad input
 B = "phantora_a100_40g_W1_2x2"  # another partition, which must still materialize

@@ -6,7 +6,7 @@ and then dying on the allocation; the shipped layouts are far inside the bound."
 from __future__ import annotations
 
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.errors import RunMatrixError

@@ -6,7 +6,7 @@ import filecmp
 
 import pandas as pd
 import pytest
-from conftest import published_rows
+from fixtures.paths import published_rows
 
 from phantora_assets.checks import read_checks
 from phantora_assets.cli import main

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.instance.launcher import PID_TAG, ForkRunLauncher, process_start_time
 
-ROOT = Path(__file__).resolve().parent.parent
 FITS, NO_FIT = "phantora_l40s_W1_2x1", "phantora_l40s_W5_2x1"
 SLOW = ["phantora_a100_40g_W1_4x2", "phantora_a100_40g_W2_4x2", "phantora_a100_40g_W3_4x2", "phantora_a100_40g_W4_4x2"]
 
@@ -300,7 +300,7 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
     the code location, and Dagster's cached job definition (ReconstructableJob.get_definition, an
     lru_cache keyed by the job's origin) must not outlive it: the run failed with "Nonexistent
     partition keys"."""
-    from run_folders import analytic, megatron_log, write_run_folder
+    from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
     from phantora_assets.cli.engine import _Runs
     from phantora_assets.matrix import RunSpec

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
@@ -19,7 +20,6 @@ from phantora_assets.imported_runs import read_registry
 from phantora_assets.lib.chakra.et_io import read_et
 from phantora_assets.paths import DataPaths
 
-ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "reference" / "traces"  # ../shared/reference (not in the repo)
 RUN, BACK, GPN = "phantora_a100_40g_W4_2x2", "w4_back", 2
 NET_PER_STEP = 17308127244  # network bytes of one steady step of RUN (runs.csv inter_node_bytes_per_step)

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.lib.chakra.et_io import EtNode, encode_et, read_et
 from phantora_assets.lib.errors import TraceFormatError
 
-ROOT = Path(__file__).resolve().parent.parent
 ASTRA = ROOT.parent / "shared" / "reference" / "traces" / "astra-sim" / "microbenchmarks"  # not in the repo
 
 # GlobalMetadata{version "0.0.4" (field 1), attr (2) [AttributeProto{name "rank" (1), int64_val 1 (9)}]}

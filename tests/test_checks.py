@@ -4,12 +4,13 @@ record and the README table all come from it."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from fixtures.paths import ROOT
 
 from phantora_assets import checks
 from phantora_assets import definitions as d
 
-OUTPUTS_DOC = Path(__file__).resolve().parent.parent / "docs" / "OUTPUTS.md"
+OUTPUTS_DOC = ROOT / "docs" / "OUTPUTS.md"
 
 
 def test_outputs_doc_table_is_the_registry():

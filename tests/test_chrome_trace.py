@@ -10,171 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.raw_timelines import COMM_A, COMM_B, COMM_C, TORCH_META, big_trace, raw_timeline
 
-from phantora_assets.lib.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS, RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.columns import COMPUTE_SUMMARY_COLUMNS, FLOW_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora.chrome_trace import comm_id_of, read_trace, write_chrome_trace
-
-COMM_A = bytes(range(128))
-COMM_B = bytes([7] * 128)
-COMM_C = bytes(range(255, 127, -1))
-
-TORCH_META = {
-    "Torch": {
-        "time": 2500,
-        "id": {"host": {"hostname": "host-1", "pid": 101}, "tid": 3},
-        "stream": {"device": 0, "id": 7},
-        "info": {"MM": [{"shape": [8, 16], "dtype": "BFloat16"}]},
-    }
-}
-CUDA_META = {"Cuda": {"CudaMemcpyAsync": {"size": 64, "kind": "HostToDevice"}}}
-
-
-def _comm(eid, name, start, end, src, dst, nbytes, call, count, dtype, op, root, comm, rank, dev=0, sid=7):
-    return dict(
-        event_id=eid,
-        kind="communication",
-        name=name,
-        start_ns=start,
-        end_ns=end,
-        src_host=src,
-        dst_host=dst,
-        bytes=nbytes,
-        call=call,
-        count=count,
-        dtype=dtype,
-        reduce_op=op,
-        root=root,
-        comm_id_hex=comm.hex(),
-        comm_rank=rank,
-        stream_device=dev,
-        stream_id=sid,
-        os_pid=0,
-        meta_json="",
-    )
-
-
-def _comp(eid, name, start, end, host, pid, meta, sid=7):
-    return dict(
-        event_id=eid,
-        kind="computation",
-        name=name,
-        start_ns=start,
-        end_ns=end,
-        src_host=host,
-        dst_host="",
-        bytes=0,
-        call="",
-        count=0,
-        dtype="",
-        reduce_op="",
-        root=-1,
-        comm_id_hex="",
-        comm_rank=-1,
-        stream_device=0,
-        stream_id=sid,
-        os_pid=pid,
-        meta_json=json.dumps(meta, separators=(",", ":")),
-    )
-
-
-def raw_timeline() -> pd.DataFrame:
-    """Hand-built raw timeline, deliberately not in time order."""
-    rows = [
-        _comm(
-            11,
-            "ar",
-            5_000_000,
-            5_056_000,
-            "host-1",
-            "host-2",
-            8_388_608,
-            "NcclAllReduce",
-            4_194_304,
-            "Bf16",
-            "Sum",
-            -1,
-            COMM_A,
-            0,
-        ),
-        _comp(1, "aten::mm", 10_000, 13_000, "host-1", 101, TORCH_META),
-        _comm(
-            12,
-            "ar",
-            5_000_000,
-            5_056_500,
-            "host-2",
-            "host-1",
-            8_388_608,
-            "NcclAllReduce",
-            4_194_304,
-            "Bf16",
-            "Sum",
-            -1,
-            COMM_A,
-            1,
-            dev=1,
-            sid=9,
-        ),
-        _comm(13, "ag", 1_000, 1_000, "host-1", "host-1", 4096, "NcclAllGather", 1024, "F32", "", -1, COMM_B, 0),
-        _comm(14, "rs", 2_000, 2_000, "host-2", "host-1", 2048, "NcclReduceScatter", 256, "F64", "Sum", -1, COMM_B, 1),
-        _comm(
-            15,
-            "bc",
-            3_000_123,
-            3_010_000,
-            "host-2",
-            "host-1",
-            1_000_000,
-            "NcclBcast",
-            1_000_000,
-            "I8",
-            "",
-            1,
-            COMM_A,
-            1,
-        ),
-        _comm(
-            16,
-            "send",
-            4_000_000,
-            4_020_000,
-            "host-1",
-            "host-2",
-            65_536,
-            "NcclSend",
-            32_768,
-            "F16",
-            "",
-            -1,
-            COMM_C,
-            0,
-            sid=-1,
-        ),
-        _comm(
-            17,
-            "recv",
-            4_000_000,
-            4_020_000,
-            "host-1",
-            "host-2",
-            65_536,
-            "NcclRecv",
-            32_768,
-            "F16",
-            "",
-            -1,
-            COMM_C,
-            1,
-            sid=3,
-        ),
-        _comp(2, "aten::add", 0, 2_500, "host-1", 101, TORCH_META),
-        _comp(3, "memcpy", 500, 1_500, "host-2", 202, CUDA_META),
-    ]
-    df = pd.DataFrame(rows, columns=list(RAW_TIMELINE_COLUMNS))
-    for c, t in RAW_TIMELINE_COLUMNS.items():
-        df[c] = df[c].astype("int64" if t == "int64" else object)
-    return df
 
 
 @pytest.fixture()
@@ -371,7 +211,7 @@ def test_plain_json_and_one_line_array(tmp_path: Path, trace: Path) -> None:
 def test_crlf_layout_is_streamed_in_batches(tmp_path: Path) -> None:
     from phantora_assets.lib.phantora import trace_batches as tb
 
-    big = _big_trace(tmp_path, copies=30)
+    big = big_trace(tmp_path, copies=30)
     ref = read_trace(big)
     crlf = tmp_path / "crlf.json.gz"
     crlf.write_bytes(gzip.compress(gzip.decompress(big.read_bytes()).replace(b"\n", b"\r\n")))
@@ -558,20 +398,9 @@ def test_reader_accepts_null_stream_and_missing_optional_fields(tmp_path: Path) 
 # ------------------------------------------------------------------------------------- helper process
 
 
-def _big_trace(tmp_path: Path, copies: int = 300) -> Path:
-    raw = raw_timeline()
-    big = pd.concat([raw] * copies, ignore_index=True)
-    big["event_id"] = np.arange(len(big), dtype=np.int64)
-    big["start_ns"] = big["start_ns"] + np.arange(len(big)) * 10
-    big["end_ns"] = big["end_ns"] + np.arange(len(big)) * 10
-    p = tmp_path / "big.json.gz"
-    write_chrome_trace(big, p)
-    return p
-
-
 @pytest.mark.parametrize("chunk,workers", [(4096, 1), (1000, 2), (1 << 20, 1)])
 def test_helper_process_gives_the_same_tables(tmp_path: Path, chunk: int, workers: int) -> None:
-    p = _big_trace(tmp_path)
+    p = big_trace(tmp_path)
     ref = read_trace(p, workers=0)
     got = read_trace(p, chunk_bytes=chunk, workers=workers)
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)
@@ -584,7 +413,7 @@ def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -
     import phantora_assets.lib.phantora.trace_decode as td
     import phantora_assets.lib.phantora.trace_helpers as th
 
-    p = _big_trace(tmp_path)
+    p = big_trace(tmp_path)
     ref = read_trace(p, workers=0)
     calls = []
     real = th.HelperPool
@@ -614,7 +443,7 @@ def test_default_uses_helpers_only_for_idle_cores(tmp_path: Path, monkeypatch) -
 def test_first_error_in_file_order_with_line(tmp_path: Path, workers: int) -> None:
     """Errors in two batches: the first one in the file is reported, with its line, whichever
     process decoded it."""
-    lines = _lines(_big_trace(tmp_path))
+    lines = _lines(big_trace(tmp_path))
     i = next(k for k in range(2400, 2600) if '"cat":"Communication"' in lines[k])
     lines[i] = lines[i].replace('"dur":', '"dur":-', 1)
     j = next(k for k in range(2800, 2900) if '"cat":"Computation"' in lines[k])
@@ -635,7 +464,7 @@ def test_helpers_are_skipped_inside_a_daemonic_pool_worker(tmp_path: Path) -> No
     """A parallel build runs partitions in pool workers, which may not have children."""
     import multiprocessing as mp
 
-    p = _big_trace(tmp_path)
+    p = big_trace(tmp_path)
     ref = read_trace(p, workers=0)
     with mp.get_context("fork").Pool(1) as pool:
         got = pool.map(_read_in_pool_worker, [(p, 2)])[0]

@@ -15,13 +15,13 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.paths import ROOT
 
 from phantora_assets import definitions as d
 from phantora_assets.lib.store.io import TEMP_NAME, atomic_path, sweep_temp_files
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RUNS = [
     "phantora_l40s_W4_2x1",

@@ -7,7 +7,7 @@ from functools import cache
 
 import pandas as pd
 import pytest
-from run_folders import analytic
+from fixtures.run_folders import analytic
 
 from phantora_assets.lib.phantora import chrome_trace
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective

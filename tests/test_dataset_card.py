@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 import yaml
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets import contracts
 from phantora_assets.definitions import build_defs

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.store import generations

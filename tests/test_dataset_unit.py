@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.store import export as export_writer

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-EXPECTED = Path(__file__).parent / "data" / "asset_keys.txt"
+from fixtures.paths import DATA, ROOT
+
+EXPECTED = DATA / "asset_keys.txt"
 
 
 def current_keys() -> list[str]:
@@ -66,7 +66,7 @@ def test_build_defs_uses_the_specs_it_is_given(tmp_path):
     """Partitions, RunSpecs and the dataset all come from ``specs``, not from the shipped matrix."""
     import dagster as dg
     import pytest
-    from materialize import ephemeral_with_runs
+    from fixtures.materialize import ephemeral_with_runs
 
     from phantora_assets.definitions import build_defs
     from phantora_assets.lib.errors import RunMatrixError

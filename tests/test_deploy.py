@@ -40,9 +40,9 @@ from dagster._config import process_config
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.workspace.config_schema import ensure_workspace_config
-from pg_server import REQUIRE_ENV, PostgresUnavailable, free_port, pg_server
+from fixtures.paths import ROOT
+from fixtures.pg_server import REQUIRE_ENV, PostgresUnavailable, free_port, pg_server
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DAGSTER_SERVICES = ("phantora_assets", "dagster_webserver", "dagster_daemon")

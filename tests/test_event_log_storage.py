@@ -10,10 +10,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.instance import PooledSqliteEventLogStorage
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 pytest.importorskip("phantora_assets.lib.workload.spec", reason="issue 26's workload schema is not on this branch")
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
+from fixtures.paths import BENCHMARKS
 
-_spec = importlib.util.spec_from_file_location(
-    "fidelity", Path(__file__).resolve().parent.parent / "benchmarks" / "fidelity.py"
-)
+_spec = importlib.util.spec_from_file_location("fidelity", BENCHMARKS / "fidelity.py")
 fidelity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fidelity)
 

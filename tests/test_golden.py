@@ -11,11 +11,11 @@ same commit and says why.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
+from fixtures.paths import DATA
 
-MANIFEST = Path(__file__).parent / "data" / "golden_manifest.sha256"
+MANIFEST = DATA / "golden_manifest.sha256"
 
 
 def _manifest() -> dict[str, str]:

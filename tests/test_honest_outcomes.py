@@ -18,8 +18,8 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
-from run_folders import write_run_folder
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.run_folders import write_run_folder
 
 from phantora_assets import checks
 from phantora_assets.assets import RUN_ASSET_NAMES

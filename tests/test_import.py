@@ -22,8 +22,9 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from materialize import materialize_run
-from run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
+from fixtures.materialize import materialize_run
+from fixtures.paths import ROOT
+from fixtures.run_folders import analytic, deepspeed_log, megatron_log, mixed_send_recv, write_run_folder
 
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
@@ -34,7 +35,6 @@ from phantora_assets.lib.phantora.run_folder import discover
 from phantora_assets.matrix import RunSpec, load_run_matrix
 from phantora_assets.paths import DataPaths
 
-ROOT = Path(__file__).resolve().parent.parent
 W1 = "phantora_a100_40g_W1_2x2"  # in the matrix: the import replaces its analytic source
 W3_P2P = "phantora_a100_40g_W3_2x2"  # all-to-all in Phantora's matched send/recv encoding
 W3_NO_A2A = "phantora_a100_40g_W3_2x4"  # a published-style trace missing its all-to-all flows

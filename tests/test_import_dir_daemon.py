@@ -19,11 +19,11 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from run_folders import analytic, deepspeed_log, write_run_folder
+from fixtures.paths import ROOT
+from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.matrix import RunSpec
 
-ROOT = Path(__file__).resolve().parent.parent
 NEW = RunSpec("W4", "h100", 2, 1)  # not in the test's run matrix
 TIMEOUT_S = 120
 

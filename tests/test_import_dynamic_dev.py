@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from fixtures.dagster_proc import drop_folder, in_dataset, partition_runs, place, running, ticks, wait
-from run_folders import analytic, deepspeed_log, write_run_folder
+from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.assets.common import RUN_PARTITIONS
 from phantora_assets.imported_runs import read_registry

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from materialize import materialize_run
-from run_folders import analytic, megatron_log, write_run_folder
+from fixtures.materialize import materialize_run
+from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import register

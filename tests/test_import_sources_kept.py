@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pandas as pd
-from run_folders import analytic, deepspeed_log, write_run_folder
+from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.assets.common import RUN_PARTITIONS
 from phantora_assets.cli import main

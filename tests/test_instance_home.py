@@ -19,10 +19,10 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
+from fixtures.paths import ROOT
 
 from phantora_assets.cli.build import HOME_YAML
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FITS = "phantora_a100_40g_W1_2x1"
 RUNS = """query { runsOrError(limit: 1000) { __typename ... on Runs { results { runId jobName status } } } }"""

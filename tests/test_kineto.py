@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
-from kineto_traces import Coll, rank_trace, write_traces
+from fixtures.kineto_traces import Coll, rank_trace, write_traces
+from fixtures.paths import ROOT
 
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.collectives import DTYPES, flows_of
@@ -21,7 +21,6 @@ from phantora_assets.lib.phantora.chrome_trace import read_trace
 from phantora_assets.lib.phantora.trace_writer import write_chrome_trace
 from phantora_assets.lib.traffic import trace_checks
 
-ROOT = Path(__file__).resolve().parent.parent
 HTA = ROOT.parent / "shared" / "reference" / "traces" / "hta"  # ../shared/reference (not in the repo)
 COPIED = ROOT / "tests" / "data" / "kineto_hta"
 

@@ -7,8 +7,8 @@ refuses the same groups, rule ``comm groups``)."""
 from __future__ import annotations
 
 import pytest
-from kineto_traces import Coll, rank_trace, write_traces
-from materialize import materialize_run
+from fixtures.kineto_traces import Coll, rank_trace, write_traces
+from fixtures.materialize import materialize_run
 
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import read_registry

@@ -9,8 +9,9 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from kineto_traces import Coll, rank_trace, write_traces
-from materialize import materialize_run
+from fixtures.kineto_traces import Coll, rank_trace, write_traces
+from fixtures.materialize import materialize_run
+from fixtures.paths import ROOT
 
 from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
@@ -19,7 +20,6 @@ from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import RunSpec, validate
 from phantora_assets.paths import DataPaths
 
-ROOT = Path(__file__).resolve().parent.parent
 G = (0, 1, 2, 3)
 COLLS = [
     Coll("allreduce", 1000, 1000, "BFloat16", G),  # S = 2000: 4 hops of floor(2000 * 2 * 3 / 4) = 3000

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-from kineto_traces import Coll, kineto_layout, rank_trace
-from materialize import materialize_run
+from fixtures.kineto_traces import Coll, kineto_layout, rank_trace
+from fixtures.materialize import materialize_run
+from fixtures.paths import ROOT
 
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import read_registry
@@ -22,7 +23,6 @@ from phantora_assets.matrix import RunSpec, validate
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.simulation import run_spec_record
 
-ROOT = Path(__file__).resolve().parent.parent
 NO_INFO = ROOT / "tests" / "data" / "kineto_hta" / "distributed_info_unavailable"
 G = (0, 1, 2, 3)
 COLLS = [

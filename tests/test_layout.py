@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from fixtures.paths import ROOT
+
 PKG = ROOT / "phantora_assets"
 
 

@@ -9,7 +9,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
-from materialize import ephemeral_with_runs
+from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import read_checks

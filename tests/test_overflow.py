@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from run_folders import analytic
+from fixtures.run_folders import analytic
 
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.phantora import trace_decode as td

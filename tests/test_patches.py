@@ -4,9 +4,10 @@ default CUDA stream for communication calls without one (NcclSend / NcclRecv).""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-PATCH = Path(__file__).resolve().parent.parent / "patches" / "visualizer.patch"
+from fixtures.paths import ROOT
+
+PATCH = ROOT / "patches" / "visualizer.patch"
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import docker.errors
 import pytest
 import yaml
-from materialize import ephemeral_with_runs
-from run_folders import megatron_log
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.run_folders import megatron_log
 
 from phantora_assets.checks import read_checks
 from phantora_assets.lib.phantora.docker_config import DockerSettings, layout_for, training_argv
@@ -307,7 +307,7 @@ def test_out_of_memory_and_failed_training(tmp_path):
 
 
 def test_visualizer_conversion_and_unpatched_image(tmp_path):
-    from run_folders import analytic
+    from fixtures.run_folders import analytic
 
     paths, layout = _layout(tmp_path)
     spec = spec_from_run_id("phantora_l40s_W1_2x1")

@@ -29,11 +29,11 @@ from typing import Any, NoReturn
 import dagster as dg
 import pytest
 import yaml
-from pg_server import REQUIRE_ENV, PgServer, PostgresUnavailable, pg_server
+from fixtures.paths import ROOT
+from fixtures.pg_server import REQUIRE_ENV, PgServer, PostgresUnavailable, pg_server
 
 from phantora_assets.assets import RUN_ASSET_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE = ROOT / "workspace.yaml"
 #: small fitting runs of the shipped matrix (the 4 that do not fit in GPU memory are W2/W5 on 2x1)
 RUNS = [

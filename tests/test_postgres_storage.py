@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as db
 import yaml
-from pg_server import REQUIRE_ENV, PgServer, PostgresUnavailable, pg_server
+from fixtures.pg_server import REQUIRE_ENV, PgServer, PostgresUnavailable, pg_server
 
 from phantora_assets.instance.postgres import (
     PooledPostgresEventLogStorage,

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import dagster as dg
-from kineto_traces import Coll, rank_trace, write_traces
-from materialize import materialize_run
+from fixtures.kineto_traces import Coll, rank_trace, write_traces
+from fixtures.materialize import materialize_run
 
 from phantora_assets import definitions as d
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, effective_matrix, profiled_folder

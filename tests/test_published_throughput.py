@@ -5,12 +5,11 @@ from __future__ import annotations
 import csv
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
+from fixtures.paths import BENCHMARKS, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 fidelity = importlib.import_module("fidelity")
 
 ROWS = list(csv.DictReader((ROOT / "benchmarks" / "published_throughput.csv").open(newline="")))

@@ -63,7 +63,7 @@ def test_matrix_parsed_once_per_state_of_its_file(tmp_path, monkeypatch):
 def test_import_dir_changes_are_seen_at_once(tmp_path, monkeypatch):
     """Imports are not cached: a run folder added, edited or removed under $PHANTORA_ASSETS_IMPORT_DIR
     shows in the next matrix_for."""
-    from run_folders import analytic, write_run_folder
+    from fixtures.run_folders import analytic, write_run_folder
 
     src = tmp_path / "src"
     monkeypatch.setenv(IMPORT_DIR_ENV, str(src))

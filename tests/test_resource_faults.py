@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.cli.build import HOME_YAML
 from phantora_assets.lib.errors import OutputWriteError
 from phantora_assets.lib.faults import fault_from_text, resource_fault
 
-ROOT = Path(__file__).resolve().parent.parent
 MATRIX = '[[run]]\nworkload = "W4"\ngpu = "l40s"\nnodes = 2\ngpus_per_node = 1\nsource = "analytic"\n'
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from run_folders import deepspeed_log, megatron_log
+from fixtures.run_folders import deepspeed_log, megatron_log
 
 from phantora_assets.lib.phantora.run_log import parse_run_log
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import published_rows
+from fixtures.paths import published_rows
 
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.matrix import load_run_matrix, parse_entries

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from fixtures.paths import ROOT
 
 
 def _api():
@@ -112,12 +113,11 @@ def test_torchtitan_selective_ac_memory_is_below_the_published_peaks():
     # peak also holds NCCL buffers and allocator fragmentation, not estimated).
     import csv
     import sys
-    from pathlib import Path
 
     from phantora_assets.lib.sim.memory import estimate_memory
     from phantora_assets.lib.sim.workloads import WorkloadModel
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     sys.path.insert(0, str(root / "benchmarks"))
     fidelity = importlib.import_module("fidelity")
     rows = {r["run_id"]: r for r in csv.DictReader((root / "benchmarks" / "published_throughput.csv").open())}

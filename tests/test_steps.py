@@ -20,131 +20,25 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.step_runs import (
+    COMMS,
+    DP_COUNT,
+    FLOWS_PER_STEP,
+    N_ITER,
+    NET_BYTES_PER_STEP,
+    TP_COUNT,
+    FlowBuilder,
+    T,
+    build_run,
+    iteration_lengths,
+)
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from phantora_assets.lib.columns import FLOW_COLUMNS, STEP_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.ring import DTYPE_BYTES, OP_TO_CALL, hop_bytes
+from phantora_assets.lib.traffic.ring import hop_bytes
 from phantora_assets.lib.traffic.steps import StepResult, detect_steps
-
-T = 10_000.0
-N_ITER = 20
-RANK_NODE = {0: 0, 1: 0, 2: 1, 3: 1}
-COMMS = {
-    "tp0": ("00000000000000a0", [0, 1]),
-    "tp1": ("00000000000000a1", [2, 3]),
-    "dp0": ("00000000000000b0", [0, 2]),
-    "dp1": ("00000000000000b1", [1, 3]),
-    "world": ("00000000000000c0", [0, 1, 2, 3]),
-    "init": ("00000000000000d0", [0, 1, 2, 3]),
-}
-TP_COUNT = 2**20  # Bf16: 2 MiB per all-reduce, n=2 -> 2 MiB per hop (loopback)
-DP_COUNT = 2**21  # Bf16: 4 MiB per all-reduce, n=2 -> 4 MiB per hop (network)
-# per steady step: DP 2 communicators x 2 hops x 4 MiB + world ring hops 1->2 and 3->0 of 6 B
-NET_BYTES_PER_STEP = 2 * 2 * hop_bytes("all_reduce", DP_COUNT, 2, 2) + 2 * hop_bytes("all_reduce", 1, 4, 4)
-FLOWS_PER_STEP = 2 * (1 + 2 * 2) + 2 * 2 + 4
-
-
-class FlowBuilder:
-    """Collects flows as FLOW_COLUMNS rows, following the ring model."""
-
-    def __init__(self, rank_node: dict[int, int] | None = None) -> None:
-        self.rows: list[dict] = []
-        self.rank_node = rank_node or RANK_NODE
-
-    def _row(self, comm_id, comm_rank, src_rank, dst_rank, op, count, dtype, nbytes, ts, dur, root=-1):
-        s, d = self.rank_node[src_rank], self.rank_node[dst_rank]
-        self.rows.append(
-            {
-                "flow_id": len(self.rows),
-                "ts_us": float(ts),
-                "dur_us": float(dur),
-                "src_host": f"host-{s + 1}",
-                "dst_host": f"host-{d + 1}",
-                "src_node": s,
-                "dst_node": d,
-                "bytes": int(nbytes),
-                "call": OP_TO_CALL[op],
-                "op": op,
-                "dtype": dtype,
-                "dtype_bytes": DTYPE_BYTES[dtype],
-                "count": int(count),
-                "comm_id": comm_id,
-                "comm_rank": comm_rank,
-                "root": root,
-                "stream": 7,
-                "name": OP_TO_CALL[op],
-            }
-        )
-
-    def ring(self, comm_id, ranks, op, count, dtype, ts, dur):
-        n = len(ranks)
-        b = hop_bytes(op, count, DTYPE_BYTES[dtype], n)
-        for i in range(n):
-            self._row(comm_id, i, ranks[i], ranks[(i + 1) % n], op, count, dtype, b, ts, dur)
-
-    def bcast(self, comm_id, ranks, root, count, dtype, ts, dur):
-        b = count * DTYPE_BYTES[dtype]
-        for r in range(len(ranks)):
-            if r != root:
-                self._row(comm_id, root, ranks[root], ranks[r], "broadcast", count, dtype, b, ts, dur, root)
-
-    def send(self, comm_id, ranks, src, dst, count, dtype, ts, dur):
-        self._row(comm_id, src, ranks[src], ranks[dst], "send", count, dtype, count * DTYPE_BYTES[dtype], ts, dur)
-
-    def frame(self, shuffle_seed: int | None = 0) -> pd.DataFrame:
-        df = pd.DataFrame(self.rows, columns=list(FLOW_COLUMNS)).astype(FLOW_COLUMNS)
-        if shuffle_seed is not None:  # traces are not sorted by time
-            df = df.sample(frac=1.0, random_state=shuffle_seed).reset_index(drop=True)
-        return df
-
-
-def iteration_lengths(n_iter=N_ITER, jitter=5.0, slow_step=None, slow_factor=1.1):
-    lens = [3 * T] + [T + (jitter if i % 2 else -jitter) for i in range(1, n_iter)]
-    if slow_step is not None:
-        lens[slow_step] = T * slow_factor
-    return lens
-
-
-def build_run(
-    *,
-    n_iter=N_ITER,
-    jitter=5.0,
-    warmup_bcast=True,
-    first_dp_count=None,
-    slow_step=None,
-    slow_factor=1.1,
-    extra_bytes_step=None,
-    seed=0,
-    shuffle_seed: int | None = 0,
-) -> pd.DataFrame:
-    """The synthetic run described in the module docstring, as a flows table."""
-    rng = np.random.default_rng(seed)
-    fb = FlowBuilder()
-    c = {k: v for k, v in COMMS.items()}
-    t0 = 0.0
-    for it, length in enumerate(iteration_lengths(n_iter, jitter, slow_step, slow_factor)):
-        j = lambda: float(rng.uniform(0, 20))
-        if it == 0:
-            fb.ring(*c["init"], "all_reduce", 1, "F32", t0 + 10, 0)  # start-up barrier
-            if warmup_bcast:
-                fb.bcast(*c["world"], 0, 4096, "Bf16", t0 + 50, 3)
-                for k, cnt in enumerate((1000, 2000, 3000)):
-                    for name in ("dp0", "dp1"):
-                        fb.bcast(*c[name], 0, cnt, "Bf16", t0 + 100 * (k + 1), 1)
-        for name in ("tp0", "tp1"):
-            fb.bcast(*c[name], 0, 1024, "I64", t0 + 500, 2)  # batch broadcast
-            fb.ring(*c[name], "all_reduce", TP_COUNT, "Bf16", t0 + 1000 + j(), 40)
-            fb.ring(*c[name], "all_reduce", TP_COUNT, "Bf16", t0 + 3000 + j(), 40)
-        dp_count = first_dp_count if (it == 0 and first_dp_count) else DP_COUNT
-        for name in ("dp0", "dp1"):
-            fb.ring(*c[name], "all_reduce", dp_count, "Bf16", t0 + 6000 + j(), 2000)
-        fb.ring(*c["world"], "all_reduce", 1, "F32", t0 + 8500 + j(), 0)
-        if extra_bytes_step == it:
-            fb.rows[-1]["bytes"] += 1000  # world hop 3 -> 0 is a network flow
-        t0 += length
-    return fb.frame(shuffle_seed)
 
 
 @pytest.fixture(scope="module")

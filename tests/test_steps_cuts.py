@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from test_steps import FlowBuilder
+from fixtures.step_runs import FlowBuilder
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import detect_steps

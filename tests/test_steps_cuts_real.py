@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from run_folders import analytic
-from test_steps import FlowBuilder
+from fixtures.run_folders import analytic
+from fixtures.step_runs import FlowBuilder
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace

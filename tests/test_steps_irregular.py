@@ -5,7 +5,7 @@ while every trace check passed. Each test's "was:" comment says what it returned
 from __future__ import annotations
 
 import pytest
-from test_steps import FlowBuilder
+from fixtures.step_runs import FlowBuilder
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import detect_steps

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_steps import FlowBuilder
+from fixtures.step_runs import FlowBuilder
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import detect_steps
@@ -63,7 +63,7 @@ def test_one_late_iteration_is_not_a_two_iteration_step(late):
 def w4(tmp_path_factory):
     """The shipped analytic a100_40g W4 2x1 run (20 iterations of 164.653 ms): flows, compute events,
     and the clean steps."""
-    from run_folders import analytic
+    from fixtures.run_folders import analytic
 
     from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace
 

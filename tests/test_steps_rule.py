@@ -5,12 +5,12 @@ sample of the truth benchmark (``benchmarks/steps_truth.py``) that must hold no 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from fixtures.paths import BENCHMARKS
 from fixtures.training_runs import judge, make_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 from steps_truth import classify
 
 from phantora_assets.lib.traffic.steps import detect_steps

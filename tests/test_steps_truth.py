@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.run_folders import analytic
+from fixtures.step_runs import COMMS, DP_COUNT, N_ITER, TP_COUNT, FlowBuilder, build_run, iteration_lengths
 from hypothesis import strategies as st
-from run_folders import analytic
-from test_steps import COMMS, DP_COUNT, N_ITER, TP_COUNT, FlowBuilder, build_run, iteration_lengths
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.phantora.chrome_trace import read_trace, write_chrome_trace

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from materialize import ephemeral_with_runs
-from run_folders import analytic, megatron_log, write_run_folder
+from fixtures.materialize import ephemeral_with_runs
+from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
 from phantora_assets import definitions as d
 from phantora_assets.imported_runs import effective_matrix, register

@@ -6,11 +6,7 @@ import dataclasses
 
 import pandas as pd
 import pytest
-
-try:  # the synthetic run builder lives beside these tests
-    from tests.test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
-except ImportError:  # pragma: no cover - tests/ on sys.path without a package
-    from test_steps import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
+from fixtures.step_runs import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
 
 from phantora_assets.lib.traffic.ring import hop_bytes
 from phantora_assets.lib.traffic.steps import detect_steps

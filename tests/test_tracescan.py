@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.raw_timelines import big_trace, raw_timeline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_chrome_trace import _big_trace, raw_timeline
 
 from phantora_assets.lib.phantora import trace_batches as tb
 from phantora_assets.lib.phantora import trace_decode as td
@@ -117,7 +117,7 @@ def test_fast_path_is_built() -> None:
 
 @needs_scanner
 def test_fast_path_takes_every_batch_of_the_writers_traces(tmp_path: Path) -> None:
-    p = _big_trace(tmp_path, copies=50)
+    p = big_trace(tmp_path, copies=50)
     n = 0
     for _, view, end in tb.iter_batches(p, 4096):
         res = _scan(view[:end])
@@ -127,7 +127,7 @@ def test_fast_path_takes_every_batch_of_the_writers_traces(tmp_path: Path) -> No
 
 
 def test_read_trace_is_the_same_with_and_without_the_fast_path(tmp_path: Path, monkeypatch) -> None:
-    p = _big_trace(tmp_path, copies=80)
+    p = big_trace(tmp_path, copies=80)
     fast = read_trace(p, chunk_bytes=8192, workers=0, compute_events=True)
     monkeypatch.setattr(td, "_tracescan", None)
     slow = read_trace(p, chunk_bytes=8192, workers=0, compute_events=True)
@@ -337,7 +337,7 @@ def test_damaged_batches_decode_the_same(seed: int, n_edits: int) -> None:
 
 
 def test_helper_processes_give_the_same_flows(tmp_path: Path) -> None:
-    p = _big_trace(tmp_path, copies=200)
+    p = big_trace(tmp_path, copies=200)
     ref = read_trace(p, workers=0)
     got = read_trace(p, chunk_bytes=4096, workers=2)
     pd.testing.assert_frame_equal(got.flows, ref.flows, check_exact=True)

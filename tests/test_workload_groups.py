@@ -11,13 +11,14 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
+from fixtures.paths import ROOT
 
 from phantora_assets.cli import main
 from phantora_assets.lib.workload.collectives import comm_groups, run_spec_of
 from phantora_assets.lib.workload.placement import rank_coords
 from phantora_assets.matrix import RunSpec
 
-EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "opus_jobs.toml"
+EXAMPLE = ROOT / "docs" / "examples" / "opus_jobs.toml"
 
 
 def _smallest_job() -> dict:

@@ -19,15 +19,13 @@ from __future__ import annotations
 import csv
 import math
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from fixtures.collective_oracle import Call, Comm, Prediction, predict
+from fixtures.paths import DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.collective_oracle import Call, Comm, Prediction, predict
-
-DATA = Path(__file__).parent / "data"
 TRACELENS = DATA / "tracelens" / "nccl_summary_long.csv"
 BOOKKEEPING = 16
 DTYPES = {"Bf16": "bf16", "F32": "fp32", "bf16": "bf16", "fp32": "fp32"}

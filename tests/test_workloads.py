@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import published_rows
+from fixtures.paths import published_rows
 
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective
