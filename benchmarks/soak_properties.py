@@ -19,7 +19,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROPERTY_TESTS = ["tests/test_steps.py", "tests/test_binning.py", "tests/test_ring.py", "tests/test_trace_checks.py"]
+PROPERTY_TESTS = [
+    "tests/unit/lib/traffic/steps/test_steps.py",
+    "tests/unit/lib/traffic/test_binning.py",
+    "tests/unit/lib/traffic/test_ring.py",
+    "tests/unit/lib/traffic/test_trace_checks.py",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

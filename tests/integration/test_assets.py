@@ -41,7 +41,7 @@ def _check_evals(result: dg.ExecuteInJobResult) -> dict[str, bool]:
 def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     """A failing check of partition A (does not fit) is reported on A; partition B passes. Not
     fitting is an outcome: A's run succeeds, its check fails with WARN severity (see
-    tests/test_honest_outcomes.py)."""
+    tests/integration/test_honest_outcomes.py)."""
     oom, ok = "phantora_l40s_W5_2x1", "phantora_l40s_W4_2x1"
     instance = ephemeral_with_runs([oom, ok])
     res_oom = _materialize(oom, tmp_path, instance)
@@ -56,7 +56,7 @@ def test_failing_check_is_reported_on_its_own_partition(tmp_path):
     assert read_checks(paths.run_folder(RUNS_BY_ID[oom]))["fits_in_memory"]["status"] == "failed"
     assert read_checks(paths.run_folder(RUNS_BY_ID[ok]))["fits_in_memory"]["status"] == "passed"
     # the non-fitting run wrote no trace; downstream assets did not run (skipped), and are recorded
-    # as not applicable (tests/test_check_partitions.py)
+    # as not applicable (tests/integration/test_check_partitions.py)
     assert not paths.chrome_trace(RUNS_BY_ID[oom]).exists()
     mats = {
         m.asset_key.to_user_string(): m.metadata.get("status")

@@ -1,7 +1,7 @@
 """The rule of the sensor ``dataset_retry`` on a real (temporary) instance: runs of the code
 location's ``dataset`` job created and ended as a daemon would record them; the sensor's tick
 evaluated at chosen times (its clock moved on, not waited for). A killed worker under a real
-daemon: tests/test_dataset_catches_up.py."""
+daemon: tests/system/test_dataset_catches_up.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Importing run folders (`phantora-assets import`): real folders on disk, real materializations.
 
-The folders are built like the published dataset (tests/run_folders.py) from analytic
+The folders are built like the published dataset (tests/fixtures/run_folders.py) from analytic
 simulations, with hand-made edge cases: events in random order, a second communicator that only
 carries a 0 us grad-norm all-reduce, loopback flows, MoE all-to-all in Phantora's matched
 send/recv encoding (NcclSend, count in bytes as U8, no stream), a run whose all-to-all flows are

@@ -3,9 +3,9 @@
 Every file and directory the import takes (run.log, timeline.bin, timeline.json(.gz), config/ and
 everything under it, perfdb_missing/) must be a regular file or a directory itself: a symlink is
 refused (not followed, not resolved, even when it points inside the folder), and so is a FIFO. The
-run folders are real (tests/run_folders.py), the links are real symlinks in tmp_path pointing at
+run folders are real (tests/fixtures/run_folders.py), the links are real symlinks in tmp_path pointing at
 files of another tmp directory with known content, and the partition is really materialized
-(``register``, ``assets_for(effective_matrix(...))``, ``dg.materialize``, as tests/test_import.py
+(``register``, ``assets_for(effective_matrix(...))``, ``dg.materialize``, as tests/integration/test_import.py
 does). Before the fix the linked file was copied into the data root (a ``config`` linked to a
 directory copied all of it), a FIFO in ``config/`` crashed with a raw ``shutil.Error``, and a
 failed copy left ``.config.tmp/`` behind.

@@ -1,5 +1,5 @@
 """`phantora-assets import FOLDER` of PyTorch profiler (Kineto) traces: real Dagster runs through
-every asset and check into the dataset (the CLI's build, as tests/test_import.py), the asset
+every asset and check into the dataset (the CLI's build, as tests/integration/test_import.py), the asset
 checks of an in-process materialization, and the declined folders. Expected bytes by hand."""
 
 from __future__ import annotations

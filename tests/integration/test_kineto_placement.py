@@ -1,7 +1,7 @@
 """PyTorch profiler traces without ``distributedInfo``: ``phantora-assets import PATH --world-size N``
 (and ``--rank R`` for a folder of one trace; ranks from file names such as ``rank-3`` / ``rank3``
 otherwise) places them; they are still declined, naming the file and the reason, when they lack
-message sizes or the rank cannot be told. Small traces in the real format (tests/kineto_traces.py)
+message sizes or the rank cannot be told. Small traces in the real format (tests/fixtures/kineto_traces.py)
 with the bytes by hand, and the real HTA trace without distributedInfo (MIT, tests/data/kineto_hta/)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rank 0 of a 2-rank NCCL job on NVIDIA A100-PG509-200, ``record_param_comms`` wit
 broadcast, wait), ``Process Group Ranks`` "[0, 1]", 3 ``ProfilerStep`` spans. Put that file alone in a
 folder and point ``$PHANTORA_ASSETS_REAL_KINETO_DIR`` at it::
 
-    PHANTORA_ASSETS_REAL_KINETO_DIR=path/to/folder python -m pytest -q tests/test_real_kineto.py
+    PHANTORA_ASSETS_REAL_KINETO_DIR=path/to/folder python -m pytest -q tests/integration/test_real_kineto.py
 
 It is imported with ``--gpus-per-node 1`` (rank r on host r + 1: 2 hosts) through the CLI's build (real
 Dagster runs) into the dataset. Expected flows, by hand from the trace's ``record_param_comms`` (group

@@ -399,7 +399,7 @@ def _no_postgres(reason: str) -> NoReturn:
 
 @contextlib.contextmanager
 def _postgres(folder: Path):
-    """The throwaway server of ``tests/pg_server.py`` (the machine's own binaries, 127.0.0.1, a free
+    """The throwaway server of ``tests/fixtures/pg_server.py`` (the machine's own binaries, 127.0.0.1, a free
     port; as root, run as an unprivileged user) with an empty database ``phantora``."""
     with contextlib.ExitStack() as stack:
         try:

@@ -3,7 +3,7 @@
 dynamic run partitions and requests its run in the same tick (no reload of the code location: the
 daemon's own 60 s reload is not waited for), the run succeeds, and the ``dataset_automation``
 sensor brings the dataset up to date with it. Nobody launches anything by hand. Plain ``dagster
-dev``: tests/test_import_dynamic_dev.py."""
+dev``: tests/system/test_import_dynamic_dev.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ one successful run and one materialization of each per-run asset; nothing fails,
 The instance is the project's own dagster.yaml (read at test time: its run launcher, run monitoring and
 concurrency settings are the ones under test) with only its storage replaced by the project's PostgreSQL
 storage (``phantora_assets.instance.PooledPostgresStorage``, a ``postgresql://`` URL) on a throwaway
-server (tests/pg_server.py) and a 1 s dequeue interval.
+server (tests/fixtures/pg_server.py) and a 1 s dequeue interval.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def instance_config(pg: PgServer) -> dict[str, Any]:
     # one run per worker process: a reused worker starts its next run in milliseconds, so these
     # small runs seldom overlapped 4 deep on 2 loaded cores (a fresh-clone CI polled 3); the
     # coordinator's concurrency and the SIGKILL recovery are what this test measures (worker
-    # reuse has its own test in tests/test_build_engine.py)
+    # reuse has its own test in tests/system/test_build_engine.py)
     launcher = cfg.get("run_launcher", {})
     if launcher.get("class") == "ForkRunLauncher":
         launcher.setdefault("config", {})["runs_per_worker"] = 1

@@ -1,5 +1,5 @@
 """The project's PostgreSQL storage (phantora_assets/instance/postgres.py) on a throwaway server
-(tests/pg_server.py): both URL forms load, connections are kept (dagster_postgres's own storage opens
+(tests/fixtures/pg_server.py): both URL forms load, connections are kept (dagster_postgres's own storage opens
 one per query), a forked child never ends its parent's sessions, and every storage an instance of it
 hands out (and serializes for other processes) is the pooled one."""
 

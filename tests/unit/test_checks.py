@@ -47,7 +47,7 @@ def test_gating_and_advisory_lists():
     assert checks.ADVISORY_CHECKS == {"matches_workload_model": "validated_flows"}
     assert set(checks.TRACE_CHECKS) == {c.name for c in checks.checks_of("validated_flows") if c.gates_dataset}
     # every gating check blocks but fits_in_memory: a run that does not fit is an outcome (WARN), and its
-    # assets from chrome_trace on are skipped as not applicable (tests/test_honest_outcomes.py)
+    # assets from chrome_trace on are skipped as not applicable (tests/integration/test_honest_outcomes.py)
     assert [c.name for c in checks.CHECKS if c.gates_dataset and not c.blocking] == ["fits_in_memory"]
     assert checks.BY_NAME["fits_in_memory"].severity == "warn"
 

@@ -1,7 +1,7 @@
 """Issue 13, finding 7: host numbers and byte sums beyond int64 are named errors, never wrapped values.
 
 Real traces, written by the project's writer (``write_chrome_trace``) from an analytic simulation
-(tests/run_folders.py) and edited to carry a host number beyond int64 or flows of ~2**59 bytes,
+(tests/fixtures/run_folders.py) and edited to carry a host number beyond int64 or flows of ~2**59 bytes,
 go through ``read_trace``, ``install_trace`` (the import's chrome_trace) and the
 ``validated_flows`` / ``binned_flows`` stages. Before the fix, ``host-99999999999999999999``
 raised a raw ``OverflowError`` and the byte sums wrapped in int64, so ``flows_exist`` and

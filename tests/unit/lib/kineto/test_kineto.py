@@ -1,6 +1,6 @@
 """PyTorch profiler (Kineto) traces -> ring flows (lib/kineto/): the real public traces of
 ../shared/reference/traces/hta/ (MIT; the two small ones copied into tests/data/kineto_hta/), and
-small traces written in the same format (tests/kineto_traces.py) for every collective and dtype,
+small traces written in the same format (tests/fixtures/kineto_traces.py) for every collective and dtype,
 with the expected bytes worked out by hand below."""
 
 from __future__ import annotations

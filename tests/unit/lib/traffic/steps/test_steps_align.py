@@ -53,7 +53,7 @@ def _misplaced(sr, flows: pd.DataFrame, starts: np.ndarray, extra_count: int | N
 #    number the ring from that call: 12 steps of 1000 us, each starting 311 us into an iteration (its
 #    last call the next iteration's first): every steady step misplaced. The trace is not cut; the cut
 #    from the end was right. A trace cut inside the ring's pattern after a warm-up call added before its
-#    first call has the same calls (tests/test_steps_cuts.py): the flows cannot tell them apart"
+#    first call has the same calls (tests/unit/lib/traffic/steps/test_steps_cuts.py): the flows cannot tell them apart"
 def test_warm_up_call_in_place_of_a_first_call_is_not_read_as_a_trace_cut():
     flows, starts = _run(replace_first=True)
     with pytest.raises(StepDetectionError) as ei:

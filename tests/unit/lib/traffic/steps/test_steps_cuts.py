@@ -117,7 +117,7 @@ def _warm_cut_run(pair: bool) -> tuple[pd.DataFrame, np.ndarray]:
 #    kept it from being numbered from its first call: its periods, counted from the end, each held the
 #    last call of one iteration and the first two of the next". Numbering it from its tail's first call
 #    (this session) was right here, but silently wrong for the same calls read the other way: a warm-up
-#    call in place of the ring's first call in a trace not cut (tests/test_steps_cuts_real.py); the
+#    call in place of the ring's first call in a trace not cut (tests/unit/lib/traffic/steps/test_steps_align.py); the
 #    pair, one call a step, does not tell the ring's phase: refused, named.
 def test_cut_inside_a_pattern_after_warm_up_calls_is_refused_as_ambiguous():
     flows, _starts = _warm_cut_run(pair=True)
