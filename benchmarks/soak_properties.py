@@ -19,12 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROPERTY_TESTS = [
-    "tests/unit/lib/traffic/steps/test_steps.py",
-    "tests/unit/lib/traffic/test_binning.py",
-    "tests/unit/lib/traffic/test_ring.py",
-    "tests/unit/lib/traffic/test_trace_checks.py",
-]
+PROPERTY_TESTS = ["tests/properties"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,16 @@ def pytest_addoption(parser):
     )
 
 
+TESTS = Path(__file__).resolve().parent
+# the folders whose every test is `slow`: real Dagster runs and builds, real processes (daemons, the
+# webserver, PostgreSQL); `pytest -m "not slow"` (the quick loop) runs tests/unit/ and tests/properties/
+SLOW_FOLDERS = ("integration", "system")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(item.path).resolve().relative_to(TESTS).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--run-docker"):
         return
     skip = pytest.mark.skip(reason="needs a Docker engine and the Phantora image; opt in with --run-docker")

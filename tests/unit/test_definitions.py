@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from fixtures.paths import DATA, ROOT
 
 EXPECTED = DATA / "asset_keys.txt"
@@ -52,6 +53,7 @@ def test_domain_code_imports_without_dagster():
     assert int(out.stdout) > 30
 
 
+@pytest.mark.slow
 def test_workspace_loads_with_dagster_cli():
     out = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
@@ -62,6 +64,7 @@ def test_workspace_loads_with_dagster_cli():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_build_defs_uses_the_specs_it_is_given(tmp_path):
     """Partitions, RunSpecs and the dataset all come from ``specs``, not from the shipped matrix."""
     import dagster as dg

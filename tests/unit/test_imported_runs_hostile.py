@@ -150,6 +150,7 @@ def test_an_et_that_is_no_regular_file_is_refused_by_rule(tmp_path, kind):
 
 
 # ---- a folder name that is not UTF-8 ------------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_folder_under_a_non_utf8_name_is_skipped_with_the_reason(tmp_path):
     # was: registered, then UnicodeEncodeError writing imports.toml (a traceback, exit 1)
     spec, raw, its = analytic(W4)
@@ -203,6 +204,7 @@ def tiny_db(tmp_path) -> Path:
     return data
 
 
+@pytest.mark.slow
 def test_a_query_whose_table_would_not_fit_is_refused_in_bounded_memory(tiny_db):
     # was: every row fetched into Python, then formatted: 30 M rows took 111 s and 8.6 GiB RSS
     code, out, err, rss = _query(tiny_db, "select i from range(20000000) t(i)")
@@ -211,6 +213,7 @@ def test_a_query_whose_table_would_not_fit_is_refused_in_bounded_memory(tiny_db)
     assert rss < 1024, f"peak RSS {rss} MiB"
 
 
+@pytest.mark.slow
 def test_a_large_csv_result_streams_in_bounded_memory(tiny_db):
     code, out, err, rss = _query(tiny_db, "select i, i * 2 as j from range(4000000) t(i)", "--format", "csv")
     assert code == 0, err

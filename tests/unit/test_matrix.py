@@ -54,6 +54,7 @@ def test_duplicate_run_rejected():
         parse_entries([e, e])
 
 
+@pytest.mark.slow
 def test_cli_reports_invalid_matrix_without_traceback(tmp_path):
     import subprocess
     import sys

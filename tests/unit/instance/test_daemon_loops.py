@@ -22,6 +22,7 @@ def test_the_intervals_are_set_on_import() -> None:
     assert "DEFAULT_DAEMON_INTERVAL_SECONDS" in backfill.execute_backfill_iteration_loop.__code__.co_names
 
 
+@pytest.mark.slow
 def test_a_process_loading_the_instance_yaml_gets_them(tmp_path) -> None:
     """A fresh interpreter that only loads an instance from the project's storage gets both values
     (from the environment here)."""

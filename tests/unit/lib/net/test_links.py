@@ -170,6 +170,7 @@ def test_conservation_holds_and_fails_on_a_corrupted_table(ecmp):
 RUN = "phantora_a100_40g_W4_4x1"  # 4 hosts, 2 racks: traffic between racks crosses the spines
 
 
+@pytest.mark.slow
 def test_shipped_run_materializes_link_bins_into_duckdb(tmp_path):
     res = dg.materialize(
         d.ALL_ASSETS,

@@ -533,6 +533,7 @@ def test_leading_whitespace_is_read_in_linear_time_and_lines_stay_right(tmp_path
         read_trace(bad)
 
 
+@pytest.mark.slow
 def test_a_line_longer_than_the_cap_fails_with_bounded_memory(tmp_path: Path) -> None:
     """Issue 13 (finding 4): '[' + 1 GiB of spaces + ']' (a 1 MB gzip) peaked at 3.3 GB RSS. The
     reader buffers at most MAX_LINE_BYTES (256 MiB) without a line break, then fails with the rule

@@ -32,6 +32,7 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wl,n,g", [("W2", 2, 2), ("W1", 2, 4), ("W5", 2, 2)])
 def test_stream_writer_matches_the_whole_table_writer(tmp_path: Path, wl: str, n: int, g: int) -> None:
     """W2 has NcclSend p2p rows (peers), W1 TP and DP communicators, W5 ZeRO-3 and many compute rows."""
@@ -69,6 +70,7 @@ def test_a_bad_row_in_the_parquet_file_writes_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [tmp_path / "raw.parquet"]
 
 
+@pytest.mark.slow
 def test_writer_memory_does_not_grow_with_the_text(tmp_path: Path) -> None:
     """Memory guard: a 99 k-event trace (W2 2x2 repeated 11 times, 62 MB of text) is written from
     its Parquet file with a peak Python and numpy allocation (tracemalloc; pyarrow's own pool is not
