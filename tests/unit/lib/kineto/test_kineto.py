@@ -68,6 +68,7 @@ def test_real_traces_that_cannot_give_flows_are_declined_with_the_file_and_reaso
     assert str(err.value).startswith(f"{path}: {rule} (") and words in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_real_full_metadata_trace_reads_every_field(tmp_path):
     """The world-size-1 trace with full metadata (record_param_comms with sizes), its world size
     edited to 2 so that it is read rather than declined: the values are the trace's own."""

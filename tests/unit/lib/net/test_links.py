@@ -213,6 +213,7 @@ def test_shipped_run_materializes_link_bins_into_duckdb(tmp_path):
     assert (paths.plots_dir(spec) / "link_utilisation.png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ecmp", ["first", "split", "hash"])
 def test_path_form_and_per_link_rows_give_the_same_table_to_the_byte(ecmp):
     """build_link_bins places each flow once per path (by_path=True, the default for small runs) or once

@@ -510,6 +510,7 @@ def test_writer_keeps_text_of_odd_string_values(tmp_path) -> None:
     assert first.startswith('{"name":"None",')
 
 
+@pytest.mark.slow
 def test_leading_whitespace_is_read_in_linear_time_and_lines_stay_right(tmp_path: Path) -> None:
     """Issue 13 (finding 4): whitespace before '[' was rescanned on every chunk (0.25 GiB: 28 s).
     A hang guard (bound ~6x what it takes now), and the line an error names still counts it."""

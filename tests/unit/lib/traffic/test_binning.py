@@ -194,6 +194,7 @@ def test_invalid_flows(row: tuple) -> None:
         build_bins(flows([row]), step_time_s=0.1, n_nodes=2, run_id="x")
 
 
+@pytest.mark.slow
 def test_2000_flow_step_is_fast() -> None:
     step = ring_step(0.0615, n_nodes=4, n_flows=2000, seed=7)
     t0 = time.perf_counter()
