@@ -45,9 +45,9 @@ DATASET_ASSETS  # definitions.py: the dataset assets of the code location
 # pytest hooks and marks; fakes whose signatures are the Docker SDK's
 pytest_addoption  # tests/conftest.py
 pytest_collection_modifyitems  # tests/conftest.py
-pytestmark  # tests/test_real_kineto.py
-detach  # tests/test_phantora_docker.py
-labels  # tests/test_phantora_docker.py
+pytestmark  # tests/integration/test_real_kineto.py
+detach  # tests/unit/lib/phantora/test_docker_runner.py
+labels  # tests/unit/lib/phantora/test_docker_runner.py
 # column contracts that document a table's columns for readers (lib/net: issue 27's NIC tables)
 NIC_INPUT_COLUMNS  # lib/net/nics.py: the flows' columns nic_flows reads
 NIC_FLOW_COLUMNS  # lib/net/reconfig.py: the columns of the NIC-level flows nic_phases reads

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import dagster as dg  # noqa: E402
 from fixtures.dagster_proc import Timeout, drop_folder, in_dataset, partition_runs, place, running, ticks, wait  # noqa: E402
-from run_folders import analytic, deepspeed_log, write_run_folder  # noqa: E402
+from fixtures.run_folders import analytic, deepspeed_log, write_run_folder  # noqa: E402
 
 from phantora_assets.assets.common import RUN_PARTITIONS  # noqa: E402
 from phantora_assets.matrix import RunSpec  # noqa: E402

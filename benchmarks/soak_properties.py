@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROPERTY_TESTS = ["tests/test_steps.py", "tests/test_binning.py", "tests/test_ring.py", "tests/test_trace_checks.py"]
+PROPERTY_TESTS = ["tests/properties"]
 
 
 def main(argv: list[str] | None = None) -> int:

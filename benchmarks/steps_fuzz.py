@@ -48,7 +48,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from test_steps import FlowBuilder  # noqa: E402
+from fixtures.step_runs import FlowBuilder  # noqa: E402
 
 from phantora_assets.lib.errors import StepDetectionError  # noqa: E402
 from phantora_assets.lib.traffic.steps import detect_steps  # noqa: E402

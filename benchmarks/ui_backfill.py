@@ -25,7 +25,7 @@ dataset assets (``phantora_v0``, ``dataset_duckdb``, ``dataset_plots``) have bee
 by a run that the automation sensor launched after the last of them ended -- nobody launches it
 by hand. The instance is the project's ``dagster.yaml``; with ``--postgres`` its SQLite event log
 is replaced by the project's PostgreSQL storage (``phantora_assets.instance.PooledPostgresStorage``)
-on a server this script starts (``tests/pg_server.py``; as root it runs as the ``postgres`` user).
+on a server this script starts (``tests/fixtures/pg_server.py``; as root it runs as the ``postgres`` user).
 
 Printed: the load average, each wall time, the ratios button/build (target <= 1.5 on SQLite,
 issue 29), cli/build and, with ``--postgres``, button/build and cli/build against target 2.0; the
@@ -264,7 +264,7 @@ def _postgres(tmp: Path) -> Iterator[Callable[[str], dict[str, Any]]]:
     import sqlalchemy as sa
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from pg_server import pg_server
+    from fixtures.pg_server import pg_server
 
     with pg_server(tmp / "pg") as server:
 

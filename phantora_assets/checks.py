@@ -4,7 +4,7 @@
 blocking (a failure stops everything downstream of the asset), whether it gates the dataset (a
 run enters ``phantora_v0`` only if every gating check passed) and what it means. The Dagster
 check specs (``assets/``), ``checks.txt``/``checks.json``, the README's checks table and the tests'
-lists (``RUN_CHECKS``, ``TRACE_CHECKS``, ...) all come from it (``tests/test_checks.py`` compares
+lists (``RUN_CHECKS``, ``TRACE_CHECKS``, ...) all come from it (``tests/unit/test_checks.py`` compares
 the README table and the Dagster specs with it).
 
 The record of a run is ``checks.json`` (machine) and ``checks.txt`` (plain words) in its run

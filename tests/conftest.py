@@ -1,16 +1,14 @@
-"""Shared fixtures: one real build of the whole dataset per test session."""
+"""Shared fixtures (one real build of the whole dataset per test session), the hypothesis profiles and
+the opt-in Docker marker. Builders and helpers shared by test files are in tests/fixtures/."""
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
 import pytest
 from fixtures.builds import small_build  # noqa: F401  (a session fixture: one small real build)
 from hypothesis import settings
-
-DATA = Path(__file__).parent / "data"
 
 # Property tests: CI (and a plain `pytest`) run the "ci" profile: derandomized, no example
 # database, so a run is the same on every machine and a failure cannot stick to one checkout.
@@ -32,19 +30,22 @@ def pytest_addoption(parser):
     )
 
 
+TESTS = Path(__file__).resolve().parent
+# the folders whose every test is `slow`: real Dagster runs and builds, real processes (daemons, the
+# webserver, PostgreSQL); `pytest -m "not slow"` (the quick loop) runs tests/unit/ and tests/properties/
+SLOW_FOLDERS = ("integration", "system")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(item.path).resolve().relative_to(TESTS).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--run-docker"):
         return
     skip = pytest.mark.skip(reason="needs a Docker engine and the Phantora image; opt in with --run-docker")
     for item in items:
         if item.get_closest_marker("docker") is not None:
             item.add_marker(skip)
-
-
-def published_rows() -> list[dict[str, str]]:
-    """Rows of tests/data/published_runs.csv (a copy of the published phantora_v0 figures)."""
-    with open(DATA / "published_runs.csv", newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 @pytest.fixture(scope="session")

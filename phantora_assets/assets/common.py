@@ -194,7 +194,7 @@ class _SkippedCheckWarning(logging.Filter):
     too: 16 or 17 misleading lines per run that does not fit in GPU memory (``chrome_trace`` yields
     nothing there, and Dagster skips validated_flows ... run_plots). A step that succeeds cannot
     omit a check result (Dagster fails it with DagsterStepOutputNotFoundError), so in this graph
-    the message only ever follows a skip; ``tests/test_honest_outcomes.py`` checks both facts.
+    the message only ever follows a skip; ``tests/integration/test_honest_outcomes.py`` checks both facts.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -36,7 +36,7 @@ from phantora_assets.lib.store.io import sweep_temp_files
 from phantora_assets.paths import DATA_DIR_ENV, DataPaths
 
 #: The instance ``<data-dir>/dagster_home`` gets when DAGSTER_HOME is unset: the settings of the
-#: project's dagster.yaml (tests/test_instance_home.py keeps the two equal), so that
+#: project's dagster.yaml (tests/system/test_instance_home.py keeps the two equal), so that
 #: ``DAGSTER_HOME=<data-dir>/dagster_home dagster dev`` (and ``dagster-daemon run``) open the very
 #: instance the build recorded its runs in, with the project's launcher, storage, run queue and
 #: backfill settings (docs/INSTANCE.md).

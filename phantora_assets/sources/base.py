@@ -61,7 +61,7 @@ class Source(Protocol):
 
     Attributes:
         NAME: its key in ``sources.REGISTRY``: the value of ``source = "..."`` in the run matrix
-            and of the ``simulator`` column of ``runs.csv`` (``tests/test_sources.py`` checks it).
+            and of the ``simulator`` column of ``runs.csv`` (``tests/unit/sources/test_sources.py`` checks it).
         DESCRIPTION: one line for the docs.
         DATASET_SOURCE: the ``source`` column of ``runs.csv`` (where the timing came from:
             ``phantora_v0`` for Phantora's own traces, ``phantora_analytic`` for the roofline,

@@ -9,7 +9,7 @@ does) get the same column of bins. So the split is computed once per *unit*: a d
 (offset, duration, bytes) of a *pair class* (the pairs whose flows are the same multiset), its bin
 parts multiplied by how many such flows each pair of the class has; the class's column is then
 copied to its pairs. All in integers, so the matrix is the one of placing every instance on its
-own, to the byte (``tests/test_binning.py``); a 64-node ring step of 8,384 flows has 123 units.
+own, to the byte (``tests/unit/lib/traffic/test_binning.py``); a 64-node ring step of 8,384 flows has 123 units.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ ASTRA-sim's ET feeder); a file may also be gzip-compressed as a whole (recognise
 as Chakra's ``openFileRd`` does). Only the ``protobuf`` runtime is needed, a core dependency.
 
 :func:`read_et` is the one decoding path: this project's exports, ASTRA-sim's microbenchmark ETs
-and the output of Chakra's own PyTorch converter all go through it (``tests/test_chakra.py``,
-``tests/test_chakra_schema.py``). No Dagster import.
+and the output of Chakra's own PyTorch converter all go through it (``tests/integration/test_chakra.py``,
+``tests/unit/lib/chakra/test_chakra_schema.py``). No Dagster import.
 """
 
 from __future__ import annotations

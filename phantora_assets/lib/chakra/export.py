@@ -42,7 +42,7 @@ Phantora issues an all-to-all as grouped ``NcclSend``s: a rank's sends on one co
 one instant, one of S bytes to every other member, are one ALL_TO_ALL node; other sends are
 COMM_SEND / COMM_RECV pairs (peer: the lowest member on the destination host not yet used by
 that batch). So, per rank, the collective nodes of a steady window expand by the table to exactly
-the flows the rank sends in it (``tests/test_chakra.py`` checks it against ``flows.parquet``).
+the flows the rank sends in it (``tests/integration/test_chakra.py`` checks it against ``flows.parquet``).
 """
 
 from __future__ import annotations

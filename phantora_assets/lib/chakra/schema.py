@@ -8,7 +8,7 @@ Chakra's schema is MLCommons' ``et_def.proto`` (proto3, package ``ChakraProtoMsg
 :data:`ATTRIBUTE_KINDS`, each list a ``<Kind>List`` message of ``repeated <kind> values = 1``), and the
 ``NodeType`` and ``CollectiveCommType`` enums. The names, field numbers and types below are those of
 that file; the wire format follows from them alone, so ETs written by Chakra's own tools, ASTRA-sim's
-examples and this project decode the same (``tests/test_chakra_schema.py`` pins the bytes).
+examples and this project decode the same (``tests/unit/lib/chakra/test_chakra_schema.py`` pins the bytes).
 
 Only the ``protobuf`` runtime is needed (``descriptor_pb2`` to describe the file, ``message_factory``
 to make the classes); the classes live in a private descriptor pool, so they do not clash with another

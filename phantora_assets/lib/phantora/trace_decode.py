@@ -134,7 +134,7 @@ class CodeTable(dict):
     def __init__(self) -> None:
         super().__init__()
         # shadows dict.values on purpose: ``values`` (the list of values in code order) is the
-        # interface the reader, the helpers and tests/test_tracescan.py read; a dict subclass
+        # interface the reader, the helpers and tests/unit/lib/phantora/test_tracescan.py read; a dict subclass
         # keeps every lookup in C (``__missing__`` only runs for a new value)
         self.values: list = []  # type: ignore[assignment]
 
@@ -176,7 +176,7 @@ class BatchDecoder:
     ``names.values``, ``hosts.values`` (str) and ``comms.values`` (``(rank, id bytes)``) list
     the values of the codes in the arrays it returns; they only grow. ``fast=False`` (or a
     package installed without a C compiler) decodes every batch with msgspec; the columns and
-    tables are the same either way (``tests/test_tracescan.py``).
+    tables are the same either way (``tests/unit/lib/phantora/test_tracescan.py``).
     """
 
     def __init__(self, fast: bool = True) -> None:

@@ -3,7 +3,7 @@
 A per-run plot (``plots.py``) draws the same figure for every run with other data. Making its
 ``Figure``, axes and ticks anew is a third of its cost, so :func:`kept_figure` keeps one figure per
 plot name in each process and empties it before each use; the PNG is byte-identical to a new
-figure's (``tests/test_plot_reuse.py`` renders runs of different sizes one after another both ways).
+figure's (``tests/integration/test_plot_reuse.py`` renders runs of different sizes one after another both ways).
 
 No Dagster import.
 """
