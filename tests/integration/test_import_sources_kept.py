@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pandas as pd
+import pytest
 from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.assets.common import RUN_PARTITIONS
@@ -120,7 +121,7 @@ def test_a_run_whose_folder_was_deleted_stays_as_built_and_rebuilds_from_the_dat
     (folder / "timeline.json.gz").unlink()
     checks = (folder / "checks.json").read_text()
     capsys.readouterr()
-    assert main([*build[:-1]]) == 1
+    assert main(build) == 1  # --quiet too names the failed run and why
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith(WATCHED.run_id))
     assert "FAILED: raw_timeline: " in line and f"imported run folder {src} does not exist" in line, line
@@ -130,3 +131,68 @@ def test_a_run_whose_folder_was_deleted_stays_as_built_and_rebuilds_from_the_dat
     assert [k for k in after if k not in kept] == ["step_failed:raw_timeline"], after.keys()
     why = _status(data).loc[WATCHED.run_id, "reason"]
     assert "raw_timeline" in why and "does not exist" in why, why
+
+    # `runs` gives the reason run_status.csv gives, the failed step once
+    assert main(["runs", "--data-dir", str(data)]) == 0
+    (row,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(WATCHED.run_id)]
+    assert row.endswith(why) and row.count("does not exist") == 1, row
+
+
+def test_inputs_that_change_after_the_folder_is_gone_rebuild_from_the_data_roots_copy(tmp_path: Path, monkeypatch):
+    """Another bin width (any input but the gone folder's files) rebuilds the run from the data
+    root's copy: the copy of the trace is the run's source, not an output to invalidate."""
+    watched, data = tmp_path / "watched", tmp_path / "data"
+    src = _folder(watched, WATCHED)
+    monkeypatch.setenv(IMPORT_DIR_ENV, str(watched))
+    build = ["build", "--data-dir", str(data), "--run", WATCHED.run_id, "--no-plots", "--quiet"]
+    assert main(build) == 0
+    shutil.rmtree(src)
+    assert main([*build, "--bin-s", "0.2"]) == 0
+    assert _status(data).loc[WATCHED.run_id, "status"] == "included"
+    flows = pd.read_parquet(data / "partitions" / WATCHED.run_id / "flows_100ms.parquet")
+    assert len(flows) and main(build) == 0  # and back to the matrix's width, from the same copy
+    assert _status(data).loc[WATCHED.run_id, "status"] == "included"
+
+
+def _inputs(copy: Path) -> dict[Path, bytes]:
+    """The data root's copy of a run folder, less the check records (which record the refusal)."""
+    return {
+        p.relative_to(copy): p.read_bytes()
+        for p in copy.rglob("*")
+        if p.is_file() and p.name not in ("checks.json", "checks.txt")
+    }
+
+
+@pytest.mark.parametrize(
+    "half",
+    [
+        pytest.param({}, id="an empty folder (a copy just started)"),
+        pytest.param({"run.log": "[rank0] iteration 1/6\n"}, id="run.log only, no trace, no out-of-memory error"),
+    ],
+)
+def test_a_half_copied_folder_at_the_registered_path_changes_nothing_of_the_built_run(
+    tmp_path: Path, monkeypatch, half: dict[str, str]
+) -> None:
+    """A folder at the registered path that cannot be built from (no trace, and no run.log saying
+    the run did not fit) is refused before raw_timeline invalidates or copies anything: the data
+    root's copy stays whole, and once the folder is gone again the run builds from that copy."""
+    watched, data = tmp_path / "watched", tmp_path / "data"
+    src = _folder(watched, WATCHED)
+    monkeypatch.setenv(IMPORT_DIR_ENV, str(watched))
+    build = ["build", "--data-dir", str(data), "--run", WATCHED.run_id, "--no-plots", "--quiet"]
+    assert main(build) == 0
+    copy = data / "traces" / "h100" / "W4_2x1"
+    kept = _inputs(copy)
+    part = data / "partitions" / WATCHED.run_id
+    tables = {p.name: p.read_bytes() for p in part.glob("*.parquet")}
+    shutil.rmtree(src)
+    src.mkdir(parents=True)
+    for name, text in half.items():
+        (src / name).write_text(text)
+    assert main(build) == 1
+    assert "missing trace" in _status(data).loc[WATCHED.run_id, "reason"]
+    assert _inputs(copy) == kept
+    assert {p.name: p.read_bytes() for p in part.glob("*.parquet")} == tables
+    shutil.rmtree(src)
+    assert main(build) == 0
+    assert _status(data).loc[WATCHED.run_id, "status"] == "included"
