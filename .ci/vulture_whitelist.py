@@ -21,6 +21,7 @@ _._event_log_storage  # instance/postgres.py: ... .event_log_storage
 _._schedule_storage  # instance/postgres.py: ... .schedule_storage
 _.event_storage_data  # instance/postgres.py: DagsterStorage's serialized storages
 _.schedule_storage_data  # instance/postgres.py
+_.run_storage_data  # instance/postgres.py
 # protobuf and matplotlib attributes set for the library to read
 _.syntax  # lib/chakra/schema.py: the FileDescriptorProto's proto3
 _.oneof_index  # lib/chakra/schema.py: AttributeProto's oneof value

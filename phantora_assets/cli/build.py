@@ -373,8 +373,10 @@ def _finish(paths: DataPaths, specs, done, dataset, instance, report: tuple[floa
             failures += 1
             dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
         faults = [f for s in specs for f in _step_faults(instance, done[s.run_id], s.run_id, paths)]
-        faults += _step_faults(instance, dataset, "dataset", paths)
-        _report(paths, rows, dataset_errs, *report)
+        dataset_faults = _step_faults(instance, dataset, "dataset", paths)
+        faults += dataset_faults
+        # a dataset that failed on a resource fault is said once, by the fault's line below
+        _report(paths, rows, None if dataset_faults else dataset_errs, *report)
         if faults:  # the first is the cause; the dataset published before stays whole
             _say_fault(faults[0])
             return 1

@@ -48,13 +48,22 @@ GEN_NAME = re.compile(r"^g(?P<ns>\d{20})$")
 
 
 def grace_s() -> float:
-    """:data:`GRACE_S`, or ``$PHANTORA_ASSETS_DATASET_GRACE_S`` when set (a number of seconds >= 0)."""
+    """:data:`GRACE_S`, or ``$PHANTORA_ASSETS_DATASET_GRACE_S`` when set (a number of seconds >= 0).
+
+    Raises:
+        ValueError: the variable is set to something else (named with its value): a grace period
+            read wrong would remove generations readers still hold, or keep them forever.
+    """
     raw = os.environ.get("PHANTORA_ASSETS_DATASET_GRACE_S", "")
-    try:
-        v = float(raw) if raw else GRACE_S
-    except ValueError:
+    if not raw:
         return GRACE_S
-    return v if v >= 0 else GRACE_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v >= 0 or v == float("inf"):  # NaN, negative, infinite
+        raise ValueError(f"$PHANTORA_ASSETS_DATASET_GRACE_S={raw!r}: not a number of seconds >= 0")
+    return v
 
 
 def generations_dir(target: Path) -> Path:
@@ -99,7 +108,10 @@ def publish(staging: Path, target: Path, grace: float | None = None) -> Path:
     Raises:
         OutputWriteError: a rename or the link failed (naming ``target``; rule ``disk full`` when
             the file system is full).
+        ValueError: ``$PHANTORA_ASSETS_DATASET_GRACE_S`` is invalid (:func:`grace_s`), before
+            anything is published.
     """
+    grace = grace_s() if grace is None else grace
     gens = generations_dir(target)
     try:
         gens.mkdir(parents=True, exist_ok=True)
@@ -126,7 +138,7 @@ def publish(staging: Path, target: Path, grace: float | None = None) -> Path:
         _fsync_dir(target.parent)
     except OSError as exc:
         raise _write_error(target, exc) from exc
-    retire(target, grace_s() if grace is None else grace)
+    retire(target, grace)
     return final
 
 
