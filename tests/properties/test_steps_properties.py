@@ -5,6 +5,7 @@ jittered warm-up."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from fixtures.step_runs import FlowBuilder
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -44,6 +45,10 @@ def test_property_recovers_period_and_step_count(pattern, reps, noise, n_ranks, 
             fb.ring(comm, ranks, "all_reduce", tok + 1, "Bf16", t + 10 * k, 1)
         t += step_len
     d = _primitive_period(pattern)
+    if len(pattern) // d == 2:  # steps of 10*d and 1000-10*d us in turn: as many outliers as typical steps
+        with pytest.raises(StepDetectionError, match="steps irregular .no typical step"):
+            detect_steps(fb.frame(shuffle_seed=seed))
+        return
     sr = detect_steps(fb.frame(shuffle_seed=seed))
     # issue 28, the rule: the finest partition every communicator repeats exactly. A pattern repeated
     # within the iteration is repeated by the only communicator: its primitive period is the step (the gaps
@@ -126,7 +131,9 @@ def test_property_several_communicators_noisy_warmup(patterns, reps, noise, step
     try:
         sr = detect_steps(flows)
     except StepDetectionError as err:  # only a pattern repeated within the step may be refused
-        assert max(within) > 1 and err.rule == "steps ambiguous", err
+        # one communicator repeating its pattern twice: steps of 6*d and ~1000-6*d us in turn, no typical step
+        no_typical = len(patterns) == 1 and within[0] == 2
+        assert max(within) > 1 and (err.rule == "steps ambiguous" or no_typical and err.rule == "steps irregular"), err
         return
     assert sr.periods == dict(zip(comms, periods))
     assert len(sr.steps) == n_steps

@@ -398,7 +398,14 @@ def detect_steps(
             f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
             "are cut short or differ",
         )
-    step_time = typical_step_us(steps["duration_us"].to_numpy()[timed])[0]
+    step_time, n_typical = typical_step_us(steps["duration_us"].to_numpy()[timed])
+    if 2 * n_typical <= len(timed):  # as many outliers as typical steps: no step time the evidence states
+        raise _fail(
+            src,
+            "steps irregular",
+            f"no typical step: {n_typical} of the {len(timed)} timed steady steps lie within "
+            f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers; the step time is undecidable",
+        )
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}

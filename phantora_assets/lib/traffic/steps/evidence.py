@@ -17,7 +17,8 @@ def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     are the most of them within a window of ``2 * RULE.outlier_rel_tol`` above one of them (jitter of up to
     that share either way; ties: the shortest window, as outliers only lengthen steps), the step time their
     median; the others (an eval pass, a checkpoint, a straggler) are outliers, kept as
-    steps, not setting it. Equal steps, or typical ones no more than half of them: the median of all.
+    steps, not setting it. Typical ones no more than half of them: the median of all (``detect_steps``
+    refuses such steps, "steps irregular": no typical step).
     ``(nan, 0)`` when there is none."""
     d = np.sort(np.asarray(durations, dtype=np.float64))
     if not len(d):
