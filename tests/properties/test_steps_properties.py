@@ -94,6 +94,9 @@ _PATTERN = st.one_of(
 @example(patterns=[[0, 0, 0, 0], [0, 0]], reps=4, noise=_NO_NOISE, step_jitter=_NO_JITTER, seed=0)
 @example(patterns=[[0, 0, 0, 0, 0], [0, 0, 0, 0]], reps=4, noise=_NO_NOISE, step_jitter=_NO_JITTER, seed=0)
 @example(patterns=[[0, 0, 0, 0, 0], [0, 0]], reps=4, noise=_NO_NOISE, step_jitter=_NO_JITTER, seed=0)
+# the primitive cut (the second's half-pattern [0, 1]) leaves the first's 3 calls in every other step: not the
+# same calls in every steady step, so steps of several periods (was: refused, steps irregular)
+@example(patterns=[[0, 0, 0], [0, 1, 0, 1]], reps=4, noise=_NO_NOISE, step_jitter=_NO_JITTER, seed=0)
 def test_property_several_communicators_noisy_warmup(patterns, reps, noise, step_jitter, seed):
     """Random periodic sequences on 1-3 communicators (their own patterns, each step jittered
     by up to 2 %), each after its own noisy warm-up: every communicator's period is found, the

@@ -291,16 +291,25 @@ def _decide(
     """
     cs = ev.cs
     got = _primitive(ev, warmup_steps, src)
+    # the primitive cut fails when the periods disagree, or when its steady steps do not all issue the
+    # same calls (a sequence whose pattern repeats within the others' period); then steps of several periods
+    cut: _Cut | None = None
     if isinstance(got, str):
+        failed = ("steps disagree", got)
+    else:
+        cut = _aligned(ev, got, warmup_steps, src)
+        unlike = first_alike(cs, cut)[1]
+        failed = ("steps irregular", unlike) if unlike is not None else ("", "")
+    if failed[0]:
         coarse = _coarse_cut(cs, ev.per, ev.prim, ev.repeating, warmup_steps, min_repeats, src)
         if isinstance(coarse, str):
             raise _fail(
-                src, "steps disagree", f"{got}; no step of several periods on every communicator fits either ({coarse})"
+                src, failed[0], f"{failed[1]}; no step of several periods on every communicator fits either ({coarse})"
             )
         if (finer := _finer_by_time(ev, coarse)) is not None:
             raise _fail(src, *finer)
-        got = coarse
-    cut = _aligned(ev, got, warmup_steps, src)
+        cut = _aligned(ev, coarse, warmup_steps, src)
+    assert cut is not None
     if iteration_s:
         why = run_log_violation(cut, iteration_s, res_s)
         if why is not None:
