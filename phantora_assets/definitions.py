@@ -32,7 +32,8 @@ from phantora_assets.imported_runs import (
     remember_watched,
 )
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import RunSpec, check_specs
+from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.matrix import check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
