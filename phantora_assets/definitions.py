@@ -244,7 +244,7 @@ def build_defs(
 
     Args:
         data_dir: the data root (default ``$PHANTORA_ASSETS_DATA_DIR`` or ``./data``).
-        specs: the run matrix (default :func:`~phantora_assets.matrix.matrix_for` of ``data_dir``:
+        specs: the run matrix (default :func:`~phantora_assets.imported_runs.matrix_for` of ``data_dir``:
             the matrix with its imports); its run_ids are keys of the dynamic run partitions
             (``assets.common.RUN_PARTITIONS``; added on an instance by :func:`seed_run_partitions`,
             the ``import_dir`` sensor and ``phantora-assets build``).
