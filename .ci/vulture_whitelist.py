@@ -41,7 +41,7 @@ compute_busy_us  # records.py
 tolerance  # records.py
 # documented public names
 DECLINE_RULES  # lib/kineto/reader.py: the rules a KinetoDeclined names (docstrings point to it)
-MAX_NSPINES  # matrix.py: the run matrix's limit, which lib/sim/network.py's TOPOLOGY_COUNTS repeats
+MAX_NSPINES  # lib/run/spec.py: the run matrix's limit, which lib/sim/network.py's TOPOLOGY_COUNTS repeats
 DATASET_ASSETS  # definitions.py: the dataset assets of the code location
 # pytest hooks and marks; fakes whose signatures are the Docker SDK's
 pytest_addoption  # tests/conftest.py

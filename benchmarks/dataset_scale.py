@@ -42,7 +42,7 @@ N_BINS = 1800
 
 
 def _specs(n_runs: int, nodes: int):
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
 
     return [RunSpec(w, g, nodes, 8) for w, g in SPECS[:n_runs]]
 

@@ -39,7 +39,7 @@ from fixtures.dagster_proc import Timeout, drop_folder, in_dataset, partition_ru
 from fixtures.run_folders import analytic, deepspeed_log, write_run_folder  # noqa: E402
 
 from phantora_assets.assets.common import RUN_PARTITIONS  # noqa: E402
-from phantora_assets.matrix import RunSpec  # noqa: E402
+from phantora_assets.lib.run.spec import RunSpec  # noqa: E402
 
 DROPS = [RunSpec("W4", "h100", 2, 1), RunSpec("W4", "h100", 2, 2), RunSpec("W4", "h100", 4, 1)]
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None, help="data root (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
 
-    from phantora_assets.matrix import RunSpec, validate
+    from phantora_assets.lib.run.spec import RunSpec, validate
     from phantora_assets.paths import DataPaths
     from phantora_assets.stages import analysis, dataset, flows, links, simulation, traces  # noqa: F401 (imported once, before the forks)
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from phantora_assets.lib.run.spec import RunSpec  # noqa: E402
 from phantora_assets.lib.sim.analytic import AnalyticSimulator  # noqa: E402
-from phantora_assets.matrix import RunSpec  # noqa: E402
 
 TARGET_S = 5.0
 

@@ -16,9 +16,9 @@ from phantora_assets.lib.traffic.periodicity import MIN_CYCLES
 from phantora_assets.lib.traffic.window_features import FEATURES
 from phantora_assets.sources import SOURCE_NAMES
 
-#: A simulated or imported Phantora run, or a profiled run named by its import (matrix.PROFILED_SOURCES).
+#: A simulated or imported Phantora run, or a profiled run named by its import (lib/run/spec.PROFILED_SOURCES).
 # phantora_<gpu>_<workload>_<layout>, then _<topology type in lower case> on a topology other than
-# presets.toml's (matrix.RunSpec.run_id); a workload is W1..W5 or a user's [workloads.NAME]
+# presets.toml's (lib/run/spec.RunSpec.run_id); a workload is W1..W5 or a user's [workloads.NAME]
 _RUN_ID = Check.str_matches(
     r"^(phantora_[a-z0-9_]+_[A-Za-z0-9_]+_\d+x\d+(_(fattree|railoptimized|multiplane|arbitrary))?"
     r"|(?!phantora_)[a-z0-9][a-z0-9_]*)$"

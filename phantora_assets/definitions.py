@@ -32,7 +32,8 @@ from phantora_assets.imported_runs import (
     remember_watched,
 )
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import RunSpec, check_specs
+from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.matrix import check_specs
 from phantora_assets.paths import DataPaths, default_data_dir
 from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
@@ -243,7 +244,7 @@ def build_defs(
 
     Args:
         data_dir: the data root (default ``$PHANTORA_ASSETS_DATA_DIR`` or ``./data``).
-        specs: the run matrix (default :func:`~phantora_assets.matrix.matrix_for` of ``data_dir``:
+        specs: the run matrix (default :func:`~phantora_assets.imported_runs.matrix_for` of ``data_dir``:
             the matrix with its imports); its run_ids are keys of the dynamic run partitions
             (``assets.common.RUN_PARTITIONS``; added on an instance by :func:`seed_run_partitions`,
             the ``import_dir`` sensor and ``phantora-assets build``).

@@ -42,8 +42,9 @@ import tomli_w
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_override
 from phantora_assets.lib.errors import FileRuleError, RunMatrixError
 from phantora_assets.lib.phantora.run_folder import TRACE_NAMES, RunFolder, Skipped, discover
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import atomic_write_text, walk
-from phantora_assets.matrix import RunSpec, load_run_matrix, parse_entries
+from phantora_assets.matrix import load_run_matrix, parse_entries
 
 IMPORT_DIR_ENV = "PHANTORA_ASSETS_IMPORT_DIR"
 REGISTRY_NAME = "imports.toml"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import record_checks
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.paths import DataPaths
 
 

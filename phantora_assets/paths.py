@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 DATA_DIR_ENV = "PHANTORA_ASSETS_DATA_DIR"
 PERFDB_DIR_ENV = "PHANTORA_ASSETS_PERFDB_DIR"

@@ -20,7 +20,7 @@ import dagster as dg
 
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora import trace_batches
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.sources import get_source

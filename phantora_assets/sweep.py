@@ -1,6 +1,6 @@
 """What-if sweeps with the analytic simulator: a grid of layouts x host bandwidths x workloads.
 
-Each grid point is a :class:`~phantora_assets.matrix.RunSpec` (any layout, any GPU of ``gpus.toml``,
+Each grid point is a :class:`~phantora_assets.lib.run.spec.RunSpec` (any layout, any GPU of ``gpus.toml``,
 topology overrides of ``presets.toml [cluster]``) simulated directly by
 :class:`~phantora_assets.lib.sim.analytic.AnalyticSimulator` -- no Dagster, no trace files -- and
 summarised in one row:
@@ -45,8 +45,9 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.run.catalog import workload_specs
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.lib.workload.spec import parse_workload
-from phantora_assets.matrix import RunSpec, validate, workload_specs
 
 SWEEP_COLUMNS = [
     "workload",

@@ -15,7 +15,8 @@ from typing import Any
 import dagster as dg
 
 from phantora_assets.checks import BY_NAME, checks_of, clear_step_error, record_step_error
-from phantora_assets.matrix import RunSpec, gpu_specs
+from phantora_assets.lib.run.catalog import gpu_specs
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.outcomes import StageResult
 from phantora_assets.stages.common import release_memory
 

@@ -15,7 +15,7 @@ from phantora_assets.records import RecordError
 from phantora_assets.stages.export import run_exclusion
 
 if TYPE_CHECKING:
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -168,7 +168,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from phantora_assets.matrix import gpu_specs, workload_specs
+    from phantora_assets.lib.run.catalog import gpu_specs, workload_specs
     from phantora_assets.sweep import grid, parse_set, run_sweep
 
     if args.gpu not in gpu_specs():

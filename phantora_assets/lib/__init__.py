@@ -2,6 +2,7 @@
 
 Packages:
     errors     exception types (each names the file or entry and the rule broken)
+    run/       a run as data: RunSpec, its rules and the names it may use (workloads, GPUs, sources)
     phantora/  Phantora's formats: the Chrome trace (writer, reader, compiled scanner), run.log,
                perf DB, netconfig, run folders, the Docker configs and launcher of a Phantora run
     sim/       the embedded analytic simulator: workloads, torch ops, kernels, memory, network

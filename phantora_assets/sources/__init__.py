@@ -1,9 +1,9 @@
 """Simulation sources behind one interface (:class:`~phantora_assets.sources.base.Source`).
 
 A new source is one module here (with ``NAME``, ``DESCRIPTION``, ``raw_timeline`` and
-``chrome_trace``) and one line in :data:`REGISTRY`. The run matrix accepts exactly the names of
-the registry (``source = "..."``). Modules are imported when first used, so that reading the run
-matrix imports no simulator.
+``chrome_trace``), one line in :data:`REGISTRY` and its name in ``lib/run/spec.SOURCES`` (the
+``source = "..."`` names a run may give; the registry has exactly those, in that order). Modules
+are imported when first used, so that reading the run matrix imports no simulator.
 """
 
 from __future__ import annotations

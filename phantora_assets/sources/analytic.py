@@ -15,12 +15,12 @@ from phantora_assets.checks import reset_checks
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.netconfig import NoPhantoraTopology, dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_log import RunLog
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import simulate
 from phantora_assets.lib.sim.workload_types import Compute
 from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.lib.store.parquet import write_parquet_frames
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, write_record

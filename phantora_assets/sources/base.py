@@ -1,6 +1,6 @@
 """The interface every simulation source implements (no Dagster import).
 
-A source turns one :class:`~phantora_assets.matrix.RunSpec` into the two per-run files the rest
+A source turns one :class:`~phantora_assets.lib.run.spec.RunSpec` into the two per-run files the rest
 of the graph shares: the raw timeline (``raw_timeline`` asset: whatever the source simulates or
 copies, plus ``run.log``, ``config/`` and, for a run that fits, ``partitions/<run_id>/run_log.json``
 and the source's own records) and the Chrome
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
     from phantora_assets.outcomes import StageResult
     from phantora_assets.paths import DataPaths
 
@@ -71,7 +71,7 @@ class Source(Protocol):
             ``flops_per_step``, ``mfu``, ``peak_flops`` and ``alpha``; False leaves them null and
             reads the peak memory from ``run_log.json``.
 
-    Optional, for sources of profiled runs (``matrix.PROFILED_SOURCES``: no workload preset):
+    Optional, for sources of profiled runs (``lib/run/spec.PROFILED_SOURCES``: no workload preset):
     ``run_fields(spec, paths) -> dict`` (the descriptive ``runs.csv`` columns: workload, framework,
     model, parallelism, gpu) and ``profiler_steps(paths, spec) -> (starts_us, last_end_us) | None``
     (step markers of the trace; ``validated_flows`` then cuts steps at them, ``lib/kineto/step_spans.py``).

@@ -23,8 +23,8 @@ from phantora_assets.lib.chakra import ingest
 from phantora_assets.lib.chakra.et_io import et_files
 from phantora_assets.lib.chakra.ingest import ChakraRun, is_et_folder, read_folder
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import atomic_write_text
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources import profiled
@@ -59,7 +59,7 @@ def spec_for(folder: str | Path, gpus_per_node: int = 1, run_id: str | None = No
     Raises:
         TraceFormatError: as ``lib/chakra/ingest`` (names the file and the rule); ``layout``: not
             ``world_size`` ranks.
-        RunMatrixError: ``run_id`` is not a valid name (matrix.validate).
+        RunMatrixError: ``run_id`` is not a valid name (lib/run/spec.validate).
     """
     folder = Path(folder).resolve()
     run = read_folder(folder, gpus_per_node)

@@ -22,7 +22,7 @@ from typing import Any
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.run import TRACE_SUFFIXES, convert, read_folder, trace_files
 from phantora_assets.lib.phantora.run_folder import trace_file
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import KinetoRecord, read_record_or_none, write_record
@@ -72,7 +72,7 @@ def spec_for(
     Raises:
         KinetoDeclined / TraceFormatError: as ``lib/kineto/run.read_folder`` and ``convert``;
             ``layout``: the traces' world size is not ``world_size``.
-        RunMatrixError: ``run_id`` is not a valid name (matrix.validate).
+        RunMatrixError: ``run_id`` is not a valid name (lib/run/spec.validate).
     """
     folder = Path(folder).resolve()
     run = read_folder(folder, gpus_per_node, world_size, rank)

@@ -14,8 +14,8 @@ from pathlib import Path
 from phantora_assets.checks import reset_checks
 from phantora_assets.lib.phantora.docker_config import config_files, layout_for, missing_listing
 from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import atomic_write_text, copy_file, link_or_copy, replace_dir
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources.base import DockerBackend, SourceContext

@@ -33,8 +33,8 @@ from phantora_assets.lib.phantora.run_folder import (
     trace_file,
 )
 from phantora_assets.lib.phantora.run_log import read_run_log
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, walk
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import ImportRecord, RecordError, read_record_or_none, write_record

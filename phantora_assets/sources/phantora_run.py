@@ -19,8 +19,8 @@ from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.run_folder import refusal
 from phantora_assets.lib.phantora.run_log import RunLog, read_run_log
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import atomic_path, same_path
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, write_record

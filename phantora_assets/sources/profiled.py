@@ -27,9 +27,9 @@ from phantora_assets.checks import record_note, reset_checks
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.run import default_run_id
 from phantora_assets.lib.phantora import trace_writer
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.lib.store.parquet import write_parquet
-from phantora_assets.matrix import RunSpec, validate
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, write_record
@@ -75,7 +75,7 @@ def make_spec(source: str, folder: Path, world: int, gpus_per_node: int, run_id:
     ``<folder name>_<nodes>x<gpus_per_node>`` (``lib/kineto/run.default_run_id``).
 
     Raises:
-        RunMatrixError: ``run_id`` is not a valid name, or the layout breaks a rule (matrix.validate).
+        RunMatrixError: ``run_id`` is not a valid name, or the layout breaks a rule (lib/run/spec.validate).
     """
     n_nodes = world // gpus_per_node if gpus_per_node > 0 else 0
     name = run_id or default_run_id(folder, n_nodes, gpus_per_node)

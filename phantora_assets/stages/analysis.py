@@ -17,10 +17,10 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.checks import record_check, reset_checks
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, plots
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic import anatomy
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import WINDOW_S

@@ -19,12 +19,12 @@ import pandas as pd
 from phantora_assets import contracts
 from phantora_assets.checks import reset_checks
 from phantora_assets.lib.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, database
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic import anatomy, binning
 from phantora_assets.lib.traffic import window_features as wf
 from phantora_assets.lib.traffic.window_features import FEATURES, WINDOW_FEATURE_COLUMNS
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RunLogRecord, SimulationRecord, read_record, read_record_or_none

@@ -36,11 +36,11 @@ from phantora_assets import contracts
 from phantora_assets.checks import exclusion_reason, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.columns import BIN_COLUMNS
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import export as ex
 from phantora_assets.lib.store import generations
 from phantora_assets.lib.store.io import atomic_write_text, link_or_copy
 from phantora_assets.lib.traffic.window_features import WINDOW_FEATURE_COLUMNS
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RecordError

@@ -18,12 +18,12 @@ from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.net import nics
 from phantora_assets.lib.phantora import chrome_trace
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.parquet import write_parquet, write_parquet_frames
 from phantora_assets.lib.traffic import binning, steps, trace_checks
 from phantora_assets.lib.traffic.cross_check import cross_check
 from phantora_assets.lib.workload.collectives import comm_groups
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import (

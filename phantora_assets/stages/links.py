@@ -20,11 +20,11 @@ from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.net import link_bins, nics, routes
 from phantora_assets.lib.net.fabric import Fabric, build_fabric
 from phantora_assets.lib.phantora.netconfig import netconfig_for
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.network import Topology
 from phantora_assets.lib.store import database
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic.binning import exact_sum
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import WINDOW_S

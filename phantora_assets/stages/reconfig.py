@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 
 from phantora_assets.lib.net import nics, reconfig
 from phantora_assets.lib.net.fabric import Fabric, nic_name
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import database, reconfig_plots
 from phantora_assets.lib.store.parquet import write_parquet
-from phantora_assets.matrix import RunSpec
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.links import known_members, run_topology

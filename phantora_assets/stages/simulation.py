@@ -24,9 +24,10 @@ from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.perfdb import load_perfdb
+from phantora_assets.lib.run.catalog import gpu_specs
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.io import same_path
-from phantora_assets.matrix import RunSpec, gpu_specs
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths, default_perfdb_dir
 from phantora_assets.records import (

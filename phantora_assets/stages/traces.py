@@ -8,7 +8,7 @@ then materializes nothing and the run's assets below it do not apply.
 
 from __future__ import annotations
 
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources import get_source

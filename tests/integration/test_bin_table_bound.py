@@ -10,8 +10,9 @@ from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.lib.store import bin_table
-from phantora_assets.matrix import RunSpec, load_run_matrix, validate
+from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources.base import SourceContext
 from phantora_assets.stages import simulation

@@ -19,8 +19,8 @@ import pytest
 from fixtures.materialize import ephemeral_with_runs
 
 from phantora_assets.definitions import build_defs
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import generations
-from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages import dataset as dataset_stage
 

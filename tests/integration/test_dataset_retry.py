@@ -13,7 +13,7 @@ import pytest
 
 from phantora_assets.assets import dataset_retry as dr
 from phantora_assets.definitions import build_defs
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 SPEC = RunSpec("W4", "l40s", 2, 1)
 

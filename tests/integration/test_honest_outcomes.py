@@ -29,7 +29,8 @@ from phantora_assets.cli import main
 from phantora_assets.definitions import build_defs
 from phantora_assets.imported_runs import effective_matrix, register
 from phantora_assets.lib.phantora.run_folder import discover
-from phantora_assets.matrix import RunSpec, load_run_matrix
+from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource
 from phantora_assets.stages.dataset import export_dataset

@@ -32,7 +32,8 @@ from phantora_assets.imported_runs import effective_matrix, read_registry, regis
 from phantora_assets.lib.phantora.chrome_trace import read_trace
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_folder import discover
-from phantora_assets.matrix import RunSpec, load_run_matrix
+from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
 
 W1 = "phantora_a100_40g_W1_2x2"  # in the matrix: the import replaces its analytic source

@@ -17,7 +17,7 @@ from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 from phantora_assets.assets.common import RUN_PARTITIONS
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, effective_matrix, read_registry
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 WATCHED = RunSpec("W4", "h100", 2, 1)  # dropped into the watched folder; not in the shipped matrix
 CLI = RunSpec("W4", "l40s", 2, 1)  # imported later with `phantora-assets import`, the variable unset

@@ -17,7 +17,7 @@ from phantora_assets.checks import RUN_CHECKS, read_checks
 from phantora_assets.cli import main
 from phantora_assets.imported_runs import read_registry
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.paths import DataPaths
 
 G = (0, 1, 2, 3)

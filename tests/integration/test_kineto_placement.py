@@ -19,7 +19,7 @@ from phantora_assets.cli import main
 from phantora_assets.imported_runs import read_registry
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.kineto.run import convert, rank_from_name, read_folder
-from phantora_assets.matrix import RunSpec, validate
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.simulation import run_spec_record
 

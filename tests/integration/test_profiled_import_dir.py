@@ -16,7 +16,7 @@ from fixtures.materialize import materialize_run
 from phantora_assets import definitions as d
 from phantora_assets.imported_runs import IMPORT_DIR_ENV, discover_imports, effective_matrix, profiled_folder
 from phantora_assets.lib.phantora.run_folder import Skipped
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.simulation import build_reason, run_spec_record
 

@@ -14,9 +14,9 @@ import pytest
 from fixtures.paths import ROOT
 
 from phantora_assets.cli import main
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.workload.collectives import comm_groups, run_spec_of
 from phantora_assets.lib.workload.placement import rank_coords
-from phantora_assets.matrix import RunSpec
 
 EXAMPLE = ROOT / "docs" / "examples" / "opus_jobs.toml"
 

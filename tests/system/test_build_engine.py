@@ -303,7 +303,7 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
     from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
     from phantora_assets.cli.engine import _Runs
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
 
     home, data, imports = tmp_path / "home", tmp_path / "data", tmp_path / "imports"
     home.mkdir()

@@ -19,7 +19,7 @@ from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.assets.dataset_retry import ATTEMPT_TAG, RETRY_OF_TAG
 from phantora_assets.instance.worker import PID_TAG
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 NEW = RunSpec("W4", "h100", 2, 1)
 DATASET_KEY = dg.AssetKey("phantora_v0")

@@ -22,7 +22,7 @@ import pytest
 from fixtures.paths import ROOT
 from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 NEW = RunSpec("W4", "h100", 2, 1)  # not in the test's run matrix
 TIMEOUT_S = 120

@@ -16,7 +16,7 @@ from fixtures.run_folders import analytic, deepspeed_log, write_run_folder
 
 from phantora_assets.assets.common import RUN_PARTITIONS
 from phantora_assets.imported_runs import read_registry
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 NEW = RunSpec("W4", "h100", 2, 1)  # not in the test's run matrix (W4 l40s 2x1)
 SHIPPED = RunSpec("W4", "l40s", 2, 1)

@@ -73,7 +73,7 @@ def test_build_defs_uses_the_specs_it_is_given(tmp_path):
 
     from phantora_assets.definitions import build_defs
     from phantora_assets.lib.errors import RunMatrixError
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
 
     spec = RunSpec("W4", "l40s", 2, 1, topology=(("host_bw_gbps", 100),))
     defs = build_defs(tmp_path / "data", [spec])

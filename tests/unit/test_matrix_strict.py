@@ -15,18 +15,10 @@ import pytest
 
 from phantora_assets.cli import main
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.matrix import (
-    MAX_NODES,
-    MAX_WORLD_SIZE,
-    TOPOLOGY_BANDWIDTHS,
-    TOPOLOGY_COUNTS,
-    TOPOLOGY_NAMES,
-    RunSpec,
-    check_specs,
-    parse_entries,
-    presets,
-    validate,
-)
+from phantora_assets.lib.run.catalog import presets
+from phantora_assets.lib.run.spec import MAX_NODES, MAX_WORLD_SIZE, RunSpec, validate
+from phantora_assets.lib.sim.network import TOPOLOGY_BANDWIDTHS, TOPOLOGY_COUNTS, TOPOLOGY_NAMES
+from phantora_assets.matrix import check_specs, parse_entries
 
 GOOD = '[[run]]\nworkload = "W4"\ngpu = "l40s"\nnodes = 2\ngpus_per_node = 1\n'
 

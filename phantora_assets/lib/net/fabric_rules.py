@@ -1,5 +1,5 @@
 """The run matrix's rules for a run's ``topology`` settings, and the run-id tail of a fabric run
-(``matrix.py`` calls them; docs/FABRIC.md). No Dagster import.
+(``lib/run/spec.validate`` calls them; docs/FABRIC.md). No Dagster import.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from typing import Any
 import yaml
 
 from phantora_assets.lib.phantora.netconfig import dumps_netconfig, netconfig_for
-from phantora_assets.matrix import RunSpec, gpu_specs, presets
+from phantora_assets.lib.run.catalog import gpu_specs, presets
+from phantora_assets.lib.run.spec import RunSpec
 
 SOCKET_PREFIX = "/run/phantora/phantora"
 SERVER = "/phantora/dist/phantora_server"

@@ -45,7 +45,7 @@ from phantora_assets.lib.phantora.docker_config import (
     training_hosts,
     visualizer_argv,
 )
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 
 class PhantoraDockerError(PhantoraAssetsError):

@@ -11,7 +11,7 @@ from typing import Any
 
 import tomli_w
 
-from phantora_assets.matrix import RunSpec
+from phantora_assets.lib.run.spec import RunSpec
 
 
 class NoPhantoraTopology(ValueError):

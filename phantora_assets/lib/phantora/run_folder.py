@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.lib.errors import FileRuleError, RunMatrixError
+from phantora_assets.lib.run.catalog import gpu_specs, presets
+from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.lib.store.io import walk
-from phantora_assets.matrix import RunSpec, gpu_specs, presets, validate
 
 TRACE_NAMES = ("timeline.json.gz", "timeline.json")
 #: The files and directories of a run folder the import copies or links (all optional).

@@ -55,6 +55,7 @@ import numpy as np
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.net.fabric import build_fabric
 from phantora_assets.lib.phantora.netconfig import netconfig_for
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
@@ -65,7 +66,6 @@ from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import trace_events_per_step
 from phantora_assets.lib.workload.dag import build_dag
-from phantora_assets.matrix import RunSpec
 
 TINY_COLLECTIVE_BYTES = 4096
 #: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest

@@ -16,8 +16,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.workload_types import Compute
-from phantora_assets.matrix import RunSpec
 from phantora_assets.paths import default_perfdb_dir
 
 

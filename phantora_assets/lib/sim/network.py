@@ -51,7 +51,7 @@ TOPOLOGY_NAMES: dict[str, tuple[str, ...]] = {
     "ecmp": ECMP_MODES,
 }
 #: Count-valued ``[cluster]`` keys and their largest value.
-TOPOLOGY_COUNTS = {"rack_size": 4096, "nspines": 512}  # matrix.MAX_NODES, MAX_NSPINES
+TOPOLOGY_COUNTS = {"rack_size": 4096, "nspines": 512}  # lib/run/spec.MAX_NODES, MAX_NSPINES
 #: Bandwidth-valued ``[cluster]`` keys, Gbps from 1 Mb/s to 1 Pb/s: the network simulator's float
 #: nanoseconds break outside (1e-300 gives steps of 0 ns, 1e300 never ends, <= 0 loops or fails).
 TOPOLOGY_BANDWIDTHS = ("host_bw_gbps", "rack_uplink_port_bw_gbps", "loopback_gbps")

@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
 from phantora_assets.lib.sim.memory import MemoryEstimate
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.traffic.ring import OP_TO_CALL
-from phantora_assets.matrix import RunSpec
 
 COMPUTE_STREAM_ID = 7
 

@@ -1,7 +1,7 @@
 """The parameter layout of one run: model dimensions, parameters, communicators, grad buckets.
 
 A :class:`WorkloadLayout` turns a workload preset (``presets.toml``) and a layout (tp, dp, ep
-of the :class:`~phantora_assets.matrix.RunSpec`) into
+of the :class:`~phantora_assets.lib.run.spec.RunSpec`) into
 
 * the model's dimensions (``seq``, ``mbs``, ``layers``, ``hidden``, ``ffn``, ``heads``,
   ``kv_heads``, ``head_dim``, ``vocab``, ``experts``, ``topk``; all ints),
@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.workload_types import MEGATRON_BUCKET_ELEMENTS, Communicator, Param
 from phantora_assets.lib.workload.pipeline import stage_bounds
 from phantora_assets.lib.workload.placement import groups_of
-from phantora_assets.matrix import RunSpec
 
 # a DDP bucket: (padded elements, [(param, offset in the bucket, elements)])
 Bucket = tuple[int, list[tuple[Param, int, int]]]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.torch_ops import torch_ops
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout, ceil_to
 from phantora_assets.lib.sim.workload_types import (
@@ -56,7 +57,6 @@ from phantora_assets.lib.sim.workload_types import (
 )
 from phantora_assets.lib.workload.megatron import megatron_step
 from phantora_assets.lib.workload.torchtitan import torchtitan_step
-from phantora_assets.matrix import RunSpec
 
 
 @lru_cache(maxsize=64)

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, SendRecv
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.lib.workload.collectives import _stage_comms
-from phantora_assets.matrix import RunSpec
 
 KINDS = ("dp", "tp", "all_to_all", "zero_gather", "send_recv")
 UNMATCHED = "unmatched"

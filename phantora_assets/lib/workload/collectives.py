@@ -1,6 +1,6 @@
 """The per-step collectives of a workload, per communicator: what the generator issues.
 
-* :func:`run_spec_of`: a :class:`~phantora_assets.matrix.RunSpec` (source ``analytic``) of a
+* :func:`run_spec_of`: a :class:`~phantora_assets.lib.run.spec.RunSpec` (source ``analytic``) of a
   ``[workloads.NAME]`` table (or a parsed :class:`~phantora_assets.lib.workload.spec.
   WorkloadSpec`) on a layout, validated as a run-matrix entry.
 * :func:`step_collectives`: every :class:`CollectiveCall` of one steady (or the warm-up) step, in
@@ -22,13 +22,13 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets.lib.phantora.chrome_trace import comm_id_of
+from phantora_assets.lib.run.spec import PROFILED_SOURCES, RunSpec, validate
 from phantora_assets.lib.sim.keys import comm_id_bytes
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel, workload_model
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
 from phantora_assets.lib.workload.placement import GROUP_OF_KIND
 from phantora_assets.lib.workload.spec import WorkloadSpec, parse_workload
-from phantora_assets.matrix import PROFILED_SOURCES, RunSpec, validate
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 from phantora_assets import contracts
+from phantora_assets.lib.run.spec import SOURCES
 from phantora_assets.sources import REGISTRY, SOURCE_NAMES, get_source
 
 
@@ -30,3 +31,7 @@ def test_unknown_source_is_refused_by_name():
 def test_runs_contract_accepts_exactly_the_registered_sources():
     check = next(c for c in contracts.RUNS.columns["simulator"].checks)
     assert sorted(check.statistics["allowed_values"]) == sorted(REGISTRY)
+
+
+def test_registry_has_exactly_the_source_names_a_run_may_give():
+    assert SOURCE_NAMES == SOURCES == ("analytic", "docker", "import", "kineto", "chakra")

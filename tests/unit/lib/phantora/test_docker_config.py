@@ -21,7 +21,9 @@ from phantora_assets.lib.phantora.docker_config import (
     training_argv,
     training_hosts,
 )
-from phantora_assets.matrix import RunSpec, shipped_workloads, spec_from_run_id
+from phantora_assets.lib.run.catalog import shipped_workloads
+from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.matrix import spec_from_run_id
 from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, PhantoraDocker, simulator_from_env
 

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from phantora_assets.lib.phantora.trace_writer import write_chrome_trace
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import simulate
 from phantora_assets.lib.store.parquet import write_parquet
-from phantora_assets.matrix import RunSpec
 
 #: sha256 of the files the whole-table writer (main before issue 14) wrote for these analytic runs.
 OLD_WRITER = {

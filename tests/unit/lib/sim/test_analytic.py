@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
-from phantora_assets.matrix import RunSpec, load_run_matrix
+from phantora_assets.matrix import load_run_matrix
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 

@@ -9,10 +9,11 @@ import pytest
 
 from phantora_assets.cli import main
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.workload_types import Collective
 from phantora_assets.lib.sim.workloads import workload_model
-from phantora_assets.matrix import RunSpec, parse_entries
+from phantora_assets.matrix import parse_entries
 from phantora_assets.stages.simulation import run_spec_record
 
 

@@ -23,7 +23,7 @@ def test_step_times_meet_the_fidelity_targets():
 
 def test_l40s_constants_are_the_perf_db_fit():
     """gpus.toml [l40s] is the fit of perfdb/l40s that benchmarks/fidelity.py --fit prints."""
-    from phantora_assets.matrix import gpu_specs
+    from phantora_assets.lib.run.catalog import gpu_specs
 
     fit = fidelity.fit_l40s()
     l40s = gpu_specs()["l40s"]

@@ -49,7 +49,7 @@ def test_from_cluster_converts_gbps():
 
 def test_topology_from_a_runs_netconfig():
     from phantora_assets.lib.phantora.netconfig import dumps_netconfig, loads_netconfig, netconfig_for
-    from phantora_assets.matrix import RunSpec
+    from phantora_assets.lib.run.spec import RunSpec
 
     spec = RunSpec("W4", "a100_40g", 5, 2, topology=(("host_bw_gbps", 400), ("nspines", 3)))
     cfg = loads_netconfig(dumps_netconfig(netconfig_for(spec)))

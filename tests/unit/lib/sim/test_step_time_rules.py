@@ -170,8 +170,8 @@ def test_sdpa_attention_runs_at_the_gpus_sdpa_efficiency():
     # rule time.sdpa_efficiency: torch SDPA's flash kernels (torchtitan, HF) run at gpus.toml's
     # sdpa_efficiency (H100: 0.35, FlashAttention-2 per the FA3 paper), Transformer Engine's fused
     # attention (Megatron) and every GEMM at matmul_efficiency; a GPU without the key: the GEMMs'.
+    from phantora_assets.lib.run.catalog import gpu_specs
     from phantora_assets.lib.sim.kernels import GpuRoofline, flash_attention
-    from phantora_assets.matrix import gpu_specs
 
     h100 = GpuRoofline.from_spec(gpu_specs()["h100"])
     te, sdpa = (flash_attention(8192, 8192, 32, 8, 128, "fwd", 2, e) for e in ("", "sdpa"))

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
+from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import AnalyticSimulator, simulate
 from phantora_assets.lib.store.parquet import write_parquet, write_parquet_frames
-from phantora_assets.matrix import RunSpec
 
 
 def _sha(p: Path) -> str:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.run.catalog import shipped_workloads
 from phantora_assets.lib.workload.collectives import run_spec_of
 from phantora_assets.lib.workload.spec import parse_workload
-from phantora_assets.matrix import load_run_matrix, shipped_workloads
+from phantora_assets.matrix import load_run_matrix
 
 LLAMA = {
     "framework": "megatron",
@@ -196,7 +197,7 @@ def test_matrix_file_rules(tmp_path, text, rule):
 
 
 def test_shipped_gpus_include_a100_80g_and_mi300x():
-    from phantora_assets.matrix import shipped_gpu_specs
+    from phantora_assets.lib.run.catalog import shipped_gpu_specs
 
     g = shipped_gpu_specs()
     assert (g["a100_80g"]["memory_gb"], g["a100_80g"]["peak_bf16_flops"]) == (80, 312.0e12)
