@@ -30,20 +30,11 @@ from pathlib import Path
 from phantora_assets.lib.run.spec import RunSpec
 
 DATA_DIR_ENV = "PHANTORA_ASSETS_DATA_DIR"
-PERFDB_DIR_ENV = "PHANTORA_ASSETS_PERFDB_DIR"
 
 
 def default_data_dir() -> Path:
     """``$PHANTORA_ASSETS_DATA_DIR`` or ``./data``."""
     return Path(os.environ.get(DATA_DIR_ENV, "data"))
-
-
-def default_perfdb_dir() -> Path:
-    """``$PHANTORA_ASSETS_PERFDB_DIR`` or the repository's ``perfdb/`` folder."""
-    env = os.environ.get(PERFDB_DIR_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "perfdb"
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ import dagster as dg
 
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora import trace_batches
+from phantora_assets.lib.phantora.perfdb import perfdb_folder
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.outcomes import StageResult
-from phantora_assets.paths import DataPaths, default_perfdb_dir
+from phantora_assets.paths import DataPaths
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import DockerBackend, SourceContext
 
@@ -187,7 +188,7 @@ class PhantoraDocker(SimulatorResource):
         Raises:
             FileNotFoundError: no database for the GPU and profiling is not allowed.
         """
-        folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
+        folder = perfdb_folder(spec.gpu, spec.gpu_spec)
         if (folder / "compute.csv").is_file():
             return folder
         if self.profile_without_perfdb:

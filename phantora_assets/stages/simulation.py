@@ -23,13 +23,13 @@ from phantora_assets import contracts
 from phantora_assets.checks import invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.phantora.perfdb import load_perfdb
+from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.io import same_path
 from phantora_assets.outcomes import StageResult
-from phantora_assets.paths import DataPaths, default_perfdb_dir
+from phantora_assets.paths import DataPaths
 from phantora_assets.records import (
     PerfDbRecord,
     RecordError,
@@ -53,7 +53,7 @@ def perf_db(gpu: str, paths: DataPaths) -> tuple[PerfDbRecord, bool]:
         pandera.errors.SchemaError: a table breaks ``contracts.PERFDB_COMPUTE`` / ``PERFDB_MEMCPY``.
     """
     spec = gpu_specs()[gpu]
-    folder = default_perfdb_dir() / spec.get("perfdb", gpu)
+    folder = perfdb_folder(gpu, spec)
     try:
         db = load_perfdb(folder, expected_gpu_name=spec["name"])
     except FileNotFoundError:
@@ -234,7 +234,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry (layout,
     source, topology, import path, a bin width other than 0.1 s), the workload preset, the GPU's ``gpus.toml``
     entry, the effective network settings and the sha256 of the GPU's perf DB files."""
-    folder = default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
+    folder = perfdb_folder(spec.gpu, spec.gpu_spec)
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(folder.glob("*.csv")) + sorted(folder.glob("manifest.md"))

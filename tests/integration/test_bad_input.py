@@ -32,8 +32,9 @@ from fixtures.paths import ROOT
 
 from phantora_assets import definitions as d
 from phantora_assets.checks import TRACE_CHECKS, read_checks
+from phantora_assets.lib.phantora.perfdb import PERFDB_DIR_ENV
 from phantora_assets.matrix import RUN_MATRIX_ENV, load_run_matrix
-from phantora_assets.paths import PERFDB_DIR_ENV, DataPaths
+from phantora_assets.paths import DataPaths
 from phantora_assets.resources import AnalyticSimulatorResource, DataRoot
 
 perf_db, raw_timeline, chrome_trace, validated_flows, binned_flows = (

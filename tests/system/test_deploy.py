@@ -178,7 +178,7 @@ def test_dockerfile_environment():
     env = _image_env()
     assert env["DAGSTER_HOME"] == "/opt/dagster/dagster_home"
     assert env["PHANTORA_ASSETS_DATA_DIR"] == "/opt/dagster/data"
-    # the installed package does not sit beside perfdb/ (paths.default_perfdb_dir): the image copies
+    # the installed package does not sit beside perfdb/ (lib/phantora/perfdb.default_perfdb_dir): the image copies
     # it and says where
     copies = [c.split() for c in _instructions("COPY")]
     assert ["perfdb/", env["PHANTORA_ASSETS_PERFDB_DIR"].rstrip("/") + "/"] in copies

@@ -5,19 +5,42 @@ Layout (PHANTORA_FORMATS.md section 5): ``compute.csv`` (``key,nanos``; older fi
 ``sequence.csv``, and ``manifest.md`` (``- **GPU:** NVIDIA L40S``, schema version, entry counts).
 Values are nanoseconds. ``key`` is the torch call as compact JSON with one top-level op name.
 
+Where they live: :func:`default_perfdb_dir` (``$PHANTORA_ASSETS_PERFDB_DIR``, else the repository's
+``perfdb/``), one folder a GPU (:func:`perfdb_folder`: ``gpus.toml``'s ``perfdb`` name, else the GPU
+name); a folder need not exist.
+
 No Dagster import. pandera schemas for the tables live in ``phantora_assets.contracts``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from phantora_assets.lib.errors import PerfDBError
+
+#: Environment variable naming the perf-DB root (a folder of ``<gpu>/`` perf DBs).
+PERFDB_DIR_ENV = "PHANTORA_ASSETS_PERFDB_DIR"
+
+
+def default_perfdb_dir() -> Path:
+    """``$PHANTORA_ASSETS_PERFDB_DIR`` or the repository's ``perfdb/`` folder (beside the package)."""
+    env = os.environ.get(PERFDB_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "perfdb"
+
+
+def perfdb_folder(gpu: str, gpu_spec: Mapping[str, object]) -> Path:
+    """``<default perf-DB root>/<gpu_spec's perfdb name, else gpu>``: the folder of ``gpu``'s perf DB."""
+    return default_perfdb_dir() / str(gpu_spec.get("perfdb", gpu))
+
 
 MEMCPY_KINDS = (
     "HostToHost",

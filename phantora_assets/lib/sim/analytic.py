@@ -55,9 +55,10 @@ import numpy as np
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.net.fabric import build_fabric
 from phantora_assets.lib.phantora.netconfig import netconfig_for
+from phantora_assets.lib.phantora.perfdb import perfdb_folder
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.kernels import KernelTimer
-from phantora_assets.lib.sim.keys import default_perfdb_folder, seed_of
+from phantora_assets.lib.sim.keys import seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
 from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
@@ -95,7 +96,7 @@ class AnalyticSimulator:
         self.world = spec.world_size
         self.rng = np.random.default_rng(seed_of(spec.run_id, "analytic"))
         if perfdb_dir == "default":
-            perfdb_dir = default_perfdb_folder(spec)
+            perfdb_dir = perfdb_folder(spec.gpu, spec.gpu_spec)
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
         # the network of the run's netconfig.toml (lib/phantora/netconfig.py writes the same dict to config/)
         if spec.cluster["topology"] == "TwoLayerMultiPath":

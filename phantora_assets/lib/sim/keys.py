@@ -2,8 +2,6 @@
 
 * :func:`seed_of`: a 64-bit int seed from a run id (sha256), stable across processes.
 * :func:`comm_id_bytes`: the 128-byte NCCL communicator id of a communicator of a run.
-* :func:`default_perfdb_folder`: the run's GPU perf-DB folder under the default perf-DB root
-  (``gpus.toml``'s ``perfdb`` name, else the GPU name); the folder need not exist.
 * :func:`torch_info`: the ``info`` JSON of a computation event's Torch meta, decoded from the
   perf-DB key (:mod:`~phantora_assets.lib.sim.kernels`) of the item's largest GEMM.
 
@@ -14,11 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
-from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.workload_types import Compute
-from phantora_assets.paths import default_perfdb_dir
 
 
 def seed_of(run_id: str, salt: str = "") -> int:
@@ -31,11 +26,6 @@ def comm_id_bytes(run_id: str, comm_name: str) -> bytes:
     a = hashlib.blake2b(f"{run_id}/{comm_name}".encode(), digest_size=64, person=b"ncclUniqueId0").digest()
     b = hashlib.blake2b(f"{run_id}/{comm_name}".encode(), digest_size=64, person=b"ncclUniqueId1").digest()
     return a + b
-
-
-def default_perfdb_folder(spec: RunSpec) -> Path:
-    """``<default perf-DB root>/<perfdb name of the run's GPU>``."""
-    return default_perfdb_dir() / str(spec.gpu_spec.get("perfdb", spec.gpu))
 
 
 def torch_info(item: Compute) -> str:

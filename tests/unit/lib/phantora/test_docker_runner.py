@@ -27,9 +27,10 @@ from fixtures.run_folders import megatron_log
 from phantora_assets.checks import read_checks
 from phantora_assets.lib.phantora.docker_config import DockerSettings, layout_for, training_argv
 from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError, PhantoraDockerRunner, SimulationSlots
+from phantora_assets.lib.phantora.perfdb import default_perfdb_dir
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.matrix import spec_from_run_id
-from phantora_assets.paths import DataPaths, default_perfdb_dir
+from phantora_assets.paths import DataPaths
 from phantora_assets.sources import phantora_docker as pipeline
 
 SPEC = RunSpec("W1", "l40s", 2, 1, source="docker")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from phantora_assets.lib.phantora.perfdb import default_perfdb_dir
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.sim.kernels import (
     GpuRoofline,
@@ -21,7 +22,6 @@ from phantora_assets.lib.sim.kernels import (
 from phantora_assets.lib.sim.workload_types import Compute
 from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.matrix import load_run_matrix
-from phantora_assets.paths import default_perfdb_dir
 
 SPECS = {s.run_id: s for s in load_run_matrix()}
 DB = default_perfdb_dir() / "l40s"
