@@ -22,7 +22,7 @@ from phantora_assets.lib.run import catalog
 from phantora_assets.lib.run.catalog import package_toml, shipped_gpu_specs, shipped_workloads
 from phantora_assets.lib.run.spec import RunSpec, validate
 from phantora_assets.lib.workload import tables
-from phantora_assets.lib.workload.spec import WorkloadSpec, _got
+from phantora_assets.lib.workload.spec import WorkloadSpec, got_repr
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
 _ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
@@ -52,13 +52,17 @@ def parse_entries(
     workloads, gpus = workloads or {}, gpus or {}
     if not isinstance(entries, list):
         hint = " (write [[run]], not [run])" if isinstance(entries, dict) else ""
-        raise RunMatrixError(f"{source_name}: run must be an array of tables ([[run]] entries){hint}, {_got(entries)}")
+        raise RunMatrixError(
+            f"{source_name}: run must be an array of tables ([[run]] entries){hint}, {got_repr(entries)}"
+        )
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for i, raw in enumerate(entries):
         entry = f"{source_name} [[run]] #{i + 1}"
         if not isinstance(raw, dict):
-            raise RunMatrixError(f"{entry}: an entry must be a table ([[run]] with workload, gpu, ...), {_got(raw)}")
+            raise RunMatrixError(
+                f"{entry}: an entry must be a table ([[run]] with workload, gpu, ...), {got_repr(raw)}"
+            )
         missing = {"workload", "gpu", "nodes", "gpus_per_node"} - set(raw)
         if missing:
             raise RunMatrixError(f"{entry}: missing keys {sorted(missing)}")
@@ -68,7 +72,9 @@ def parse_entries(
         label = f"{entry} ({tables._describe(raw['workload'], raw['gpu'], raw['nodes'], raw['gpus_per_node'])})"
         topology = raw.get("topology", {})
         if not isinstance(topology, dict):
-            raise RunMatrixError(f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {_got(topology)}")
+            raise RunMatrixError(
+                f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {got_repr(topology)}"
+            )
         spec = RunSpec(
             workload=raw["workload"],
             gpu=raw["gpu"],
@@ -102,7 +108,7 @@ def check_specs(specs: list[RunSpec], source_name: str) -> None:
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if not isinstance(spec, RunSpec):
-            raise RunMatrixError(f"{source_name} #{i + 1}: not a RunSpec, {_got(spec)}")
+            raise RunMatrixError(f"{source_name} #{i + 1}: not a RunSpec, {got_repr(spec)}")
         entry = (
             f"{source_name} #{i + 1} ({tables._describe(spec.workload, spec.gpu, spec.n_nodes, spec.gpus_per_node)})"
         )

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from phantora_assets.lib.net.fabric_graph import Builder, load_arbitrary, nic_name
-from phantora_assets.lib.sim.network import ECMP_MODES, Topology, _mix
+from phantora_assets.lib.sim.network import ECMP_MODES, Topology, mix_hash
 
 __all__ = ["FABRIC_KEYS", "FABRIC_TYPES", "Fabric", "build_fabric", "load_arbitrary", "network_for", "nic_name"]
 
@@ -205,7 +205,7 @@ class Fabric:
         """Link incidence of flows between endpoints (``src != dst``): (flow index, link id, coefficient)."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        pick = _mix(np.asarray(seq, dtype=np.int64), src, dst)
+        pick = mix_hash(np.asarray(seq, dtype=np.int64), src, dst)
         fi: list[int] = []
         li: list[int] = []
         co: list[float] = []

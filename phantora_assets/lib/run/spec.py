@@ -22,7 +22,7 @@ from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.net.fabric_rules import topology_problem, topology_tail
 from phantora_assets.lib.run.catalog import gpu_specs, presets, workload_specs
 from phantora_assets.lib.workload import tables
-from phantora_assets.lib.workload.spec import Parallel, WorkloadSpec, _got, parallelism_label
+from phantora_assets.lib.workload.spec import Parallel, WorkloadSpec, got_repr, parallelism_label
 
 #: Largest layout simulated: hosts, and GPUs in all (README "Runs are partitions" says why).
 MAX_NODES = 4096
@@ -166,10 +166,10 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (on
     strings = {"workload": spec.workload, "gpu": spec.gpu, "source": spec.source, "name": spec.name}
     for key, value in {**strings, "published": spec.published, "path": spec.path}.items():
         if not isinstance(value, str):
-            raise RunMatrixError(f"{entry}: {key} must be a string, {_got(value)}")
+            raise RunMatrixError(f"{entry}: {key} must be a string, {got_repr(value)}")
     for key, count in (("nodes", spec.n_nodes), ("gpus_per_node", spec.gpus_per_node)):
         if not tables._is_int(count):
-            raise RunMatrixError(f"{entry}: {key} must be an integer, {_got(count)}")
+            raise RunMatrixError(f"{entry}: {key} must be an integer, {got_repr(count)}")
     if spec.source in PROFILED_SOURCES:
         if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
             raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
@@ -197,12 +197,12 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (on
             f"{MAX_NODES} nodes and {MAX_WORLD_SIZE} GPUs in all (the largest layouts: e.g. 4096x16, 2048x32)"
         )
     if spec.rank is not None and not (spec.source == "kineto" and tables._is_int(spec.rank) and 0 <= spec.rank < world):
-        raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {_got(spec.rank)}")
+        raise RunMatrixError(f"{entry}: rank is a kineto run's traced rank, 0 to world size - 1, {got_repr(spec.rank)}")
 
 
 def _check_topology(spec: RunSpec, entry: str) -> None:
     if why := topology_problem(
-        spec.topology, presets()["cluster"], spec.n_nodes, spec.gpus_per_node, spec.source, _got
+        spec.topology, presets()["cluster"], spec.n_nodes, spec.gpus_per_node, spec.source, got_repr
     ):
         raise RunMatrixError(f"{entry}: {why}")
 

@@ -171,14 +171,14 @@ class Topology:
                 if self.ecmp == "first" or s == 1:
                     spine = np.zeros(len(cross), dtype=np.int64)
                 else:
-                    spine = (_mix(seq[cross], src[cross], dst[cross]) % np.uint64(s)).astype(np.int64)
+                    spine = (mix_hash(seq[cross], src[cross], dst[cross]) % np.uint64(s)).astype(np.int64)
                 fi += [cross, cross]
                 li += [tor_up + spine, spine_down + spine]
                 co += [np.ones(len(cross))] * 2
         return np.concatenate(fi), np.concatenate(li).astype(np.int64), np.concatenate(co)
 
 
-def _mix(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def mix_hash(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """splitmix64 of (a, b, c): a deterministic per-flow hash."""
     with np.errstate(over="ignore"):
         x: np.ndarray = (

@@ -10,8 +10,8 @@ optimizer with ``torch.optim.AdamW`` (foreach; the Megatron fallback without Ape
 :class:`OptimizerOps` is the base of :class:`~phantora_assets.lib.sim.torch_ops.TorchOps` (which
 adds the layers' calls): it holds the run's
 :class:`~phantora_assets.lib.sim.workload_layout.WorkloadLayout` and the per-instance cache of
-kernel lists that :func:`_memo` fills. The shorthands both modules build lists with live here
-too: the dtype codes :data:`B16` / :data:`F32` and :func:`_r2` (an element-wise op of a tensor
+kernel lists that :func:`memo` fills. The shorthands both modules build lists with live here
+too: the dtype codes :data:`B16` / :data:`F32` and :func:`r2_kernel` (an element-wise op of a tensor
 with itself). Each method returns a list of :class:`~phantora_assets.lib.sim.kernels.Kernel` for
 ONE rank; sizes are element counts (the flat buffers' and partitions' sizes are arguments, the
 per-parameter lists read the layout's parameters); nothing here raises for a valid layout. No
@@ -26,11 +26,11 @@ from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 B16, F32 = "bf16", "f32"
 
 
-def _r2(op: str, t: list) -> Kernel:
+def r2_kernel(op: str, t: list) -> Kernel:
     return ew(op, [t, t])
 
 
-def _memo(fn):
+def memo(fn):
     """Cache a kernel-list method per (instance, arguments); callers get a fresh list."""
 
     def wrapper(self, *args, **kwargs):
@@ -53,7 +53,7 @@ class OptimizerOps:
         self.m = model
 
     # ================================================================== Megatron DDP / distributed optimizer
-    @_memo
+    @memo
     def megatron_grad_scale(self, bucket_numel: int) -> list[Kernel]:
         """``bucket.grad_data *= 1/dp`` before the bucket's reduce-scatter."""
         return [ew("Mul_", [T(B16, bucket_numel), T("f64")], out=T(B16, bucket_numel))]
@@ -75,26 +75,26 @@ class OptimizerOps:
         return out
 
     # ================================================================== DeepSpeed optimizers
-    @_memo
+    @memo
     def bf16_update_hp_grads(self) -> list[Kernel]:
         """BF16_Optimizer: every parameter's bf16 grad converted and added to its fp32 grad."""
         out: list[Kernel] = []
         for p in self.m.params:
             shape = self.m.param_shape(p)
-            out += [conv(T(B16, *shape), "Float"), _r2("Add_", T(F32, p.numel))]
+            out += [conv(T(B16, *shape), "Float"), r2_kernel("Add_", T(F32, p.numel))]
         return out
 
-    @_memo
+    @memo
     def bf16_grads_for_reduction(self, total: int) -> list[Kernel]:
         """The flat fp32 grads converted to the bf16 communication dtype and scaled by 1/dp."""
         return [conv(T(F32, total), "BFloat16"), ew("Mul_", [T(B16, total), T("f64")], out=T(B16, total))]
 
-    @_memo
+    @memo
     def zero3_grad_norm(self, dp: int) -> list[Kernel]:
         """ZeRO-3 ``get_grad_norm_direct``: every gradient partition ``.double()`` before its norm."""
         return [conv(T(B16, -(-p.numel // dp)), "Double") for p in self.m.params]
 
-    @_memo
+    @memo
     def adam_flat(self, partition: int, warmup: bool, convert_grads: bool, unscale: bool) -> list[Kernel]:
         """torch.optim.Adam (foreach, weight decay 0) over one flat fp32 partition."""
         p = T(F32, partition)

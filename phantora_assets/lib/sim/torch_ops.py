@@ -23,9 +23,9 @@ sizes element counts; nothing raises for a valid layout. No Dagster import.
 from __future__ import annotations
 
 from phantora_assets.lib.sim.kernels import Kernel, T, baddbmm, conv, ew, flash_attention, uncaptured
-from phantora_assets.lib.sim.optimizer_ops import B16, F32, _memo, _r2
+from phantora_assets.lib.sim.optimizer_ops import B16, F32, memo, r2_kernel
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
-from phantora_assets.lib.workload.hf_ops import HfOps, _bmm, _mat, _mm
+from phantora_assets.lib.workload.hf_ops import HfOps, bmm_kernel, mat_kernel, mm_kernel
 
 DROPOUT_P = 100000  # p = 0.1 as Phantora serialises it (x 1e6)
 DROPOUT_SCALE = 1111110  # 1 / (1 - p) x 1e6
@@ -69,19 +69,19 @@ class TorchOps(HfOps):
 
     # ================================================================== Megatron (local spec)
     def _mlin_fwd(self, k_in: int, n_out: int) -> list[Kernel]:
-        return [_mat((self.s, 1, k_in), (k_in, n_out))]
+        return [mat_kernel((self.s, 1, k_in), (k_in, n_out))]
 
     def _mlin_bwd(self, k_in: int, n_out: int) -> list[Kernel]:
         """grad input, weight grad (2-D), main_grad.add_ into the bf16 grad buffer."""
         return [
-            _mat((self.s, 1, n_out), (n_out, k_in)),
-            _mat((n_out, self.s), (self.s, k_in)),
-            _r2("Add_", T(B16, n_out, k_in)),
+            mat_kernel((self.s, 1, n_out), (n_out, k_in)),
+            mat_kernel((n_out, self.s), (self.s, k_in)),
+            r2_kernel("Add_", T(B16, n_out, k_in)),
         ]
 
     def _mrope(self, heads: int) -> list[Kernel]:
         t, c = T(B16, self.s, 1, heads, self.d), T(B16, self.s, 1, 1, self.d)
-        return [ew("Mul", [t, c]), ew("Mul", [t, c]), _r2("Add", t)]
+        return [ew("Mul", [t, c]), ew("Mul", [t, c]), r2_kernel("Add", t)]
 
     def _mcore_attention(self, phase: str) -> list[Kernel]:
         """DotProductAttention (unfused): baddbmm, fp32 softmax with masked_fill_, dropout, bmm."""
@@ -96,29 +96,29 @@ class TorchOps(HfOps):
                 ew("Softmax", [f4, -1]),
                 conv(f4, "BFloat16"),
                 ew("Dropout", [sc4, DROPOUT_P, True]),
-                _bmm((np_, s, s), (np_, s, d)),
+                bmm_kernel((np_, s, s), (np_, s, d)),
             ]
         return [
-            _bmm((np_, s, d), (np_, d, s)),
-            _bmm((np_, s, s), (np_, s, d)),
+            bmm_kernel((np_, s, d), (np_, d, s)),
+            bmm_kernel((np_, s, s), (np_, s, d)),
             ew("NativeDropoutBackward", [sc4, T("b8", 1, np_, s, s), DROPOUT_SCALE]),
             conv(sc4, "Float"),
             ew("SoftmaxBackward", [f4, f4, -1]),
             ew("MaskedFill", [f4, mask]),
             conv(f4, "BFloat16"),
-            _bmm((np_, s, s), (np_, s, d)),
+            bmm_kernel((np_, s, s), (np_, s, d)),
             ew("MulScalar", T(B16, np_, s, d)),
-            _bmm((np_, d, s), (np_, s, s)),
+            bmm_kernel((np_, d, s), (np_, s, s)),
             ew("MulScalar", T(B16, np_, d, s)),
         ]
 
-    @_memo
+    @memo
     def _bda(self, phase: str) -> list[Kernel]:
         """bias-dropout-add of the residual: dropout + add (fwd), dropout grad + grad add (bwd)."""
         t = T(B16, self.s, 1, self.h)
         if phase == "fwd":
-            return [ew("Dropout", [t, DROPOUT_P, True]), _r2("Add", t)]
-        return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]), _r2("Add", t)]
+            return [ew("Dropout", [t, DROPOUT_P, True]), r2_kernel("Add", t)]
+        return [ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]), r2_kernel("Add", t)]
 
     def _hw_norm(self, phase: str) -> list[Kernel]:
         """``train.uncaptured_kernels``: Transformer Engine's fused LayerNorm / RMSNorm of the
@@ -132,7 +132,7 @@ class TorchOps(HfOps):
             return [uncaptured("LayerNorm", [n], 4 * n)]
         return [uncaptured("LayerNormBackward", [n], 6 * n)]
 
-    @_memo
+    @memo
     def megatron_attention(self, phase: str) -> list[Kernel]:
         """One layer's self-attention block (after input norm) incl. the residual."""
         h, tp, d = self.h, self.tp, self.d
@@ -148,7 +148,7 @@ class TorchOps(HfOps):
             self._bda("bwd") + self._mlin_bwd(proj_in, h) + core + rope + self._mlin_bwd(h, qkv) + self._hw_norm("bwd")
         )
 
-    @_memo
+    @memo
     def megatron_mlp(self, phase: str, ffn: int | None = None) -> list[Kernel]:
         """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual; ``ffn`` its width
         (default the model's)."""
@@ -160,30 +160,30 @@ class TorchOps(HfOps):
             act_bwd = [uncaptured("ActivationBackward", [self.s, f], 3 * 2 * self.s * f)]
         if phase == "fwd":
             return (
-                self._hw_norm("fwd") + self._mlin_fwd(h, 2 * f) + act + [_r2("Mul", glu)] + self._mlin_fwd(f, h)
+                self._hw_norm("fwd") + self._mlin_fwd(h, 2 * f) + act + [r2_kernel("Mul", glu)] + self._mlin_fwd(f, h)
             ) + self._bda("fwd")
         return (
             self._bda("bwd")
             + self._mlin_bwd(f, h)
-            + [_r2("Mul", glu), _r2("Mul", glu)]
+            + [r2_kernel("Mul", glu), r2_kernel("Mul", glu)]
             + act_bwd
             + self._mlin_bwd(h, 2 * f)
             + self._hw_norm("bwd")
         )
 
-    @_memo
+    @memo
     def megatron_router(self, phase: str) -> list[Kernel]:
         e, s, h = self.m.experts, self.s, self.h
         if phase == "fwd":
-            return [_mm((s, h), (h, e)), ew("Softmax", [T(B16, s, e), -1]), ew("Sum", T("b8", s, e))]
+            return [mm_kernel((s, h), (h, e)), ew("Softmax", [T(B16, s, e), -1]), ew("Sum", T("b8", s, e))]
         return [
             ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]),
-            _mm((s, e), (e, h)),
-            _mm((e, s), (s, h)),
-            _r2("Add_", T(B16, e, h)),
+            mm_kernel((s, e), (e, h)),
+            mm_kernel((e, s), (s, h)),
+            r2_kernel("Add_", T(B16, e, h)),
         ]
 
-    @_memo
+    @memo
     def megatron_experts(self, phase: str) -> list[Kernel]:
         """SequentialMLP over the local experts; each gets (s*topk/E) tokens from every EP rank."""
         m = self.m
@@ -193,23 +193,28 @@ class TorchOps(HfOps):
         h, f = self.h, self.f // m.spec.par.etp
         a, p = T(B16, tok, f), T(B16, tok, 1)
         if phase == "fwd":
-            one = [_mat((tok, h), (h, 2 * f)), _r2("Mul", a), ew("Mul", [a, p]), _mat((tok, f), (f, h))]
+            one = [
+                mat_kernel((tok, h), (h, 2 * f)),
+                r2_kernel("Mul", a),
+                ew("Mul", [a, p]),
+                mat_kernel((tok, f), (f, h)),
+            ]
         else:
             one = [
-                _mat((tok, h), (h, f)),
-                _mat((h, tok), (tok, f)),
-                _r2("Add_", T(B16, h, f)),
+                mat_kernel((tok, h), (h, f)),
+                mat_kernel((h, tok), (tok, f)),
+                r2_kernel("Add_", T(B16, h, f)),
                 ew("Mul", [a, p]),
                 ew("Sum", a),
-                _r2("Mul", a),
-                _r2("Mul", a),
-                _mat((tok, 2 * f), (2 * f, h)),
-                _mat((2 * f, tok), (tok, h)),
-                _r2("Add_", T(B16, 2 * f, h)),
+                r2_kernel("Mul", a),
+                r2_kernel("Mul", a),
+                mat_kernel((tok, 2 * f), (2 * f, h)),
+                mat_kernel((2 * f, tok), (tok, h)),
+                r2_kernel("Add_", T(B16, 2 * f, h)),
             ]
         return one * local
 
-    @_memo
+    @memo
     def megatron_embedding(self, phase: str) -> list[Kernel]:
         t = T(B16, self.s, 1, self.h)
         sh, vh = self.s * self.h, self.v // self.tp * self.h
@@ -221,10 +226,10 @@ class TorchOps(HfOps):
         return [
             ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
             *dense,
-            _r2("Add_", T(B16, self.v // self.tp, self.h)),
+            r2_kernel("Add_", T(B16, self.v // self.tp, self.h)),
         ]
 
-    @_memo
+    @memo
     def megatron_head(self, phase: str) -> list[Kernel]:
         """Output layer and the vocab-parallel cross entropy in fp32."""
         s, h, vt = self.s, self.h, self.v // self.tp
@@ -238,7 +243,7 @@ class TorchOps(HfOps):
                 + self._mlin_fwd(h, vt)
                 + [conv(lg, "Float")]
                 + ce
-                + [ew("Sum", lf), _r2("Mul", T(F32, s)), ew("Sum", T(F32, s))]
+                + [ew("Sum", lf), r2_kernel("Mul", T(F32, s)), ew("Sum", T(F32, s))]
             )
         return (
             [ew("Mul_", [lf, T(F32, s, 1, 1)], out=lf), conv(lf, "BFloat16")]

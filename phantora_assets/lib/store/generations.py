@@ -38,7 +38,7 @@ import shutil
 import time
 from pathlib import Path
 
-from phantora_assets.lib.store.io import _exchange, _write_error
+from phantora_assets.lib.store.io import exchange_paths, write_error
 
 #: Seconds a replaced generation is kept for the readers that resolved it (then removed by the
 #: next publication). ``$PHANTORA_ASSETS_DATASET_GRACE_S`` overrides it.
@@ -128,7 +128,7 @@ def publish(staging: Path, target: Path, grace: float | None = None) -> Path:
         os.symlink(f"{gens.name}/{final.name}", link)
         if target.is_dir() and not target.is_symlink():  # the layout before generations
             oldest = gens / f"g{0:020d}"
-            if _exchange(link, target):
+            if exchange_paths(link, target):
                 os.rename(link, oldest)  # ``link`` is the old folder now
             else:
                 os.rename(target, oldest)
@@ -137,7 +137,7 @@ def publish(staging: Path, target: Path, grace: float | None = None) -> Path:
             os.replace(link, target)
         _fsync_dir(target.parent)
     except OSError as exc:
-        raise _write_error(target, exc) from exc
+        raise write_error(target, exc) from exc
     retire(target, grace)
     return final
 

@@ -65,7 +65,7 @@ def atomic_path(path: str | Path, durable: bool = False) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise _write_error(path, exc) from exc
+        raise write_error(path, exc) from exc
     tmp_path = Path(tmp)
     try:
         try:
@@ -87,11 +87,11 @@ def atomic_path(path: str | Path, durable: bool = False) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         if isinstance(exc, OSError) and not isinstance(exc, OutputWriteError):
-            raise _write_error(path, exc) from exc
+            raise write_error(path, exc) from exc
         raise
 
 
-def _write_error(path: Path, exc: OSError) -> OutputWriteError:
+def write_error(path: Path, exc: OSError) -> OutputWriteError:
     rule = "disk full" if exc.errno in _DISK_FULL else "write failed"
     return OutputWriteError(path, rule, exc.strerror or str(exc), exc.errno)
 
@@ -314,7 +314,7 @@ def replace_dir(src: Path | None, dst: Path) -> None:
         os.replace(tmp, dst)
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def exchange_paths(a: Path, b: Path) -> bool:
     """Swap two directory entries in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where
     the call is not available (other OS, old libc, a file system that refuses it)."""
     import ctypes

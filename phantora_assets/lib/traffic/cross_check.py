@@ -46,7 +46,7 @@ from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, SendRecv
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
-from phantora_assets.lib.workload.collectives import _stage_comms
+from phantora_assets.lib.workload.collectives import stage_communicators
 
 KINDS = ("dp", "tp", "all_to_all", "zero_gather", "send_recv")
 UNMATCHED = "unmatched"
@@ -111,7 +111,7 @@ def predict(spec: RunSpec) -> Prediction:
             kind = kind_of(item)
             op = item.op if isinstance(item, Collective) else "send"
             sigs[(op, item.count * DTYPE_BYTES[item.dtype])].add(kind)
-            for comm in _stage_comms(model, item.kind, stage):
+            for comm in stage_communicators(model, item.kind, stage):
                 for s, d, b in sim.flows_of(item, comm):
                     if s // gpn != d // gpn:
                         by_kind[kind] += int(b)

@@ -224,7 +224,7 @@ def _z_function(seq: list[int]) -> list[int]:
     return z
 
 
-class _Periodicity:
+class Periodicity:
     """Periodic-tail lengths of one token sequence: m(q) = longest q-periodic suffix."""
 
     def __init__(self, tokens: np.ndarray) -> None:

@@ -69,7 +69,7 @@ def group_of(comm: Communicator) -> str:
     return GROUP_OF_KIND.get(comm.kind, "other")
 
 
-def _stage_comms(model: WorkloadModel, kind: str, stage: int) -> list[Communicator]:
+def stage_communicators(model: WorkloadModel, kind: str, stage: int) -> list[Communicator]:
     """The communicators of ``kind`` a collective of ``stage``'s program runs on (all for ``pp``)."""
     comms = model.comms.get(kind, [])
     if kind == "pp" or model.spec.par.pp == 1:
@@ -95,7 +95,7 @@ def step_collectives(spec: RunSpec, warmup: bool = False) -> list[CollectiveCall
                     if item.tag in seen_p2p:
                         continue
                     seen_p2p.add(item.tag)
-                for c in _stage_comms(model, item.kind, stage):
+                for c in stage_communicators(model, item.kind, stage):
                     for a, b in item.pairs:
                         out.append(
                             CollectiveCall(
@@ -111,7 +111,7 @@ def step_collectives(spec: RunSpec, warmup: bool = False) -> list[CollectiveCall
                         continue
                     seen_p2p.add(item.tag)
                 op = item.op if isinstance(item, Collective) else "all_to_all"
-                for c in _stage_comms(model, item.kind, stage):
+                for c in stage_communicators(model, item.kind, stage):
                     nbytes = item.count * DTYPE_BYTES[item.dtype]
                     out.append(
                         CollectiveCall(

@@ -23,19 +23,19 @@ from phantora_assets.lib.sim.kernels import (
     uncaptured,
     zeros_like,
 )
-from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, _memo, _r2
+from phantora_assets.lib.sim.optimizer_ops import B16, F32, OptimizerOps, memo, r2_kernel
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 
 
-def _mm(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
+def mm_kernel(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
     return matmul(T(dtype, *a), T(dtype, *b), op="MM")
 
 
-def _bmm(a: tuple[int, ...], b: tuple[int, ...]) -> Kernel:
+def bmm_kernel(a: tuple[int, ...], b: tuple[int, ...]) -> Kernel:
     return matmul(T(B16, *a), T(B16, *b), op="BMM")
 
 
-def _mat(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
+def mat_kernel(a: tuple[int, ...], b: tuple[int, ...], dtype: str = B16) -> Kernel:
     return matmul(T(dtype, *a), T(dtype, *b), op="MatMul")
 
 
@@ -69,7 +69,7 @@ class HfOps(OptimizerOps):
         return [linear(x, T(B16, n_out, k_in), T(B16, n_out) if bias else None)]
 
     def _hf_lin_bwd(self, k_in: int, n_out: int, bias: bool = False) -> list[Kernel]:
-        out = [_mm((self.s, n_out), (n_out, k_in)), _mm((n_out, self.s), (self.s, k_in))]
+        out = [mm_kernel((self.s, n_out), (n_out, k_in)), mm_kernel((n_out, self.s), (self.s, k_in))]
         if bias:
             out.append(ew("Sum", T(B16, self.s, n_out)))
         return out
@@ -88,11 +88,11 @@ class HfOps(OptimizerOps):
             scale,
             conv(xb, "Float"),
             ew("Mul", [xf, r]),
-            _r2("Mul", xf),
+            r2_kernel("Mul", xf),
             ew("Sum", xf),
             ew("MulScalar", xf),
             ew("DivScalar", xf),
-            _r2("Add_", xf),
+            r2_kernel("Add_", xf),
             conv(xf, "BFloat16"),
             ew("Sum", xb),
         ]
@@ -101,24 +101,24 @@ class HfOps(OptimizerOps):
         s, d = self.s, self.d
         if half:  # gpt-oss: first*cos - second*sin, second*cos + first*sin on head halves
             t, c = T(B16, 1, heads, s, d // 2), T(B16, 1, 1, s, d // 2)
-            return [ew("Mul", [t, c])] * 4 + [_r2("Add", t)]
+            return [ew("Mul", [t, c])] * 4 + [r2_kernel("Add", t)]
         t, c = T(B16, 1, heads, s, d), T(B16, 1, 1, s, d)
-        return [ew("Mul", [t, c]), ew("Mul", [t, c]), _r2("Add", t)]
+        return [ew("Mul", [t, c]), ew("Mul", [t, c]), r2_kernel("Add", t)]
 
-    @_memo
+    @memo
     def hf_rotary(self, gpt_oss: bool = False) -> list[Kernel]:
         """The rotary embedding once per forward: inv_freq @ positions, cos/sin x scaling
         (gpt-oss keeps half-width cos/sin)."""
         cs = T(F32, 1, self.s, self.d // 2 if gpt_oss else self.d)
         return [
-            _mat((1, self.d // 2, 1), (1, 1, self.s), F32),
+            mat_kernel((1, self.d // 2, 1), (1, 1, self.s), F32),
             ew("Mul", [cs, T("f64")]),
             ew("Mul", [cs, T("f64")]),
             conv(cs, "BFloat16"),
             conv(cs, "BFloat16"),
         ]
 
-    @_memo
+    @memo
     def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
         """input RMSNorm, q/k/v/o projections, RoPE, eager attention (softmax in fp32 for Llama;
         bf16 with attention sinks for gpt-oss), residual add."""
@@ -135,18 +135,18 @@ class HfOps(OptimizerOps):
                     out
                     + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs, "sdpa")]
                     + self._hf_lin_fwd(q, h, gpt_oss)
-                    + [_r2("Add", res)]
+                    + [r2_kernel("Add", res)]
                 )
-            out += [_mat((1, nh, s, d), (1, nh, d, s)), ew("Mul", [sc, T("f64")])]
+            out += [mat_kernel((1, nh, s, d), (1, nh, d, s)), ew("Mul", [sc, T("f64")])]
             if gpt_oss:
                 sk = T(B16, 1, nh, s, s + 1)
                 out += [ew("Add", [sc, T(B16, 1, 1, s, s)]), ew("Softmax", [sk, -1])]
             else:
                 out += [ew("Softmax", [sc, -1], out=T(F32, 1, nh, s, s)), conv(T(F32, 1, nh, s, s), "BFloat16")]
-            out += [ew("Dropout", [sc, 0, True]), _mat((1, nh, s, s), (1, nh, s, d))]
-            return out + self._hf_lin_fwd(q, h, gpt_oss) + [_r2("Add", res)]
-        out = [_r2("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
-        core = [_bmm((nh, s, d), (nh, d, s)), _bmm((nh, s, s), (nh, s, d))]
+            out += [ew("Dropout", [sc, 0, True]), mat_kernel((1, nh, s, s), (1, nh, s, d))]
+            return out + self._hf_lin_fwd(q, h, gpt_oss) + [r2_kernel("Add", res)]
+        out = [r2_kernel("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
+        core = [bmm_kernel((nh, s, d), (nh, d, s)), bmm_kernel((nh, s, s), (nh, s, d))]
         if self.flash:
             core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")]
         elif gpt_oss:
@@ -154,20 +154,20 @@ class HfOps(OptimizerOps):
             core += [
                 ew("SoftmaxBackward", [sk, sk, -1]),
                 ew("Sum", sk),
-                _r2("Add_", sk),
+                r2_kernel("Add_", sk),
                 ew("Sum", T(B16, 1, nh, s, 1)),
             ]
         else:
             f4 = T(F32, 1, nh, s, s)
             core += [conv(sc, "Float"), ew("SoftmaxBackward", [f4, f4, -1])]
         if not self.flash:
-            core += [ew("Mul", [sc, T("f64")]), _bmm((nh, s, s), (nh, s, d)), _bmm((nh, d, s), (nh, s, s))]
+            core += [ew("Mul", [sc, T("f64")]), bmm_kernel((nh, s, s), (nh, s, d)), bmm_kernel((nh, d, s), (nh, s, s))]
         out += core
         out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
         out += self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, q, gpt_oss)
         return out + self._hf_rmsnorm("bwd", weight_first=not gpt_oss)
 
-    @_memo
+    @memo
     def hf_llama_mlp(self, phase: str) -> list[Kernel]:
         h, f, s = self.h, self.f, self.s
         glu, res = T(B16, 1, s, f), T(B16, 1, self.s_sp, h)
@@ -179,21 +179,21 @@ class HfOps(OptimizerOps):
                 + self._hf_lin_fwd(h, f)
                 + silu
                 + self._hf_lin_fwd(h, f)
-                + [_r2("Mul", glu)]
+                + [r2_kernel("Mul", glu)]
                 + self._hf_lin_fwd(f, h)
-                + [_r2("Add", res)]
+                + [r2_kernel("Add", res)]
             )
         return (
-            [_r2("Add", res)]
+            [r2_kernel("Add", res)]
             + self._hf_lin_bwd(f, h)
-            + [_r2("Mul", glu), _r2("Mul", glu)]
+            + [r2_kernel("Mul", glu), r2_kernel("Mul", glu)]
             + silu_bwd
             + self._hf_lin_bwd(h, f)
             + self._hf_lin_bwd(h, f)
             + self._hf_rmsnorm("bwd", True)
         )
 
-    @_memo
+    @memo
     def hf_head(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
         """Final norm, LM head and the loss's fp32 upcast of the logits."""
         s, h, v = self.s, self.h, self.v
@@ -245,7 +245,7 @@ class HfOps(OptimizerOps):
         return [foreach(k, p) for k in names] + [uncaptured("ForeachNorm", [partition], 4 * partition)]
 
     # ================================================================== gpt-oss MoE (HF training path)
-    @_memo
+    @memo
     def gptoss_moe(self, phase: str) -> list[Kernel]:
         """post-attention norm, router, every expert on every token (bmm), residual."""
         m = self.m
@@ -260,39 +260,39 @@ class HfOps(OptimizerOps):
                 zeros_like(T(B16, s, e)),
             ]
             experts = [
-                _bmm((e, s, h), (e, h, 2 * f)),
+                bmm_kernel((e, s, h), (e, h, 2 * f)),
                 ew("Add", [T(B16, e, s, 2 * f), T(B16, e, 1, 2 * f)]),
                 ew("Mul", [x2, T("f64")]),
-                _r2("Mul", x2),
+                r2_kernel("Mul", x2),
                 ew("Add", [x2, T("i64")]),
-                _r2("Mul", x2),
-                _bmm((e, s, f), (e, f, h)),
+                r2_kernel("Mul", x2),
+                bmm_kernel((e, s, f), (e, f, h)),
                 ew("Add", [T(B16, e, s, h), T(B16, e, 1, h)]),
                 ew("Mul", [x4, w4]),
                 ew("Sum", x4),
             ]
-            return self._hf_rmsnorm("fwd", False) + router + experts + [_r2("Add", res)]
+            return self._hf_rmsnorm("fwd", False) + router + experts + [r2_kernel("Add", res)]
         experts = [
             ew("Mul", [x4, w4]),
-            _r2("Mul", x4),
+            r2_kernel("Mul", x4),
             ew("Sum", T(B16, e, s, h)),
-            _bmm((e, s, h), (e, h, f)),
-            _bmm((e, f, s), (e, s, h)),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
-            _r2("Mul", x2),
+            bmm_kernel((e, s, h), (e, h, f)),
+            bmm_kernel((e, f, s), (e, s, h)),
+            r2_kernel("Mul", x2),
+            r2_kernel("Mul", x2),
+            r2_kernel("Mul", x2),
+            r2_kernel("Mul", x2),
             ew("Mul", [x2, T("f64")]),
             ew("Where", [T("b8", e, s, f), x2, T(B16)]),
             ew("Where", [T("b8", e, s, f), x2, T(B16)]),
             ew("Sum", T(B16, e, s, 2 * f)),
-            _bmm((e, s, 2 * f), (e, 2 * f, h)),
-            _bmm((e, h, s), (e, s, 2 * f)),
+            bmm_kernel((e, s, 2 * f), (e, 2 * f, h)),
+            bmm_kernel((e, h, s), (e, s, 2 * f)),
         ]
         router = [
             ew("SoftmaxBackward", [T(B16, s, m.topk), T(B16, s, m.topk), 1]),
-            _mm((s, e), (e, h)),
-            _mm((e, s), (s, h)),
+            mm_kernel((s, e), (e, h)),
+            mm_kernel((e, s), (s, h)),
             ew("Sum", T(B16, s, e)),
         ]
-        return [_r2("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)
+        return [r2_kernel("Add", res)] + experts + router + self._hf_rmsnorm("bwd", False)

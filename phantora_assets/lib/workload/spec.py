@@ -91,17 +91,17 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
 _KINDS_TOML = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
 
 
-def _got(value: object) -> str:
+def got_repr(value: object) -> str:
     shown = str(value).lower() if isinstance(value, bool) else repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return f"got {shown} ({_KINDS_TOML.get(type(value), type(value).__name__)})"
 
 
-def _fields(table: object, keys: dict, where: str) -> dict[str, Any]:
+def parse_fields(table: object, keys: dict, where: str) -> dict[str, Any]:
     """The table's values with defaults filled in; unknown keys, missing required keys and wrong
     TOML types refused (a boolean is not an integer)."""
     if not isinstance(table, dict):
-        raise RunMatrixError(f"{where}: must be a table, {_got(table)}")
+        raise RunMatrixError(f"{where}: must be a table, {got_repr(table)}")
     unknown = set(table) - set(keys)
     if unknown:
         raise RunMatrixError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(keys)})")
@@ -116,7 +116,8 @@ def _fields(table: object, keys: dict, where: str) -> dict[str, Any]:
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
             want = " or ".join(_KINDS_TOML[t] for t in types)
-            raise RunMatrixError(f"{where}: {key} must be {'an' if want[0] in 'aeiou' else 'a'} {want}, {_got(value)}")
+            article = "an" if want[0] in "aeiou" else "a"
+            raise RunMatrixError(f"{where}: {key} must be {article} {want}, {got_repr(value)}")
         out[key] = value
     return out
 
@@ -248,15 +249,15 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         RunMatrixError: ``<source_name> [workloads.NAME]...: <rule>``.
     """
     where = f"{source_name} [workloads.{name}]"
-    top = _fields(table, _TOP, where)
+    top = parse_fields(table, _TOP, where)
     _choice(top["framework"], FRAMEWORKS, "framework", where)
     fw = top["framework"]
     if not all(isinstance(o, str) for o in top["options"]):
         raise RunMatrixError(f"{where}: options must be an array of strings")
     mw, pw, tw = f"{where}.model", f"{where}.parallel", f"{where}.train"
-    md = _fields(top["model"], _MODEL, mw)
-    pd_ = _fields(top["parallel"], _PARALLEL, pw)
-    td = _fields(top["train"], _TRAIN, tw)
+    md = parse_fields(top["model"], _MODEL, mw)
+    pd_ = parse_fields(top["parallel"], _PARALLEL, pw)
+    td = parse_fields(top["train"], _TRAIN, tw)
     # ---- model
     _choice(md["kind"], KINDS, "kind", mw)
     _choice(md["arch"], ARCHS, "arch", mw)
@@ -382,7 +383,7 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
 def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]:
     """Every ``[workloads.NAME]`` of a file (``tables`` = the file's ``workloads`` value)."""
     if not isinstance(tables, dict):
-        raise RunMatrixError(f"{source_name}: workloads must be a table of [workloads.NAME] tables, {_got(tables)}")
+        raise RunMatrixError(f"{source_name}: workloads must be a table of [workloads.NAME] tables, {got_repr(tables)}")
     return {name: parse_workload(name, t, source_name) for name, t in tables.items()}
 
 

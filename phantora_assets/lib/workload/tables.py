@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.workload.spec import REST, Parallel, WorkloadSpec, _fields, _got, parse_workloads
+from phantora_assets.lib.workload.spec import REST, Parallel, WorkloadSpec, got_repr, parse_fields, parse_workloads
 
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
 
@@ -57,7 +57,7 @@ def parse_gpu(name: str, table: object, source_name: str) -> dict[str, Any]:
     """One ``[gpus.NAME]`` table (the keys of ``gpus.toml``), checked: known keys, TOML types,
     positive finite peaks, efficiencies in (0, 1]. Returns the dict with defaults filled in."""
     where = f"{source_name} [gpus.{name}]"
-    d = _fields(table, GPU_KEYS, where)
+    d = parse_fields(table, GPU_KEYS, where)
     for k in ("memory_gb", "peak_bf16_flops", "mem_bw_bytes_per_s"):
         if not (math.isfinite(d[k]) and d[k] > 0):
             raise RunMatrixError(f"{where}: {k} must be > 0 and finite, got {d[k]!r}")
@@ -94,7 +94,7 @@ def file_tables(
             raise RunMatrixError(f"{name}: [workloads.{w}]: a workload name is [a-z0-9_], up to 100 characters")
     gpus_t = data.get("gpus", {})
     if not isinstance(gpus_t, dict):
-        raise RunMatrixError(f"{name}: gpus must be a table of [gpus.NAME] tables, {_got(gpus_t)}")
+        raise RunMatrixError(f"{name}: gpus must be a table of [gpus.NAME] tables, {got_repr(gpus_t)}")
     gpus = {g: parse_gpu(g, t, name) for g, t in gpus_t.items()}
     clash = set(gpus) & set(shipped_gpus)
     if clash:
@@ -133,7 +133,7 @@ def _check_ep(spec: Any, entry: str) -> None:
     elif ep is None:
         return
     elif not _is_int(ep):
-        raise RunMatrixError(f"{entry}: ep must be an integer, {_got(ep)}")
+        raise RunMatrixError(f"{entry}: ep must be an integer, {got_repr(ep)}")
     elif not moe:
         raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
     elif not 1 <= ep <= mesh or mesh % ep or experts % ep:

@@ -15,7 +15,7 @@ Definitions (documented choices):
 * **Sub-periods** (``cut._primary_periods``): a sequence with more full periods than the fewest (``C``) by
   more than ``warmup_steps + 1`` takes the one multiple of its period whose count is within that slack of
   ``C``; with several (identical calls: MoE sends, a TP group's all-reduces) its calls are assigned to the
-  others' steps by time (``cut._cut``: a call between two steps goes to the earlier one, unless the run's
+  others' steps by time (``cut.cut_steps``: a call between two steps goes to the earlier one, unless the run's
   first step shows such calls open a step); with none, the multiple whose periods last the reference's
   (10 %: more steps than the others, a ramp-up or a longer warm-up).
 * **Steps**: every other sequence's full periods are numbered from its END (the last step ends with the

@@ -2,7 +2,7 @@
 (internal to :mod:`~phantora_assets.lib.traffic.steps`; its docstring's "Several repetitions per
 step on every communicator" is the rule implemented here).
 
-:func:`_coarse_cut` tries periods ``k * p_R`` of the reference sequence for ``k = 2, 3, ...``
+:func:`coarse_cut` tries periods ``k * p_R`` of the reference sequence for ``k = 2, 3, ...``
 (:func:`_coarse_try`) and keeps the smallest ``k`` whose steps are ordered in time, place every
 call at the same place among the reference's calls and are indivisible. Times in microseconds.
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.periodicity import copies_before_tail
-from phantora_assets.lib.traffic.steps.cut import CONCURRENT_SHARE, _Calls, _Cut, _cut, _fail, _Periodicity
+from phantora_assets.lib.traffic.steps.cut import CONCURRENT_SHARE, Calls, Cut, Periodicity, cut_steps, step_error
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
@@ -48,7 +48,7 @@ def _places(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
     return pos.reshape(other.shape) - np.arange(n, dtype=np.int64)[:, None] * q_r
 
 
-def _overlap(cs: _Calls, cut: _Cut, first: int = 0) -> str | None:
+def overlap_violation(cs: Calls, cut: Cut, first: int = 0) -> str | None:
     """Why the anchors' steps of ``cut`` are not ordered in time (:func:`_ordered`, every step from
     ``first`` on and the one before it), None when they are."""
     bad = ~_ordered([cs.step_bounds(i, cut.period[i], cut.counts[i]) for i in cut.anchors])
@@ -59,7 +59,7 @@ def _overlap(cs: _Calls, cut: _Cut, first: int = 0) -> str | None:
     return None
 
 
-def _split_step(cs: _Calls, r: int, cut: _Cut, g: int) -> int | None:
+def _split_step(cs: Calls, r: int, cut: Cut, g: int) -> int | None:
     """The first steady step of ``cut`` that splits into ``g`` steps of its own: each anchor's
     step cut into ``g`` equal parts that are ordered in time (:func:`_ordered`), pass the
     check of the module docstring (every anchor's first call of a part comes before the next
@@ -79,8 +79,8 @@ def _split_step(cs: _Calls, r: int, cut: _Cut, g: int) -> int | None:
 
 
 def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed explicitly)
-    cs: _Calls,
-    per: list[_Periodicity],
+    cs: Calls,
+    per: list[Periodicity],
     best: dict[int, int],
     repeating: list[int],
     same: dict[int, int],
@@ -90,7 +90,7 @@ def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed expli
     min_repeats: int,
     src: str,
     indivisible: bool = True,
-) -> _Cut | str:
+) -> Cut | str:
     """The cut with reference sequence ``r`` at period ``k * best[r]`` (module docstring,
     "Several repetitions per step on every communicator"), or the reason it does not hold.
     ``same[i]``: the first sequence with the calls (tokens and start times) of sequence ``i``.
@@ -133,10 +133,10 @@ def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed expli
             )
         period[i], counts[i] = choice
     try:
-        cut = _cut(cs, period, counts, [], repeating, warmup_steps, src)
+        cut = cut_steps(cs, period, counts, [], repeating, warmup_steps, src)
     except StepDetectionError as err:
         return err.detail
-    why = _overlap(cs, cut)
+    why = overlap_violation(cs, cut)
     if why:
         return why
     if cut.n_steps - cut.first_steady < 2:
@@ -151,15 +151,15 @@ def _coarse_try(  # noqa: C901, PLR0913 (the step detector's state, passed expli
     return cut
 
 
-def _coarse_cut(
-    cs: _Calls,
-    per: list[_Periodicity],
+def coarse_cut(
+    cs: Calls,
+    per: list[Periodicity],
     best: dict[int, int],
     repeating: list[int],
     warmup_steps: int,
     min_repeats: int,
     src: str,
-) -> _Cut | str:
+) -> Cut | str:
     """Steps of several primitive periods on every sequence (module docstring, "Several
     repetitions per step on every communicator"): the cut, or why none holds.
 
@@ -168,7 +168,7 @@ def _coarse_cut(
             the other.
     """
     counts, r, same = _reference(cs, per, best, repeating)
-    chosen: tuple[int, _Cut] | None = None
+    chosen: tuple[int, Cut] | None = None
     reason = None
     k_max = int(cs.seq_len[r]) // (max(1, min_repeats) * best[r])
     if k_max > MAX_REPETITIONS:
@@ -187,7 +187,7 @@ def _coarse_cut(
             chosen = (k, got)
             continue
         k0, c0 = chosen
-        raise _fail(
+        raise step_error(
             src,
             "steps ambiguous",
             f"every communicator repeats its pattern several times per step, and both "
@@ -207,7 +207,7 @@ MAX_REPETITIONS = RULE.max_repetitions
 
 
 def _reference(
-    cs: _Calls, per: list[_Periodicity], best: dict[int, int], repeating: list[int]
+    cs: Calls, per: list[Periodicity], best: dict[int, int], repeating: list[int]
 ) -> tuple[dict[int, int], int, dict[int, int]]:
     """``(counts, r, same)``: full primitive periods of every sequence, the reference sequence
     (fewest; the first on a tie) and, per sequence, the first sequence with the same calls."""
@@ -221,17 +221,17 @@ def _reference(
     return counts, r, same
 
 
-def _coarser(  # noqa: PLR0913 (the step detector's state, passed explicitly)
-    cs: _Calls,
-    per: list[_Periodicity],
+def coarser_cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
+    cs: Calls,
+    per: list[Periodicity],
     best: dict[int, int],
     repeating: list[int],
-    cut: _Cut,
+    cut: Cut,
     g: int,
     warmup_steps: int,
     min_repeats: int,
     src: str,
-) -> _Cut | str:
+) -> Cut | str:
     """The cut whose steps hold ``g`` steps of ``cut`` on the reference sequence (its period
     ``g * cut.period[r]``), divisible or not, or why it does not hold."""
     _counts, r, same = _reference(cs, per, best, repeating)
@@ -241,7 +241,7 @@ def _coarser(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     return _coarse_try(cs, per, best, repeating, same, r, k, warmup_steps, min_repeats, src, indivisible=False)
 
 
-def broken_period(cs: _Calls, per: list[_Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:
+def broken_period(cs: Calls, per: list[Periodicity], prim: dict[int, int], min_repeats: int) -> str | None:
     """A repeating sequence whose calls before its periodic tail hold ``min_repeats`` copies of its
     period's block: a period broken inside the run (a call in some steps only), not warm-up."""
     for i, q in prim.items():

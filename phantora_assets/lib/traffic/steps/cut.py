@@ -2,8 +2,8 @@
 whose docstring defines calls, periods, sub-periods and steps).
 
 Shapes: a run's flows sorted into sequences (one per ``(comm_id, comm_rank)``) as flat numpy arrays
-(:class:`_Calls`); times in microseconds. :func:`_primary_periods` finds each sequence's period
-(the longest periodic tail, z-function), :func:`_cut` numbers the full periods of the anchor
+(:class:`Calls`); times in microseconds. :func:`_primary_periods` finds each sequence's period
+(the longest periodic tail, z-function), :func:`cut_steps` numbers the full periods of the anchor
 sequences from the end and assigns the time-assigned ones by the anchors' step starts.
 
 Raises :class:`~phantora_assets.lib.errors.StepDetectionError` ("steps disagree", "no steady step").
@@ -18,17 +18,17 @@ import pandas as pd
 
 from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.periodicity import _Periodicity
+from phantora_assets.lib.traffic.periodicity import Periodicity
 
-__all__ = ["_Periodicity"]  # re-exported: the step modules read it from here
+__all__ = ["Periodicity"]  # re-exported: the step modules read it from here
 
 
-def _fail(source: str, rule: str, detail: str) -> StepDetectionError:
+def step_error(source: str, rule: str, detail: str) -> StepDetectionError:
     return StepDetectionError(source, rule, detail)
 
 
 @dataclass(eq=False)
-class _Calls:
+class Calls:
     """The calls of every sequence. Rows are in sequence order: sorted by (comm_id, comm_rank,
     ts_us, flow_id); ``order[j]`` is the input position of sorted row ``j``.
 
@@ -77,7 +77,7 @@ class _Calls:
         return self.ts_s[self.call_rows[first + np.arange(q, dtype=np.int64)[None, :]]]
 
 
-def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> _Calls:
+def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> Calls:
     """The calls of every sequence of ``flows`` (``FLOW_COLUMNS``, at least one row): rows sorted by
     (comm_id, comm_rank, ts_us, flow_id), a broadcast root's same-``ts`` flows of one call merged
     (steps module docstring, "Call"). ``p2p_counts=False``: a send/recv's token leaves its count out
@@ -139,7 +139,7 @@ def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> _Calls:
     call_seq = seq_id[call_rows]
     seq_call_start = np.searchsorted(call_seq, np.arange(n_seq))
     seq_len = np.diff(np.append(seq_call_start, len(call_rows)))
-    return _Calls(
+    return Calls(
         n_rows=n_rows,
         order=order,
         seq_id=seq_id,
@@ -159,8 +159,8 @@ def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> _Calls:
 
 
 @dataclass(eq=False)
-class _Cut:
-    """Steps of every call for one choice of periods (see :func:`_cut`)."""
+class Cut:
+    """Steps of every call for one choice of periods (see :func:`cut_steps`)."""
 
     period: dict[int, int]  # sequence -> period in calls (time-assigned: median calls per step)
     counts: dict[int, int]  # anchor sequence -> full periods
@@ -174,8 +174,8 @@ class _Cut:
     starts: np.ndarray  # start_us of every step, shape (n_steps,)
 
 
-def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
-    cs: _Calls,
+def cut_steps(  # noqa: PLR0913 (the step detector's state, passed explicitly)
+    cs: Calls,
     period: dict[int, int],
     counts: dict[int, int],
     by_time: list[int],
@@ -185,7 +185,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     shift: dict[int, int] | None = None,
     head: dict[int, int] | None = None,
     relaxed: bool = False,
-) -> _Cut:
+) -> Cut:
     """Number the full periods of every anchor sequence (aligned to its end, or ``shift[i]`` steps
     before it: the trace ends inside that sequence's next ``shift[i]`` steps, which are then not
     steady; or from its call ``head[i]`` on, its calls after its last full period in the next step),
@@ -210,7 +210,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     if n_max - n_min > slack and not relaxed:
         lo = min(anchors, key=lambda i: counts[i])
         hi = max(anchors, key=lambda i: counts[i])
-        raise _fail(
+        raise step_error(
             src,
             "steps disagree",
             f"{cs.name(hi)} has {counts[hi]} steps (period {period[hi]} calls) but "
@@ -222,7 +222,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
     # with time-assigned sequences the last step is cut short by the end of the trace
     n_complete = n_steps - max(sh.values()) - (1 if by_time else 0)
     if first_steady >= n_complete:
-        raise _fail(src, "no steady step", f"{n_steps} steps, of which {first_steady} are warm-up")
+        raise step_error(src, "no steady step", f"{n_steps} steps, of which {first_steady} are warm-up")
 
     # ---- step of every call, then of every row -------------------------------------
     n_seq = len(cs.seq_start)
@@ -266,7 +266,7 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
             (s_i, k) = first_ts.index[int(np.argmax(bad))]
             nxt_rows = np.flatnonzero(step_sorted == k + 1)
             o = int(seq_id[nxt_rows[np.argmin(ts_s[nxt_rows])]])
-            raise _fail(
+            raise step_error(
                 src,
                 "steps disagree",
                 f"{cs.name(s_i)} starts its step {k} "
@@ -274,14 +274,14 @@ def _cut(  # noqa: PLR0913 (the step detector's state, passed explicitly)
                 f"began at {starts[k + 1]:.3f} us on {cs.name(o)} "
                 f"(periods {period[s_i]} and {period[o]} calls)",
             )
-    return _Cut(period, counts, anchors, by_time, n_steps, first_steady, n_complete, step_sorted, steps, starts)
+    return Cut(period, counts, anchors, by_time, n_steps, first_steady, n_complete, step_sorted, steps, starts)
 
 
 #: A time-assigned call within this share of a step time of the anchors' step start is concurrent with it.
 CONCURRENT_SHARE = 0.01
 
 
-def _concurrent(cs: _Calls, rows: np.ndarray, step: np.ndarray, starts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+def _concurrent(cs: Calls, rows: np.ndarray, step: np.ndarray, starts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     """``step`` (of the sorted ``rows`` of a time-assigned sequence), its calls of a kind that comes within
     ``CONCURRENT_SHARE`` of a step time of the anchors' step start, just after it in some steps and just
     before it (after the previous step's anchor calls) in others, in the later step: issued with its first call."""
@@ -294,7 +294,7 @@ def _concurrent(cs: _Calls, rows: np.ndarray, step: np.ndarray, starts: np.ndarr
     return np.where(before & np.isin(tok, np.intersect1d(tok[after], tok[before])), step + 1, step)
 
 
-def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray, first_anchor: float) -> np.ndarray:
+def _opening_steps(cs: Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray, first_anchor: float) -> np.ndarray:
     """Step of every row of time-assigned sequence ``i``, whose calls before ``first_anchor`` (the
     anchors' first call) are its head: a call in the anchors' step ``k`` or before step 0 is in it; of
     the calls in the gap before step ``k``, the last ones that repeat the end of the head open step
@@ -322,7 +322,7 @@ def _opening_steps(cs: _Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray
 
 
 def _step_table(
-    cs: _Calls, step_sorted: np.ndarray, n_steps: int, first_steady: int, n_complete: int
+    cs: Calls, step_sorted: np.ndarray, n_steps: int, first_steady: int, n_complete: int
 ) -> tuple[pd.DataFrame, np.ndarray]:
     """The step table (``STEP_COLUMNS``) of a step for every sorted row (-1: no step), and the
     start (us) of every step, shape (n_steps,). A step starts with its first flow and ends where
@@ -358,7 +358,7 @@ def _step_table(
     return steps, starts
 
 
-def _period_us(cs: _Calls, i: int, q: int) -> float:
+def _period_us(cs: Calls, i: int, q: int) -> float:
     """Median time (us) between the starts of the last (up to 8) periods of ``q`` calls of sequence ``i``."""
     n = min(8, int(cs.seq_len[i]) // q)
     first, _ = cs.step_bounds(i, q, n)
@@ -366,7 +366,7 @@ def _period_us(cs: _Calls, i: int, q: int) -> float:
     return float(np.median(d)) if len(d) else 0.0
 
 
-def _steady_period_us(cs: _Calls, i: int, q: int) -> float:
+def _steady_period_us(cs: Calls, i: int, q: int) -> float:
     """:func:`_period_us` when most of the last (up to 8) periods of ``q`` calls of sequence ``i`` last
     within 10 % of their median and their mean within 25 % of it (a rhythm in time, outliers aside: its
     period is a step; not two calls close together, then a long gap), else 0."""
@@ -380,7 +380,7 @@ def _steady_period_us(cs: _Calls, i: int, q: int) -> float:
     return med if med > 0 and most and abs(float(d.mean()) / med - 1.0) <= 0.25 else 0.0
 
 
-def _multiple_by_time(cs: _Calls, i: int, p: int, ref: int, best: dict[int, int]) -> int | None:
+def _multiple_by_time(cs: Calls, i: int, p: int, ref: int, best: dict[int, int]) -> int | None:
     """The multiple ``m`` of sequence ``i``'s period ``p`` whose periods last the reference sequence's
     (within 10 %), or None."""
     t_i, t_ref = _period_us(cs, i, p), _period_us(cs, ref, best[ref])
@@ -391,8 +391,8 @@ def _multiple_by_time(cs: _Calls, i: int, p: int, ref: int, best: dict[int, int]
 
 
 def _primary_periods(
-    cs: _Calls,
-    per: list[_Periodicity],
+    cs: Calls,
+    per: list[Periodicity],
     best: dict[int, int],
     repeating: list[int],
     warmup_steps: int,
@@ -438,7 +438,7 @@ def _primary_periods(
             counts[i] = per[i].full_periods(m * p)
         else:
             lo = min(repeating, key=lambda j: counts[j])
-            raise _fail(
+            raise step_error(
                 src,
                 "steps disagree",
                 f"{cs.name(i)} repeats {counts[i]} times "
@@ -448,7 +448,7 @@ def _primary_periods(
     return period, counts, by_time
 
 
-def first_alike(cs: _Calls, cut: _Cut) -> tuple[int, str | None]:
+def first_alike(cs: Calls, cut: Cut) -> tuple[int, str | None]:
     """The first steady step from which every step issues the calls most steady steps issue (every
     sequence, by call token), and why a later steady step breaks that (None when none does)."""
     step = cut.step_sorted[cs.call_rows]

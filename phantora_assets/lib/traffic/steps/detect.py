@@ -12,19 +12,19 @@ import pandas as pd
 
 from phantora_assets.lib.columns import STEP_COLUMNS, STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
-from phantora_assets.lib.traffic.steps.align import _head_aligned, _start_aligned
-from phantora_assets.lib.traffic.steps.coarse import _coarse_cut, _coarser, _overlap, broken_period
+from phantora_assets.lib.traffic.steps.align import head_aligned, start_aligned
+from phantora_assets.lib.traffic.steps.coarse import broken_period, coarse_cut, coarser_cut, overlap_violation
 from phantora_assets.lib.traffic.steps.cut import (
     CONCURRENT_SHARE,
-    _Calls,
-    _Cut,
-    _cut,
-    _fail,
-    _Periodicity,
+    Calls,
+    Cut,
+    Periodicity,
     _primary_periods,
     _sequences,
     _step_table,
+    cut_steps,
     first_alike,
+    step_error,
 )
 from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation, typical_step_us
 from phantora_assets.lib.traffic.steps.rule import RULE
@@ -114,25 +114,25 @@ class _Evidence:
     """The communicators' evidence: calls (``cs``), each sequence's periodicity (``per``), primitive
     period (``prim``: repeating sequences only) and whether send/recv counts were left out (``tolerant``)."""
 
-    cs: _Calls
-    per: list[_Periodicity]
+    cs: Calls
+    per: list[Periodicity]
     prim: dict[int, int]
     repeating: list[int]
     tolerant: bool
 
 
-def _periods(cs: _Calls, min_repeats: int) -> tuple[list[_Periodicity], dict[int, int]]:
+def _periods(cs: Calls, min_repeats: int) -> tuple[list[Periodicity], dict[int, int]]:
     """Each sequence's periodicity and primitive period (the longest periodic tail covering ``min_repeats``
     periods; a sequence whose last call comes in the first half of the run's span is start-up: none)."""
-    cache: dict[bytes, tuple[_Periodicity, int | None]] = {}
-    per: list[_Periodicity] = []
+    cache: dict[bytes, tuple[Periodicity, int | None]] = {}
+    per: list[Periodicity] = []
     prim: dict[int, int] = {}
     t_lo, t_hi = float(cs.ts_s.min()), float(cs.ts_s.max())
     for i in range(len(cs.seq_start)):
         toks = cs.call_tok[cs.seq_call_start[i] : cs.seq_call_start[i] + cs.seq_len[i]]
         key = toks.tobytes()
         if key not in cache:
-            pz = _Periodicity(toks)
+            pz = Periodicity(toks)
             cache[key] = (pz, pz.best_period(min_repeats))
         pz, p = cache[key]
         per.append(pz)
@@ -158,29 +158,29 @@ def _evidence(flows: pd.DataFrame, min_repeats: int) -> _Evidence:
 # ---- candidates: the communicators' cuts, finest first -----------------------------------------
 
 
-def _primitive(ev: _Evidence, warmup_steps: int, src: str) -> _Cut | str:
+def _primitive(ev: _Evidence, warmup_steps: int, src: str) -> Cut | str:
     """Every sequence at its primitive period (or the one multiple matching the others' step count;
     sequences with several are assigned by time), or the violation."""
     try:
         period, counts, by_time = _primary_periods(ev.cs, ev.per, ev.prim, ev.repeating, warmup_steps, src)
-        cut = _cut(ev.cs, period, counts, by_time, ev.repeating, warmup_steps, src, relaxed=True)
+        cut = cut_steps(ev.cs, period, counts, by_time, ev.repeating, warmup_steps, src, relaxed=True)
     except StepDetectionError as err:
         if err.rule != "steps disagree":
             raise
         return err.detail
-    return _overlap(ev.cs, cut, first_alike(ev.cs, cut)[0]) or cut
+    return overlap_violation(ev.cs, cut, first_alike(ev.cs, cut)[0]) or cut
 
 
-def _aligned(ev: _Evidence, cut: _Cut, warmup_steps: int, src: str) -> _Cut:
+def _aligned(ev: _Evidence, cut: Cut, warmup_steps: int, src: str) -> Cut:
     """``cut`` aligned to the end of the trace it holds (a trace cut short or inside a pattern: align.py)."""
-    c = _start_aligned(ev.cs, cut, ev.repeating, warmup_steps, src)
-    return _head_aligned(ev.cs, c, ev.per, ev.repeating, warmup_steps, src)
+    c = start_aligned(ev.cs, cut, ev.repeating, warmup_steps, src)
+    return head_aligned(ev.cs, c, ev.per, ev.repeating, warmup_steps, src)
 
 
 # ---- invariants: each returns a violation (rule, detail) or None --------------------------------
 
 
-def _never_repeats_in_warmup(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | None:
+def _never_repeats_in_warmup(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """A sequence that never repeats calls only before the first steady step."""
     cs, steady_start = ev.cs, cut.starts[cut.first_steady]
     for i in range(len(cs.seq_start)):
@@ -196,7 +196,7 @@ def _never_repeats_in_warmup(ev: _Evidence, cut: _Cut, min_repeats: int) -> tupl
     return None
 
 
-def _p2p_bytes(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
+def _p2p_bytes(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
     """With send/recv counts left out: every steady step's bytes per communicator within
     ``RULE.p2p_bytes_rel_tol`` of the median steady step's."""
     if not ev.tolerant:
@@ -219,7 +219,7 @@ def _p2p_bytes(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
     return None
 
 
-def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
+def _steady_calls(ev: _Evidence, cut: Cut, src: str) -> Cut:
     """``cut`` with the leading steps whose calls differ from the steady steps' made unsteady (warm-up, a
     batch-size ramp-up); the rule itself: every later steady step issues, on every communicator rank, the
     calls most steady steps issue.
@@ -229,14 +229,14 @@ def _steady_calls(ev: _Evidence, cut: _Cut, src: str) -> _Cut:
     """
     first_steady, why = first_alike(ev.cs, cut)
     if why is not None:
-        raise _fail(src, "steps irregular", why)
+        raise step_error(src, "steps irregular", why)
     if first_steady == cut.first_steady:
         return cut
     steps, starts = _step_table(ev.cs, cut.step_sorted, cut.n_steps, first_steady, cut.n_complete)
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 
-def _finer_by_time(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
+def _finer_by_time(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
     """A step of several periods (``coarse.py``) that a finer partition would satisfy too: the reference
     sequence's steady steps cut into ``g`` parts at its own periods (``g`` a prime dividing its periods a
     step), every call placed by time, and every sequence then issues the same calls in every part of the
@@ -270,7 +270,7 @@ def _finer_by_time(ev: _Evidence, cut: _Cut) -> tuple[str, str] | None:
     return None
 
 
-def _violation(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | None:
+def _violation(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """The first invariant ``cut`` breaks, or None."""
     return _never_repeats_in_warmup(ev, cut, min_repeats) or _p2p_bytes(ev, cut)
 
@@ -280,20 +280,20 @@ def _violation(ev: _Evidence, cut: _Cut, min_repeats: int) -> tuple[str, str] | 
 
 def _decide(
     ev: _Evidence, warmup_steps: int, min_repeats: int, iteration_s: list[float] | None, res_s: float, src: str
-) -> _Cut:
+) -> Cut:
     """The finest candidate that holds (the primitive cut, else steps of several periods on every
     communicator); with run.log's iterations, the candidate they select (steps of ``g`` times as many calls
     when the finest lasts ``1/g`` iteration).
 
     Raises:
         StepDetectionError: no candidate holds (its violation), two incompatible ones do (``steps ambiguous``,
-            from ``_coarse_cut``), or run.log's iterations agree with none (``steps disagree with run.log``).
+            from ``coarse_cut``), or run.log's iterations agree with none (``steps disagree with run.log``).
     """
     cs = ev.cs
     got = _primitive(ev, warmup_steps, src)
     # the primitive cut fails when the periods disagree, or when its steady steps do not all issue the
     # same calls (a sequence whose pattern repeats within the others' period); then steps of several periods
-    cut: _Cut | None = None
+    cut: Cut | None = None
     if isinstance(got, str):
         failed = ("steps disagree", got)
     else:
@@ -301,13 +301,13 @@ def _decide(
         unlike = first_alike(cs, cut)[1]
         failed = ("steps irregular", unlike) if unlike is not None else ("", "")
     if failed[0]:
-        coarse = _coarse_cut(cs, ev.per, ev.prim, ev.repeating, warmup_steps, min_repeats, src)
+        coarse = coarse_cut(cs, ev.per, ev.prim, ev.repeating, warmup_steps, min_repeats, src)
         if isinstance(coarse, str):
-            raise _fail(
+            raise step_error(
                 src, failed[0], f"{failed[1]}; no step of several periods on every communicator fits either ({coarse})"
             )
         if (finer := _finer_by_time(ev, coarse)) is not None:
-            raise _fail(src, *finer)
+            raise step_error(src, *finer)
         cut = _aligned(ev, coarse, warmup_steps, src)
     assert cut is not None
     if iteration_s:
@@ -315,17 +315,18 @@ def _decide(
         if why is not None:
             g = int(round(why[1]))
             coarser = (
-                _coarser(cs, ev.per, ev.prim, ev.repeating, cut, g, warmup_steps, min_repeats, src)
+                coarser_cut(cs, ev.per, ev.prim, ev.repeating, cut, g, warmup_steps, min_repeats, src)
                 if g >= 2
                 else why[0]
             )
             if isinstance(coarser, str) or run_log_violation(coarser, iteration_s, res_s) is not None:
                 reason = coarser if isinstance(coarser, str) else run_log_violation(coarser, iteration_s, res_s)
-                raise _fail(src, "steps disagree with run.log", f"{why[0]}; steps of {g} times as many calls: {reason}")
+                detail = f"{why[0]}; steps of {g} times as many calls: {reason}"
+                raise step_error(src, "steps disagree with run.log", detail)
             cut = _aligned(ev, coarser, warmup_steps, src)
     cut = _steady_calls(ev, cut, src)
     if (bad := _violation(ev, cut, min_repeats)) is not None:
-        raise _fail(src, *bad)
+        raise step_error(src, *bad)
     return cut
 
 
@@ -370,24 +371,24 @@ def detect_steps(
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     missing = [c for c in _REQUIRED if c not in flows.columns]
     if missing:
-        raise _fail(src, "flows table lacks columns", ", ".join(missing))
+        raise step_error(src, "flows table lacks columns", ", ".join(missing))
     n_rows = len(flows)
     if n_rows == 0:
-        raise _fail(src, "steps never repeat", "no communication flows")
+        raise step_error(src, "steps never repeat", "no communication flows")
     ev = _evidence(flows, min_repeats)
     cs = ev.cs
     if not ev.repeating:
         i = int(np.argmax(cs.seq_len))
-        raise _fail(
+        raise step_error(
             src,
             "steps never repeat",
             f"{cs.name(i)}: {cs.seq_len[i]} calls, no period repeats {min_repeats} times; no communicator repeats",
         )
     if (broken := broken_period(cs, ev.per, ev.prim, min_repeats)) is not None:
-        raise _fail(src, "steps irregular", broken)
+        raise step_error(src, "steps irregular", broken)
     cut = _decide(ev, warmup_steps, min_repeats, iteration_s, iteration_resolution_s, src)
     if (slow := compute_violation(cut, compute)) is not None:
-        raise _fail(src, "steps disagree with compute", slow)
+        raise step_error(src, "steps disagree with compute", slow)
 
     # ---- summary -------------------------------------------------------------------
     steps, first_steady, n_complete = cut.steps, cut.first_steady, cut.n_complete
@@ -399,9 +400,11 @@ def detect_steps(
     else:
         timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
         if not timed:
-            raise _fail(src, "no steady step", "the only steady step is the last one, which has no next step to end it")
+            raise step_error(
+                src, "no steady step", "the only steady step is the last one, which has no next step to end it"
+            )
     if len(steady_steps) < 2:  # the rule's "every steady step" needs two to compare
-        raise _fail(
+        raise step_error(
             src,
             "no steady step",
             f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
@@ -409,7 +412,7 @@ def detect_steps(
         )
     step_time, n_typical = typical_step_us(steps["duration_us"].to_numpy()[timed])
     if 2 * n_typical <= len(timed):  # as many outliers as typical steps: no step time the evidence states
-        raise _fail(
+        raise step_error(
             src,
             "steps irregular",
             f"no typical step: {n_typical} of the {len(timed)} timed steady steps lie within "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.traffic.steps.cut import _Cut, _Periodicity
+from phantora_assets.lib.traffic.steps.cut import Cut, Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
@@ -32,14 +32,14 @@ def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     return float(np.median(typical)), len(typical)
 
 
-def _timed_median(cut: _Cut) -> float:
+def _timed_median(cut: Cut) -> float:
     """The step time (us) of the timed steady steps of ``cut`` (as ``detect_steps`` times them)."""
     d = cut.steps["duration_us"].to_numpy()
     hi = cut.n_complete if cut.n_complete < cut.n_steps else cut.n_steps - 1
     return typical_step_us(d[cut.first_steady : hi])[0]
 
 
-def run_log_violation(cut: _Cut, iteration_s: list[float], resolution_s: float = 0.0) -> tuple[str, float] | None:
+def run_log_violation(cut: Cut, iteration_s: list[float], resolution_s: float = 0.0) -> tuple[str, float] | None:
     """Why ``cut`` disagrees with run.log's iterations (``iteration_s``, seconds; the first is warm-up) and
     run.log's median iteration in steps of ``cut`` (the multiple a coarser cut must take), or None: as many
     steps as iterations (up to ``RULE.log_missing_steps`` fewer) and the median step within
@@ -120,7 +120,7 @@ def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> flo
         o = np.lexsort((dur, ts))
         ts, dur = ts[o], dur[o]
         tokens = _duration_tokens(dur)
-        pz = _Periodicity(tokens)
+        pz = Periodicity(tokens)
         p = pz.best_period(min_repeats)
         if p is None:
             return None
@@ -149,7 +149,7 @@ def _duration_tokens(dur: np.ndarray) -> np.ndarray:
     return (np.cumsum(new) - 1)[np.searchsorted(u, dur)].astype(np.int64)
 
 
-def compute_violation(cut: _Cut, compute: pd.DataFrame | None) -> str | None:
+def compute_violation(cut: Cut, compute: pd.DataFrame | None) -> str | None:
     """Why the steps of ``cut`` contradict the compute rhythm, or None: they last a whole ``g >= 2`` compute
     periods (within ``RULE.compute_rel_tol``): the step is set by calls in some iterations only (an occasional
     collective) or it is ``g`` iterations; the compute rhythm cannot re-cut it (it never coarsens or re-cuts)."""
