@@ -25,6 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phantora_assets.lib.store.io import atomic_write_text
+from phantora_assets.lib.traffic.rule_names import (
+    FLOWS_EXIST,
+    RING_BYTES_MATCH,
+    STEADY_STEPS_STABLE,
+    STEPS_MATCH,
+    STEPS_MATCH_RUN_LOG,
+)
 from phantora_assets.records import RecordError
 
 
@@ -63,9 +70,23 @@ class CheckDef:
         return "advisory" if self.severity == "warn" else "error"
 
 
+#: The names of the checks recorded or read outside this module (Dagster check names, keys of
+#: ``checks.json``); the trace rules of validated_flows are named in ``lib/traffic/rule_names.py``.
+FITS_IN_MEMORY = "fits_in_memory"
+PERFDB_COMPLETE = "perfdb_complete"
+MATCHES_WORKLOAD_MODEL = "matches_workload_model"
+BINS_CONSERVE_BYTES = "bins_conserve_bytes"
+LINK_BINS_CONSERVE_BYTES = "link_bins_conserve_bytes"
+WINDOWS_CONTRACT = "windows_contract"
+RUNS_CONTRACT = "runs_contract"
+ANATOMY_ADDS_UP = "anatomy_adds_up"
+DATASET_CONTRACT = "dataset_contract"
+DUCKDB_MATCHES_DATASET = "duckdb_matches_dataset"
+
+
 CHECKS: tuple[CheckDef, ...] = (
     CheckDef(
-        "fits_in_memory",
+        FITS_IN_MEMORY,
         "raw_timeline",
         False,
         True,
@@ -76,7 +97,7 @@ CHECKS: tuple[CheckDef, ...] = (
         severity="warn",
     ),
     CheckDef(
-        "perfdb_complete",
+        PERFDB_COMPLETE,
         "raw_timeline",
         True,
         True,
@@ -84,35 +105,35 @@ CHECKS: tuple[CheckDef, ...] = (
         "empty); otherwise the run's timings are invalid.",
     ),
     CheckDef(
-        "flows_exist",
+        FLOWS_EXIST,
         "validated_flows",
         True,
         True,
         "The trace has at least one network flow (src host != dst host), and its network bytes sum within int64.",
     ),
     CheckDef(
-        "steps_match",
+        STEPS_MATCH,
         "validated_flows",
         True,
         True,
         "Every steady step issues the same collectives on every communicator.",
     ),
     CheckDef(
-        "ring_bytes_match",
+        RING_BYTES_MATCH,
         "validated_flows",
         True,
         True,
         "Every flow's bytes follow Phantora's ring rule for its op, with one group size per communicator.",
     ),
     CheckDef(
-        "steady_steps_stable",
+        STEADY_STEPS_STABLE,
         "validated_flows",
         True,
         True,
         "Steady steps carry identical network bytes and nearly identical durations.",
     ),
     CheckDef(
-        "steps_match_run_log",
+        STEPS_MATCH_RUN_LOG,
         "validated_flows",
         True,
         True,
@@ -120,7 +141,7 @@ CHECKS: tuple[CheckDef, ...] = (
         "within 10 % of the median iteration), when it reports them.",
     ),
     CheckDef(
-        "matches_workload_model",
+        MATCHES_WORKLOAD_MODEL,
         "validated_flows",
         False,
         False,
@@ -131,24 +152,24 @@ CHECKS: tuple[CheckDef, ...] = (
         "all-to-all flows).",
     ),
     CheckDef(
-        "bins_conserve_bytes",
+        BINS_CONSERVE_BYTES,
         "binned_flows",
         True,
         True,
         "Sum of binned bytes = placed flow bytes + control bytes, exactly.",
     ),
     CheckDef(
-        "link_bins_conserve_bytes",
+        LINK_BINS_CONSERVE_BYTES,
         "link_bins",
         True,
         False,
         "Per link class (host_up, leaf_spine, spine_leaf, host_down): the bytes of link_bins over its links and "
         "bins = the in-window bytes of the network flows x the links of that class on their paths, exactly.",
     ),
-    CheckDef("windows_contract", "window_features", True, True, "The rows satisfy the windows.csv pandera model."),
-    CheckDef("runs_contract", "run_summary", True, True, "The row satisfies the runs.csv (v1) pandera model."),
+    CheckDef(WINDOWS_CONTRACT, "window_features", True, True, "The rows satisfy the windows.csv pandera model."),
+    CheckDef(RUNS_CONTRACT, "run_summary", True, True, "The row satisfies the runs.csv (v1) pandera model."),
     CheckDef(
-        "anatomy_adds_up",
+        ANATOMY_ADDS_UP,
         "step_anatomy",
         False,
         False,
@@ -156,10 +177,10 @@ CHECKS: tuple[CheckDef, ...] = (
         "has a row for every step.",
     ),
     CheckDef(
-        "dataset_contract", "phantora_v0", True, False, "runs, flows_100ms and windows satisfy the v1 pandera contract."
+        DATASET_CONTRACT, "phantora_v0", True, False, "runs, flows_100ms and windows satisfy the v1 pandera contract."
     ),
     CheckDef(
-        "duckdb_matches_dataset",
+        DUCKDB_MATCHES_DATASET,
         "dataset_duckdb",
         False,
         False,

@@ -1,6 +1,12 @@
 """The code location: :func:`build_defs` makes the Definitions; the one place that reads the
-environment (data root, run matrix, simulator choice). ``defs`` below is what ``dagster dev``,
-``dagster asset materialize -m phantora_assets.definitions`` and ``workspace.yaml`` load.
+environment (data root, run matrix, simulator choice). :func:`defs` (``@dagster.definitions``, a
+lazy loader) is what ``dagster dev``, ``dagster asset materialize -m phantora_assets.definitions``,
+``workspace.yaml``, ``dagster-webserver`` and ``dagster-daemon`` load: importing this module reads
+no file and no environment; the first call of ``defs()`` reads the run matrix and the import
+folders, builds the Definitions and keeps them for the process (:func:`forget_if_changed` drops
+them when the matrix, the imports or the environment changed). ``ASSETS``, ``ALL_ASSETS``,
+``RUN_ASSETS``, ``DATASET_ASSETS`` and ``LOADED_FROM`` are attributes of the module computed from
+``defs()`` on first access (module ``__getattr__``), so reading one loads the definitions.
 
 Environment (all optional):
     PHANTORA_ASSETS_DATA_DIR            data root (default ./data)
@@ -287,29 +293,73 @@ def build_defs(
 
 
 def loaded_from() -> tuple:
-    """What :data:`defs` is built from: the ``PHANTORA_ASSETS_*`` environment and the run matrix
-    (with imports) of the data root. A run worker forked from a process that imported this module
-    re-executes it only when this differs from :data:`LOADED_FROM`."""
+    """What :func:`defs` is built from: ``(the PHANTORA_ASSETS_* environment as sorted (name,
+    value) pairs, the run matrix with imports of the data root)``. A process reuses the Definitions
+    ``defs()`` made only while this is unchanged (:func:`forget_if_changed`).
+
+    Raises:
+        RunMatrixError: the run matrix or an import is invalid (names the file and the rule).
+    """
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PHANTORA_ASSETS_")))
     return env, tuple(matrix_for(default_data_dir()))
 
 
-LOADED_FROM = loaded_from()
-defs = build_defs()
-_seed_at_load(LOADED_FROM[1])
+#: At most one ``(loaded_from(), its Definitions)``: what :func:`defs` made in this process.
+_LOADED: list[tuple[tuple, dg.Definitions]] = []
 
-#: The assets of ``defs`` by name (``ASSETS["validated_flows"]``), and the lists the CLI and tests
-#: select from: every asset, the per-run assets (``all_runs``) and the dataset assets.
-ASSETS: dict[str, dg.AssetsDefinition] = {
-    a.key.to_user_string(): a for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)
-}
-ALL_ASSETS: list[dg.AssetsDefinition] = list(ASSETS.values())
-RUN_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in RUN_ASSET_NAMES]
-DATASET_ASSETS: list[dg.AssetsDefinition] = [ASSETS[n] for n in DATASET_ASSET_NAMES]
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The Definitions of the data root and run matrix of the environment (:func:`build_defs` with
+    no arguments), made at the first call in a process and returned again until
+    :func:`forget_if_changed` drops them. At the first call the matrix's run_ids become run
+    partitions of ``$DAGSTER_HOME``'s instance (``_seed_at_load``).
+
+    Raises:
+        RunMatrixError: the run matrix or an import is invalid (names the file and the rule).
+    """
+    if not _LOADED:
+        source = loaded_from()
+        _LOADED.append((source, build_defs()))
+        _seed_at_load(source[1])
+    return _LOADED[0][1]
+
+
+def forget_if_changed() -> bool:
+    """Drop the Definitions :func:`defs` made when :func:`loaded_from` differs now (or cannot be
+    read: the next ``defs()`` reports the error), so that the next ``defs()`` builds them again;
+    True when dropped. A run worker forked from a process that loaded them calls it before each run."""
+    if not _LOADED:
+        return False
+    try:
+        current = loaded_from() == _LOADED[0][0]
+    except Exception:  # an invalid matrix now: the next defs() raises it, naming the file
+        current = False
+    if not current:
+        _LOADED.clear()
+    return not current
+
+
+def __getattr__(name: str):
+    """``LOADED_FROM`` (what :func:`defs` was built from), ``ASSETS`` (the assets of ``defs()`` by
+    name, ``ASSETS["validated_flows"]``) and the lists the CLI and tests select from:
+    ``ALL_ASSETS``, ``RUN_ASSETS`` (``all_runs``), ``DATASET_ASSETS``; each loads ``defs()``."""
+    if name not in ("LOADED_FROM", "ASSETS", "ALL_ASSETS", "RUN_ASSETS", "DATASET_ASSETS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    loaded = defs()
+    if name == "LOADED_FROM":
+        return _LOADED[0][0]
+    by_name = {a.key.to_user_string(): a for a in loaded.assets or [] if isinstance(a, dg.AssetsDefinition)}
+    if name == "ASSETS":
+        return by_name
+    if name == "ALL_ASSETS":
+        return list(by_name.values())
+    names = RUN_ASSET_NAMES if name == "RUN_ASSETS" else DATASET_ASSET_NAMES
+    return [by_name[n] for n in names]
 
 
 def assets_for(specs: Sequence[RunSpec]) -> tuple[list[dg.AssetsDefinition], list[dg.AssetsDefinition]]:
     """``(every asset, the per-run assets)`` partitioned by the run_ids of ``specs``, for
-    ``dagster.materialize`` in a process whose data root's imports differ from ``defs``'s."""
+    ``dagster.materialize`` in a process whose data root's imports differ from ``defs()``'s."""
     assets = build_assets(Partitions.of(specs))
     return list(assets.values()), [assets[n] for n in RUN_ASSET_NAMES]

@@ -6,6 +6,7 @@ import dagster as dg
 import msgspec
 
 from phantora_assets.assets.common import Partitions, check_results, check_specs, failure_recorded, stage_metadata
+from phantora_assets.checks import FITS_IN_MEMORY
 from phantora_assets.outcomes import StageResult
 from phantora_assets.resources import DataRoot, SimulatorResource
 from phantora_assets.stages import simulation as stage
@@ -15,14 +16,14 @@ def memory_metadata(result: StageResult) -> dict[str, Any]:
     """``fits_in_memory`` (bool), ``peak_memory_gib`` (the analytic estimate, or the peak run.log
     reports; absent when it reports none), ``card_gib`` and ``outcome`` (plain words: ``fits: ...``
     or ``does not fit: ...; not applicable: ...``) from the stage's fits_in_memory outcome."""
-    fits = next((o for o in result.outcomes if o.name == "fits_in_memory"), None)
+    fits = next((o for o in result.outcomes if o.name == FITS_IN_MEMORY), None)
     if fits is None:
         return {}
     words = fits.message
     if not fits.passed:
         words += "; the run's assets from chrome_trace on are not applicable (skipped) and it is not in the dataset"
     return {
-        "fits_in_memory": fits.passed,
+        FITS_IN_MEMORY: fits.passed,
         "peak_memory_gib": fits.metadata.get("peak_gib"),
         "card_gib": fits.metadata.get("card_gib"),
         "outcome": words,

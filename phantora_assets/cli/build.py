@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from phantora_assets.checks import blocking_failures, read_checks
+from phantora_assets.checks import FITS_IN_MEMORY, MATCHES_WORKLOAD_MODEL, blocking_failures, read_checks
 from phantora_assets.cli.engine import BuildAborted, BuildFault, _Runs, reap_stale_runs, run_step_errors
 from phantora_assets.lib.bins.width import BIN_S_ENV, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
@@ -220,10 +220,10 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 def _status(paths: DataPaths, spec, run, instance) -> str:
     checks = read_checks(paths.run_folder(spec))
-    if checks.get("fits_in_memory", {}).get("status") == "failed":
-        return "out of memory: " + checks["fits_in_memory"]["message"]
+    if checks.get(FITS_IN_MEMORY, {}).get("status") == "failed":
+        return "out of memory: " + checks[FITS_IN_MEMORY]["message"]
     if run.status.value == "SUCCESS":
-        warn = checks.get("matches_workload_model", {})
+        warn = checks.get(MATCHES_WORKLOAD_MODEL, {})
         return "ok" + (" (warning: " + warn["message"][:200] + ")" if warn.get("status") == "warning" else "")
     failed = [
         f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items() if v["status"] == "failed"

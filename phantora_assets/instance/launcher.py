@@ -29,9 +29,9 @@ are forked from the forkserver, which runs in a session of its own (``instance/f
 from the daemon, so they finish their runs when the daemon or its whole process group is killed.
 Each run executes with the launching process's environment as of its launch (handed to the
 worker with the run: a forkserver started at the first launch, or a reused worker, does not keep
-the environment of then), and its worker (``instance/worker.py``) re-executes
-``phantora_assets.definitions`` when the run matrix, the import registry or the ``PHANTORA_ASSETS_*``
-environment changed since it was imported, so they are seen without restarting the daemon; a
+the environment of then), and its worker (``instance/worker.py``) drops the Definitions the code
+location's loader (``phantora_assets.definitions.defs``) made when the run matrix, the import registry
+or the ``PHANTORA_ASSETS_*`` environment changed since, so they are seen without restarting the daemon; a
 change to the package's own code needs a daemon restart (the forkserver holds the imported code).
 
 Linux/macOS only (fork). Errors: a run without a job code origin cannot be launched

@@ -11,7 +11,9 @@ import importlib
 
 import pandas as pd
 
-import phantora_assets.definitions  # noqa: F401
+from phantora_assets.definitions import defs
+
+defs()  # the code location of the environment: built once here, not in every forked worker
 
 #: Found by diffing ``sys.modules`` around an ``all_runs`` and a ``dataset`` run (Dagster 1.13.27).
 LAZY_MODULES = (

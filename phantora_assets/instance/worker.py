@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import multiprocessing.process
 import os
 import signal
@@ -85,19 +84,19 @@ def defer_if_critical(signum: int) -> bool:
 
 
 def refresh_definitions() -> None:
-    """Re-execute the code location module this process imported when the run matrix, the import
-    registry or the ``PHANTORA_ASSETS_*`` environment changed since (``definitions.loaded_from``),
-    so that a forked worker sees them as they are now, not as they were at preload."""
+    """Drop the Definitions the code location's loader made in this process (``definitions.defs``)
+    when the run matrix, the import registry or the ``PHANTORA_ASSETS_*`` environment changed since
+    (``definitions.forget_if_changed``), and the job definitions Dagster cached from them, then
+    load them again (``defs()``), so that a forked worker sees them as they are now, not as they
+    were at preload, and the workers forked after a build's call inherit them built. Nothing when
+    this process has not loaded them.
+
+    Raises:
+        RunMatrixError: the run matrix or an import is invalid now (names the file and the rule)."""
     mod = sys.modules.get("phantora_assets.definitions")
-    if mod is None:
-        return
-    try:
-        current = mod.loaded_from() == mod.LOADED_FROM
-    except Exception:  # an invalid matrix now: re-executing the module reports it
-        current = False
-    if not current:
-        importlib.reload(mod)
+    if mod is not None and mod.forget_if_changed():
         _forget_job_definitions()
+        mod.defs()
 
 
 def _forget_job_definitions() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from phantora_assets.checks import reset_checks
+from phantora_assets.checks import FITS_IN_MEMORY, PERFDB_COMPLETE, reset_checks
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.netconfig import NoPhantoraTopology, dumps_netconfig, netconfig_for
 from phantora_assets.lib.phantora.run_log import RunLog
@@ -32,7 +32,7 @@ DATASET_SOURCE = "phantora_analytic"
 ROOFLINE_TIMING = True
 
 _ANALYTIC_PERFDB = Outcome(
-    "perfdb_complete",
+    PERFDB_COMPLETE,
     True,
     "not a perf-DB replay: the embedded analytic simulator times kernels with its roofline model",
     {"mode": "analytic"},
@@ -48,7 +48,7 @@ def _fits_outcome(mem: dict[str, Any]) -> Outcome:
         else "does not fit: estimated peak {p:.2f} GiB > card {c:.2f} GiB"
     )
     return Outcome(
-        "fits_in_memory",
+        FITS_IN_MEMORY,
         fits,
         words.format(p=mem["peak_gib"], c=mem["card_gib"]),
         {"peak_gib": mem["peak_gib"], "card_gib": mem["card_gib"]},

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from phantora_assets.checks import FITS_IN_MEMORY, PERFDB_COMPLETE
 from phantora_assets.lib.chakra import ingest
 from phantora_assets.lib.chakra.et_io import et_files
 from phantora_assets.lib.chakra.ingest import ChakraRun, is_et_folder, read_folder
@@ -95,8 +96,8 @@ def import_ets(spec: RunSpec, paths: DataPaths) -> StageResult:
            "comm_groups": run.groups, "notes": notes}  # fmt: skip
     atomic_write_text(paths.partition_dir(spec.run_id) / "chakra.json", json.dumps(rec, indent=1) + "\n")
     outcomes = [
-        Outcome("fits_in_memory", True, "fits: a Chakra ET records no memory use; the run is taken to fit", {}),
-        Outcome("perfdb_complete", True, "no perf-DB replay: node durations as the ETs give them", {}),
+        Outcome(FITS_IN_MEMORY, True, "fits: a Chakra ET records no memory use; the run is taken to fit", {}),
+        Outcome(PERFDB_COMPLETE, True, "no perf-DB replay: node durations as the ETs give them", {}),
     ]
     out = finish_raw_timeline(spec, paths, raw, f"Chakra ETs of {src}", notes, outcomes)
     meta: dict[str, Any] = {"status": "imported", "source_folder": str(src), "world_size": run.world_size,

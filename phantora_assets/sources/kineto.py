@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from phantora_assets.checks import FITS_IN_MEMORY, PERFDB_COMPLETE
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.kineto.run import TRACE_SUFFIXES, convert, read_folder, trace_files
 from phantora_assets.lib.phantora.run_folder import trace_file
@@ -130,8 +131,8 @@ def import_traces(spec: RunSpec, paths: DataPaths) -> StageResult:
     write_record(record_path(paths, spec), rec)
     device = f"{first.device or 'an unnamed GPU'}, {rec.device_gib:.2f} GiB"
     outcomes = [
-        Outcome("fits_in_memory", True, f"fits: a job profiled on real GPUs ({device}) ran, so it fit", {}),
-        Outcome("perfdb_complete", True, "no perf-DB replay: kernel times measured by the PyTorch profiler", {}),
+        Outcome(FITS_IN_MEMORY, True, f"fits: a job profiled on real GPUs ({device}) ran, so it fit", {}),
+        Outcome(PERFDB_COMPLETE, True, "no perf-DB replay: kernel times measured by the PyTorch profiler", {}),
     ]
     out = finish_raw_timeline(spec, paths, conv.raw, f"PyTorch profiler traces of {src}", conv.notes, outcomes)
     meta: dict[str, Any] = {

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from phantora_assets.checks import FITS_IN_MEMORY, PERFDB_COMPLETE
 from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.run_folder import refusal
@@ -43,7 +44,7 @@ def fits_from_log(spec: RunSpec, log: RunLog, log_present: bool, origin: str) ->
     meta: dict[str, Any] = {"card_gib": card_gib, "peak_gib": log.peak_memory_gib}
     if log.out_of_memory:
         return Outcome(
-            "fits_in_memory",
+            FITS_IN_MEMORY,
             False,
             f"does not fit: the {origin} run.log reports a CUDA out-of-memory error ({log.oom_line[:200]})",
             meta,
@@ -51,34 +52,32 @@ def fits_from_log(spec: RunSpec, log: RunLog, log_present: bool, origin: str) ->
     if log.peak_memory_gib is not None:
         ok = log.peak_memory_gib <= card_gib
         return Outcome(
-            "fits_in_memory",
+            FITS_IN_MEMORY,
             ok,
             f"{'fits' if ok else 'does not fit'}: the {origin} run.log reports a peak of "
             f"{log.peak_memory_gib:.2f} GiB {'<=' if ok else '>'} card {card_gib:.2f} GiB",
             meta,
         )
     how = "its run.log reports no out-of-memory error" if log_present else "it has no run.log"
-    return Outcome(
-        "fits_in_memory", True, f"fits: the {origin} run completed and {how} (peak memory not reported)", meta
-    )
+    return Outcome(FITS_IN_MEMORY, True, f"fits: the {origin} run completed and {how} (peak memory not reported)", meta)
 
 
 def perfdb_from_missing(missing: dict[str, int] | None, when_none: str) -> Outcome:
     """perfdb_complete from Phantora's ``<db>.missing/`` listing (None: no replay record)."""
     if missing is None:
-        return Outcome("perfdb_complete", True, when_none, {"missing_entries": 0})
+        return Outcome(PERFDB_COMPLETE, True, when_none, {"missing_entries": 0})
     n = int(sum(missing.values()))
     if n:
         files = ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
         return Outcome(
-            "perfdb_complete",
+            PERFDB_COMPLETE,
             False,
             f"the perf-DB replay met {n} kernel shape(s) missing from the database ({files}); Phantora "
             "charged them zero time, so this run's timings are invalid: record them and simulate again",
             {"missing_entries": n, "missing_files": json.dumps(missing)},
         )
     return Outcome(
-        "perfdb_complete",
+        PERFDB_COMPLETE,
         True,
         "the perf-DB replay found every kernel shape in the database (<db>.missing/ is empty)",
         {"missing_entries": 0},

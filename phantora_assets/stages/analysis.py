@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from phantora_assets.checks import record_check, reset_checks
+from phantora_assets.checks import ANATOMY_ADDS_UP, record_check, reset_checks
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, plots
 from phantora_assets.lib.store.parquet import write_parquet
@@ -49,7 +49,7 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Compute vs exposed communication per (step, host) and the spans of the chosen steady step."""
     pdir = paths.partition_dir(spec.run_id)
     folder = paths.run_folder(spec)
-    reset_checks(folder, "step_anatomy", ("anatomy_adds_up",))
+    reset_checks(folder, "step_anatomy", (ANATOMY_ADDS_UP,))
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet", columns=["ts_us", "dur_us", "src_node", "dst_node"])
@@ -98,7 +98,7 @@ def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
         msg = f"compute + exposed communication + idle differs from the step time by up to {worst:.3g} us"
     else:
         msg = f"steps with fewer than {n_hosts} hosts: {per_step[per_step != n_hosts].index.tolist()[:10]}"
-    return Outcome("anatomy_adds_up", ok, msg, {"rows": int(len(table)), "max_residual_us": worst})
+    return Outcome(ANATOMY_ADDS_UP, ok, msg, {"rows": int(len(table)), "max_residual_us": worst})
 
 
 def run_plots_stage(spec: RunSpec, paths: DataPaths, out: Path | None = None) -> PlotsResult:

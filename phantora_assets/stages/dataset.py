@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from phantora_assets import contracts
-from phantora_assets.checks import reset_checks
+from phantora_assets.checks import DUCKDB_MATCHES_DATASET, RUNS_CONTRACT, WINDOWS_CONTRACT, reset_checks
 from phantora_assets.lib.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, database
@@ -41,7 +41,7 @@ def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     n_total = int(round(WINDOW_S / spec.bin_s))  # the matrix, read one row group at a time (bounded memory)
     dense = bin_table.read_bin_matrix(paths.table(spec.run_id, "flows_100ms"), spec.bin_s, n_total)
     feats = wf.matrix_window_features(*dense, spec.run_id, bin_s=spec.bin_s)
-    outcome = contract_outcome("windows_contract", contracts.windows_schema(), feats)
+    outcome = contract_outcome(WINDOWS_CONTRACT, contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file
         write_parquet(feats, out)
@@ -109,7 +109,7 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     if describe is not None:
         row.update(describe(spec, paths))
     df = runs_frame([row])
-    outcome = contract_outcome("runs_contract", contracts.RUNS, df)
+    outcome = contract_outcome(RUNS_CONTRACT, contracts.RUNS, df)
     out = paths.table(spec.run_id, "run_summary")
     if outcome.passed:  # a failed blocking check writes no data file
         write_parquet(df, out)
@@ -285,5 +285,5 @@ def dataset_duckdb_stage(specs: Sequence[RunSpec], paths: DataPaths) -> Database
         else "; ".join(problems)
     )
     return DatabaseStageResult(
-        result, seconds, Outcome("duckdb_matches_dataset", not problems, msg, {"runs": len(result.included)})
+        result, seconds, Outcome(DUCKDB_MATCHES_DATASET, not problems, msg, {"runs": len(result.included)})
     )

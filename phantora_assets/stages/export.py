@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from phantora_assets import contracts
-from phantora_assets.checks import exclusion_reason, read_checks
+from phantora_assets.checks import DATASET_CONTRACT, exclusion_reason, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.columns import BIN_COLUMNS
 from phantora_assets.lib.run.spec import RunSpec
@@ -277,7 +277,7 @@ def export_dataset(
         except _ContractBroken as broken:
             shutil.rmtree(staging, ignore_errors=True)
             counts = {"runs": len(included), "excluded": len(excluded)}
-            outcome = Outcome("dataset_contract", False, broken.outcome.message, counts)
+            outcome = Outcome(DATASET_CONTRACT, False, broken.outcome.message, counts)
             return DatasetResult(d, included, excluded, outcome)
         listing = (
             ["run_id,status,reason"]
@@ -299,7 +299,7 @@ def export_dataset(
         raise
     msg = "; ".join(f"{rows[t.name]} rows satisfy the {t.name} contract" for t in EXPORT_TABLES)
     counts = {"runs": len(included), "excluded": len(excluded)}
-    return DatasetResult(d, included, excluded, Outcome("dataset_contract", True, msg, counts), rows)
+    return DatasetResult(d, included, excluded, Outcome(DATASET_CONTRACT, True, msg, counts), rows)
 
 
 def parquet_digest(folder: Path, table: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from phantora_assets.checks import TRACE_CHECKS, reset_checks
+from phantora_assets.checks import BINS_CONSERVE_BYTES, MATCHES_WORKLOAD_MODEL, TRACE_CHECKS, reset_checks
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.net import nics
@@ -206,12 +206,12 @@ def _refuse_flows_longer_than_the_window(flows, src: Path) -> None:
 
 
 def _not_cross_checked(why: str) -> Outcome:
-    return Outcome("matches_workload_model", False, f"not evaluated: {why}", severity="warn")
+    return Outcome(MATCHES_WORKLOAD_MODEL, False, f"not evaluated: {why}", severity="warn")
 
 
 def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResult) -> Outcome:
     """Advisory ``matches_workload_model`` (lib/traffic/cross_check.py); writes cross_check.json."""
-    name = "matches_workload_model"
+    name = MATCHES_WORKLOAD_MODEL
     if not spec.workload:
         why = f"not applicable: a profiled run (source {spec.source}) has no workload model to compare with"
         return Outcome(name, True, why, severity="warn")
@@ -255,7 +255,7 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
     fits = expected < trace_checks.INT64_LIMIT  # then no bin (nor any sum of bins) wrapped either
     ok = fits and total == expected
     outcome = Outcome(
-        "bins_conserve_bytes",
+        BINS_CONSERVE_BYTES,
         ok,
         (
             f"sum of flows_100ms bytes {total} equals placed flow bytes {built.placed_flow_bytes} + control bytes "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phantora_assets.checks import reset_checks
+from phantora_assets.checks import LINK_BINS_CONSERVE_BYTES, reset_checks
 from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.net import link_bins, nics, routes
@@ -30,7 +30,7 @@ from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import WINDOW_S
 from phantora_assets.stages.flows import read_trace_summary
 
-CHECK = "link_bins_conserve_bytes"
+CHECK = LINK_BINS_CONSERVE_BYTES
 
 
 def run_topology(spec: RunSpec) -> Topology | Fabric:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets import contracts
-from phantora_assets.checks import invalidate_checks, read_checks
+from phantora_assets.checks import FITS_IN_MEMORY, invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
@@ -213,7 +213,7 @@ def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
     Raises:
         RecordError: ``checks.json`` or ``run_log.json`` is malformed (names the file).
     """
-    rec = read_checks(paths.run_folder(spec)).get("fits_in_memory")
+    rec = read_checks(paths.run_folder(spec)).get(FITS_IN_MEMORY)
     if rec is None or rec["status"] not in ("passed", "failed"):
         return None
     peak: float | None
@@ -331,7 +331,7 @@ def build_reason(spec: RunSpec, paths: DataPaths) -> str | None:
     stale = stale_reason(spec, paths)
     if stale:
         return stale
-    fits = read_checks(paths.run_folder(spec)).get("fits_in_memory", {}).get("status")
+    fits = read_checks(paths.run_folder(spec)).get(FITS_IN_MEMORY, {}).get("status")
     if fits == "failed":
         return None
     if not (paths.partition_dir(spec.run_id) / "run_summary.parquet").is_file():

@@ -380,8 +380,9 @@ def _load_definitions(tmp_path: Path, matrix: str) -> subprocess.CompletedProces
     path.write_text(matrix)
     env = {**os.environ, RUN_MATRIX_ENV: str(path), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data")}
     code = (
-        "from phantora_assets.definitions import LOADED_FROM\n"  # the run matrix of the code location
-        "print(sorted(s.run_id for s in LOADED_FROM[1]))\n"
+        "from phantora_assets import definitions as d\n"
+        "d.defs()\n"  # Dagster's loader: the run matrix of the code location is read here
+        "print(sorted(s.run_id for s in d.LOADED_FROM[1]))\n"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
 

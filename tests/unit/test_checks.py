@@ -21,7 +21,7 @@ def test_outputs_doc_table_is_the_registry():
 
 
 def test_dagster_specs_match_the_registry():
-    graph = d.defs.resolve_asset_graph()
+    graph = d.defs().resolve_asset_graph()
     specs = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
     assert specs == {(c.asset, c.name) for c in checks.CHECKS}
     for a in d.ALL_ASSETS:

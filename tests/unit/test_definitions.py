@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ EXPECTED = DATA / "asset_keys.txt"
 def current_keys() -> list[str]:
     from phantora_assets.definitions import defs
 
-    graph = defs.resolve_asset_graph()
+    graph = defs().resolve_asset_graph()
     keys = [f"asset {k.to_user_string()}" for k in graph.get_all_asset_keys()]
     keys += [f"check {c.asset_key.to_user_string()}:{c.name}" for c in graph.asset_check_keys]
     return sorted(keys)
@@ -102,9 +103,37 @@ def test_every_job_runs_its_steps_in_one_process():
 
     from phantora_assets.definitions import defs
 
-    jobs = [defs.resolve_job_def(n) for n in ("all_runs", "docker_runs", "perf_dbs", "dataset")]
-    jobs.append(defs.resolve_implicit_global_asset_job_def())
-    repo = defs.get_repository_def()
+    loaded = defs()
+    jobs = [loaded.resolve_job_def(n) for n in ("all_runs", "docker_runs", "perf_dbs", "dataset")]
+    jobs.append(loaded.resolve_implicit_global_asset_job_def())
+    repo = loaded.get_repository_def()
     jobs += [repo.get_job(n) for n in repo.job_names if n.startswith("__ASSET_JOB")]
     assert len(jobs) > 5
     assert {j.executor_def.name for j in jobs} == {dg.in_process_executor.name}
+
+
+def test_import_reads_nothing_and_the_loader_names_a_missing_matrix(tmp_path):
+    """Importing the code location reads no file (``@dagster.definitions``): with
+    $PHANTORA_ASSETS_RUN_MATRIX naming a file that does not exist the import succeeds, and only
+    ``defs()`` (what Dagster calls to load it) raises the RunMatrixError naming that file."""
+    missing = tmp_path / "no_such_matrix.toml"
+    code = (
+        "import phantora_assets.definitions as d\n"
+        "print('imported', d._LOADED == [])\n"
+        "from phantora_assets.lib.errors import RunMatrixError\n"
+        "try:\n"
+        "    d.defs()\n"
+        "except RunMatrixError as exc:\n"
+        "    print('RunMatrixError', exc)\n"
+    )
+    env = {
+        **os.environ,
+        "PHANTORA_ASSETS_RUN_MATRIX": str(missing),
+        "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "data"),
+    }
+    env.pop("DAGSTER_HOME", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "imported True"
+    assert lines[1].startswith("RunMatrixError ") and str(missing) in lines[1]
+    assert not (tmp_path / "data").exists()

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .binning import exact_sum
 from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
+from .rule_names import FLOWS_EXIST, RING_BYTES_MATCH, STEADY_STEPS_STABLE, STEPS_MATCH, STEPS_MATCH_RUN_LOG
 from .steps import StepResult
 
 #: How many individual violations a message lists before summarising the rest.
@@ -78,7 +79,7 @@ def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
             f"bytes beyond int64: the {n_net} network flows carry {net_bytes} bytes in total, more than an int64 "
             f"holds ({INT64_LIMIT - 1}), so step and bin sums would wrap."
         )
-        return CheckOutcome("flows_exist", False, desc, observed, expected, msg)
+        return CheckOutcome(FLOWS_EXIST, False, desc, observed, expected, msg)
     if n_net:
         msg = f"{n_net} of {n_total} flows cross the network ({net_bytes} bytes in total)."
     elif n_total:
@@ -88,7 +89,7 @@ def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
         )
     else:
         msg = "No network flow: the trace has no Communication event at all."
-    return CheckOutcome("flows_exist", n_net > 0, desc, observed, expected, msg)
+    return CheckOutcome(FLOWS_EXIST, n_net > 0, desc, observed, expected, msg)
 
 
 # --------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
         per_step[k] = tuple(sorted((tuple(map(str, idx)), int(v)) for idx, v in part.items()))
     if not steady:
         return CheckOutcome(
-            "steps_match",
+            STEPS_MATCH,
             False,
             desc,
             {"steady_steps": 0},
@@ -156,9 +157,9 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
             f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
             f"({sum(ref.values())} flows) on {n_comm} communicators."
         )
-        return CheckOutcome("steps_match", True, desc, observed, expected, msg)
+        return CheckOutcome(STEPS_MATCH, True, desc, observed, expected, msg)
     msg = f"{len(bad_steps)} of {len(steady)} steady steps differ from the others: " + _listing(problems) + "."
-    return CheckOutcome("steps_match", False, desc, observed, expected, msg)
+    return CheckOutcome(STEPS_MATCH, False, desc, observed, expected, msg)
 
 
 # --------------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
     sizes: dict[str, int] = {}
     n_flows = int(len(flows))
     if n_flows == 0:
-        return CheckOutcome("ring_bytes_match", True, desc, {"flows": 0}, {}, "No flow to check.")
+        return CheckOutcome(RING_BYTES_MATCH, True, desc, {"flows": 0}, {}, "No flow to check.")
 
     # dtype size must agree with the dtype name
     dt_expected = flows["dtype"].map(DTYPE_BYTES)
@@ -252,10 +253,10 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
         msg = (
             f"All {n_flows} flows on {observed['communicators']} communicators match the ring rule (group sizes {gs})."
         )
-        return CheckOutcome("ring_bytes_match", True, desc, observed, expected, msg)
+        return CheckOutcome(RING_BYTES_MATCH, True, desc, observed, expected, msg)
     noun = "violation" if len(problems) == 1 else "violations"
     msg = f"{len(problems)} ring-rule {noun}: " + _listing(problems) + "."
-    return CheckOutcome("ring_bytes_match", False, desc, observed, expected, msg)
+    return CheckOutcome(RING_BYTES_MATCH, False, desc, observed, expected, msg)
 
 
 # --------------------------------------------------------------------------------------
@@ -279,7 +280,7 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
     timed = [k for k in step_result.timed_steps if k not in flagged]
     if not steady:
         return CheckOutcome(
-            "steady_steps_stable",
+            STEADY_STEPS_STABLE,
             False,
             desc,
             {"steady_steps": 0},
@@ -322,9 +323,9 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
             f"timed steps stay within {max_dev:.2%} of the median {med:.1f} us "
             f"(tolerance {rel_tol:.1%})."
         )
-        return CheckOutcome("steady_steps_stable", True, desc, observed, expected, msg)
+        return CheckOutcome(STEADY_STEPS_STABLE, True, desc, observed, expected, msg)
     msg = "Steady steps are not stable: " + _listing(problems) + "."
-    return CheckOutcome("steady_steps_stable", False, desc, observed, expected, msg)
+    return CheckOutcome(STEADY_STEPS_STABLE, False, desc, observed, expected, msg)
 
 
 # --------------------------------------------------------------------------------------
@@ -351,7 +352,7 @@ def steps_match_run_log(step_result: StepResult, iteration_s: list[float], preci
     decimals). Passes, saying so, when run.log reports fewer than 3 iterations. This is what
     catches a period that is a multiple (or a fraction) of the true step, e.g. a logging
     all-reduce every 5th step read as a 5-iteration step."""
-    name = "steps_match_run_log"
+    name = STEPS_MATCH_RUN_LOG
     desc = "The steps agree with the iterations run.log reports (count and median time), when it reports them."
     n_log = len(iteration_s)
     if n_log < MIN_LOGGED_ITERATIONS:
