@@ -195,9 +195,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             if unknown:
                 print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
                 return 2
-            return _build(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+            return build_runs(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
     finally:
-        if bin_s is not None:  # _build refreshed this process's code location with --bin-s still set
+        if bin_s is not None:  # build_runs refreshed this process's code location with --bin-s still set
             from phantora_assets.instance.worker import refresh_definitions
 
             refresh_definitions()
@@ -231,7 +231,7 @@ def _status(paths: DataPaths, spec, run, instance) -> str:
     return "FAILED: " + "; ".join(run_step_errors(instance, run.run_id) + failed)[:300]
 
 
-def _build(
+def build_runs(
     data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
 ) -> int:
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets,
@@ -294,7 +294,7 @@ def _build_in(
     jobs: int = 1,
     where: _Where | None = None,
 ) -> int:
-    """:func:`_build` in the build's environment (``_build_env``); ``where`` follows its steps."""
+    """:func:`build_runs` in the build's environment (``_build_env``); ``where`` follows its steps."""
     where = where if where is not None else _Where("build", str(data_dir))
     from phantora_assets import assets as a
     from phantora_assets.definitions import build_defs, seed_run_partitions
@@ -349,7 +349,7 @@ def _build_in(
                 pass
             return _signal_code(e) if isinstance(e, KeyboardInterrupt) else 1
         except Exception as e:
-            if resource_fault(e) is not None:  # the instance's own writes (said by _build)
+            if resource_fault(e) is not None:  # the instance's own writes (said by build_runs)
                 _stop_quietly(runs, "a resource fault", data_dir)
             raise
         finally:

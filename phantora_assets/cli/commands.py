@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phantora_assets.checks import read_checks
-from phantora_assets.cli.build import _build
+from phantora_assets.cli.build import build_runs
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import RecordError
 from phantora_assets.stages.export import run_exclusion
@@ -65,7 +65,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.no_build:
         return 0
     matrix = matrix_for(data_dir)
-    return _build(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
+    return build_runs(data_dir, matrix, [f.spec.run_id for f in found], quiet=args.quiet)
 
 
 def cmd_forget(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from phantora_assets.records import RunLogRecord, SimulationRecord, read_record,
 from phantora_assets.sources import get_source
 from phantora_assets.stages import card, export, links, reconfig
 from phantora_assets.stages.common import WINDOW_S
-from phantora_assets.stages.export import DatasetResult, _dtypes, contract_outcome
+from phantora_assets.stages.export import DatasetResult, contract_outcome, schema_dtypes
 from phantora_assets.stages.flows import read_trace_summary
 
 
@@ -158,7 +158,7 @@ def database_tables() -> list[database.Table]:
     return [
         database.Table(
             "runs",
-            _dtypes(contracts.RUNS),
+            schema_dtypes(contracts.RUNS),
             "run_summary.parquet",
             "One row per run that passed every check (the runs.csv contract).",
             runs_docs,

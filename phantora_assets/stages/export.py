@@ -63,7 +63,8 @@ def contract_outcome(name: str, schema, df: pd.DataFrame) -> Outcome:
     return Outcome(name, True, f"{len(df)} rows satisfy the {schema.name} contract", {"rows": int(len(df))})
 
 
-def _dtypes(schema) -> dict[str, str]:
+def schema_dtypes(schema) -> dict[str, str]:
+    """``{column: dtype name}`` of a pandera DataFrame ``schema`` (the dtypes the CSV is read with)."""
     return {c: str(col.dtype) for c, col in schema.columns.items()}
 
 
@@ -81,7 +82,7 @@ class ExportTable:
 
 
 EXPORT_TABLES: tuple[ExportTable, ...] = (
-    ExportTable("runs", "run_summary", _dtypes(contracts.RUNS), lambda: contracts.RUNS, False, "one row per run"),
+    ExportTable("runs", "run_summary", schema_dtypes(contracts.RUNS), lambda: contracts.RUNS, False, "one row per run"),
     ExportTable(
         "flows_100ms",
         "flows_100ms",
