@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,7 +365,8 @@ def detect_steps(
             communicators that disagree on the number or the timing of steps (``"steps disagree"``), two
             incompatible steps (``"steps ambiguous"``), a period broken inside the run (``"steps irregular"``),
             no steady step left (``"no steady step"``), steps run.log contradicts (``"steps disagree with
-            run.log"``) or that last a whole number of compute periods (``"steps disagree with compute"``).
+            run.log"``, also for an iteration time that is not finite and > 0) or that last a whole number of
+            compute periods (``"steps disagree with compute"``); a flows or compute table without its columns.
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -372,6 +374,16 @@ def detect_steps(
     missing = [c for c in _REQUIRED if c not in flows.columns]
     if missing:
         raise step_error(src, "flows table lacks columns", ", ".join(missing))
+    if compute is not None and (lack := [c for c in ("host", "ts_us", "dur_us") if c not in compute.columns]):
+        raise step_error(src, "compute table lacks columns", ", ".join(lack))
+    if iteration_s is not None:
+        iteration_s = [float(x) for x in iteration_s]
+        if bad := [x for x in iteration_s if not (math.isfinite(x) and x > 0)]:
+            raise step_error(
+                src,
+                "steps disagree with run.log",
+                f"run.log's iteration times must be finite and > 0 s, got {bad[0]!r} ({len(bad)} such)",
+            )
     n_rows = len(flows)
     if n_rows == 0:
         raise step_error(src, "steps never repeat", "no communication flows")

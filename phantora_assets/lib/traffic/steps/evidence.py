@@ -98,14 +98,23 @@ def outliers(steps: pd.DataFrame, timed: list[int], step_us: float, compute: pd.
 
 
 def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> float | None:
-    """The period (us) of the run's Computation events, or None when they show none.
+    """The period (us) of the run's Computation events, or None when they show none (:func:`compute_periods`)."""
+    got = compute_periods(compute, min_repeats)
+    return None if got is None else got[0]
+
+
+def compute_periods(compute: pd.DataFrame | None, min_repeats: int = 2) -> tuple[float, np.ndarray] | None:
+    """The period (us) of the run's Computation events and the start times (us, ascending) of the first
+    host's full periods, or None when they show none.
 
     Each host's events, ordered by (ts_us, dur_us), form a sequence of tokens (its duration;
     durations within ``RULE.compute_token_rel_tol`` of each other, chained, are one token); its period is the
-    one with the longest periodic tail repeating at least ``min_repeats`` times. None when
-    ``compute`` is None or empty, a host read has no period, its periods' durations differ by
-    more than ``RULE.compute_rel_tol`` from their median (with 4 periods or more the first, warm-up, may be
-    longer and is left out), or the hosts' period lengths differ by more than ``RULE.compute_rel_tol``.
+    one with the longest periodic tail repeating at least ``min_repeats`` times; its length is the median
+    of the typical periods, those within ``RULE.compute_rel_tol`` of the median of all (with 4 periods or
+    more the first, warm-up, may be longer and is left out; a longer one, an eval pass or a checkpoint
+    stall, is not typical). None when ``compute`` is None or empty, a host read has no period, its typical
+    periods are no majority or the first is shorter than them, or the hosts' period lengths differ by more
+    than ``RULE.compute_rel_tol``.
     """
     if compute is None or len(compute) == 0:
         return None
@@ -113,6 +122,7 @@ def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> flo
     names = sorted(set(host.tolist()))
     picked = sorted({names[0], names[len(names) // 2], names[-1]}, key=names.index)  # first, middle, last host
     found: list[float] = []
+    first_starts = np.empty(0)
     for h in picked:
         m = host == h
         ts = compute["ts_us"].to_numpy(dtype=np.float64)[m]
@@ -131,13 +141,15 @@ def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> flo
         if len(d) == 0 or float(d[0]) < (1.0 - RULE.compute_rel_tol) * float(np.median(steady)):
             return None
         med = float(np.median(steady))
-        if med <= 0 or float(np.abs(steady - med).max()) > RULE.compute_rel_tol * med:
+        typical = steady[np.abs(steady - med) <= RULE.compute_rel_tol * med]
+        if med <= 0 or 2 * len(typical) <= len(steady):
             return None
-        found.append(med)
+        found.append(float(np.median(typical)))
+        first_starts = starts if len(found) == 1 else first_starts
     lengths = np.array(found)
     if float(lengths.max() - lengths.min()) > RULE.compute_rel_tol * float(lengths.min()):
         return None
-    return found[0]
+    return found[0], first_starts
 
 
 def _duration_tokens(dur: np.ndarray) -> np.ndarray:
@@ -151,12 +163,15 @@ def _duration_tokens(dur: np.ndarray) -> np.ndarray:
 
 def compute_violation(cut: Cut, compute: pd.DataFrame | None) -> str | None:
     """Why the steps of ``cut`` contradict the compute rhythm, or None: they last a whole ``g >= 2`` compute
-    periods (within ``RULE.compute_rel_tol``): the step is set by calls in some iterations only (an occasional
-    collective) or it is ``g`` iterations; the compute rhythm cannot re-cut it (it never coarsens or re-cuts)."""
-    period = compute_period_us(compute)
+    periods (within ``RULE.compute_rel_tol``), or most timed steady steps hold the starts of the same ``g >= 2``
+    compute periods (a longer eval or checkpoint iteration among them): the step is set by calls in some
+    iterations only (an occasional collective) or it is ``g`` iterations; the compute rhythm cannot re-cut it
+    (it never coarsens or re-cuts)."""
+    got = compute_periods(compute)
     step = _timed_median(cut)
-    if period is None or not step > 0:
+    if got is None or not step > 0:
         return None
+    period, starts = got
     ratio = step / period
     g = int(round(ratio))
     if g >= 2 and abs(ratio - g) <= RULE.compute_rel_tol * g:
@@ -164,4 +179,17 @@ def compute_violation(cut: Cut, compute: pd.DataFrame | None) -> str | None:
             f"the communicators' steps ({cut.n_steps} of {step:.3f} us) last {ratio:.2f} compute periods of "
             f"{period:.3f} us: a step of {g} iterations or a collective in some iterations only"
         )
+    lo = cut.first_steady
+    hi = cut.n_complete if cut.n_complete < cut.n_steps else cut.n_steps - 1
+    s0 = cut.steps["start_us"].to_numpy(dtype=np.float64)[lo:hi]
+    s1 = s0 + cut.steps["duration_us"].to_numpy(dtype=np.float64)[lo:hi]
+    held = np.searchsorted(starts, s1, side="left") - np.searchsorted(starts, s0, side="left")
+    inside = (s0 >= starts[0]) & (s1 <= starts[-1])  # steps the host's periods cover from end to end
+    if inside.sum() >= 2:
+        g_held = int(np.median(held[inside]))
+        if g_held >= 2 and 2 * int((held[inside] == g_held).sum()) > int(inside.sum()):
+            return (
+                f"the communicators' steps ({cut.n_steps} of {step:.3f} us) each hold {g_held} compute periods of "
+                f"{period:.3f} us: a step of {g_held} iterations or a collective in some iterations only"
+            )
     return None
