@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from phantora_assets.checks import FITS_IN_MEMORY, MATCHES_WORKLOAD_MODEL, blocking_failures, read_checks
-from phantora_assets.cli.engine import BuildAborted, BuildFault, _Runs, reap_stale_runs, run_step_errors
+from phantora_assets.cli.engine import BuildAborted, BuildFault, BuildRuns, reap_stale_runs, run_step_errors
 from phantora_assets.lib.bins.width import BIN_S_ENV, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.faults import fault_from_text, resource_fault
@@ -319,7 +319,7 @@ def _build_in(
         sel = {n: defs.resolve_assets_def(n).key for n in (*a.RUN_ASSET_NAMES, *a.DATASET_ASSET_NAMES)}
         run_sel = None if plots else {sel[n] for n in a.RUN_ASSET_NAMES if n not in skip}
         data_sel = None if plots else {sel[n] for n in a.DATASET_ASSET_NAMES if n not in skip}
-        runs = _Runs(instance, defs, jobs)
+        runs = BuildRuns(instance, defs, jobs)
         import gc
 
         import phantora_assets.instance.warm  # noqa: F401  (what every run imports, once, before the forks)
@@ -391,7 +391,7 @@ def _finish(paths: DataPaths, specs, done, dataset, instance, report: tuple[floa
     return 1 if failures else 0
 
 
-def _stop_quietly(runs: _Runs, why: str, data_dir: Path) -> None:
+def _stop_quietly(runs: BuildRuns, why: str, data_dir: Path) -> None:
     """Stop the workers on a resource fault; what the full disk refuses (recording the runs as
     cancelled, removing temporary files) is left: the next build closes those runs."""
     with contextlib.suppress(Exception):

@@ -65,7 +65,7 @@ def run_step_errors(instance, run_id: str) -> list[str]:
     return out
 
 
-class _Runs:
+class BuildRuns:
     """The runs of one build on ``instance``: created from ``defs``' jobs, started by a
     ForkRunLauncher, at most ``jobs`` at once."""
 

@@ -233,11 +233,11 @@ def test_the_next_build_closes_the_runs_a_killed_build_left_behind(tmp_path: Pat
 def test_a_build_leaves_the_runs_of_a_build_that_still_runs_alone(tmp_path: Path, monkeypatch) -> None:
     """Two builds on one data root: the second one's start (reap_stale_runs) must not fail the
     first one's run that is created ahead but not launched yet (NOT_STARTED, no worker pid). Here
-    this test process is the first build (its run made by the build's own _Runs.create), a real
+    this test process is the first build (its run made by the build's own BuildRuns.create), a real
     ``phantora-assets build`` the second. Before, the second build marked that run failed. A run
     whose build is gone (a pid that has exited) is still reaped."""
     from phantora_assets.cli.build import HOME_YAML
-    from phantora_assets.cli.engine import _Runs, reap_stale_runs
+    from phantora_assets.cli.engine import BuildRuns, reap_stale_runs
 
     root = tmp_path / "data"
     home = root / "dagster_home"
@@ -248,7 +248,7 @@ def test_a_build_leaves_the_runs_of_a_build_that_still_runs_alone(tmp_path: Path
     import phantora_assets.definitions as d
 
     with _instance(root) as inst:
-        runs = _Runs(inst, d.build_defs(root), 1)
+        runs = BuildRuns(inst, d.build_defs(root), 1)
         ahead = runs.create("perf_dbs", "h100")  # created ahead, not launched: no worker pid tag
         orphan = runs.create("perf_dbs", "h200")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -271,13 +271,13 @@ def test_a_forkserver_worker_takes_the_next_run_then_leaves(tmp_path: Path, monk
     a worker idle past idle_timeout_seconds is not handed a run (a new one is forked). Real runs of
     the perf_dbs job on a real SQLite instance."""
 
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
 
     home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
 
     with dg.DagsterInstance.from_config(str(home)) as inst:
-        runs = _Runs(inst, d.build_defs(data), 1)  # its run creation (code origin, tags) only
+        runs = BuildRuns(inst, d.build_defs(data), 1)  # its run creation (code origin, tags) only
         launcher = ForkRunLauncher(start_method="forkserver", runs_per_worker=2, idle_timeout_seconds=3)
         launcher.register_instance(inst)
 
@@ -302,7 +302,7 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
     partition keys"."""
     from fixtures.run_folders import analytic, megatron_log, write_run_folder
 
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
     from phantora_assets.lib.run.spec import RunSpec
 
     home, data, imports = tmp_path / "home", tmp_path / "data", tmp_path / "imports"
@@ -321,7 +321,8 @@ def test_a_reused_worker_runs_a_partition_added_since_its_last_run(tmp_path: Pat
         launcher.register_instance(inst)
 
         def run_one(partition: str) -> dg.DagsterRun:
-            return _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(data), 1).create("all_runs", partition), 120)
+            run = BuildRuns(inst, d.build_defs(data), 1).create("all_runs", partition)
+            return _launch_to_end(inst, launcher, run, 120)
 
         try:
             first = run_one(FITS)
@@ -341,7 +342,7 @@ def test_a_worker_too_slow_to_acknowledge_never_runs_the_run(tmp_path: Path, mon
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.launcher import LaunchRunContext
 
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
     from phantora_assets.instance import launcher as launcher_mod
 
     monkeypatch.setattr(launcher_mod, "ACK_TIMEOUT_S", 0.5)
@@ -349,7 +350,7 @@ def test_a_worker_too_slow_to_acknowledge_never_runs_the_run(tmp_path: Path, mon
     import phantora_assets.definitions as d
 
     with dg.DagsterInstance.from_config(str(home)) as inst:
-        runs = _Runs(inst, d.build_defs(data), 1)
+        runs = BuildRuns(inst, d.build_defs(data), 1)
         launcher = ForkRunLauncher(start_method="fork", runs_per_worker=4, idle_timeout_seconds=60)
         launcher.register_instance(inst)
 
@@ -402,7 +403,7 @@ def test_a_signal_during_a_fork_is_handled_once_the_worker_is_recorded(tmp_path:
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.launcher import LaunchRunContext
 
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
 
     home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
@@ -418,7 +419,7 @@ def test_a_signal_during_a_fork_is_handled_once_the_worker_is_recorded(tmp_path:
 
     old = signal.signal(signal.SIGTERM, handler)
     with dg.DagsterInstance.from_config(str(home)) as inst:
-        runs = _Runs(inst, d.build_defs(data), 1)
+        runs = BuildRuns(inst, d.build_defs(data), 1)
         launcher = ForkRunLauncher(start_method="fork", runs_per_worker=2)
         launcher.register_instance(inst)
         start = launcher._context().Process.start
@@ -468,9 +469,9 @@ def _launch_to_end(inst: dg.DagsterInstance, launcher: ForkRunLauncher, run: dg.
 
 
 def _reuse_launcher(tmp_path: Path, monkeypatch):
-    """(instance, _Runs for run creation, a fork ForkRunLauncher reusing its workers) on a SQLite
+    """(instance, BuildRuns for run creation, a fork ForkRunLauncher reusing its workers) on a SQLite
     instance with the project's dagster.yaml; the caller disposes of the launcher."""
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
 
     home, data = _project_home(tmp_path, monkeypatch)
     import phantora_assets.definitions as d
@@ -478,7 +479,7 @@ def _reuse_launcher(tmp_path: Path, monkeypatch):
     inst = dg.DagsterInstance.from_config(str(home))
     launcher = ForkRunLauncher(start_method="fork", runs_per_worker=4, idle_timeout_seconds=60)
     launcher.register_instance(inst)
-    return inst, _Runs(inst, d.build_defs(data), 1), launcher
+    return inst, BuildRuns(inst, d.build_defs(data), 1), launcher
 
 
 def _starting(inst: dg.DagsterInstance, run: dg.DagsterRun) -> dg.DagsterRun:
@@ -572,7 +573,7 @@ def test_a_run_sees_the_launchers_environment_as_of_its_launch(
     the data root): the next run, in a reused worker or forked from the forkserver that the first
     launch started, runs with the new value. Before, it ran with the environment of the first
     launch and wrote into the old data root."""
-    from phantora_assets.cli.engine import _Runs
+    from phantora_assets.cli.engine import BuildRuns
 
     home, old, new = tmp_path / "home", tmp_path / "old", tmp_path / "new"
     home.mkdir()
@@ -585,10 +586,11 @@ def test_a_run_sees_the_launchers_environment_as_of_its_launch(
         launcher = ForkRunLauncher(start_method=start_method, runs_per_worker=runs_per_worker)
         launcher.register_instance(inst)
         try:
-            first = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(old), 1).create("perf_dbs", "l40s"), 60)
+            first = _launch_to_end(inst, launcher, BuildRuns(inst, d.build_defs(old), 1).create("perf_dbs", "l40s"), 60)
             _until_idle(launcher, runs_per_worker > 1)
             monkeypatch.setenv("PHANTORA_ASSETS_DATA_DIR", str(new))
-            second = _launch_to_end(inst, launcher, _Runs(inst, d.build_defs(new), 1).create("perf_dbs", "h100"), 60)
+            run = BuildRuns(inst, d.build_defs(new), 1).create("perf_dbs", "h100")
+            second = _launch_to_end(inst, launcher, run, 60)
             assert (first.tags[PID_TAG] == second.tags[PID_TAG]) == (runs_per_worker > 1)
         finally:
             launcher.dispose()

@@ -41,7 +41,7 @@ def _dot(v: np.ndarray, w: np.ndarray) -> int:
     return sum(int(a) * int(b) for a, b in zip(v.tolist(), w.tolist()))
 
 
-class _Apportion:
+class Apportion:
     """Cumulative-floor apportioning of ``total`` bytes over ``[a, a + d)``, ``d > 0``.
 
     ``sent(x) = floor(total * x / d)`` for ``0 <= x <= d`` (ns since ``a``), exact in
@@ -60,8 +60,8 @@ class _Apportion:
             return np.asarray([qq * xx + (rr * xx) // dd for qq, rr, xx, dd in qrxd], dtype=np.int64)
         return self.q * x + (self.r * x) // self.d
 
-    def take(self, keep: np.ndarray) -> _Apportion:
-        out = object.__new__(_Apportion)
+    def take(self, keep: np.ndarray) -> Apportion:
+        out = object.__new__(Apportion)
         out.d, out.q, out.r, out.big = self.d[keep], self.q[keep], self.r[keep], self.big
         return out
 
@@ -165,7 +165,7 @@ def _place_spread(acc, a, d, b, p, w, wp, n_cols, bin_ns, n_bins, window_ns) -> 
     if not sel.any():
         return 0
     a, d, b, p, w, wp, end = a[sel], d[sel], b[sel], p[sel], w[sel], wp[sel], end[sel]
-    app = _Apportion(b, d)
+    app = Apportion(b, d)
     # In-window share, computed directly (not as the sum of the bin parts).
     in_window = b.copy()
     edge = (a < 0) | (end > window_ns)

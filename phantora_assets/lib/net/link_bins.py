@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.bins.place import _Apportion  # the placement's own rules, for the direct count
+from phantora_assets.lib.bins.place import Apportion  # the placement's own rules, for the direct count
 from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
 from phantora_assets.lib.net.fabric import Fabric
 from phantora_assets.lib.net.fabric_bins import fabric_subflows
@@ -372,7 +372,7 @@ def _in_window_bytes(
         f = np.repeat(np.arange(len(n)), n)
         k = np.repeat(r0, n) + (np.arange(len(f)) - np.repeat(np.cumsum(n) - n, n))
         a, dd = starts[k] + o[f], d[f]
-        app = _Apportion(b[f], dd)
+        app = Apportion(b[f], dd)
         share = app.sent(np.clip(window_ns - a, 0, dd)) - app.sent(np.clip(-a, 0, dd))
         np.add.at(per, f, np.asarray(share, dtype=np.int64))
     return per

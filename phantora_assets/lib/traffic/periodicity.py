@@ -82,13 +82,13 @@ def alias_period_s(step_time_s: float, bin_s: float) -> float:
 
 def spectral_peak_hz(series: Sequence[float] | np.ndarray, bin_s: float) -> float:
     """Peak frequency of the mean-removed periodogram of one bin series (NaN if undefined)."""
-    out = _spectral_peaks(np.asarray(series, dtype=np.float64)[None, :], bin_s)
+    out = spectral_peaks(np.asarray(series, dtype=np.float64)[None, :], bin_s)
     return float(out[0])
 
 
 def dominant_period(series: Sequence[float] | np.ndarray, bin_s: float) -> tuple[float, float]:
     """``(dominant_period_s, periodicity)`` of one gap-free bin series (NaNs if undefined)."""
-    p, r = _dominant_periods(np.asarray(series, dtype=np.float64)[None, :], bin_s)
+    p, r = dominant_periods(np.asarray(series, dtype=np.float64)[None, :], bin_s)
     return float(p[0]), float(r[0])
 
 
@@ -96,7 +96,7 @@ def _n_fft(n_bins: int) -> int:
     return 1 << int(np.ceil(np.log2(max(64 * n_bins, 256))))
 
 
-def _spectral_peaks(x: np.ndarray, bin_s: float) -> np.ndarray:
+def spectral_peaks(x: np.ndarray, bin_s: float) -> np.ndarray:
     """Spectral peak (Hz) of each row of ``x`` (rows: windows, columns: bins)."""
     k, n = x.shape
     out = np.full(k, np.nan)
@@ -149,7 +149,7 @@ def _fold_sums(phase: np.ndarray, m: int, z: np.ndarray) -> np.ndarray:
     return out
 
 
-def _dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
+def dominant_periods(x: np.ndarray, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Phase-dispersion minimisation for each row of ``x``: (period_s, periodicity)."""
     k, n = x.shape
     if (g := period_group(n, float(bin_s))) > 1:  # bins under 10 ms: searched in 10 ms sums

@@ -33,8 +33,8 @@ import pandas as pd
 from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, bin_ns, control_bins
 from phantora_assets.lib.traffic.binning import control_matrix
 from phantora_assets.lib.traffic.periodicity import (
-    _dominant_periods,
-    _spectral_peaks,
+    dominant_periods,
+    spectral_peaks,
 )
 
 
@@ -247,8 +247,8 @@ def _windows_of(
     strength = np.full(k, np.nan)
     if complete.any():
         xs = x[complete].astype(np.float64)
-        spectral[complete] = _spectral_peaks(xs, bin_s)
-        period[complete], strength[complete] = _dominant_periods(xs, bin_s)
+        spectral[complete] = spectral_peaks(xs, bin_s)
+        period[complete], strength[complete] = dominant_periods(xs, bin_s)
     return {
         "n_bins": n_present.astype(np.int64),
         "total_bytes": total.astype(np.int64),

@@ -12,7 +12,7 @@ Definitions (documented choices):
 * **Period** of a sequence: among the periods whose periodic tail covers at least ``min_repeats`` (3) full
   periods, the one with the LONGEST tail (its primitive period, by Fine and Wilf); ties to the smallest.
   A sequence whose last call comes in the first half of the run's span is start-up: it never repeats.
-* **Sub-periods** (``cut._primary_periods``): a sequence with more full periods than the fewest (``C``) by
+* **Sub-periods** (``cut.primary_periods``): a sequence with more full periods than the fewest (``C``) by
   more than ``warmup_steps + 1`` takes the one multiple of its period whose count is within that slack of
   ``C``; with several (identical calls: MoE sends, a TP group's all-reduces) its calls are assigned to the
   others' steps by time (``cut.cut_steps``: a call between two steps goes to the earlier one, unless the run's

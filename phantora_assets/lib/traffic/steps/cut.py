@@ -2,7 +2,7 @@
 whose docstring defines calls, periods, sub-periods and steps).
 
 Shapes: a run's flows sorted into sequences (one per ``(comm_id, comm_rank)``) as flat numpy arrays
-(:class:`Calls`); times in microseconds. :func:`_primary_periods` finds each sequence's period
+(:class:`Calls`); times in microseconds. :func:`primary_periods` finds each sequence's period
 (the longest periodic tail, z-function), :func:`cut_steps` numbers the full periods of the anchor
 sequences from the end and assigns the time-assigned ones by the anchors' step starts.
 
@@ -77,7 +77,7 @@ class Calls:
         return self.ts_s[self.call_rows[first + np.arange(q, dtype=np.int64)[None, :]]]
 
 
-def _sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> Calls:
+def call_sequences(flows: pd.DataFrame, p2p_counts: bool = True) -> Calls:
     """The calls of every sequence of ``flows`` (``FLOW_COLUMNS``, at least one row): rows sorted by
     (comm_id, comm_rank, ts_us, flow_id), a broadcast root's same-``ts`` flows of one call merged
     (steps module docstring, "Call"). ``p2p_counts=False``: a send/recv's token leaves its count out
@@ -253,7 +253,7 @@ def cut_steps(  # noqa: PLR0913 (the step detector's state, passed explicitly)
             step_sorted[rows] = _concurrent(cs, rows, step_sorted[rows], a_starts, a_lasts)
             per_step = np.bincount(step_sorted[rows & (step_sorted >= first_steady)], minlength=n_steps)
             period[i] = int(np.median(per_step[first_steady:n_complete]))
-    steps, starts = _step_table(cs, step_sorted, n_steps, first_steady, n_complete)
+    steps, starts = step_table(cs, step_sorted, n_steps, first_steady, n_complete)
 
     # ---- consistency of the cut in time (steady steps) -----------------------------
     ss = pd.DataFrame({"seq": seq_id, "step": step_sorted, "ts": ts_s})
@@ -321,7 +321,7 @@ def _opening_steps(cs: Calls, i: int, a_starts: np.ndarray, a_lasts: np.ndarray,
     return step[cs.call_no[cs.seq_start[i] : cs.seq_end[i]] - g0]
 
 
-def _step_table(
+def step_table(
     cs: Calls, step_sorted: np.ndarray, n_steps: int, first_steady: int, n_complete: int
 ) -> tuple[pd.DataFrame, np.ndarray]:
     """The step table (``STEP_COLUMNS``) of a step for every sorted row (-1: no step), and the
@@ -390,7 +390,7 @@ def _multiple_by_time(cs: Calls, i: int, p: int, ref: int, best: dict[int, int])
     return m if m >= 1 and abs(t_ref / t_i - m) <= 0.1 * m and m * p <= cs.seq_len[i] else None
 
 
-def _primary_periods(
+def primary_periods(
     cs: Calls,
     per: list[Periodicity],
     best: dict[int, int],

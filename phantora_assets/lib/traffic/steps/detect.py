@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,12 +20,12 @@ from phantora_assets.lib.traffic.steps.cut import (
     Calls,
     Cut,
     Periodicity,
-    _primary_periods,
-    _sequences,
-    _step_table,
+    call_sequences,
     cut_steps,
     first_alike,
+    primary_periods,
     step_error,
+    step_table,
 )
 from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation, typical_step_us
 from phantora_assets.lib.traffic.steps.rule import RULE
@@ -145,11 +145,11 @@ def _periods(cs: Calls, min_repeats: int) -> tuple[list[Periodicity], dict[int, 
 def _evidence(flows: pd.DataFrame, min_repeats: int) -> _Evidence:
     """The calls with exact tokens; when a sequence issuing send/recv never repeats, the calls again with
     send/recv counts left out (routing varies them), kept when that leaves fewer sequences that never repeat."""
-    cs = _sequences(flows)
+    cs = call_sequences(flows)
     per, prim = _periods(cs, min_repeats)
     tolerant = False
     if any(cs.seq_p2p[i] and i not in prim for i in range(len(cs.seq_start))):
-        cs2 = _sequences(flows, p2p_counts=False)
+        cs2 = call_sequences(flows, p2p_counts=False)
         per2, prim2 = _periods(cs2, min_repeats)
         if len(prim2) > len(prim):
             cs, per, prim, tolerant = cs2, per2, prim2, True
@@ -163,7 +163,7 @@ def _primitive(ev: _Evidence, warmup_steps: int, src: str) -> Cut | str:
     """Every sequence at its primitive period (or the one multiple matching the others' step count;
     sequences with several are assigned by time), or the violation."""
     try:
-        period, counts, by_time = _primary_periods(ev.cs, ev.per, ev.prim, ev.repeating, warmup_steps, src)
+        period, counts, by_time = primary_periods(ev.cs, ev.per, ev.prim, ev.repeating, warmup_steps, src)
         cut = cut_steps(ev.cs, period, counts, by_time, ev.repeating, warmup_steps, src, relaxed=True)
     except StepDetectionError as err:
         if err.rule != "steps disagree":
@@ -233,7 +233,7 @@ def _steady_calls(ev: _Evidence, cut: Cut, src: str) -> Cut:
         raise step_error(src, "steps irregular", why)
     if first_steady == cut.first_steady:
         return cut
-    steps, starts = _step_table(ev.cs, cut.step_sorted, cut.n_steps, first_steady, cut.n_complete)
+    steps, starts = step_table(ev.cs, cut.step_sorted, cut.n_steps, first_steady, cut.n_complete)
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 

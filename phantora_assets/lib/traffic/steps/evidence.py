@@ -97,12 +97,6 @@ def outliers(steps: pd.DataFrame, timed: list[int], step_us: float, compute: pd.
     return out
 
 
-def compute_period_us(compute: pd.DataFrame | None, min_repeats: int = 2) -> float | None:
-    """The period (us) of the run's Computation events, or None when they show none (:func:`compute_periods`)."""
-    got = compute_periods(compute, min_repeats)
-    return None if got is None else got[0]
-
-
 def compute_periods(compute: pd.DataFrame | None, min_repeats: int = 2) -> tuple[float, np.ndarray] | None:
     """The period (us) of the run's Computation events and the start times (us, ascending) of the first
     host's full periods, or None when they show none.
