@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 
+import phantora_assets.matrix  # noqa: F401 (names the run-matrix file to lib/run/catalog: its tables reach every command)
 from phantora_assets.cli.build import cmd_build
 from phantora_assets.cli.chakra import cmd_chakra
 from phantora_assets.cli.commands import cmd_forget, cmd_import, cmd_runs, cmd_sweep

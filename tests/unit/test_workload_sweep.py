@@ -54,3 +54,44 @@ def test_workload_metadata_of_a_run():
     assert meta["model"] == "Llama3-8B (dense, 4 layers, hidden 4096)"
     assert (meta["parallelism"], meta["framework"], meta["seq_len"]) == ("tp=2,dp=4", "megatron", 1024)
     assert meta["batch"] == "global 4 = micro 1 x dp 4 x 1 micro-batches"
+
+
+_TINY_MATRIX = """
+[workloads.tiny]
+framework = "megatron"
+model = {kind = "dense", layers = 2, hidden = 256, ffn_hidden = 512, heads = 8, kv_heads = 4, vocab = 1024}
+parallel = {tp = 2, pp = 2}
+train = {seq_len = 128, global_batch = 4, iterations = 3}
+
+[[run]]
+workload = "tiny"
+gpu = "h100"
+nodes = 2
+gpus_per_node = 4
+"""
+
+
+def test_sweep_command_sees_the_matrix_files_workloads(tmp_path):
+    """`phantora-assets sweep --workloads NAME` with NAME a [workloads.NAME] of $PHANTORA_ASSETS_RUN_MATRIX
+    (was: "unknown workload(s) ['tiny']", exit 2): tp = 3 does not divide heads = 8, a row `invalid: <rule>`."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(_TINY_MATRIX)
+    out = tmp_path / "sweep.csv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phantora_assets.cli", "sweep", "--layouts", "2x4", "--workloads", "tiny"]
+        + ["--gpu", "h100", "--set", "parallel.tp=3", "--out", str(out), "--quiet"],
+        env={**os.environ, "PHANTORA_ASSETS_RUN_MATRIX": str(matrix)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert rows and all(r["workload"] == "tiny" and r["settings"] == "parallel.tp=3" for r in rows)
+    assert all(r["status"].startswith("invalid: ") and "tp = 3 must divide heads = 8" in r["status"] for r in rows)

@@ -235,6 +235,15 @@ def _choice(value: str, choices: tuple[str, ...], key: str, where: str) -> None:
         raise RunMatrixError(f"{where}: {key} must be one of {' | '.join(choices)}, got {value!r}")
 
 
+#: Fewest iterations a workload may run: the warm-up iteration and a period the communicators repeat
+#: ``RULE.min_repeats`` (3) times. A job whose first iteration issues other calls (ZeRO-3's first gathers,
+#: MoE, CP) needs one more: its run is refused by step detection, loudly, at 3.
+MIN_ITERATIONS = 3
+#: Most elements one tensor (an activation or a weight) of a workload may hold: 2^40 (2 TiB of bf16; the
+#: 405B model's logits at 128 k tokens are 2^34); byte counts of all layers stay within int64.
+MAX_TENSOR_ELEMENTS = 2**40
+
+
 def _positive(d: dict[str, Any], keys: tuple[str, ...], where: str, minimum: int = 1) -> None:
     for k in keys:
         v = d.get(k)
@@ -276,8 +285,8 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
             raise RunMatrixError(f"{mw}: an moe model needs experts >= 1 and 1 <= topk <= experts")
         if md["dense_layers"] >= md["layers"]:
             raise RunMatrixError(f"{mw}: dense_layers = {md['dense_layers']} must be < layers = {md['layers']}")
-        md["moe_ffn_hidden"] = md["moe_ffn_hidden"] or md["ffn_hidden"]
-        _positive(md, ("moe_ffn_hidden",), mw)
+        _positive(md, ("moe_ffn_hidden",), mw)  # unset: ffn_hidden; 0 is refused like every other size
+        md["moe_ffn_hidden"] = md["ffn_hidden"] if md["moe_ffn_hidden"] is None else md["moe_ffn_hidden"]
     else:
         if any(md[k] for k in moe_keys) or md["moe_ffn_hidden"] is not None:
             raise RunMatrixError(f"{mw}: {', '.join(moe_keys)}, moe_ffn_hidden are for kind = 'moe' only")
@@ -313,7 +322,8 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     if fl is not None or ll is not None:
         mid = pp - (fl is not None) - (ll is not None)
         rest = model.layers - (fl or 0) - (ll or 0)
-        if pp < 2 or vs > 1 or min(fl or 1, ll or 1) < 1 or rest < 0 or (rest % mid if mid else rest):
+        set_counts = [n for n in (fl, ll) if n is not None]
+        if pp < 2 or vs > 1 or min(set_counts) < 1 or rest < 0 or (rest % mid if mid else rest):
             raise RunMatrixError(
                 f"{pw}: first_stage_layers / last_stage_layers need pp >= 2, virtual_stages = 1, at least one "
                 f"layer each, and the other {mid} stage(s) to share the remaining layers evenly "
@@ -368,12 +378,23 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):
         raise RunMatrixError(f"{tw}: set exactly one of global_batch and grad_accumulation")
-    if td["iterations"] < 2:
-        raise RunMatrixError(f"{tw}: iterations must be >= 2 (the first is the warm-up step)")
+    if td["iterations"] < MIN_ITERATIONS:
+        raise RunMatrixError(
+            f"{tw}: iterations must be >= {MIN_ITERATIONS} (the first is the warm-up step, and a step is a period "
+            "the communicators repeat 3 times: docs/STEPS.md), got " + str(td["iterations"])
+        )
     if td["seq_len"] % (2 * cp if cp > 1 else 1) or (pd_["sequence_parallel"] and td["seq_len"] % (tp * cp)):
         raise RunMatrixError(
             f"{tw}: seq_len = {td['seq_len']} must be divisible by 2 x cp (load-balanced context parallelism) "
             "and by tp x cp with sequence_parallel"
+        )
+    widest = max(model.hidden, model.ffn_hidden, model.moe_ffn_hidden, model.vocab)
+    largest = max(td["seq_len"] * td["micro_batch"] * widest, model.hidden * max(model.ffn_hidden, model.vocab))
+    if largest > MAX_TENSOR_ELEMENTS:
+        raise RunMatrixError(
+            f"{name}: its largest tensor holds {largest:,} elements, more than 2^40 = {MAX_TENSOR_ELEMENTS:,} "
+            "(seq_len x micro_batch x the widest of hidden / ffn_hidden / vocab, or hidden x ffn_hidden or vocab): "
+            "no GPU holds it, and byte counts of such sizes overflow 64 bits"
         )
     train = TrainSpec(**td)
     raw = json.dumps(table, sort_keys=True)

@@ -91,6 +91,18 @@ BAD = {
         "needs micro-batches per step (3) divisible by pp = 2",
     ),
     "cp_seq": (_with(LLAMA, parallel__cp=2, train__seq_len=4094), 32, "must be divisible by 2 x cp"),
+    "first_stage_layers_zero": (
+        _with(LLAMA, parallel__first_stage_layers=0),
+        16,
+        "first_stage_layers / last_stage_layers need pp >= 2, virtual_stages = 1, at least one layer each",
+    ),
+    "moe_ffn_hidden_zero": (_with(MOE, model__moe_ffn_hidden=0), 16, "moe_ffn_hidden must be >= 1, got 0"),
+    "two_iterations": (_with(LLAMA, train__iterations=2), 16, "iterations must be >= 3 (the first is the warm-up"),
+    "tensor_past_2_40": (
+        _with(LLAMA, model__ffn_hidden=2**31, train__seq_len=2**31),
+        16,
+        "more than 2^40 = 1,099,511,627,776 (seq_len x micro_batch",
+    ),
     "uneven_stages": (
         _with(MOE, parallel__pp=8, parallel__first_stage_layers=5),
         32,
