@@ -61,7 +61,7 @@ from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
-from phantora_assets.lib.sim.timeline import SimulationResult, emit_raw_timeline
+from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
@@ -245,23 +245,9 @@ class AnalyticSimulator:
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
         timeline = None
         if self.emit:
-            timeline = emit_raw_timeline(
-                spec,
-                self._flows_arrays,
-                kind,
-                who,
-                what,
-                iter_of,
-                start,
-                end,
-                flow_first,
-                flow_end,
-                comm_list,
-                list(sim_start),
-                durations,
-                factors,
-                n_sim,
-            )
+            dag = SimulatedDag(kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list)
+            times = IterationTimes(list(sim_start), durations, factors, n_sim)
+            timeline = emit_raw_timeline(spec, self._flows_arrays, dag, times)
         return SimulationResult(
             spec,
             memory,

@@ -1,8 +1,7 @@
 """The analytic simulator's outputs: :class:`SimulationResult` and the raw-timeline assembly.
 
 :func:`emit_raw_timeline` turns the simulated DAG of :class:`~phantora_assets.lib.sim.analytic.
-AnalyticSimulator` (per node: kind 0 compute / 1 collective / 2 barrier, rank or communicator
-index, program item, iteration, start and end in ns; per flow: end time in ns) into Phantora's
+AnalyticSimulator` (a :class:`SimulatedDag`, with its :class:`IterationTimes`) into Phantora's
 event schema, the columns and dtypes of :data:`~phantora_assets.lib.columns.RAW_TIMELINE_COLUMNS`
 (a :class:`RawTimeline`: one iteration's rows at a time, or one DataFrame): one computation event per rank per
 compute item (its ``meta_json`` the Torch record, ``info`` from
@@ -87,30 +86,52 @@ def empty_raw() -> pd.DataFrame:
     return df
 
 
-def emit_raw_timeline(  # noqa: PLR0913 (the simulated DAG's arrays; issue 30 asks for one dataclass)
-    spec: RunSpec,
-    flows_arrays: FlowsArrays,
-    kind,
-    who,
-    what,
-    iter_of,
-    start,
-    end,
-    flow_first,
-    flow_end,
-    comm_list,
-    sim_start,
-    durations,
-    factors,
-    n_sim,
+@dataclass(frozen=True)
+class SimulatedDag:
+    """The simulated DAG of one run, as :class:`~phantora_assets.lib.sim.analytic.AnalyticSimulator`
+    leaves it.
+
+    Attributes:
+        kind: per node, 0 compute, 1 collective, 2 barrier (the end of an iteration).
+        who: per node, the global rank of a compute node, the communicator index of a collective.
+        what: per node, its program item (a ``Compute``, ``Collective``, ``AllToAll`` or ``SendRecv``).
+        iter_of: per node, its iteration.
+        start, end: per node, its start and end (ns, float).
+        flow_first: a collective node -> the id of its first flow (its flows are consecutive ids).
+        flow_end: per flow id, the flow's end (ns, float).
+        comm_list: the communicators, indexed by ``who`` of a collective node.
+    """
+
+    kind: list[int]
+    who: list[int]
+    what: list
+    iter_of: list[int]
+    start: np.ndarray
+    end: np.ndarray
+    flow_first: dict[int, int]
+    flow_end: np.ndarray
+    comm_list: list[Communicator]
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """Per iteration: ``sim_start`` (ns, the simulated ones), ``durations`` (ns, all of them) and the
+    jitter ``factors`` (all of them); ``n_sim`` iterations were simulated, the rest replicate iteration 1."""
+
+    sim_start: list[float]
+    durations: list[float]
+    factors: list[float]
+    n_sim: int
+
+
+def emit_raw_timeline(
+    spec: RunSpec, flows_arrays: FlowsArrays, dag: SimulatedDag, times: IterationTimes
 ) -> RawTimeline:
     """Raw timeline rows of the simulated iterations, then of the replicated steady ones
-    (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1), as a :class:`RawTimeline`.
-
-    ``kind``/``who``/``what``/``iter_of``/``start``/``end`` are per DAG node, ``flow_first``
-    maps a collective node to its first flow id and ``flow_end`` holds every flow's end (ns);
-    ``sim_start`` (ns), ``durations`` (ns) and ``factors`` are per iteration, ``n_sim`` is the
-    number of simulated iterations; ``flows_arrays`` gives a collective's flows."""
+    (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1), as a :class:`RawTimeline`;
+    ``flows_arrays`` gives a collective's flows."""
+    kind, who, what, start, end = dag.kind, dag.who, dag.what, dag.start, dag.end
+    flow_first, flow_end, comm_list, n_sim = dag.flow_first, dag.flow_end, dag.comm_list, times.n_sim
     G = spec.gpus_per_node
     pids = [4000 + 17 * r for r in range(spec.world_size)]
     comm_hex = {c.name: comm_id_bytes(spec.run_id, c.name).hex() for c in comm_list}
@@ -120,7 +141,7 @@ def emit_raw_timeline(  # noqa: PLR0913 (the simulated DAG's arrays; issue 30 as
     # one block of rows per simulated iteration: str/int columns + float times
     blocks = []
     order = np.lexsort((np.arange(len(kind)), start))
-    iter_arr = np.array(iter_of)
+    iter_arr = np.array(dag.iter_of)
     for it in range(n_sim):
         nodes = [int(n) for n in order if iter_arr[n] == it and kind[n] != 2]
         c_rows: dict[str, list] = {
@@ -211,7 +232,7 @@ def emit_raw_timeline(  # noqa: PLR0913 (the simulated DAG's arrays; issue 30 as
                 t0s.append(start[n])
                 t1s.append(max(start[n], flow_end[first + j]))
         blocks.append((c_rows, np.array(t0s), np.array(t1s)))
-    return RawTimeline(blocks, list(sim_start), list(durations), list(factors), n_sim)
+    return RawTimeline(blocks, list(times.sim_start), list(times.durations), list(times.factors), n_sim)
 
 
 #: the string columns of a raw timeline (object arrays) other than ``meta_json``, and its int64 ones
