@@ -27,7 +27,13 @@ from phantora_assets.lib.traffic.steps.cut import (
     step_error,
     step_table,
 )
-from phantora_assets.lib.traffic.steps.evidence import compute_violation, outliers, run_log_violation, typical_step_us
+from phantora_assets.lib.traffic.steps.evidence import (
+    compute_violation,
+    duration_cycle,
+    outliers,
+    run_log_violation,
+    typical_step_us,
+)
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 #: Minimum number of full periods the periodic tail of a sequence must cover.
@@ -237,7 +243,7 @@ def _steady_calls(ev: _Evidence, cut: Cut, src: str) -> Cut:
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 
-def _finer_by_time(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
+def _finer_by_time(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """A step of several periods (``coarse.py``) that a finer partition would satisfy too: the reference
     sequence's steady steps cut into ``g`` parts at its own periods (``g`` a prime dividing its periods a
     step), every call placed by time, and every sequence then issues the same calls in every part of the
@@ -257,7 +263,7 @@ def _finer_by_time(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
         part = np.searchsorted(bounds, call_ts, side="right") - 1
         lo = len(bounds) - (cut.n_steps - cut.first_steady) * g
         hi = min(lo + n * g, len(bounds) - 1)  # the last part ends with the trace: not compared
-        if lo < 0 or hi - lo < 2 * g:
+        if lo < 0 or hi - lo < max(min_repeats, 2):
             continue
         seq = cs.seq_id[cs.call_rows]
         m = (part >= lo) & (part < hi) & np.isin(seq, np.asarray(ev.repeating))
@@ -274,6 +280,28 @@ def _finer_by_time(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
 def _violation(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """The first invariant ``cut`` breaks, or None."""
     return _never_repeats_in_warmup(ev, cut, min_repeats) or _p2p_bytes(ev, cut)
+
+
+def _step_time(durations: np.ndarray, src: str, logged: bool) -> float:
+    """The step time (us) of the timed steady steps' ``durations`` (in step order): their typical steps'
+    median (``typical_step_us``).
+
+    Raises:
+        StepDetectionError: ``"steps irregular"`` when as many are outliers as typical (no step time the
+            evidence states), ``"steps ambiguous"`` when the durations alternate (``duration_cycle``) and no
+            run.log (``logged``: its iterations, which decide, said whether a step is an iteration).
+    """
+    step_time, n_typical = typical_step_us(durations)
+    if 2 * n_typical <= len(durations):
+        raise step_error(
+            src,
+            "steps irregular",
+            f"no typical step: {n_typical} of the {len(durations)} timed steady steps lie within "
+            f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers; the step time is undecidable",
+        )
+    if not logged and (cycle := duration_cycle(durations)) is not None:
+        raise step_error(src, "steps ambiguous", cycle)
+    return step_time
 
 
 # ---- decision -------------------------------------------------------------------------------------
@@ -307,9 +335,9 @@ def _decide(
             raise step_error(
                 src, failed[0], f"{failed[1]}; no step of several periods on every communicator fits either ({coarse})"
             )
-        if (finer := _finer_by_time(ev, coarse)) is not None:
-            raise step_error(src, *finer)
         cut = _aligned(ev, coarse, warmup_steps, src)
+        if (finer := _finer_by_time(ev, coarse, min_repeats) or _finer_by_time(ev, cut, min_repeats)) is not None:
+            raise step_error(src, *finer)
     assert cut is not None
     if iteration_s:
         why = run_log_violation(cut, iteration_s, res_s)
@@ -422,14 +450,7 @@ def detect_steps(
             f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
             "are cut short or differ",
         )
-    step_time, n_typical = typical_step_us(steps["duration_us"].to_numpy()[timed])
-    if 2 * n_typical <= len(timed):  # as many outliers as typical steps: no step time the evidence states
-        raise step_error(
-            src,
-            "steps irregular",
-            f"no typical step: {n_typical} of the {len(timed)} timed steady steps lie within "
-            f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers; the step time is undecidable",
-        )
+    step_time = _step_time(steps["duration_us"].to_numpy()[timed], src, bool(iteration_s))
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}

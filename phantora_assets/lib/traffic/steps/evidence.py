@@ -12,6 +12,13 @@ from phantora_assets.lib.traffic.steps.cut import Cut, Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
+def _typical_low(sorted_d: np.ndarray) -> float:
+    """The low end ``d_k`` of the window ``[d_k, (1 + 2 RULE.outlier_rel_tol) d_k]`` holding the most of the
+    ascending durations ``sorted_d`` (ties: the shortest window, as outliers only lengthen steps)."""
+    inside = np.searchsorted(sorted_d, sorted_d * (1 + 2 * RULE.outlier_rel_tol), side="right")
+    return float(sorted_d[int(np.argmax(inside - np.arange(len(sorted_d))))])
+
+
 def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     """``(step time, number of typical steps)`` of the timed steady steps' ``durations``: the typical ones
     are the most of them within a window of ``2 * RULE.outlier_rel_tol`` above one of them (jitter of up to
@@ -23,13 +30,49 @@ def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     d = np.sort(np.asarray(durations, dtype=np.float64))
     if not len(d):
         return float("nan"), 0
-    tol = RULE.outlier_rel_tol
-    inside = np.searchsorted(d, d * (1 + 2 * tol), side="right") - np.arange(len(d))
-    k = int(np.argmax(inside))  # the window [d_k, (1 + 2 tol) d_k] holding the most (ties: the shortest)
-    typical = d[k : k + int(inside[k])]
+    lo = _typical_low(d)
+    typical = d[(d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))]
     if 2 * len(typical) <= len(d):  # as many outliers as typical steps: no typical step, the median of all
         return float(np.median(d)), len(typical)
     return float(np.median(typical)), len(typical)
+
+
+def duration_cycle(durations: np.ndarray) -> str | None:
+    """Why the timed steady steps' ``durations`` (us, in step order) cycle, or None: for some ``k`` in
+    ``2 .. RULE.cycle_max_k``, with at least ``RULE.cycle_min_per_phase`` typical steps (``typical_step_us``'s
+    window) at each phase ``j`` (steps ``j, j + k, ...``), every step of the shortest phase shorter than every
+    step of the longest, their means apart by ``RULE.cycle_separation`` pooled standard deviations and by
+    ``RULE.cycle_min_share`` of the step time. Such steps are either ``1/k`` of an iteration (a communicator
+    issuing the same calls ``k`` times an iteration: the calls' finest partition, which timing may not
+    coarsen) or iterations of which every ``k``-th is longer (an eval pass within the jitter window): the
+    trace cannot tell them apart, and ``detect_steps`` refuses as ambiguous (without run.log: its iterations
+    decide). Jitter does not cycle; outliers
+    (outside the window) are left out. ``RULE.cycle_max_k = 2``: with ``k = 3`` an eval pass every third
+    iteration (benchmarks/steps_truth.py: 5 decidable runs) would be refused too."""
+    d = np.asarray(durations, dtype=np.float64)
+    if len(d) < 2 * RULE.cycle_min_per_phase:
+        return None
+    lo = _typical_low(np.sort(d))
+    typical = (d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))
+    idx = np.arange(len(d))
+    for k in range(2, RULE.cycle_max_k + 1):
+        phases = [d[(idx % k == j) & typical] for j in range(k)]
+        if min(len(p) for p in phases) < RULE.cycle_min_per_phase:
+            return None
+        means = np.array([p.mean() for p in phases])
+        short, long_ = phases[int(np.argmin(means))], phases[int(np.argmax(means))]
+        resid = np.concatenate([p - p.mean() for p in phases])
+        sd = float(np.sqrt((resid**2).sum() / max(1, len(resid) - k)))
+        gap = float(long_.mean() - short.mean())
+        step = float(np.median(d[typical]))
+        if short.max() < long_.min() and gap >= RULE.cycle_separation * sd and gap >= RULE.cycle_min_share * step:
+            return (
+                f"the steady steps' durations cycle every {k} steps ({short.mean():.3f} us and {long_.mean():.3f} us "
+                f"at phases {int(np.argmin(means))} and {int(np.argmax(means))}, spread {sd:.3f} us): an iteration "
+                f"of {k} steps (calls issued {k} times an iteration) or a longer iteration every {k}th; the trace "
+                "cannot tell them apart"
+            )
+    return None
 
 
 def _timed_median(cut: Cut) -> float:

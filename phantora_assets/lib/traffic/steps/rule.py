@@ -17,7 +17,10 @@ of a step after a call of the next); a communicator rank that never repeats call
 steady step (``steps never repeat``); the steps do not last a whole ``g >= 2`` compute periods
 (``steps disagree with compute``); no period broken inside the run (``steps irregular``); a send/recv
 compared without its count moves bytes within ``p2p_bytes_rel_tol`` of the median steady step; at least
-one timed steady step (``no steady step``); run.log's iterations, when given, agree with the steps.
+one timed steady step (``no steady step``); run.log's iterations, when given, agree with the steps; the
+steady steps' durations do not alternate (``steps ambiguous``: an iteration of two steps, a communicator
+issuing its calls twice an iteration, or a longer iteration every second one; the trace cannot tell;
+run.log, when given, decides).
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ class StepRule:
             steps lasting a whole ``g >= 2`` compute periods within it are refused (``steps disagree with
             compute``: an occasional collective or a ``g``-iteration step).
         compute_token_rel_tol: Computation events whose durations are within this share are one token.
+        cycle_max_k, cycle_min_per_phase, cycle_separation, cycle_min_share: steady steps whose durations
+            cycle every ``k`` steps (``2 <= k <= cycle_max_k``) are refused as ambiguous: at least
+            ``cycle_min_per_phase`` typical steps at each phase, every step of the shortest phase shorter than
+            every step of the longest, their means ``cycle_separation`` pooled standard deviations and
+            ``cycle_min_share`` of the step time apart (``evidence.duration_cycle``).
     """
 
     min_repeats: int = 3
@@ -59,6 +67,10 @@ class StepRule:
     max_repetitions: int = 64
     compute_rel_tol: float = 0.05
     compute_token_rel_tol: float = 0.01
+    cycle_max_k: int = 2
+    cycle_min_per_phase: int = 4
+    cycle_separation: float = 4.0
+    cycle_min_share: float = 0.02
 
 
 RULE = StepRule()

@@ -6,7 +6,7 @@ import dataclasses
 
 import pandas as pd
 import pytest
-from fixtures.step_runs import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run
+from fixtures.step_runs import COMMS, DP_COUNT, NET_BYTES_PER_STEP, FlowBuilder, T, build_run, iteration_lengths
 
 from phantora_assets.lib.traffic.ring import hop_bytes
 from phantora_assets.lib.traffic.steps import detect_steps
@@ -167,8 +167,10 @@ def test_stable_fails_on_ten_percent_slower_step():
 
 
 def test_stable_passes_simulator_jitter():
-    # 4.4 % jitter (the worst published config) passes the 5 % default
-    sr = detect_steps(build_run(jitter=0.044 * T))
+    # 4.4 % jitter (the worst published config) passes the 5 % default; build_run alternates it, which
+    # without the iteration marks the simulator writes (run_log.json) is refused as ambiguous
+    marks = [x / 1e6 for x in iteration_lengths(jitter=0.044 * T)]
+    sr = detect_steps(build_run(jitter=0.044 * T), iteration_s=marks)
     o = steady_steps_stable(sr)
     assert o.passed, o.message
     assert o.observed["max_rel_deviation"] == pytest.approx(0.044)
