@@ -37,6 +37,10 @@ Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399; decid
   grad_accum 300 / 292 / 8 / 0, moe 334 / 334 / 0 / 0); undecidable 1,086: right 285, rotated 669, refused
   116, wrong 16 (outliers as many as the regular iterations: the median of all steps; a finer partition at
   another phase).
+* 4e74197 (alternating steps refused without run.log; a coarse cut's finer partition also at the aligned
+  phase): 1,314 / 1,304 (99.2 %) / 10 / 0, the same per family; undecidable 1,086: right 285, rotated 667,
+  refused 132, wrong 2 (1848: a 4-iteration ramp-up, steps of 2 iterations; 2167: MoE with 3 stragglers of
+  5 timed steps, the step 1.22x).
 """
 
 from __future__ import annotations
