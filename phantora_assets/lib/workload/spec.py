@@ -235,10 +235,14 @@ def _choice(value: str, choices: tuple[str, ...], key: str, where: str) -> None:
         raise RunMatrixError(f"{where}: {key} must be one of {' | '.join(choices)}, got {value!r}")
 
 
-#: Fewest iterations a workload may run: the warm-up iteration and a period the communicators repeat
-#: ``RULE.min_repeats`` (3) times. A job whose first iteration issues other calls (ZeRO-3's first gathers,
-#: MoE, CP) needs one more: its run is refused by step detection, loudly, at 3.
+#: Fewest iterations a workload may run: a period the communicators repeat ``RULE.min_repeats`` (3) times
+#: (the first iteration, the warm-up, issues the steady calls after the init broadcasts). A job whose first
+#: iteration issues other calls needs one more, :data:`MIN_ITERATIONS_OTHER_FIRST`: DeepSpeed ZeRO-3, whose
+#: first iteration has no recorded parameter trace (no prefetch, every parameter gathered again in backward:
+#: ``lib/sim/workloads.py`` ``_zero3_step``); tests/unit/lib/workload/test_first_iteration.py derives which
+#: jobs those are from the generator's programs.
 MIN_ITERATIONS = 3
+MIN_ITERATIONS_OTHER_FIRST = 4
 #: Most elements one tensor (an activation or a weight) of a workload may hold: 2^40 (2 TiB of bf16; the
 #: 405B model's logits at 128 k tokens are 2^34); byte counts of all layers stay within int64.
 MAX_TENSOR_ELEMENTS = 2**40
@@ -380,8 +384,14 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         raise RunMatrixError(f"{tw}: set exactly one of global_batch and grad_accumulation")
     if td["iterations"] < MIN_ITERATIONS:
         raise RunMatrixError(
-            f"{tw}: iterations must be >= {MIN_ITERATIONS} (the first is the warm-up step, and a step is a period "
-            "the communicators repeat 3 times: docs/STEPS.md), got " + str(td["iterations"])
+            f"{tw}: iterations must be >= {MIN_ITERATIONS} (a step is a period the communicators repeat 3 times: "
+            "docs/STEPS.md), got " + str(td["iterations"])
+        )
+    if fw == "deepspeed" and pd_["zero"] == 3 and td["iterations"] < MIN_ITERATIONS_OTHER_FIRST:
+        raise RunMatrixError(
+            f"{tw}: iterations must be >= {MIN_ITERATIONS_OTHER_FIRST} for DeepSpeed ZeRO-3 (its first iteration, "
+            "with no recorded parameter trace, issues other gathers; 3 steady ones make a step: docs/STEPS.md), got "
+            + str(td["iterations"])
         )
     if td["seq_len"] % (2 * cp if cp > 1 else 1) or (pd_["sequence_parallel"] and td["seq_len"] % (tp * cp)):
         raise RunMatrixError(

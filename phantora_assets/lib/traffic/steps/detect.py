@@ -243,6 +243,16 @@ def _steady_calls(ev: _Evidence, cut: Cut, src: str) -> Cut:
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 
+def _logged_end(ev: _Evidence, cut: Cut, iteration_s: list[float]) -> Cut:
+    """``cut`` with its last step complete when run.log's iterations are its steps (as many): the trace then
+    ends with the job's last iteration, so a time-assigned sequence's last step is not cut short by the
+    trace's end (``cut_steps`` assumes it is, without run.log). ``_steady_calls`` still compares its calls."""
+    if not (cut.by_time and cut.n_complete == cut.n_steps - 1 and cut.n_steps == len(iteration_s)):
+        return cut
+    steps, starts = step_table(ev.cs, cut.step_sorted, cut.n_steps, cut.first_steady, cut.n_steps)
+    return dataclasses.replace(cut, n_complete=cut.n_steps, steps=steps, starts=starts)
+
+
 def _finer_by_time(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """A step of several periods (``coarse.py``) that a finer partition would satisfy too: the reference
     sequence's steady steps cut into ``g`` parts at its own periods (``g`` a prime dividing its periods a
@@ -353,6 +363,8 @@ def _decide(
                 detail = f"{why[0]}; steps of {g} times as many calls: {reason}"
                 raise step_error(src, "steps disagree with run.log", detail)
             cut = _aligned(ev, coarser, warmup_steps, src)
+    if iteration_s:
+        cut = _logged_end(ev, cut, iteration_s)
     cut = _steady_calls(ev, cut, src)
     if (bad := _violation(ev, cut, min_repeats)) is not None:
         raise step_error(src, *bad)

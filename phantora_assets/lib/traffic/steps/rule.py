@@ -5,7 +5,8 @@ the same sequence of calls (op, count, dtype, communicator) in every steady step
 
 **Evidence, in order of strength.** (1) Explicit iteration boundaries decide: a Kineto run's
 ``ProfilerStep#N`` spans (``lib/kineto/step_spans.py``, upstream of this package) and run.log's iteration
-records (``iteration_s``: their count and median time select the candidate). (2) The communicators' own
+records (``iteration_s``: their count and median time select the candidate; as many as the steps, they say
+the trace ends with the job's last iteration, so no step is taken as cut short by its end). (2) The communicators' own
 periods give the candidates: each communicator rank's primitive period, then steps of several periods on
 every communicator, finest first. (3) The compute rhythm and the gaps between steps never coarsen or re-cut a step the
 communicators repeat exactly: they say why a step is an outlier, and steps lasting a whole number of compute

@@ -97,7 +97,20 @@ BAD = {
         "first_stage_layers / last_stage_layers need pp >= 2, virtual_stages = 1, at least one layer each",
     ),
     "moe_ffn_hidden_zero": (_with(MOE, model__moe_ffn_hidden=0), 16, "moe_ffn_hidden must be >= 1, got 0"),
-    "two_iterations": (_with(LLAMA, train__iterations=2), 16, "iterations must be >= 3 (the first is the warm-up"),
+    "two_iterations": (_with(LLAMA, train__iterations=2), 16, "iterations must be >= 3 (a step is a period"),
+    "deepspeed_zero3_three_iterations": (
+        _with(
+            LLAMA,
+            framework="deepspeed",
+            parallel__tp=1,
+            parallel__pp=1,
+            parallel__zero=3,
+            parallel__sequence_parallel=False,
+            train__iterations=3,
+        ),
+        16,
+        "iterations must be >= 4 for DeepSpeed ZeRO-3 (its first iteration",
+    ),
     "tensor_past_2_40": (
         _with(LLAMA, model__ffn_hidden=2**31, train__seq_len=2**31),
         16,
