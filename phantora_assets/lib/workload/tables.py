@@ -133,7 +133,12 @@ def _check_ep(spec: Any, entry: str) -> None:
     elif ep is None:
         return
     elif not _is_int(ep):
-        raise RunMatrixError(f"{entry}: ep must be an integer, {got_repr(ep)}")
+        hint = (
+            " (ep = \"dp\", the expert mesh, is the workload's parallel.ep: leave the entry's ep out)"
+            if ep == "dp"
+            else ""
+        )
+        raise RunMatrixError(f"{entry}: ep must be an integer{hint}, {got_repr(ep)}")
     elif not moe:
         raise RunMatrixError(f"{entry}: ep is only allowed for an MoE workload (expert_parallel in presets.toml)")
     elif not 1 <= ep <= mesh or mesh % ep or experts % ep:

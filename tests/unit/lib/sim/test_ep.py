@@ -26,6 +26,10 @@ EP_RULES = {
     "float": (_moe(extra="ep = 8.0\n"), "ep must be an integer, got 8.0 (float)"),
     "boolean": (_moe(extra="ep = true\n"), "ep must be an integer, got true (boolean)"),
     "string": (_moe(extra='ep = "8"\n'), "ep must be an integer, got '8' (string)"),
+    "dp_string": (
+        _moe(extra='ep = "dp"\n'),
+        'ep must be an integer (ep = "dp", the expert mesh, is the workload\'s parallel.ep',
+    ),
     "zero": (_moe(extra="ep = 0\n"), "W2 needs ep from 1 to 16 dividing the GPU count and num_moe_experts=8, got 0"),
     "above_world": (
         _moe(nodes=1, gpn=4, extra="ep = 8\n"),
