@@ -38,40 +38,36 @@ def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
 
 
 def duration_cycle(durations: np.ndarray) -> str | None:
-    """Why the timed steady steps' ``durations`` (us, in step order) cycle, or None: for some ``k`` in
-    ``2 .. RULE.cycle_max_k``, with at least ``RULE.cycle_min_per_phase`` typical steps (``typical_step_us``'s
-    window) at each phase ``j`` (steps ``j, j + k, ...``), every step of the shortest phase shorter than every
-    step of the longest, their means apart by ``RULE.cycle_separation`` pooled standard deviations and by
-    ``RULE.cycle_min_share`` of the step time. Such steps are either ``1/k`` of an iteration (a communicator
-    issuing the same calls ``k`` times an iteration: the calls' finest partition, which timing may not
-    coarsen) or iterations of which every ``k``-th is longer (an eval pass within the jitter window): the
-    trace cannot tell them apart, and ``detect_steps`` refuses as ambiguous (without run.log: its iterations
-    decide). Jitter does not cycle; outliers
-    (outside the window) are left out. ``RULE.cycle_max_k = 2``: with ``k = 3`` an eval pass every third
-    iteration (benchmarks/steps_truth.py: 5 decidable runs) would be refused too."""
+    """Why the timed steady steps' ``durations`` (us, in step order) alternate short, long, or None: at least
+    ``RULE.cycle_min_per_phase`` steps at each parity, every step of the shorter parity shorter than every
+    step of the longer, their medians ``RULE.cycle_separation`` spreads (1.4826 x the pooled median absolute
+    deviation from each parity's median) and ``RULE.cycle_min_share`` of the median step apart. Such steps are
+    either half an iteration (a communicator issuing the same calls twice an iteration: the calls' finest
+    partition, which timing may not coarsen) or iterations of which every second is longer (an eval pass): the
+    trace cannot tell them apart, and ``detect_steps`` refuses as ambiguous (unless run.log decides). Jitter
+    does not alternate; a checkpoint or straggler among the shorter steps breaks the separation (then nothing
+    is said: the rule refuses only what it sees)."""
     d = np.asarray(durations, dtype=np.float64)
     if len(d) < 2 * RULE.cycle_min_per_phase:
         return None
     lo = _typical_low(np.sort(d))
     typical = (d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))
-    idx = np.arange(len(d))
-    for k in range(2, RULE.cycle_max_k + 1):
-        phases = [d[(idx % k == j) & typical] for j in range(k)]
-        if min(len(p) for p in phases) < RULE.cycle_min_per_phase:
-            return None
-        means = np.array([p.mean() for p in phases])
-        short, long_ = phases[int(np.argmin(means))], phases[int(np.argmax(means))]
-        resid = np.concatenate([p - p.mean() for p in phases])
-        sd = float(np.sqrt((resid**2).sum() / max(1, len(resid) - k)))
-        gap = float(long_.mean() - short.mean())
-        step = float(np.median(d[typical]))
-        if short.max() < long_.min() and gap >= RULE.cycle_separation * sd and gap >= RULE.cycle_min_share * step:
-            return (
-                f"the steady steps' durations cycle every {k} steps ({short.mean():.3f} us and {long_.mean():.3f} us "
-                f"at phases {int(np.argmin(means))} and {int(np.argmax(means))}, spread {sd:.3f} us): an iteration "
-                f"of {k} steps (calls issued {k} times an iteration) or a longer iteration every {k}th; the trace "
-                "cannot tell them apart"
-            )
+    parities = []
+    for j in (0, 1):
+        p, t = d[j::2], typical[j::2]
+        parities.append((p[t] if 2 * int(t.sum()) > len(t) else p, j))  # sporadic outliers aside
+    (short, _), (long_, _) = sorted(parities, key=lambda pj: float(np.median(pj[0])))
+    if min(len(short), len(long_)) < RULE.cycle_min_per_phase or short.max() >= long_.min():
+        return None
+    m_s, m_l = float(np.median(short)), float(np.median(long_))
+    spread = 1.4826 * float(np.median(np.abs(np.concatenate([short - m_s, long_ - m_l]))))
+    gap = m_l - m_s
+    if gap >= RULE.cycle_separation * spread and gap >= RULE.cycle_min_share * float(np.median(d)):
+        return (
+            f"the timed steady steps' durations alternate ({m_s:.3f} us and {m_l:.3f} us, medians of every second "
+            f"one, spread {spread:.3f} us): an iteration of 2 steps (calls issued twice an iteration) or a longer "
+            "iteration every second one; the trace cannot tell them apart"
+        )
     return None
 
 

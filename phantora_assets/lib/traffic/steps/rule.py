@@ -5,12 +5,12 @@ the same sequence of calls (op, count, dtype, communicator) in every steady step
 
 **Evidence, in order of strength.** (1) Explicit iteration boundaries decide: a Kineto run's
 ``ProfilerStep#N`` spans (``lib/kineto/step_spans.py``, upstream of this package) and run.log's iteration
-records (``iteration_s``: their count and median time select the candidate; as many as the steps, they say
-the trace ends with the job's last iteration, so no step is taken as cut short by its end). (2) The communicators' own
-periods give the candidates: each communicator rank's primitive period, then steps of several periods on
-every communicator, finest first. (3) The compute rhythm and the gaps between steps never coarsen or re-cut a step the
-communicators repeat exactly: they say why a step is an outlier, and steps lasting a whole number of compute
-periods are refused.
+records (``iteration_s``: their count and median time select the candidate; as many as the steps, they say the
+trace ends with the job's last iteration: a 3-iteration job's last step is whole, its second steady step). (2)
+The communicators' own periods give the candidates: each communicator rank's primitive period, then steps of
+several periods on every communicator, finest first. (3) The compute rhythm and the gaps between steps never
+coarsen or re-cut a step the communicators repeat exactly: they say why a step is an outlier, and steps
+lasting a whole number of compute periods are refused.
 
 **Invariants** (each a function of a candidate returning a violation or None; ``detect._decide`` applies them):
 the communicators agree on the number of steps (``steps disagree``); the steps are ordered in time (no call
@@ -52,11 +52,10 @@ class StepRule:
             steps lasting a whole ``g >= 2`` compute periods within it are refused (``steps disagree with
             compute``: an occasional collective or a ``g``-iteration step).
         compute_token_rel_tol: Computation events whose durations are within this share are one token.
-        cycle_max_k, cycle_min_per_phase, cycle_separation, cycle_min_share: steady steps whose durations
-            cycle every ``k`` steps (``2 <= k <= cycle_max_k``) are refused as ambiguous: at least
-            ``cycle_min_per_phase`` typical steps at each phase, every step of the shortest phase shorter than
-            every step of the longest, their means ``cycle_separation`` pooled standard deviations and
-            ``cycle_min_share`` of the step time apart (``evidence.duration_cycle``).
+        cycle_min_per_phase, cycle_separation, cycle_min_share: steady steps alternating short, long are
+            refused as ambiguous: at least ``cycle_min_per_phase`` steps at each parity, every step of the
+            shorter parity shorter than every step of the longer, their medians ``cycle_separation`` robust
+            spreads and ``cycle_min_share`` of the step time apart (``evidence.duration_cycle``).
     """
 
     min_repeats: int = 3
@@ -68,8 +67,7 @@ class StepRule:
     max_repetitions: int = 64
     compute_rel_tol: float = 0.05
     compute_token_rel_tol: float = 0.01
-    cycle_max_k: int = 2
-    cycle_min_per_phase: int = 4
+    cycle_min_per_phase: int = 6
     cycle_separation: float = 4.0
     cycle_min_share: float = 0.02
 
