@@ -41,8 +41,9 @@ Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399; decid
   phase): 1,314 / 1,304 (99.2 %) / 10 / 0, the same per family; undecidable 1,086: right 285, rotated 667,
   refused 132, wrong 2 (1848: a 4-iteration ramp-up, steps of 2 iterations; 2167: MoE with 3 stragglers of
   5 timed steps, the step 1.22x).
-* 7759a7f (run.log as many as the steps: the last step is not cut): the same decidable; undecidable: right
-  285, rotated 650, refused 149 (17 rotated runs now refused, 'steps irregular'), wrong 2.
+* bbeefc9 (alternation over every second step, 6 of each; run.log decides where given): the same decidable;
+  undecidable: right 285, rotated 667, refused 132, wrong 2. Seeds 5000-7399: 1,334 / 1,317 (98.7 %) / 15 / 2
+  (5164, 6446: wrong at c660e43 too); undecidable 1,066: right 275, rotated 652, refused 139, wrong 0.
 """
 
 from __future__ import annotations
