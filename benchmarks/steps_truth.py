@@ -43,7 +43,7 @@ Measured (``python benchmarks/steps_truth.py``, 2,400 runs, seeds 0..2399; decid
   5 timed steps, the step 1.22x).
 * bbeefc9 (alternation over every second step, 6 of each; run.log decides where given): the same decidable;
   undecidable: right 285, rotated 667, refused 132, wrong 2. Seeds 5000-7399: 1,334 / 1,317 (98.7 %) / 15 / 2
-  (5164, 6446: wrong at c660e43 too); undecidable 1,066: right 275, rotated 652, refused 139, wrong 0.
+  (5164, 6446: wrong at c660e43 too); undecidable 1,066: right 275, rotated 667, refused 124, wrong 0.
 """
 
 from __future__ import annotations
