@@ -31,6 +31,7 @@ from phantora_assets.lib.traffic.steps.evidence import (
     compute_violation,
     duration_cycle,
     outliers,
+    run_log_decides,
     run_log_violation,
     typical_step_us,
 )
@@ -243,11 +244,6 @@ def _steady_calls(ev: _Evidence, cut: Cut, src: str) -> Cut:
     return dataclasses.replace(cut, first_steady=first_steady, steps=steps, starts=starts)
 
 
-def _logged(iteration_s: list[float] | None) -> bool:
-    """run.log's iterations decide (``run_log_violation``: 3 or more; fewer tell nothing)."""
-    return iteration_s is not None and len(iteration_s) >= 3
-
-
 def _logged_end(ev: _Evidence, cut: Cut, iteration_s: list[float]) -> Cut:
     """``cut`` with its last step steady when run.log's iterations are its steps (as many: the trace ends with
     the job's last iteration, so a time-assigned sequence's last step, which ``cut_steps`` takes as cut short
@@ -358,7 +354,7 @@ def _decide(
                 src, failed[0], f"{failed[1]}; no step of several periods on every communicator fits either ({coarse})"
             )
         cut = _aligned(ev, coarse, warmup_steps, src)
-        if not _logged(iteration_s) and (
+        if not run_log_decides(iteration_s) and (
             finer := _finer_by_time(ev, coarse, min_repeats) or _finer_by_time(ev, cut, min_repeats)
         ):
             raise step_error(src, *finer)
@@ -377,7 +373,7 @@ def _decide(
                 detail = f"{why[0]}; steps of {g} times as many calls: {reason}"
                 raise step_error(src, "steps disagree with run.log", detail)
             cut = _aligned(ev, coarser, warmup_steps, src)
-    if iteration_s and _logged(iteration_s):
+    if run_log_decides(iteration_s):
         cut = _logged_end(ev, cut, iteration_s)
     cut = _steady_calls(ev, cut, src)
     if (bad := _violation(ev, cut, min_repeats)) is not None:
@@ -476,7 +472,7 @@ def detect_steps(
             f"one steady step (step {steady_steps[0]}): no second one shows its calls repeat; the steps after it "
             "are cut short or differ",
         )
-    step_time = _step_time(steps["duration_us"].to_numpy()[timed], src, _logged(iteration_s))
+    step_time = _step_time(steps["duration_us"].to_numpy()[timed], src, run_log_decides(iteration_s))
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady_steps])
     net_per_step = int(net_steady[(len(net_steady) - 1) // 2])
     periods: dict[str, int] = {}

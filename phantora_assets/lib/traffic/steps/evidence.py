@@ -5,6 +5,8 @@ outlier step is longer. Times in microseconds; no Dagster import.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import numpy as np
 import pandas as pd
 
@@ -12,11 +14,19 @@ from phantora_assets.lib.traffic.steps.cut import Cut, Periodicity
 from phantora_assets.lib.traffic.steps.rule import RULE
 
 
-def _typical_low(sorted_d: np.ndarray) -> float:
-    """The low end ``d_k`` of the window ``[d_k, (1 + 2 RULE.outlier_rel_tol) d_k]`` holding the most of the
-    ascending durations ``sorted_d`` (ties: the shortest window, as outliers only lengthen steps)."""
-    inside = np.searchsorted(sorted_d, sorted_d * (1 + 2 * RULE.outlier_rel_tol), side="right")
-    return float(sorted_d[int(np.argmax(inside - np.arange(len(sorted_d))))])
+def _typical(d: np.ndarray) -> np.ndarray:
+    """Which of the durations ``d`` (any order, not empty) are typical: those in the window ``[d_k, (1 + 2
+    RULE.outlier_rel_tol) d_k]`` holding the most of them (ties: the shortest window, as outliers only
+    lengthen steps). Boolean, shape like ``d``."""
+    srt = np.sort(d)
+    inside = np.searchsorted(srt, srt * (1 + 2 * RULE.outlier_rel_tol), side="right") - np.arange(len(srt))
+    lo = float(srt[int(np.argmax(inside))])
+    return (d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))
+
+
+def run_log_decides(iteration_s: list[float] | None) -> TypeGuard[list[float]]:
+    """run.log's iterations decide (``run_log_violation`` compares them): 3 or more; fewer tell nothing."""
+    return iteration_s is not None and len(iteration_s) >= 3
 
 
 def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
@@ -30,8 +40,7 @@ def typical_step_us(durations: np.ndarray) -> tuple[float, int]:
     d = np.sort(np.asarray(durations, dtype=np.float64))
     if not len(d):
         return float("nan"), 0
-    lo = _typical_low(d)
-    typical = d[(d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))]
+    typical = d[_typical(d)]
     if 2 * len(typical) <= len(d):  # as many outliers as typical steps: no typical step, the median of all
         return float(np.median(d)), len(typical)
     return float(np.median(typical)), len(typical)
@@ -50,8 +59,7 @@ def duration_cycle(durations: np.ndarray) -> str | None:
     d = np.asarray(durations, dtype=np.float64)
     if len(d) < 2 * RULE.cycle_min_per_phase:
         return None
-    lo = _typical_low(np.sort(d))
-    typical = (d >= lo) & (d <= lo * (1 + 2 * RULE.outlier_rel_tol))
+    typical = _typical(d)
     parities = []
     for j in (0, 1):
         p, t = d[j::2], typical[j::2]
@@ -84,7 +92,7 @@ def run_log_violation(cut: Cut, iteration_s: list[float], resolution_s: float = 
     steps as iterations (up to ``RULE.log_missing_steps`` fewer) and the median step within
     ``RULE.log_rel_tol`` of the median iteration plus ``resolution_s`` (a log that prints two decimals:
     0.01 s). None with fewer than 3 iterations (nothing to tell)."""
-    if len(iteration_s) < 3:
+    if not run_log_decides(iteration_s):
         return None
     med_us = float(np.median(np.asarray(iteration_s[1:], dtype=float))) * 1e6
     step_us = _timed_median(cut)
