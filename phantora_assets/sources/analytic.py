@@ -3,6 +3,7 @@
 raw_timeline -> partitions/<run_id>/raw_timeline.parquet, simulation.json, run_log.json;
                 run folder run.log and config/{netconfig,run}.toml
 chrome_trace -> run folder timeline.json.gz (written from raw_timeline.parquet)
+flow_tables  -> validated_flows' input, read from raw_timeline.parquet (the Chrome trace is an output)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import msgspec
 from phantora_assets.checks import FITS_IN_MEMORY, PERFDB_COMPLETE, reset_checks
 from phantora_assets.lib.phantora import chrome_trace as ct
 from phantora_assets.lib.phantora.netconfig import NoPhantoraTopology, dumps_netconfig, netconfig_for
+from phantora_assets.lib.phantora.raw_tables import read_raw_timeline
 from phantora_assets.lib.phantora.run_log import RunLog
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import simulate
@@ -180,6 +182,12 @@ def model_flops_per_step(spec: RunSpec) -> float:
 def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:
     """The ``raw_timeline`` of an analytic run (:func:`simulate_run`)."""
     return simulate_run(spec, paths, ctx.perfdb_status)
+
+
+def flow_tables(spec: RunSpec, paths: DataPaths) -> ct.ParsedTrace:
+    """The run's flows and compute read from its raw timeline table (``lib/phantora/raw_tables.py``):
+    what its Chrome trace parses to, without parsing it (``validated_flows``' input)."""
+    return read_raw_timeline(paths.table(spec.run_id, "raw_timeline"), compute_events=True)
 
 
 def chrome_trace(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:

@@ -5,8 +5,8 @@ of the graph shares: the raw timeline (``raw_timeline`` asset: whatever the sour
 copies, plus ``run.log``, ``config/`` and, for a run that fits, ``partitions/<run_id>/run_log.json``
 and the source's own records) and the Chrome
 trace ``timeline.json.gz`` in the Phantora visualizer schema (``chrome_trace`` asset). Everything
-downstream reads only the Chrome trace and the sidecar records, so every source gives the same
-schema.
+downstream reads the run's flows and compute as tables (the source's ``flow_tables``, else its
+Chrome trace parsed) and the sidecar records, so every source gives the same schema.
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ class Source(Protocol):
     ``run_fields(spec, paths) -> dict`` (the descriptive ``runs.csv`` columns: workload, framework,
     model, parallelism, gpu) and ``profiler_steps(paths, spec) -> (starts_us, last_end_us) | None``
     (step markers of the trace; ``validated_flows`` then cuts steps at them, ``lib/kineto/step_spans.py``).
+    Optional, for a source that holds the run as tables: ``flow_tables(spec, paths) -> ParsedTrace``
+    (``lib/phantora/chrome_trace.ParsedTrace``: flows, compute summary, compute events), which
+    ``validated_flows`` reads instead of parsing the Chrome trace (the analytic source: its raw
+    timeline, ``lib/phantora/raw_tables.py``); the Chrome trace is then an output only.
     Optional, for sources of a registered folder (``import``, ``kineto``, ``chakra``): ``input_files(folder)
     -> names`` (the files its build reads; the run's fingerprint covers their size and mtime,
     ``stages/simulation.source_files``) and ``check_inputs(spec, paths)`` (raises when the folder

@@ -38,6 +38,21 @@ from phantora_assets.sources import get_source
 from phantora_assets.stages.common import CONTROL_BYTES_PER_S, WINDOW_S, jsonable, release_memory
 
 
+def read_input(spec: RunSpec, paths: DataPaths, trace_path: Path | None = None) -> chrome_trace.ParsedTrace:
+    """The run's flows and compute as tables: the source's own (``flow_tables(spec, paths)``: the analytic
+    simulator's raw timeline, ``lib/phantora/raw_tables.py``, equal to what its Chrome JSON parses to), else
+    its Chrome trace parsed (``trace_path``, default the run folder's ``timeline.json.gz``), with every
+    Computation event.
+
+    Raises:
+        TraceFormatError: the input breaks a rule of the trace format (names the file and the rule).
+    """
+    tables = getattr(get_source(spec.source), "flow_tables", None) if trace_path is None else None
+    if tables is not None:
+        return tables(spec, paths)
+    return chrome_trace.read_trace(trace_path or paths.chrome_trace(spec), compute_events=True)
+
+
 def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome:
     """A trace rule's outcome; a failed one's message starts with the trace file."""
     meta = {f"observed_{k}": v for k, v in o.observed.items()}
@@ -47,7 +62,8 @@ def _outcome(o: trace_checks.CheckOutcome, trace: Path | None = None) -> Outcome
 
 
 def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = None) -> StageResult:
-    """Parse the Chrome JSON, detect steps, run the four trace rules.
+    """Read the run's flows (:func:`read_input`: the source's tables, else its Chrome JSON), detect steps,
+    run the four trace rules.
 
     Writes ``flows.parquet`` (network flows, src_node != dst_node, with ``step``),
     ``steps.parquet``, ``step_flows.parquet`` (the chosen steady step's network flows, the
@@ -62,8 +78,8 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
             and the rule); nothing is written.
     """
     reset_checks(paths.run_folder(spec), "validated_flows")
-    src = trace_path or paths.chrome_trace(spec)
-    parsed = chrome_trace.read_trace(src, compute_events=True)
+    parsed = read_input(spec, paths, trace_path)
+    src = parsed.path
     flows = parsed.flows
     release_memory()  # the decoder's batches: the step detector's temporaries come on top of what is left
     _refuse_flows_longer_than_the_window(flows, src)

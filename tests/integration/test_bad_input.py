@@ -124,6 +124,15 @@ def root(upstream: Path, tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.fixture()
+def chrome_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """validated_flows reads A's Chrome trace, as it does for every source without tables of its own (imported
+    Phantora folders): the analytic source's ``flow_tables`` (its raw timeline, read instead) is taken away."""
+    from phantora_assets.sources import analytic
+
+    monkeypatch.delattr(analytic, "flow_tables")
+
+
 def _trace(root: Path) -> Path:
     return DataPaths(root).chrome_trace(RUNS_BY_ID[A])
 
@@ -198,6 +207,7 @@ ERROR_CASES: dict[str, tuple[Callable[[list[dict], bytes], bytes], str]] = {
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
+@pytest.mark.usefixtures("chrome_input")
 def test_bad_trace_fails_its_partition_only(root: Path, case: str) -> None:
     make, rule = ERROR_CASES[case]
     trace = _trace(root)
@@ -215,6 +225,27 @@ def test_bad_trace_fails_its_partition_only(root: Path, case: str) -> None:
     _no_temp_files(root)
     checks = read_checks(DataPaths(root).run_folder(RUNS_BY_ID[A]))
     assert all(checks[c]["status"] == "not evaluated" for c in TRACE_CHECKS)  # out of the dataset
+    _other_partition_materializes(root)
+
+
+def test_bad_raw_timeline_fails_its_partition_only(root: Path) -> None:
+    """An analytic run's validated_flows reads its raw timeline table (issue 37): a row breaking the trace format
+    there fails the partition naming the table and the rule, and leaves A's outputs as they were."""
+    table = DataPaths(root).table(A, "raw_timeline")
+    raw = pd.read_parquet(table)
+    i = int((raw["kind"] == "communication").to_numpy().argmax())
+    raw.loc[i, "end_ns"] = raw.loc[i, "start_ns"] - 1
+    raw.to_parquet(table, index=False)
+    pdir = root / "partitions" / A
+    before = _files(pdir)
+
+    res = _materialize(root, A, [validated_flows])
+
+    assert not res.success
+    text = _error_text(res)
+    assert str(table) in text and "negative duration" in text, text
+    assert _files(pdir) == before
+    _no_temp_files(root)
     _other_partition_materializes(root)
 
 
@@ -243,6 +274,7 @@ CHECK_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CHECK_CASES))
+@pytest.mark.usefixtures("chrome_input")
 def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str) -> None:
     """A trace that parses but breaks a trace rule materializes validated_flows with the failed
     blocking check (in checks.txt, naming the trace file), writes no data file, and nothing
