@@ -29,6 +29,7 @@ duration``, ``unknown NCCL op``, ``unknown dtype``, ``bad host name``, ``negativ
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +156,7 @@ def read_raw_timeline(path: str | Path, *, compute_events: bool = False):  # -> 
 def _check_rows(path: Path, col: dict[str, np.ndarray], known: np.ndarray, kinds: list[str]) -> None:
     """The row rules the Chrome reader applies to the events the writer would print."""
 
-    def fail(bad: np.ndarray, rule: str, what: str) -> None:
+    def fail(bad: np.ndarray, rule: str, what: Callable[[int], str]) -> None:
         if bad.any():
             i = int(np.argmax(bad))
             raise TraceFormatError(path, rule, f"event {int(col['event_id'][i])}: {what(i)}")
