@@ -207,8 +207,7 @@ ERROR_CASES: dict[str, tuple[Callable[[list[dict], bytes], bytes], str]] = {
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
-@pytest.mark.usefixtures("chrome_input")
-def test_bad_trace_fails_its_partition_only(root: Path, case: str) -> None:
+def test_bad_trace_fails_its_partition_only(root: Path, case: str, chrome_input: None) -> None:
     make, rule = ERROR_CASES[case]
     trace = _trace(root)
     trace.write_bytes(make(_events(root), trace.read_bytes()))
@@ -274,8 +273,7 @@ CHECK_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CHECK_CASES))
-@pytest.mark.usefixtures("chrome_input")
-def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str) -> None:
+def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str, chrome_input: None) -> None:
     """A trace that parses but breaks a trace rule materializes validated_flows with the failed
     blocking check (in checks.txt, naming the trace file), writes no data file, and nothing
     downstream runs."""
