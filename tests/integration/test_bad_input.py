@@ -124,8 +124,7 @@ def root(upstream: Path, tmp_path: Path) -> Path:
     return dst
 
 
-@pytest.fixture()
-def chrome_input(monkeypatch: pytest.MonkeyPatch) -> None:
+def _read_the_chrome_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     """validated_flows reads A's Chrome trace, as it does for every source without tables of its own (imported
     Phantora folders): the analytic source's ``flow_tables`` (its raw timeline, read instead) is taken away."""
     from phantora_assets.sources import analytic
@@ -207,7 +206,8 @@ ERROR_CASES: dict[str, tuple[Callable[[list[dict], bytes], bytes], str]] = {
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
-def test_bad_trace_fails_its_partition_only(root: Path, case: str, chrome_input: None) -> None:
+def test_bad_trace_fails_its_partition_only(root: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _read_the_chrome_trace(monkeypatch)
     make, rule = ERROR_CASES[case]
     trace = _trace(root)
     trace.write_bytes(make(_events(root), trace.read_bytes()))
@@ -273,10 +273,11 @@ CHECK_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CHECK_CASES))
-def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str, chrome_input: None) -> None:
+def test_broken_trace_rule_is_a_failed_blocking_check(root: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trace that parses but breaks a trace rule materializes validated_flows with the failed
     blocking check (in checks.txt, naming the trace file), writes no data file, and nothing
     downstream runs."""
+    _read_the_chrome_trace(monkeypatch)
     mutate, check = CHECK_CASES[case]
     trace = _trace(root)
     events = _events(root)
