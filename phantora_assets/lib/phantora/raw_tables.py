@@ -94,7 +94,7 @@ def read_raw_timeline(path: str | Path, *, compute_events: bool = False):  # -> 
     from phantora_assets.lib.phantora.chrome_trace import ParsedTrace, comm_id_of
 
     path = Path(path)
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(path, read_dictionary=list(_STRINGS))  # strings as codes, never one text a row
     if missing := [c for c in _COLUMNS if c not in pf.schema_arrow.names]:
         raise TraceFormatError(path, "missing column", f"the raw timeline lacks {missing}")
     codes = {c: _Codes() for c in _STRINGS}
