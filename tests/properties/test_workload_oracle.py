@@ -220,9 +220,12 @@ def megatron_specs(draw):
 
 @st.composite
 def torchtitan_specs(draw):
-    tp = draw(st.sampled_from([1, 2, 4]))
-    dp = draw(st.sampled_from([1, 2, 4, 8]))
-    pp = draw(st.sampled_from([1, 1, 2, 4]))
+    # torchtitan's DDP (zero 0) is 1-D: the schema refuses it with tp, pp or cp > 1 (as torchtitan)
+    ddp = draw(st.sampled_from([False, False, False, True]))
+    tp = 1 if ddp else draw(st.sampled_from([1, 2, 4]))
+    cp = 1 if ddp else draw(st.sampled_from([1, 1, 2, 4]))
+    dp = draw(st.sampled_from([2, 4, 8] if ddp else [1, 2, 4, 8] if cp == 1 else [1, 2]))
+    pp = 1 if ddp else draw(st.sampled_from([1, 1, 2, 4] if cp < 4 else [1, 2]))
     schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"])) if pp > 1 else "1f1b"
     v = 2 if schedule == "interleaved" else 1
     heads = tp * draw(st.sampled_from([1, 2, 4]))
@@ -235,8 +238,9 @@ def torchtitan_specs(draw):
         "kv_heads": tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0])),
         "vocab": tp * draw(st.integers(200, 1200)),
     }
-    par = {"tp": tp, "dp": dp, "zero": draw(st.sampled_from([2, 3]))}
-    par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
+    par = {"tp": tp, "dp": dp, "cp": cp, "zero": 0 if ddp else draw(st.sampled_from([2, 3]))}
+    if not ddp:
+        par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
     if pp > 1:
         par |= {"pp": pp, "pp_schedule": schedule} | ({"virtual_stages": v} if v > 1 else {})
     if tp > 1:
@@ -247,7 +251,7 @@ def torchtitan_specs(draw):
         "grad_accumulation": pp * draw(st.sampled_from([1, 2])) if pp > 1 else draw(st.sampled_from([1, 2])),
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
     }
-    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp
+    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp * cp
 
 
 @st.composite
@@ -293,9 +297,12 @@ def test_oracle_placement_is_a_partition(case):
     by_kind: dict[str, Counter] = {}
     for (group, ranks), calls in pred.calls.items():
         assert calls and all(0 <= r < gpus for r in ranks)
-        if group in ("pp", "cp"):
-            assert len(ranks) == 2 and ranks[0] != ranks[1]
-        elif group in ("tp", "ep"):
+        sends = sum(c.op == "send_recv" for c in calls)
+        if sends:  # a point-to-point pair (pp, a cp ring hop)
+            assert group in ("pp", "cp") and len(ranks) == 2 and ranks[0] != ranks[1]
+        # collectives: torchtitan's CP all-gathers K and V over the cp mesh (at cp = 2 the group's
+        # key is also the hop 0 -> 1's)
+        if sends < len(calls) and group in ("tp", "ep", "cp"):
             by_kind.setdefault(group, Counter()).update(ranks)
     for group, seen in by_kind.items():
         assert set(seen.values()) == {1}, f"a rank is in two {group} groups"
@@ -569,3 +576,56 @@ def test_megatron_expert_grads_etp_below_tp():
     table = _small("megatron", par, {"grad_accumulation": 1}, **moe)
     table["model"]["heads"] = table["model"]["kv_heads"] = 8
     assert_matches_oracle(table, 4, 4, pinned=PINNED_RULES)
+
+
+def test_torchtitan_cp_exchanges_kv():
+    """Rule torchtitan.cp_ring_allgather (fixed): CP all-gathers K / V and sends dK / dV per block."""
+    # torch _context_parallel/_attention.py with torchtitan's default rotate method "allgather":
+    # forward one all-gather of the packed local K and V ([b, kv_heads, s/cp, d] each, bf16); backward
+    # the same all-gather, then cp sends of the fp32 dK / dV accumulator to the next cp rank
+    # (dkv_rotater = _AllToAllRotater: permute_tensor to rank + 1). Was: no cp traffic at all, the
+    # bytes of a plain DP = 2 job. Here tp 1, cp 2, dp 2 on 4 GPUs: cp groups (0, 1), (2, 3), the
+    # FSDP mesh dp_shard x cp = all four ranks; 2 blocks, 2 micro-batches.
+    kvp = 2 * 1 * (512 // 2) * 4 * 64
+    for recompute, gathers in (("none", 2), ("selective", 2), ("full", 3)):  # full AC reruns the forward
+        table = _small("torchtitan", {"dp": 2, "cp": 2, "zero": 3}, {"grad_accumulation": 2, "recompute": recompute})
+        got = {comm: Counter(calls) for comm, calls in generated(table, 4, 4).items() if comm[0] == "cp"}
+        blocks = 2 * 2
+        assert got == _cp_expected(kvp, gathers * blocks, 2 * blocks)
+        assert_matches_oracle(table, 4, 4)
+    # gradients stay on the FSDP mesh dp_shard x cp
+    assert ("dp", (0, 1, 2, 3)) in generated(table, 4, 4)
+    # with TP and PP the exchange is per TP rank and stage, of the TP-local heads
+    par = {"tp": 2, "dp": 1, "cp": 4, "zero": 2, "pp": 2, "sequence_parallel": True}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2, "recompute": "full"}), 16, 8)
+
+
+def _cp_expected(kvp: int, gathers: int, sends: int) -> dict:
+    ag = Counter({Call("all_gather", kvp, "bf16"): gathers})
+    out: dict = {("cp", (0, 1)): ag + Counter({Call("send_recv", kvp, "fp32"): sends})}
+    # ("cp", (0, 1)) names both the all-gather group and the 0 -> 1 hop: one communicator key
+    out[("cp", (2, 3))] = ag + Counter({Call("send_recv", kvp, "fp32"): sends})
+    out[("cp", (1, 0))] = Counter({Call("send_recv", kvp, "fp32"): sends})
+    out[("cp", (3, 2))] = Counter({Call("send_recv", kvp, "fp32"): sends})
+    return out
+
+
+def test_torchtitan_ddp_reduces_every_micro_batch():
+    """Rule torchtitan.ddp_every_micro_batch (fixed): DDP all-reduces at every backward."""
+    # torchtitan train_step runs forward_backward_step (loss.backward()) per micro-batch, no no_sync:
+    # torch DDP's reducer all-reduces every bucket each time. Was: once a step. 2 blocks of
+    # 4 x 65,536 + 3 x 131,072 + 2 x 256 = 655,872, embedding and output 262,144 each, norm 256:
+    # 1,836,288 fp32 elements a backward. Buckets (gradients ready from the output layer back;
+    # 1 MiB first, then torchtitan's bucket_cap_mb = 100): the output alone (262,144 x 4 bytes =
+    # 1 MiB), then the remaining 1,574,144.
+    table = _small("torchtitan", {"dp": 4, "zero": 0}, {"grad_accumulation": 3})
+    got = generated(table, 4, 4)
+    assert list(got) == [("dp", (0, 1, 2, 3))]
+    assert Counter(got[("dp", (0, 1, 2, 3))]) == Counter(
+        {Call("all_reduce", 262_144, "fp32"): 3, Call("all_reduce", 1_574_144, "fp32"): 3}
+    )
+    assert_matches_oracle(table, 4, 4)
+    # DDP's gradients are plain tensors: clip_grad_norm_ issues no collective (no DTensor full_tensor())
+    col = _collectives()
+    spec = col.run_spec_of(table, nodes=1, gpus_per_node=4, gpu="h100", name="ddp")
+    assert not [c for c in col.step_collectives(spec, warmup=False) if c.tag.startswith("grad_norm")]

@@ -121,7 +121,9 @@ class HfOps(OptimizerOps):
     @memo
     def hf_attention(self, phase: str, gpt_oss: bool = False) -> list[Kernel]:
         """input RMSNorm, q/k/v/o projections, RoPE, eager attention (softmax in fp32 for Llama;
-        bf16 with attention sinks for gpt-oss), residual add."""
+        bf16 with attention sinks for gpt-oss), residual add. Fused attention with torchtitan's
+        context parallelism (ring attention, load-balanced) is cp calls of [s/cp]^2 causal FLOP each
+        (as Megatron's ``megatron_attention``)."""
         s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
         q, kv = nh * d, nkv * d
         sc = T(B16, 1, nh, s, s)
@@ -133,7 +135,7 @@ class HfOps(OptimizerOps):
             if self.flash:
                 return (
                     out
-                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs, "sdpa")]
+                    + [flash_attention(self.seq, self.seq, nh, nkv, d, "fwd", self.mbs, "sdpa")] * self.cp
                     + self._hf_lin_fwd(q, h, gpt_oss)
                     + [r2_kernel("Add", res)]
                 )
@@ -148,7 +150,8 @@ class HfOps(OptimizerOps):
         out = [r2_kernel("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
         core = [bmm_kernel((nh, s, d), (nh, d, s)), bmm_kernel((nh, s, s), (nh, s, d))]
         if self.flash:
-            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")]
+            # torchtitan CP (torch ring attention, load-balanced): cp blocks of [s/cp]^2 causal FLOP
+            core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")] * self.cp
         elif gpt_oss:
             sk = T(B16, 1, nh, s, s + 1)
             core += [

@@ -366,6 +366,16 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         raise RunMatrixError(
             f"{pw}: torchtitan has zero = 0 (replicate: DDP), 2 (FSDP2, reshard_after_forward=False) or 3 (FSDP2)"
         )
+    if fw == "torchtitan" and pd_["zero"] == 0 and (tp, pp, cp) != (1, 1, 1):
+        # torchtitan models/llama3/infra/parallelize.py (238fa99, the last with apply_ddp): with
+        # cp > 1 it applies FSDP over dp_shard x cp (ParallelDims.fsdp_enabled = dp_shard_enabled
+        # or cp_enabled), never DDP; DDP on a larger world raises "DDP has not supported > 1D
+        # parallelism" (world_size != the dp_replicate mesh's size)
+        raise RunMatrixError(
+            f"{pw}: torchtitan's DDP (zero = 0, apply_ddp) is 1-D data parallelism only: with tp > 1 or "
+            "pp > 1 torchtitan raises 'DDP has not supported > 1D parallelism', with cp > 1 it applies "
+            f"FSDP over dp_shard x cp; got tp = {tp}, pp = {pp}, cp = {cp} (use zero = 2 or 3)"
+        )
     if pd_["dp_replicate"] > 1 and not (fw == "torchtitan" and pd_["zero"] >= 2):
         raise RunMatrixError(f"{pw}: dp_replicate (HSDP) is for torchtitan with zero = 2 or 3")
     if fw == "torchtitan" and model.kind == "moe":
@@ -378,6 +388,12 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     _choice(td["attention"], ("flash", "eager"), "attention", tw)
     if td["compile"] and fw != "torchtitan":
         raise RunMatrixError(f"{tw}: compile (torchtitan's compile.enable, torch.compile per block) is torchtitan's")
+    if fw == "torchtitan" and cp > 1 and td["attention"] != "flash":
+        raise RunMatrixError(
+            f"{tw}: torchtitan's context parallelism runs SDPA's flash / efficient kernels only (torch "
+            "_context_parallel _sdpa_handler: 'CP only supports flash attention and memory efficient "
+            "attention'): attention must be 'flash' with cp > 1"
+        )
     _choice(td["dtype"], DTYPES, "dtype", tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):

@@ -1,4 +1,4 @@
-"""The TorchTitan step program of one pipeline stage (FSDP2 / DDP, TP, PP).
+"""The TorchTitan step program of one pipeline stage (FSDP2 / DDP, TP, PP, CP).
 
 :func:`torchtitan_step` builds the items one rank of a pipeline stage issues per step (rules in
 its docstring and docs/WORKLOADS.md); ``self`` is the run's
@@ -10,9 +10,31 @@ from __future__ import annotations
 from phantora_assets.lib.sim.kernels import Kernel, fuse_pointwise
 from phantora_assets.lib.sim.torch_ops import torch_ops
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
-from phantora_assets.lib.sim.workload_types import Collective, Item, compute
+from phantora_assets.lib.sim.workload_types import Collective, Item, SendRecv, compute
 from phantora_assets.lib.workload.megatron import p2p
 from phantora_assets.lib.workload.pipeline import schedule
+
+#: torch DDP's bucket caps in bytes: the first bucket ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), the
+#: others torchtitan's ``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)`` (apply_ddp)
+DDP_FIRST_BUCKET_BYTES = 2**20
+DDP_BUCKET_BYTES = 100 * 2**20
+
+
+def ddp_buckets(sizes: list[int], elem_bytes: int = 4) -> list[int]:
+    """Element counts of torch DDP's gradient buckets (``Reducer``, ``compute_bucket_assignment_by_size``):
+    ``sizes`` (elements per parameter) in the order their gradients become ready; a bucket closes
+    once it holds >= its cap (the first ``DDP_FIRST_BUCKET_BYTES``, the rest ``DDP_BUCKET_BYTES``)."""
+    out: list[int] = []
+    n = 0
+    for k in sizes:
+        n += k
+        cap = DDP_FIRST_BUCKET_BYTES if not out else DDP_BUCKET_BYTES
+        if n * elem_bytes >= cap:
+            out.append(n)
+            n = 0
+    if n:
+        out.append(n)
+    return out
 
 
 def sac_recompute(block_fwd: list[Kernel]) -> list[Kernel]:
@@ -41,8 +63,15 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     prefetch) and, with zero = 3, again before its backward; in the step's last micro-batch
     its gradients are reduce-scattered in fp32 (``reduce_dtype=float32``) after its backward
     and, with HSDP (dp_replicate > 1), all-reduced over dp_replicate; the root unit is
-    gathered once per micro-batch and reduced after the whole backward. zero = 0: DDP, fp32
-    gradient all-reduce in 25 MiB buckets after the last backward. TP (``tp > 1``) follows
+    gathered once per micro-batch and reduced after the whole backward. zero = 0: DDP
+    (``replicate``, 1-D only: the schema refuses it with tp, pp or cp), fp32 gradient all-reduce
+    in torch DDP's buckets (1 MiB first, then 100 MiB) after every micro-batch's backward
+    (torchtitan's train_step runs ``backward()`` per micro-batch, no ``no_sync``). CP (``cp > 1``,
+    torch ``_context_parallel`` ring attention, torchtitan's default rotate method "allgather"):
+    per block and micro-batch an all-gather of the packed local K and V (bf16) over cp in forward
+    (again in a full-AC recompute; per-op SAC saves the SDPA output), in backward the same
+    all-gather and cp sends of the fp32 dK / dV accumulator to the next cp rank (the dKV rotater
+    is all-to-all: ``permute_tensor``, one peer). TP (``tp > 1``) follows
     torchtitan's plan, always sequence parallel: all-gather before and reduce-scatter after
     attention and feed-forward, a reduce-scatter after the embedding, an all-gather before the
     output layer, loss_parallel's three fp32 all-reduces; backward: the transposes (an
@@ -60,6 +89,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
     reshard = par.zero == 3
     n = len(self.comms["dp"][0].ranks)  # FSDP mesh: dp_shard x cp
     hsdp = "dp_rep" in self.comms
+    cp_n = par.cp if "cp" in self.comms else 1
+    # K and V as SDPA gets them (torchtitan GQA without repeats: kv_heads / tp heads of [mbs, seq / cp, d])
+    kv = 2 * s * (self.kv_heads // self.spec.tp) * self.head_dim
     full_ac = self.spec.wl.train.recompute == "full"
     sac = self.spec.wl.train.recompute == "selective"
     items: list[Item] = []
@@ -82,6 +114,21 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 items.append(Collective("tp", "all_gather", s * h // self.spec.tp, "Bf16", tag))
             else:
                 items.append(Collective("tp", "reduce_scatter", s * h // self.spec.tp, "Bf16", tag))
+
+    def cp_kv(tag: str) -> None:
+        """torch ``_templated_ring_attention`` (``_AllGatherRotater``): K and V flattened into one
+        buffer, all-gathered once over the cp mesh (the rotater's only collective)."""
+        if cp_n > 1:
+            items.append(Collective("cp", "all_gather", kv, "Bf16", tag))
+
+    def cp_dkv(i: int) -> None:
+        """torch ``_templated_ring_attention_backward``: ``dkv_rotater`` is ``_AllToAllRotater``
+        (``permute_tensor`` to rank + 1, an all-to-all with one non-empty split: a send), called at
+        each of the cp steps; the accumulator is fp32 (``convert_to_f32``)."""
+        if cp_n > 1:
+            pairs = tuple((k, (k + 1) % cp_n) for k in range(cp_n))
+            for step in range(cp_n):
+                items.append(SendRecv("cp", pairs, kv, "F32", f"layers.{i}.attention.bwd.cp_dkv{step}"))
 
     units: dict[str, int] = {}
     for p in self.stage_params(stage):
@@ -140,6 +187,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 gather(f"layers.{layers[k + 1]}", "fwd", mb)
             wait(f"layers.{i}", "fwd", mb)
             tp_c("ag", f"layers.{i}.attention.fwd.all_gather")
+            cp_kv(f"layers.{i}.attention.fwd.cp_all_gather")
             comp(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd"))
             tp_c("rs", f"layers.{i}.attention.fwd.reduce_scatter")
             tp_c("ag", f"layers.{i}.mlp.fwd.all_gather")
@@ -169,6 +217,7 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
                 wait(f"layers.{i}", "bwd", mb)
             if full_ac:  # checkpointed block: its forward, TP redistributes included, runs again
                 tp_c("ag", f"layers.{i}.attention.recompute.all_gather")
+                cp_kv(f"layers.{i}.attention.recompute.cp_all_gather")
                 comp(f"layers.{i}.attention.recompute", "bwd", ops.hf_attention("fwd"))
                 tp_c("rs", f"layers.{i}.attention.recompute.reduce_scatter")
                 tp_c("ag", f"layers.{i}.mlp.recompute.all_gather")
@@ -187,7 +236,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
             comp(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd"))
             tp_c("rs", f"layers.{i}.mlp.bwd.reduce_scatter")
             tp_c("ag", f"layers.{i}.attention.bwd.all_gather")
+            cp_kv(f"layers.{i}.attention.bwd.cp_all_gather")
             comp(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd"))
+            cp_dkv(i)
             tp_c("rs", f"layers.{i}.attention.bwd.reduce_scatter")
             if sync:
                 reduce(f"layers.{i}")
@@ -198,6 +249,23 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
             comp("embedding.bwd", "bwd", ops.hw_embedding("bwd"))
         if sync and pp == 1:
             reduce("root")  # no PP: every backward reduce-scatters (gradient sync stays on)
+        if ddp:
+            ddp_all_reduce(mb)
+
+    local = sum(self.local_numel(p) for p in self.stage_params(stage))
+    ddp = not fsdp and len(self.comms["dp"][0].ranks) > 1
+    # DDP's buckets, gradients in the order they become ready (the parameters reversed: the output
+    # layer's first); DDP is 1-D here (the schema), so a rank holds every parameter whole
+    buckets = ddp_buckets([self.local_numel(p) for p in reversed(self.stage_params(stage))]) if ddp else []
+
+    def ddp_all_reduce(mb: int) -> None:
+        """torch DDP (``replicate``): every backward all-reduces every bucket (fp32: torchtitan keeps
+        fp32 parameters under DDP, mixed precision is autocast); the next compute waits for them
+        (the reducer's ``finalize_backward``)."""
+        for b, cnt in enumerate(buckets):
+            tag = f"ddp.mb{mb}.bucket{b}.all_reduce"
+            items.append(Collective("dp", "all_reduce", cnt, "F32", tag, blocking=False))
+            pending.append(tag)
 
     plan = schedule(par.pp_schedule, pp, stage, par.micro_batches, vs)
     last_b = max(mb for ph, mb, _ in plan if ph == "B")
@@ -210,17 +278,9 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         p2p(self, items, stage, phase, mb, v, "send")
     if pp > 1:
         reduce("root")
-    local = sum(self.local_numel(p) for p in self.stage_params(stage))
-    if not fsdp and len(self.comms["dp"][0].ranks) > 1:  # DDP: fp32 buckets of 25 MiB
-        bucket, left, b = 25 * 2**20 // 4, local, 0
-        while left > 0:
-            cnt = min(bucket, left)
-            tag = f"ddp.bucket{b}.all_reduce"
-            items.append(Collective("dp", "all_reduce", cnt, "F32", tag, blocking=False))
-            rs_tags.append(tag)
-            left, b = left - cnt, b + 1
     pending.extend(rs_tags)
-    items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm.dp"))
+    if fsdp:  # the norm of DTensor gradients: full_tensor(); DDP's are plain tensors, reduced already
+        items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm.dp"))
     if tp_on:
         items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
     if pp > 1:

@@ -38,6 +38,7 @@ JOBS = {
         {"tp": 2, "pp": 2, "dp": "rest", "cp": 2, "zero": 3, "sequence_parallel": True},
     ),
     "torchtitan-hsdp": ("torchtitan", DENSE, {"dp": "rest", "zero": 3, "dp_replicate": 2}),
+    "torchtitan-ddp": ("torchtitan", DENSE, {"dp": "rest", "zero": 0}),
 }
 
 

@@ -200,3 +200,19 @@ def test_a_trace_over_the_event_bound_is_refused_before_simulating():
     with pytest.raises(RunMatrixError, match="refused before simulating; lower train.iterations"):
         AnalyticSimulator(spec).run()
     assert trace_events_per_step(spec) * 20 > MAX_TRACE_EVENTS
+
+
+def test_torchtitan_cp_attention_flop_are_a_cp_share_of_the_sequence():
+    # torch's ring attention (load-balanced, _templated_ring_attention) runs cp SDPA calls per block
+    # on a rank: the local causal [s/cp]^2 block, then cp - 1 blocks of half the queries or half the
+    # keys, unmasked: cp x 2 (s/cp)^2 d h FLOP forward, a 1/cp share of the sequence's 2 s^2 d h
+    # (as Megatron's megatron_attention). Was: one [s/cp]^2 block, a 1/cp^2 share.
+    def flash_flop(cp: int) -> float:
+        t = _t("torchtitan", tp=1, pp=1, dp=1, cp=cp, zero=3)
+        t["train"] = {"seq_len": 1024, "micro_batch": 1, "grad_accumulation": 1, "iterations": 3}
+        program = WorkloadModel(run_spec_of(t, 1, cp, "h100", f"cp{cp}")).stage_programs(False)[0]
+        return sum(k.flops for it in program for k in getattr(it, "kernels", ()) if k.op == "FlashAttention")
+
+    s, d, h, layers = 1024, 64, 16, 8
+    assert flash_flop(1) == layers * 2 * s * s * d * h
+    assert flash_flop(2) == flash_flop(1) / 2

@@ -116,6 +116,36 @@ BAD = {
         16,
         "more than 2^40 = 1,099,511,627,776 (seq_len x micro_batch",
     ),
+    # torchtitan's DDP is 1-D (parallelize_llama: "DDP has not supported > 1D parallelism"; with cp > 1
+    # torchtitan applies FSDP over dp_shard x cp instead): was accepted and generated as DDP
+    "torchtitan_ddp_tp": (
+        _with(LLAMA, framework="torchtitan", parallel__zero=0, parallel__pp=1),
+        16,
+        "torchtitan's DDP (zero = 0, apply_ddp) is 1-D data parallelism only",
+    ),
+    "torchtitan_ddp_pp": (
+        _with(LLAMA, framework="torchtitan", parallel__zero=0, parallel__tp=1, parallel__sequence_parallel=False),
+        16,
+        "got tp = 1, pp = 2, cp = 1 (use zero = 2 or 3)",
+    ),
+    "torchtitan_ddp_cp": (
+        _with(
+            LLAMA,
+            framework="torchtitan",
+            parallel__zero=0,
+            parallel__tp=1,
+            parallel__pp=1,
+            parallel__cp=2,
+            parallel__sequence_parallel=False,
+        ),
+        16,
+        "with cp > 1 it applies FSDP over dp_shard x cp; got tp = 1, pp = 1, cp = 2",
+    ),
+    "torchtitan_cp_eager": (
+        _with(LLAMA, framework="torchtitan", parallel__zero=3, parallel__cp=2, train__attention="eager"),
+        16,
+        "torchtitan's context parallelism runs SDPA's flash / efficient kernels only",
+    ),
     "uneven_stages": (
         _with(MOE, parallel__pp=8, parallel__first_stage_layers=5),
         32,
