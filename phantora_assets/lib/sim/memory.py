@@ -19,7 +19,7 @@ Activations per layer (bytes, s tokens of a micro-batch on the rank (seq / cp), 
 after Korthikanti et al. 2022 generalised to SwiGLU/MoE): s*h*(10/t_sp + 24/t) + 5*a*s^2*cp/t +
 6*s*f_eff/t, t_sp = t with sequence parallelism (torchtitan's TP always) else 1; f_eff the MLP
 width seen per token (ffn; (topk + shared) * moe_ffn for a Megatron MoE layer; experts*ffn plus the
-repeated input for Hugging Face gpt-oss, which runs every expert on every token). Recompute
+repeated input for Hugging Face gpt-oss (any ZeRO stage), which runs every expert on every token). Recompute
 ``selective`` drops the attention-score term, ``full`` keeps only the layer input (2*s*h/t_sp).
 Fused attention (``train.attention = "flash"``) has no attention-score term either (it keeps the
 output and the fp32 log-sum-exp, not the [s, s] scores; the output is in the 10/t_sp + 24/t part).
@@ -102,7 +102,7 @@ def _per_layer(model: WorkloadLayout, i: int) -> float:
     input_repeat = 0.0
     if spec.framework == "megatron":
         f_eff = (m.topk + m.shared_experts) * model.ffn if m.is_moe_layer(i) else m.ffn_hidden
-    elif spec.zero_stage == 3 and model.experts:  # Hugging Face gpt-oss: every expert on every token
+    elif m.arch == "gpt_oss":  # Hugging Face gpt-oss (any ZeRO stage): every expert on every token
         f_eff = model.experts * model.ffn
         input_repeat = model.experts * s * h * 2 * 2
     else:

@@ -33,7 +33,11 @@ Rules (presets.toml notes, Megatron-core and DeepSpeed defaults):
         is all-gathered (bf16, ceil(numel/dp) per rank) before its module runs in forward and in
         backward, unless the elements fetched since its own fetch (inclusive) are within
         stage3_max_reuse_distance = 1e9 (then it stays gathered); gradients are reduce-scattered
-        in bf16. The warm-up step has no trace yet, so it re-gathers everything in backward.
+        in bf16. Every micro-batch gathers and reduce-scatters anew (the trace walk restarts at
+        every forward; no accumulation-boundary test). The warm-up step's first micro-batch has
+        no trace yet, so it re-gathers everything in backward.
+    DeepSpeed models: Hugging Face Llama (dense) or gpt-oss (``arch = "gpt_oss"``, every expert
+        on every rank and token), at every ZeRO stage.
 
 A preset without a needed key raises ``KeyError`` when the model is built. No Dagster import.
 """
@@ -128,35 +132,46 @@ class WorkloadModel(WorkloadLayout):
         items: list[Item] = []
         dp = self.spec.dp
 
-        def reduce(n: int, b: int, prefix: str) -> Collective:
-            if reduce_scatter:
-                return Collective("dp", "reduce_scatter", -(-n // dp), "Bf16", f"{prefix}reduce_scatter.bucket{b}")
-            return Collective("dp", "all_reduce", n, "Bf16", f"{prefix}allreduce.bucket{b}")
-
         def reduce_buckets(prefix: str = "") -> None:
             """The gradient buckets (5e8 elements, reverse parameter order); ``prefix`` names a
-            ZeRO-2 reduction after a micro-batch's backward before the last."""
-            cur, b = 0, 0
+            ZeRO-2 reduction after a micro-batch's backward before the last. A reduce-scatter
+            gives each rank its partition of the flat group padded to a multiple of 2 x dp
+            (``stage_1_and_2.py``: the group is partitioned padded, as the all-gather after the
+            step): floor(bucket / dp) per bucket, the last one topped up to padded / dp in all."""
+            sizes, cur = [], 0
             for p in reversed(self.params):
                 cur += p.numel
                 if cur >= DEEPSPEED_BUCKET_ELEMENTS:
-                    items.append(reduce(cur, b, prefix))
-                    cur, b = 0, b + 1
+                    sizes.append(cur)
+                    cur = 0
             if cur:
-                items.append(reduce(cur, b, prefix))
+                sizes.append(cur)
+            for b, n in enumerate(sizes):
+                if not reduce_scatter:
+                    items.append(Collective("dp", "all_reduce", n, "Bf16", f"{prefix}allreduce.bucket{b}"))
+                    continue
+                k = (
+                    n // dp
+                    if b < len(sizes) - 1
+                    else ceil_to(self.total_params, 2 * dp) // dp - sum(m // dp for m in sizes[:-1])
+                )
+                items.append(Collective("dp", "reduce_scatter", k, "Bf16", f"{prefix}reduce_scatter.bucket{b}"))
 
         every_backward = reduce_scatter and self.spec.zero_stage == 2 and dp > 1
         micro_batches = self.spec.par.micro_batches
+        go = self.spec.wl.model.arch == "gpt_oss"
+        # the layer's modules: Llama's named attention / mlp as before, gpt-oss's by module
+        label = {"self_attn": "attention", "mlp": "mlp", "mlp.experts": "mlp.experts"}
+        layer_fwd = [(label[m], k) for m, k in self._hf_layer_kernels("fwd")]
+        layer_bwd = [(label[m], k) for m, k in reversed(self._hf_layer_kernels("bwd"))]
         for mb in range(micro_batches):
-            items.append(compute("embedding.fwd", "fwd", ops.hf_rotary()))
+            items.append(compute("embedding.fwd", "fwd", ops.hf_rotary(gpt_oss=go)))
             for i in range(self.layers):
-                items.append(compute(f"layers.{i}.attention.fwd", "fwd", ops.hf_attention("fwd")))
-                items.append(compute(f"layers.{i}.mlp.fwd", "fwd", ops.hf_llama_mlp("fwd")))
-            items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd")))
-            items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd")))
+                items += [compute(f"layers.{i}.{m}.fwd", "fwd", k) for m, k in layer_fwd]
+            items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd", go)))
+            items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd", go)))
             for i in reversed(range(self.layers)):
-                items.append(compute(f"layers.{i}.mlp.bwd", "bwd", ops.hf_llama_mlp("bwd")))
-                items.append(compute(f"layers.{i}.attention.bwd", "bwd", ops.hf_attention("bwd")))
+                items += [compute(f"layers.{i}.{m}.bwd", "bwd", k) for m, k in layer_bwd]
             if every_backward and mb < micro_batches - 1:
                 reduce_buckets(f"mb{mb}.")  # ZeRO-2: this micro-batch's gradients to their owners
         items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
@@ -177,24 +192,80 @@ class WorkloadModel(WorkloadLayout):
                 items.append(Collective("dp", "all_gather", n, "Bf16", f"bf16_optimizer.all_gather{k}"))
         return items
 
+    def _hf_layer_kernels(self, phase: str) -> list[tuple[str, list]]:
+        """(module of a decoder layer, its kernels in ``phase``) in forward order, for the Hugging
+        Face model of the workload's ``arch``: Llama's ``self_attn`` (input norm, projections,
+        attention) and ``mlp`` (post-attention norm, SwiGLU); gpt-oss's ``self_attn`` (biases,
+        sinks) and ``mlp.experts`` (post-attention norm, router, every expert on every token).
+        The module names are the parameters' modules (:class:`WorkloadLayout`), so the ZeRO-3
+        program places each list at its module's gathers (:meth:`_zero3_step` checks it does)."""
+        ops = torch_ops(self)
+        if self.spec.wl.model.arch == "gpt_oss":
+            return [("self_attn", ops.hf_attention(phase, gpt_oss=True)), ("mlp.experts", ops.gptoss_moe(phase))]
+        return [("self_attn", ops.hf_attention(phase)), ("mlp", ops.hf_llama_mlp(phase))]
+
     def _zero3_step(self, warmup: bool) -> list[Item]:
         """DeepSpeed ZeRO-3 (overlap_comm defaults to True at stage 3): parameters are gathered
         before their module runs, and the steady steps prefetch the next parameters of the
         recorded trace up to ``stage3_prefetch_bucket_size`` (5e7) elements; the module's
         compute waits for its own gathers only. Gradients are reduce-scattered asynchronously
-        after each module's backward and waited for before the optimizer step. The warm-up step
-        has no trace: no prefetch, everything gathered again in backward."""
+        after each module's backward.
+
+        Gradient accumulation: every micro-batch is a whole forward and backward with its own
+        gathers and reduce-scatters. The parameter trace is per forward + backward
+        (``parameter_offload.py`` ``_start_of_forward_hook`` calls the coordinator's
+        ``reset_step`` at every forward: fetch queue, step id and reuse distances restart), and
+        ``stage3.py`` ``reduce_ready_partitions_and_remove_grads`` reduce-scatters at every
+        backward, unconditionally (no ``is_gradient_accumulation_boundary`` test, unlike ZeRO-1;
+        ``partition_grads`` adds the partitions into the fp32 gradient from the second
+        micro-batch on); ``independent_gradient_partition_epilogue`` synchronizes the reduction
+        stream after every backward, so a micro-batch starts once the previous one's
+        reduce-scatters are done. The optimizer step follows the last micro-batch.
+
+        The warm-up step's first micro-batch has no trace yet (the coordinator records it): no
+        prefetch, everything gathered again in backward; its later micro-batches run on the
+        recorded trace like the steady ones. Tags of micro-batches before the last carry
+        ``zero3.mb<k>.`` (the last keeps ``zero3.``: a one-micro-batch step is unchanged)."""
         ops = torch_ops(self)
         dp = self.spec.dp
         mods = self._zero3_modules()
-        fwd: dict[str, list] = {"embedding": ops.hf_rotary(gpt_oss=True), "output_layer": ops.hf_head("fwd", True)}
-        bwd: dict[str, list] = {"output_layer": ops.hf_head("bwd", True)}
-        for i in range(self.layers):
-            fwd[f"layers.{i}.self_attn"] = ops.hf_attention("fwd", gpt_oss=True)
-            fwd[f"layers.{i}.mlp.experts"] = ops.gptoss_moe("fwd")
-            bwd[f"layers.{i}.self_attn"] = ops.hf_attention("bwd", gpt_oss=True)
-            bwd[f"layers.{i}.mlp.experts"] = ops.gptoss_moe("bwd")
+        go = self.spec.wl.model.arch == "gpt_oss"
+        fwd: dict[str, list] = {"embedding": ops.hf_rotary(gpt_oss=go), "output_layer": ops.hf_head("fwd", go)}
+        bwd: dict[str, list] = {"output_layer": ops.hf_head("bwd", go)}
+        for phase, table in (("fwd", fwd), ("bwd", bwd)):
+            for i in range(self.layers):
+                for sub, kernels in self._hf_layer_kernels(phase):
+                    table[f"layers.{i}.{sub}"] = kernels
+        names = {n for n, _ in mods}
+        lost = sorted(set(fwd) - names | set(bwd) - names)
+        if lost:  # a kernel list no module runs would vanish from the step (issue 39, item 3)
+            raise ValueError(f"ZeRO-3 step of arch {self.spec.wl.model.arch!r}: no parameters' module {lost}")
 
+        items: list[Item] = []
+        micro_batches = self.spec.par.micro_batches
+        previous: list[str] = []
+        for mb in range(micro_batches):
+            prefix = "zero3." if mb == micro_batches - 1 else f"zero3.mb{mb}."
+            if previous:  # the previous backward's epilogue: its reduce-scatters done
+                items.append(compute(f"zero3.mb{mb - 1}.backward_epilogue", "bwd", [], waits=tuple(previous)))
+            previous = self._zero3_micro_batch(items, mods, fwd, bwd, warmup and mb == 0, prefix)
+        items.append(compute("zero3.grad_norm", "opt", ops.zero3_grad_norm(dp), waits=tuple(previous)))
+        items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
+        items.append(compute("optimizer.step", "opt", ops.adam_flat(self.zero3_partition(), warmup, True, True)))
+        return items
+
+    def _zero3_micro_batch(
+        self,
+        items: list[Item],
+        mods: list[tuple[str, list[Param]]],
+        fwd: dict[str, list],
+        bwd: dict[str, list],
+        untraced: bool,
+        prefix: str,
+    ) -> list[str]:
+        """One micro-batch of :meth:`_zero3_step` appended to ``items`` (``untraced``: no recorded
+        trace: no prefetch, every parameter gathered again in backward); its reduce-scatter tags."""
+        dp = self.spec.dp
         # which parameters each module execution gathers (persistence, reuse distance)
         fetched_total = 0
         fetched_at: dict[str, int] = {}
@@ -205,7 +276,7 @@ class WorkloadModel(WorkloadLayout):
                 if (
                     gathered
                     and phase == "bwd"
-                    and not warmup
+                    and not untraced
                     and name in fetched_at
                     and fetched_total - fetched_at[name] <= ZERO3_MAX_REUSE_DISTANCE
                 ):
@@ -215,9 +286,8 @@ class WorkloadModel(WorkloadLayout):
                     fetched_total += sum(p.numel for p in gathered)
                 runs.append((name, phase, gathered))
         queue = [(j, p) for j, (_, phase, gathered) in enumerate(runs) for p in gathered]
-        tags = {(j, p.name): f"zero3.{runs[j][1]}.gather.{p.name}" for j, p in queue}
+        tags = {(j, p.name): f"{prefix}{runs[j][1]}.gather.{p.name}" for j, p in queue}
 
-        items: list[Item] = []
         qi = 0
         rs_tags: list[str] = []
         for j, (name, phase, gathered) in enumerate(runs):
@@ -227,7 +297,7 @@ class WorkloadModel(WorkloadLayout):
                     Collective("dp", "all_gather", -(-p.numel // dp), "Bf16", tags[(jj, p.name)], blocking=False)
                 )
                 qi += 1
-            if not warmup:
+            if not untraced:
                 ahead = 0
                 while qi < len(queue) and ahead < ZERO3_PREFETCH_BUCKET_ELEMENTS:
                     jj, p = queue[qi]
@@ -242,10 +312,7 @@ class WorkloadModel(WorkloadLayout):
                 items.append(compute(f"{name}.{phase}", phase, kernels, waits))
             if phase == "bwd":
                 for p in reversed(next(ps for n, ps in mods if n == name)):
-                    tag = f"zero3.reduce_scatter.{p.name}"
+                    tag = f"{prefix}reduce_scatter.{p.name}"
                     items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), "Bf16", tag, blocking=False))
                     rs_tags.append(tag)
-        items.append(compute("zero3.grad_norm", "opt", ops.zero3_grad_norm(dp), waits=tuple(rs_tags)))
-        items.append(Collective("dp", "all_reduce", 1, "F32", "grad_norm"))
-        items.append(compute("optimizer.step", "opt", ops.adam_flat(self.zero3_partition(), warmup, True, True)))
-        return items
+        return rs_tags

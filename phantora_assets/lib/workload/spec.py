@@ -297,6 +297,18 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         md["moe_ffn_hidden"] = 0
     if md["arch"] == "gpt_oss" and fw != "deepspeed":
         raise RunMatrixError(f"{mw}: arch = 'gpt_oss' (the Hugging Face gpt-oss modules) is for deepspeed only")
+    if fw == "deepspeed" and md["kind"] == "moe" and md["arch"] != "gpt_oss":
+        # the Hugging Face Llama modules have no experts: built as Llama, the experts would vanish
+        # from the parameters, bytes and FLOPs (issue 39, item 2)
+        raise RunMatrixError(
+            f"{mw}: a deepspeed moe model is the Hugging Face gpt-oss structure (experts run locally on every "
+            "rank, no expert all-to-all, ZeRO over them): set arch = 'gpt_oss' (arch = 'llama' has no experts)"
+        )
+    if md["arch"] == "gpt_oss" and (md["kind"] != "moe" or md["shared_experts"] or md["dense_layers"]):
+        raise RunMatrixError(
+            f"{mw}: arch = 'gpt_oss' is an moe model with every layer an MoE layer and no shared experts "
+            "(kind = 'moe', shared_experts = 0, dense_layers = 0: the Hugging Face gpt-oss modules)"
+        )
     model = ModelSpec(**md)
     # ---- parallel
     _choice(pd_["pp_schedule"], SCHEDULES, "pp_schedule", pw)
@@ -386,6 +398,11 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     # ---- train
     _choice(td["recompute"], RECOMPUTE, "recompute", tw)
     _choice(td["attention"], ("flash", "eager"), "attention", tw)
+    if fw == "deepspeed" and td["recompute"] != "none":
+        raise RunMatrixError(
+            f"{tw}: recompute is not modelled for deepspeed (its steps run no Hugging Face gradient "
+            "checkpointing: no forward rerun, no ZeRO-3 re-gathers): set recompute = 'none'"
+        )
     if td["compile"] and fw != "torchtitan":
         raise RunMatrixError(f"{tw}: compile (torchtitan's compile.enable, torch.compile per block) is torchtitan's")
     if fw == "torchtitan" and cp > 1 and td["attention"] != "flash":

@@ -216,3 +216,69 @@ def test_torchtitan_cp_attention_flop_are_a_cp_share_of_the_sequence():
     s, d, h, layers = 1024, 64, 16, 8
     assert flash_flop(1) == layers * 2 * s * s * d * h
     assert flash_flop(2) == flash_flop(1) / 2
+
+
+def _ds(zero: int, arch: str = "llama", accumulation: int = 1) -> Any:
+    """A small DeepSpeed job on 4 GPUs: HF Llama (dense) or gpt-oss (8 experts, top-2)."""
+    ds = copy.deepcopy(BASE)
+    ds["framework"] = "deepspeed"
+    ds["parallel"] = {"zero": zero}
+    ds["train"] = {"seq_len": 1024, "micro_batch": 1, "grad_accumulation": accumulation, "iterations": 4}
+    if arch == "gpt_oss":
+        ds["model"].update(kind="moe", arch="gpt_oss", experts=8, topk=2, moe_ffn_hidden=512, head_dim=64)
+    return run_spec_of(ds, 1, 4, "h100", f"ds{zero}{arch}{accumulation}")
+
+
+def _gemm_flops(spec, phase: str, name: str = "") -> float:
+    """GEMM FLOP of one rank's steady step, compute items of ``phase`` whose name contains ``name``."""
+    from phantora_assets.lib.sim.workload_types import Compute
+
+    items = WorkloadModel(spec).step_program()
+    return sum(i.flops for i in items if isinstance(i, Compute) and i.phase == phase and name in i.name)
+
+
+def test_deepspeed_zero3_llama_runs_its_mlp():
+    """Issue 39, item 3: ZeRO-3 with the HF Llama modules runs every layer's SwiGLU MLP (the
+    step found compute by gpt-oss module names only). Closed form: gate, up and down
+    projections, 2 s h f FLOP each forward, twice that backward (input and weight gradients)."""
+    s, h, f, layers = 1024, 1024, 4096, 8
+    z3 = _ds(3)
+    assert _gemm_flops(z3, "fwd", ".mlp.") == layers * 3 * 2 * s * h * f
+    assert _gemm_flops(z3, "bwd", ".mlp.") == layers * 3 * 2 * 2 * s * h * f
+    # ZeRO changes where parameters live, not what a micro-batch computes
+    for phase in ("fwd", "bwd"):
+        assert _gemm_flops(z3, phase) == _gemm_flops(_ds(0), phase)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_deepspeed_gpt_oss_runs_every_expert_at_every_zero_stage(zero):
+    """Issue 39, item 2: a DeepSpeed MoE is the HF gpt-oss model at every ZeRO stage: every expert
+    on every token (the ZeRO-0/1/2 steps ran a Llama MLP of moe_ffn_hidden). Closed form per layer
+    forward: the router 2 s h E, gate_up 2 E s h 2f, down 2 E s f h; the memory estimate's
+    activations do not depend on the ZeRO stage."""
+    s, h, f, e, layers = 1024, 1024, 512, 8, 8
+    spec = _ds(zero, "gpt_oss")
+    assert _gemm_flops(spec, "fwd", ".mlp.") == layers * (2 * s * h * e + 2 * e * s * h * 2 * f + 2 * e * s * f * h)
+    for phase in ("fwd", "bwd"):
+        assert _gemm_flops(spec, phase) == _gemm_flops(_ds(3, "gpt_oss"), phase)
+    z3 = estimate_memory(WorkloadModel(_ds(3, "gpt_oss")))
+    assert estimate_memory(WorkloadModel(spec)).activations_bytes == z3.activations_bytes
+
+
+def test_deepspeed_zero3_accumulation_repeats_the_micro_batch():
+    """Issue 39, item 1: with 4 micro-batches a ZeRO-3 step computes, gathers and reduce-scatters
+    4 times what one micro-batch does (one optimizer step), and takes longer than the
+    one-micro-batch step; each micro-batch after the first starts once the previous backward's
+    reduce-scatters are done (stage3.py independent_gradient_partition_epilogue synchronizes)."""
+    one, four = _ds(3, accumulation=1), _ds(3, accumulation=4)
+    for phase in ("fwd", "bwd"):
+        assert _gemm_flops(four, phase) == 4 * _gemm_flops(one, phase)
+    c1, c4 = _calls(one), _calls(four)
+    assert c4[("dp", "all_gather")] == 4 * c1[("dp", "all_gather")] > 0
+    assert c4[("dp", "reduce_scatter")] == 4 * c1[("dp", "reduce_scatter")] > 0
+    assert c4[("dp", "all_reduce")] == c1[("dp", "all_reduce")] == 1  # the grad norm, once a step
+    items = WorkloadModel(four).step_program()
+    epilogues = [i for i in items if getattr(i, "name", "").endswith("backward_epilogue")]
+    assert len(epilogues) == 3 and all(len(i.waits) == c1[("dp", "reduce_scatter")] for i in epilogues)
+    r1, r4 = AnalyticSimulator(one).run(), AnalyticSimulator(four).run()
+    assert 3.0 * r1.step_ns < r4.step_ns

@@ -111,6 +111,28 @@ BAD = {
         16,
         "iterations must be >= 4 for DeepSpeed ZeRO-3 (its first iteration",
     ),
+    # issue 39, item 2: the HF Llama modules have no experts (they vanished from parameters, bytes
+    # and FLOPs); a DeepSpeed MoE is the HF gpt-oss model, which has no shared experts or dense layers
+    "deepspeed_moe_llama": (
+        _with(MOE, framework="deepspeed", parallel={"zero": 3}, model__shared_experts=0, model__dense_layers=0),
+        16,
+        "a deepspeed moe model is the Hugging Face gpt-oss structure",
+    ),
+    "gpt_oss_dense": (
+        _with(LLAMA, framework="deepspeed", parallel={"zero": 3}, model__arch="gpt_oss"),
+        16,
+        "arch = 'gpt_oss' is an moe model with every layer an MoE layer and no shared experts",
+    ),
+    "gpt_oss_shared_experts": (
+        _with(MOE, framework="deepspeed", parallel={"zero": 3}, model__arch="gpt_oss", model__dense_layers=0),
+        16,
+        "arch = 'gpt_oss' is an moe model with every layer an MoE layer and no shared experts",
+    ),
+    "deepspeed_recompute": (
+        _with(LLAMA, framework="deepspeed", parallel={"zero": 3}, train__recompute="full"),
+        16,
+        "recompute is not modelled for deepspeed",
+    ),
     "tensor_past_2_40": (
         _with(LLAMA, model__ffn_hidden=2**31, train__seq_len=2**31),
         16,
