@@ -34,11 +34,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
-from phantora_assets.lib.store.io import exchange_paths, write_error
+from phantora_assets.lib.store.io import exchange_paths, remove_output, write_error
 
 #: Seconds a replaced generation is kept for the readers that resolved it (then removed by the
 #: next publication). ``$PHANTORA_ASSETS_DATASET_GRACE_S`` overrides it.
@@ -155,7 +154,7 @@ def retire(target: Path, grace: float, now_ns: int | None = None) -> list[Path]:
         if cur is not None and old.resolve() == cur:
             continue
         if now_ns - replaced_ns > grace * 1e9:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_output(old)  # renamed away first: never a partial g<ns>/ listed as a generation
             if not old.exists():
                 removed.append(old)
     return removed
