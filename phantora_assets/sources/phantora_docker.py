@@ -15,7 +15,7 @@ from phantora_assets.checks import reset_checks
 from phantora_assets.lib.phantora.docker_config import config_files, layout_for, missing_listing
 from phantora_assets.lib.phantora.docker_runner import PhantoraDockerError
 from phantora_assets.lib.run.spec import RunSpec
-from phantora_assets.lib.store.io import atomic_write_text, copy_file, link_or_copy, replace_dir
+from phantora_assets.lib.store.io import atomic_write_text, copy_file, link_or_copy, replace_dir, replacing_outputs
 from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.sources.base import DockerBackend, SourceContext
@@ -50,10 +50,12 @@ def simulate_docker(
     reset_checks(folder, "raw_timeline")
     replay = perfdb_source is not None
     layout = layout_for(spec, paths.root, folder)
-    for name in ("hostfile", "deepspeed_env", "run.toml"):
-        (layout.config_dir / name).unlink(missing_ok=True)
-    for name, text in config_files(spec, settings, layout, replay).items():
-        atomic_write_text(layout.config_dir / name, text)
+    files = config_files(spec, settings, layout, replay)
+    optional = ("hostfile", "deepspeed_env", "run.toml")  # one a run of another framework wrote goes after
+    with replacing_outputs(layout.config_dir / name for name in (*files, *optional)) as written:
+        for name, text in files.items():
+            atomic_write_text(layout.config_dir / name, text)
+            written.add(layout.config_dir / name)
     shutil.rmtree(layout.perfdb_root, ignore_errors=True)
     if perfdb_source is not None:
         shutil.copytree(perfdb_source, layout.perfdb_dir)

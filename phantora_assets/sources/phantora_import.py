@@ -34,7 +34,7 @@ from phantora_assets.lib.phantora.run_folder import (
 )
 from phantora_assets.lib.phantora.run_log import read_run_log
 from phantora_assets.lib.run.spec import RunSpec
-from phantora_assets.lib.store.io import atomic_path, replace_dir, same_path, walk
+from phantora_assets.lib.store.io import atomic_path, install_dir, replace_dir, same_path, walk
 from phantora_assets.outcomes import StageResult, record
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import ImportRecord, RecordError, read_record_or_none, write_record
@@ -110,7 +110,7 @@ def _link_or_copy(dir_fd: int, name: str, src: Path, dst: Path) -> int:
         except FileNotFoundError:
             pass
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.link.tmp")
+        tmp = dst.with_name(f".{dst.name}.p{os.getpid()}.link.tmp")
         tmp.unlink(missing_ok=True)
         try:
             os.link(name, tmp, src_dir_fd=dir_fd, follow_symlinks=False)
@@ -152,8 +152,9 @@ def _copy_tree(dir_fd: int, src: Path, dst: Path, top: str, depth: int = 0) -> i
 
 def _replace_tree(dir_fd: int, name: str, src: Path, dst: Path) -> int:
     """Make ``dst`` a copy of directory ``name`` of ``src`` (open at ``dir_fd``); files copied.
-    On any error ``dst`` is unchanged and no ``.<name>.tmp`` is left."""
-    tmp = dst.with_name(f".{dst.name}.tmp")
+    On any error ``dst`` is unchanged and no ``.<name>.p<pid>.dir.tmp`` is left; the copy replaces
+    ``dst`` in one step (``io.install_dir``: was ``rmtree(dst)``, then the rename)."""
+    tmp = dst.with_name(f".{dst.name}.p{os.getpid()}.dir.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -165,8 +166,7 @@ def _replace_tree(dir_fd: int, name: str, src: Path, dst: Path) -> int:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(tmp, dst)
+    install_dir(tmp, dst)
     return n
 
 

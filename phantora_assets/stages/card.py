@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from phantora_assets import contracts
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.export import ARROW_TYPES
+from phantora_assets.lib.store.generations import GRACE_S
 from phantora_assets.lib.traffic import binning
 from phantora_assets.stages.common import BIN_S, CONTROL_BYTES_PER_S, WINDOW_S
 from phantora_assets.stages.export import EXPORT_TABLES, ExportTable
@@ -218,11 +219,14 @@ of simulated or traced training configurations. {counts}. Written by `phantora-a
 Parquet is the primary form; every Parquet file holds its `run_id` column (its folder is named by
 the run, not `run_id=...`: no reader sees a partition column beside the file's own). The CSVs are the
 v1 contract (same rows and columns; floats as `%.10g`, empty field = null). Join the tables on `run_id`.
-Run from inside this folder, or set `here` to its path:
+Run from inside this folder, or give `realpath` its path. `here` is resolved once: `phantora_v0` is
+a link that a re-export moves to a new folder in one step; the folder resolved stays whole for
+{GRACE_S / 60:g} minutes (by default) after that, while a reader that goes through the link at
+every open can find a file it listed gone, or list folders of two exports.
 
 ```python
 import os, duckdb, pandas as pd, pyarrow.dataset as ds, datasets
-here, run = os.path.abspath("."), "{run}"
+here, run = os.path.realpath("."), "{run}"
 per_run = duckdb.sql(f"SELECT run_id, count(*) FROM '{{here}}/{example}/*/*.parquet' GROUP BY 1").fetchall()
 one_run = ds.dataset(f"{{here}}/{example}").to_table(filter=ds.field("run_id") == run)
 frame = pd.read_parquet(f"{{here}}/{example}", filters=[("run_id", "==", run)])

@@ -13,6 +13,7 @@ metadata ``skipped``), with no number guessed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from phantora_assets.lib.net import nics, reconfig
 from phantora_assets.lib.net.fabric import Fabric, nic_name
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import database, reconfig_plots
+from phantora_assets.lib.store.io import replacing_outputs
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
@@ -110,9 +112,14 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
         ValueError: a flow whose NIC no rule of ``lib/net/nics.py`` determines, or a group outside
             ``reconfig.GROUPS``.
     """
+    # each table replaced whole; one this build does not write (no flow groups) removed after it
+    # (was: all four unlinked first, so a build killed mid-stage lost them: issue 39 item 13)
+    with replacing_outputs(paths.table(spec.run_id, name) for name in OUTPUTS) as written:
+        return _reconfig_tables(spec, paths, written)
+
+
+def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> StageResult:
     pdir = paths.partition_dir(spec.run_id)
-    for name in OUTPUTS:  # nothing stale of an earlier build stays
-        paths.table(spec.run_id, name).unlink(missing_ok=True)
     cols = ["flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "op", "comm_id", "comm_rank"]
     have = set(pq.ParquetFile(pdir / "flows.parquet").schema_arrow.names)
     flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
@@ -121,6 +128,7 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     flows, k = nic_flows(spec, flows, paths)
     pairs = nic_pair_table(flows, steady, k, spec.run_id)
     write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"), columns=NIC_PAIR_COLUMNS)
+    written.add(paths.table(spec.run_id, "nic_pairs"))
     meta: dict[str, Any] = {"nics_per_host": k, "nic_pairs": len(pairs), "topology": spec.cluster["topology"]}
     if "group" not in have:
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
@@ -129,9 +137,13 @@ def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     trans = reconfig.transition_windows(phases, steady, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), steady)
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
-    write_parquet(phases, paths.table(spec.run_id, "nic_phases"), columns=reconfig.PHASE_COLUMNS)
-    write_parquet(trans, paths.table(spec.run_id, "transition_windows"), columns=reconfig.TRANSITION_COLUMNS)
-    write_parquet(sweep, paths.table(spec.run_id, "reconfig_sweep"), columns=reconfig.SWEEP_COLUMNS)
+    for name, df, columns in (
+        ("nic_phases", phases, reconfig.PHASE_COLUMNS),
+        ("transition_windows", trans, reconfig.TRANSITION_COLUMNS),
+        ("reconfig_sweep", sweep, reconfig.SWEEP_COLUMNS),
+    ):
+        write_parquet(df, paths.table(spec.run_id, name), columns=columns)
+        written.add(paths.table(spec.run_id, name))
     png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
     reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])

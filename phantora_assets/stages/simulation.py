@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table
-from phantora_assets.lib.store.io import same_path
+from phantora_assets.lib.store.io import remove_output, same_path
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import (
@@ -165,7 +164,7 @@ def invalidate_downstream(spec: RunSpec, paths: DataPaths, before: RunSpecRecord
     # when the registered folder is gone (the import builds from the data root's copy): kept
     if not (spec.path and (same_path(Path(spec.path), folder) or not Path(spec.path).is_dir())):
         paths.chrome_trace(spec).unlink(missing_ok=True)
-        shutil.rmtree(paths.plots_dir(spec), ignore_errors=True)
+        remove_output(paths.plots_dir(spec))  # renamed away first: never a partial plots/
     why = "built without a run_spec.json" if before is None else "built from other inputs"
     invalidate_checks(
         folder,

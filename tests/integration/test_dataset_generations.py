@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,16 +29,19 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 A = RunSpec("W4", "l40s", 2, 1)
 B = RunSpec("W4", "h100", 2, 1)
 
-#: The reader of the loop test: pins the generation once per read (os.path.realpath), reads the
-#: per-run Parquet files and runs.csv of it, prints one JSON line per read.
+#: The reader of the loop test: finds the folder as the dataset card's code does (its ``here = ...``
+#: line, given the folder's path, argv[3]) once per read, reads the per-run Parquet files and
+#: runs.csv under it, prints one JSON line per read.
 READER = r"""
 import json, os, sys, time
 import pyarrow.dataset as pads, pyarrow.csv as pacsv
-root, seconds = sys.argv[1], float(sys.argv[2])
+root, seconds, here_line = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 end = time.time() + seconds
 while time.time() < end:
     try:
-        gen = os.path.realpath(os.path.join(root, "phantora_v0"))
+        ns = {"os": os}
+        exec(here_line, ns)
+        gen = ns["here"]
         t = pads.dataset(os.path.join(gen, "flows_100ms")).to_table()
         runs = pacsv.read_csv(os.path.join(gen, "runs.csv")).column("run_id").to_pylist()
         flows = t.group_by("run_id").aggregate([("bytes", "sum")]).to_pylist()
@@ -62,6 +66,16 @@ def root(tmp_path_factory) -> Path:
 
 def _export(root: Path, specs: list[RunSpec]) -> None:
     assert dataset_stage.export_dataset(specs, DataPaths(root)).outcome.passed
+
+
+def _card_here(root: Path) -> str:
+    """The dataset card's line that sets ``here`` (README.md's code block), given the folder's path
+    from outside it, as the card says (``realpath(".")`` -> ``realpath("<root>/phantora_v0")``)."""
+    card = (root / "phantora_v0" / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    (line,) = [x for x in code.splitlines() if x.startswith("here, run = ")]
+    assert '(".")' in line
+    return line.replace('(".")', f"({str(root / 'phantora_v0')!r})", 1)
 
 
 def _table(path: str | Path) -> pd.DataFrame:
@@ -103,6 +117,24 @@ def test_a_reader_that_listed_before_a_swap_reads_the_old_generation_whole(root,
         plain.to_table()
 
 
+def test_a_reader_following_the_card_reads_its_generation_whole_across_a_re_export(root, monkeypatch):
+    """The card's code run from outside the folder: it lists ``flows_100ms``, a re-export (B leaves)
+    swaps the link, then it reads: the rows of the generation it listed, whole (issue 39 item 12: the
+    card's ``here = os.path.abspath(...)`` kept the link in every path, and the read failed with
+    ``FileNotFoundError ... part-<h>.parquet``: 3 of 791 reads during repeated re-exports)."""
+    monkeypatch.setenv("PHANTORA_ASSETS_DATASET_GRACE_S", "600")
+    _export(root, [A, B])
+    want = _table(root / "phantora_v0" / "flows_100ms")
+    ns: dict = {"os": os}
+    exec(_card_here(root), ns)
+    listed = pads.dataset(f"{ns['here']}/flows_100ms")  # the card's reader, as written: listed
+    _export(root, [A])  # ... and a re-export between its listing and its reads
+    got = listed.to_table().to_pandas().sort_values(["run_id", "t", "src_node", "dst_node"])
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
+    assert set(pd.read_csv(f"{ns['here']}/runs.csv")["run_id"]) == {A.run_id, B.run_id}
+    assert set(pd.read_csv(root / "phantora_v0" / "runs.csv")["run_id"]) == {A.run_id}
+
+
 def test_a_changed_run_is_a_new_file_name_so_a_listing_never_mixes_two_generations(root, monkeypatch):
     monkeypatch.setenv("PHANTORA_ASSETS_DATASET_GRACE_S", "600")
     _export(root, [A])
@@ -134,8 +166,9 @@ def test_a_reader_in_a_loop_during_repeated_exports_never_fails_or_mixes(root, m
         flows = sorted((r, int(b)) for r, b in t.groupby("run_id")["bytes"].sum().items())
         gens[len(specs)] = json.loads(json.dumps({"runs": sorted(s.run_id for s in specs), "flows": flows}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    here = _card_here(root)
     reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(root), "25"], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", READER, str(root), "25", here], stdout=subprocess.PIPE, text=True, env=env
     )
     n = 0
     try:

@@ -41,12 +41,13 @@ def _run(code: str, cwd, tmp_path) -> list[str]:
 def test_the_cards_code_runs_from_inside_the_folder(small_build, tmp_path):
     rows = len(pd.read_csv(small_build / "phantora_v0" / "flows_100ms.csv"))  # 1800 bins x 2 directed pairs
     code = _card_code(small_build)
-    assert f'here, run = os.path.abspath("."), "{FITS}"' in code
+    assert f'here, run = os.path.realpath("."), "{FITS}"' in code  # one generation (DATASET_STORAGE.md)
     # was: load_dataset("<this folder>") (a placeholder), and "." failed: "dataset_name should be specified"
     assert _run(code, small_build / "phantora_v0", tmp_path) == [f"[('{FITS}',", f"{rows})]", *[str(rows)] * 3]
 
 
 def test_the_cards_code_runs_from_outside_with_the_folders_path(small_build, tmp_path):
-    code = _card_code(small_build).replace('os.path.abspath(".")', repr(str(small_build / "phantora_v0")))
+    folder = str(small_build / "phantora_v0")
+    code = _card_code(small_build).replace('os.path.realpath(".")', f"os.path.realpath({folder!r})")
     rows = len(pd.read_csv(small_build / "phantora_v0" / "flows_100ms.csv"))
     assert _run(code, tmp_path, tmp_path) == [f"[('{FITS}',", f"{rows})]", *[str(rows)] * 3]

@@ -17,12 +17,12 @@ then ``.to_table()``: ``FileNotFoundError`` for a listed ``part-*.parquet``). No
   file already open) reads its generation whole for :data:`GRACE_S` after the next publication:
   a generation is removed only when it was replaced more than ``grace_s`` ago (never the current
   one);
-* a reader that goes through the link on every open (the plain path above) resolves each file in
-  the generation current at that open. Files are named by their content (``part-<sha256[:16]>``,
-  ``lib/store/export.TableWriter``), so a file it listed is, in the newer generation, either the
-  same bytes under the same name or absent: it reads one generation whole, or, when the run it
-  listed changed in between, fails with ``FileNotFoundError`` (a retry reads the new one) — never a
-  silent mix of two generations.
+* a reader that goes through the link on every open (the plain path above) resolves each folder
+  and file in the generation current at that open: a file it listed that the new generation does
+  not hold (files are named by their content, ``part-<sha256[:16]>``, ``lib/store/export.TableWriter``)
+  is ``FileNotFoundError``, and a listing that straddles the swap combines run folders of two
+  generations (pyarrow opens each folder by its path). Not supported while exports run: the
+  dataset card's code and the docs resolve the link once (issue 39; docs/DATASET_STORAGE.md).
 
 The link is replaced with ``rename(2)`` over it (atomic); the first publication over a plain folder
 (the layout before generations) exchanges the two (``renameat2(RENAME_EXCHANGE)``) and keeps the
@@ -34,11 +34,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
-from phantora_assets.lib.store.io import exchange_paths, write_error
+from phantora_assets.lib.store.io import exchange_paths, remove_output, write_error
 
 #: Seconds a replaced generation is kept for the readers that resolved it (then removed by the
 #: next publication). ``$PHANTORA_ASSETS_DATASET_GRACE_S`` overrides it.
@@ -155,7 +154,7 @@ def retire(target: Path, grace: float, now_ns: int | None = None) -> list[Path]:
         if cur is not None and old.resolve() == cur:
             continue
         if now_ns - replaced_ns > grace * 1e9:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_output(old)  # renamed away first: never a partial g<ns>/ listed as a generation
             if not old.exists():
                 removed.append(old)
     return removed

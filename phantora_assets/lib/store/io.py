@@ -1,8 +1,19 @@
 """Atomic file writes: write to a temporary name in the target folder, then rename.
 
 A process killed mid-write (``kill -9``) can leave a ``.<name>.p<pid>.<8 chars>.tmp`` file (or a
-``.<name>.p<pid>.dir.tmp`` folder, see :func:`replace_dir`) beside the target, never a partial
-target. Temporary names carry the writer's pid, so :func:`sweep_temp_files` (the build command
+``.<name>.p<pid>.{dir,del,old}.tmp`` folder, see :func:`install_dir`, :func:`remove_output`) beside
+the target, never a partial target.
+
+The rule for every output a stage replaces (issue 39 item 13): **an output is never removed before
+its replacement is in place.** A file is written to a temporary name and renamed over the old one
+(:func:`atomic_path`); a folder is written complete under a temporary name and exchanged with the old
+one in one ``renameat2(RENAME_EXCHANGE)`` (:func:`install_dir`); an output the new build does not
+write is removed after the step ran (:func:`replacing_outputs`), a folder by renaming it away first
+(:func:`remove_output`). So a step killed at any point leaves each of its outputs whole: the old one
+or the new one. (Was: ``reconfig`` unlinked its four tables before computing them, and a build killed
+in between lost ``nic_phases.parquet``; folders were ``rmtree``'d and then renamed into place.)
+
+Temporary names carry the writer's pid, so :func:`sweep_temp_files` (the build command
 runs it when it starts) removes only the leftovers of writers that are gone, never the live
 temporary file of another process writing under the same root.
 
@@ -22,7 +33,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -115,9 +126,12 @@ def atomic_write_text(path: str | Path, text: str, durable: bool = False) -> Non
 
 
 #: Names of the temporary files and folders made here: ``.<name>.p<pid>.<8 chars>.tmp``
-#: (:func:`atomic_path`), ``.<name>.p<pid>.link.tmp`` (:func:`link_or_copy`) and
-#: ``.<name>.p<pid>.dir.tmp`` (:func:`replace_dir`).
-TEMP_NAME = re.compile(r"^\..+\.p(?P<pid>\d+)\.(?:[a-z0-9_]{8}|link|dir)\.tmp$")
+#: (:func:`atomic_path`), ``.<name>.p<pid>.link.tmp`` (:func:`link_or_copy`),
+#: ``.<name>.p<pid>.dir.tmp`` (a folder being written, or the one :func:`install_dir` replaced),
+#: ``.<name>.p<pid>.del.tmp`` (a folder :func:`remove_output` is deleting) and
+#: ``.<name>.p<pid>.old.tmp`` (the previous folder while :func:`install_dir` swaps with two renames,
+#: where the file system cannot exchange: :func:`sweep_temp_files` puts it back if ``<name>`` is missing).
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.p(?P<pid>\d+)\.(?P<kind>[a-z0-9_]{8}|link|dir|del|old)\.tmp$")
 #: Names made before temporary names carried the pid (swept only when older than an hour).
 LEGACY_TEMP_NAME = re.compile(r"^\..+\.(?:[a-z0-9_]{8}|link)\.tmp$")
 LEGACY_MAX_AGE_S = 3600.0
@@ -168,7 +182,9 @@ def sweep_temp_files(root: str | Path) -> list[Path]:
     """Remove temporary files and folders left under ``root`` by writers that are gone (their pid
     is not running, or now belongs to a process started after the file was written); returns them.
 
-    Safe while other processes write under ``root``: their live temporary names are kept.
+    Safe while other processes write under ``root``: their live temporary names are kept. A
+    writer killed between the two renames of :func:`install_dir`'s fallback left the previous folder
+    as ``.<name>.p<pid>.old.tmp`` and no ``<name>``: it is put back (and not listed).
     """
     removed: list[Path] = []
     root = Path(root)
@@ -177,6 +193,12 @@ def sweep_temp_files(root: str | Path) -> list[Path]:
     now = time.time()
     for p in sorted(root.rglob(".*.tmp")):
         if not (p.is_file() or p.is_dir()) or p.is_symlink() or not _writer_gone(p, now):
+            continue
+        m = TEMP_NAME.match(p.name)
+        back = p.with_name(m.group("name")) if m and m.group("kind") == "old" else None
+        if back is not None and not os.path.lexists(back):
+            with contextlib.suppress(OSError):
+                os.rename(p, back)
             continue
         with contextlib.suppress(FileNotFoundError):
             if p.is_dir():
@@ -297,21 +319,111 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def replace_dir(src: Path | None, dst: Path) -> None:
     """Make ``dst`` a copy of directory ``src`` (or remove it when ``src`` is None). The copy is
-    made in ``.<dst>.p<pid>.dir.tmp`` beside it; if the copy fails, that folder is removed and
-    ``dst`` is left as it was."""
+    made in ``.<dst>.p<pid>.dir.tmp`` beside it and put in place by :func:`install_dir`; if the copy
+    fails, that folder is removed and ``dst`` is left as it was. At no point is ``dst`` missing or
+    partial (was: ``rmtree(dst)``, then the rename)."""
     if src is not None and same_path(src, dst):
+        return
+    if src is None:
+        remove_output(dst)
         return
     tmp = dst.with_name(f".{dst.name}.p{os.getpid()}.dir.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if src is not None:
+    try:
+        shutil.copytree(src, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    install_dir(tmp, dst)
+
+
+def install_dir(tmp: Path, dst: Path) -> None:
+    """Put the complete folder ``tmp`` (a ``.<dst>.p<pid>.dir.tmp`` beside ``dst``) at ``dst`` in
+    one step, then delete the folder it replaced: ``renameat2(RENAME_EXCHANGE)`` swaps the two
+    (the old one is then at ``tmp``'s name, removed afterwards; a kill before that leaves it for
+    :func:`sweep_temp_files`). Where the file system cannot exchange, two renames: the old folder to
+    ``.<dst>.p<pid>.old.tmp``, then ``tmp`` to ``dst``; a kill between them leaves no ``dst``, and
+    :func:`sweep_temp_files` puts the old one back.
+
+    Raises:
+        OutputWriteError: a rename failed (naming ``dst``); ``tmp`` is removed, ``dst`` unchanged.
+    """
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(dst):
+            os.rename(tmp, dst)
+            return
+        if exchange_paths(tmp, dst):
+            old = tmp
+        else:
+            old = dst.with_name(f".{dst.name}.p{os.getpid()}.old.tmp")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(dst, old)
+            try:
+                os.rename(tmp, dst)
+            except BaseException:
+                os.rename(old, dst)
+                raise
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_error(dst, exc) from exc
+    _remove_tree(old)
+
+
+def _remove_tree(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def remove_output(path: Path) -> None:
+    """Remove the output ``path`` (a file, link or folder; nothing when absent) in one step: a
+    folder is renamed to ``.<name>.p<pid>.del.tmp`` first and deleted there (a kill mid-way
+    leaves it for :func:`sweep_temp_files`, never a partial ``path``)."""
+    if path.is_dir() and not path.is_symlink():
+        gone = path.with_name(f".{path.name}.p{os.getpid()}.del.tmp")
+        shutil.rmtree(gone, ignore_errors=True)
         try:
-            shutil.copytree(src, tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    shutil.rmtree(dst, ignore_errors=True)
-    if src is not None:
-        os.replace(tmp, dst)
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def replacing_outputs(outputs: Iterable[Path]) -> Iterator[set[Path]]:
+    """The outputs a step owns (``outputs``), replaced by the block: it writes each one it makes
+    atomically (:func:`atomic_path`, :func:`install_dir`) and adds its path to the yielded set; when
+    the block returns or raises an ``Exception`` (the step failed), each output it did not write is
+    removed (:func:`remove_output`), so nothing stale of an earlier build stays. Nothing is removed
+    before that, nor when the block is interrupted (``KeyboardInterrupt``, Dagster's termination,
+    ``SystemExit``: as a kill): a step stopped at any point leaves every output whole, the previous
+    one or the new one (the module docstring's rule).
+
+    Raises:
+        ValueError: the block added a path that is not one of ``outputs`` (when it ends).
+    """
+    declared = [Path(p) for p in outputs]
+    written: set[Path] = set()
+
+    def stale() -> None:
+        if unknown := written - set(declared):
+            raise ValueError(f"not an output of this step: {', '.join(sorted(map(str, unknown)))}")
+        for p in declared:
+            if p not in written:
+                remove_output(p)
+
+    try:
+        yield written
+    except Exception:
+        stale()
+        raise
+    stale()
 
 
 def exchange_paths(a: Path, b: Path) -> bool:

@@ -398,3 +398,37 @@ def test_end_to_end_phantora_in_docker(tmp_path, monkeypatch):
     assert abs(summary["network_bytes_per_step"] - published) <= 0.005e9
     log = json.loads((DataPaths(data).partition_dir("phantora_l40s_W1_2x1") / "run_log.json").read_text())
     assert len(log["iteration_s"]) == 20
+
+
+def test_raw_timeline_stage_killed_anywhere_keeps_the_previous_outputs(tmp_path):
+    """The docker raw_timeline stage killed (SIGKILL) before each of its file-system changes, over a
+    previous build of the run: ``config/`` (a DeepSpeed run's hostfile and deepspeed_env too),
+    ``perfdb_missing/``, ``run.log`` and ``timeline.bin`` stay whole (issue 39 item 13: the optional
+    config files were unlinked before being written again, ``perfdb_missing/`` removed before its
+    copy was renamed in)."""
+    from fixtures.kill_points import every_kill_point
+
+    spec = RunSpec("W4", "l40s", 2, 1, source="docker")
+    paths, _ = _layout(tmp_path)
+    settings = _settings(tmp_path)
+    slots = SimulationSlots(paths.root / "work" / ".slots", 1)
+    log = megatron_log([0.9, 0.61, 0.62, 0.61], ranks=2, peak_mib=20480.0)
+
+    def build() -> None:
+        client = FakeClient(log=log, missing_shapes=True)
+        runner = PhantoraDockerRunner(client, settings)
+        pipeline.simulate_docker(spec, paths, runner, slots, settings, perfdb_source=default_perfdb_dir() / "l40s")
+
+    build()
+    folder = paths.run_folder(spec)
+    outputs = ["config/hostfile", "config/deepspeed_env", "config/compose.yaml", "config/netconfig.toml"]
+    outputs += ["config/command.txt", "perfdb_missing/compute.csv", "run.log", "timeline.bin"]
+    before = {rel: (folder / rel).read_bytes() for rel in outputs}
+
+    def check(k: int) -> None:
+        for rel in outputs:
+            assert (folder / rel).is_file(), f"killed before file-system change {k}: {rel} is gone"
+            assert (folder / rel).read_bytes() == before[rel]
+        assert sorted(p.name for p in (folder / "perfdb_missing").iterdir()) == ["compute.csv"]
+
+    assert every_kill_point(build, check) >= 3
