@@ -132,3 +132,24 @@ def test_the_sparse_bound_counts_bins_times_pairs_that_carry_flows(monkeypatch):
     assert "more than the 1,000" in bin_table.sparse_rows_rule(100, 11)
     assert not bin_table.is_sparse(193, 180.0, 0.1) and bin_table.is_sparse(194, 180.0, 0.1)
     assert bin_table.is_sparse(2048, 180.0, 0.1) and not bin_table.is_sparse(256, 180.0, 1.0)
+
+
+def test_the_documented_duckdb_query_gives_the_dense_table_back():
+    """docs/QUERIES.md "The dense form of a sparse run": its SQL over a sparse run's rows is the dense build."""
+    import duckdb
+    from fixtures.paths import ROOT
+
+    text = (ROOT / "docs" / "QUERIES.md").read_text()
+    sql = text.split("## The dense form of a sparse run", 1)[1].split("```sql\n", 1)[1].split("```", 1)[0]
+    for n, bin_s in ((8, 0.1), (6, 0.01)):
+        kw = dict(step_time_s=STEP_S, n_nodes=n, run_id="r", bin_s=bin_s)
+        dense = build_bins(ring_and_pipeline(n), sparse=False, **kw).bins
+        rows = build_bins(ring_and_pipeline(n), sparse=True, **kw).bins.assign(bin_s=bin_s)
+        con = duckdb.connect()
+        con.register("rows_df", rows)
+        con.execute("CREATE TABLE flows_binned AS SELECT * FROM rows_df")
+        con.execute(f"CREATE TABLE runs AS SELECT 'r' AS run_id, {n}::BIGINT AS n_nodes, {bin_s}::DOUBLE AS bin_s")
+        out = con.execute(sql, ["r"]).df()
+        assert len(rows) < len(out) == len(dense) == 1800 * round(0.1 / bin_s) * n * (n - 1)
+        for col in ("t", "src_node", "dst_node", "bytes"):
+            assert np.array_equal(out[col].to_numpy(), dense[col].to_numpy()), col
