@@ -110,7 +110,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths, out: Path | None = None) ->
     summary = read_trace_summary(paths, spec.run_id)
     steps = pd.read_parquet(pdir / "steps.parquet")
     flows = pd.read_parquet(pdir / "flows.parquet", columns=["step", "src_node", "dst_node", "bytes"])  # pair_matrix's
-    bins = bin_table.read_bin_matrix(pdir / "flows_100ms.parquet", spec.bin_s, int(round(WINDOW_S / spec.bin_s)))
+    bins = bin_table.read_bins(pdir / "flows_100ms.parquet", spec.bin_s, int(round(WINDOW_S / spec.bin_s)))
     table = pd.read_parquet(pdir / "step_anatomy.parquet")
     spans = pd.read_parquet(pdir / "step_spans.parquet")
     chosen = int(summary.chosen_step)

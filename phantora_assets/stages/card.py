@@ -144,16 +144,20 @@ _LIMITS = """\
 - Models are 4-layer slices of the named models; MoE experts are balanced; kernel timings come from
   one GPU of each type (perf DB) or a roofline (`runs.perf_db_fraction`).
 - `flops_per_step`, `mfu`, `peak_flops` and `alpha` are null where timing is not a roofline.
-- The per-pair bins are kept dense, every bin x every ordered node pair (zeros included), never
-  sparse or sampled: a run whose dense table would exceed {max_cells} cells (bins x pairs; at
-  100 ms bins, more than {max_nodes} nodes) is refused before it is simulated (rule `bin table too
-  large`) and is not in the dataset.
+- The per-pair bins are dense, every bin x every ordered node pair (zeros included), for a run whose
+  table has at most {max_cells} cells (bins x pairs; at 100 ms bins, up to {max_nodes} nodes; every
+  shipped run). A larger run's `flows_100ms` is sparse: it omits the rows of the
+  (bin, pair) cells that carry no flow bytes, whose bytes are the pair's control traffic alone (0 for
+  a pair with none); such a run has fewer rows than bins x n_nodes x (n_nodes - 1). The dense form is
+  `phantora_assets.lib.store.bin_table.densify` of its file, or the DuckDB query of docs/QUERIES.md
+  ("The dense form of a sparse run"). Its windows are computed as from the dense form.
 """
 
 
 def _limits(two_bins: str) -> str:
     """:data:`_LIMITS` with the run's numbers: the two-bin alias, the dense table's bound
-    (``lib/store/bin_table.MAX_DENSE_CELLS``) and the node count it allows at 100 ms bins."""
+    (``lib/store/bin_table.MAX_DENSE_CELLS``, above it a run's table is sparse) and the node count it
+    allows at 100 ms bins."""
     cells, n_bins = bin_table.MAX_DENSE_CELLS, int(round(WINDOW_S / BIN_S))
     max_nodes = max(n for n in range(2, 4097) if n_bins * n * (n - 1) <= cells)
     return (

@@ -39,8 +39,11 @@ def window_features(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Detector features per 1 s and 15 s window, validated by the windows.csv schema."""
     reset_checks(paths.run_folder(spec), "window_features")
     n_total = int(round(WINDOW_S / spec.bin_s))  # the matrix, read one row group at a time (bounded memory)
-    dense = bin_table.read_bin_matrix(paths.table(spec.run_id, "flows_100ms"), spec.bin_s, n_total)
-    feats = wf.matrix_window_features(*dense, spec.run_id, bin_s=spec.bin_s)
+    binned = bin_table.read_bins(paths.table(spec.run_id, "flows_100ms"), spec.bin_s, n_total)
+    if isinstance(binned, bin_table.SparseBins):  # a sparse run: from its rows, never its dense matrix
+        feats = wf.sparse_window_features(binned, spec.run_id)
+    else:
+        feats = wf.matrix_window_features(*binned, spec.run_id, bin_s=spec.bin_s)
     outcome = contract_outcome(WINDOWS_CONTRACT, contracts.windows_schema(), feats)
     out = paths.table(spec.run_id, "windows")
     if outcome.passed:  # a failed blocking check writes no data file

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from phantora_assets.checks import BINS_CONSERVE_BYTES, MATCHES_WORKLOAD_MODEL, TRACE_CHECKS, reset_checks
-from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.errors import RunMatrixError, TraceFormatError
 from phantora_assets.lib.kineto.step_spans import steps_from_spans
 from phantora_assets.lib.net import nics
 from phantora_assets.lib.phantora import chrome_trace
@@ -256,6 +257,11 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
     reset_checks(paths.run_folder(spec), "binned_flows")
     summary = read_trace_summary(paths, spec.run_id)
     step_flows = pd.read_parquet(paths.table(spec.run_id, "step_flows"))
+    if bin_table.is_sparse(spec.n_nodes, WINDOW_S, spec.bin_s):  # rows <= bins x the pairs that carry flows
+        keys = step_flows["src_node"].to_numpy(np.int64) * spec.n_nodes + step_flows["dst_node"].to_numpy(np.int64)
+        n_bins = int(round(WINDOW_S / spec.bin_s))
+        if (why := bin_table.sparse_rows_rule(n_bins, len(np.unique(keys)))) is not None:
+            raise RunMatrixError(f"run {spec.run_id} ({spec.layout}): bin table too large: {why}")
     built = binning.build_bins(
         step_flows,
         step_time_s=summary.step_time_us / 1e6,
@@ -265,8 +271,9 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
         bin_s=spec.bin_s,
         control_bytes_per_s=CONTROL_BYTES_PER_S,
     )
-    # exact sums (Python ints): an int64 sum of wrapped bins would equal a wrapped expected sum
-    total = binning.exact_sum(built.matrix.reshape(-1))
+    # exact sums (Python ints): an int64 sum of wrapped bins would equal a wrapped expected sum; a sparse
+    # build's rows plus the control bytes of the rows it omits (bin_table.OMITTED_ROWS)
+    total = built.binned_bytes()
     expected = int(built.placed_flow_bytes + built.control_bytes)
     fits = expected < trace_checks.INT64_LIMIT  # then no bin (nor any sum of bins) wrapped either
     ok = fits and total == expected
@@ -292,10 +299,15 @@ def bin_flows(spec: RunSpec, paths: DataPaths) -> StageResult:
     )
     out = paths.table(spec.run_id, "flows_100ms")
     if ok:  # a failed blocking check writes no data file; the table is written in chunks of bins
-        bin_table.write_bins(built.matrix, spec.run_id, spec.bin_s, spec.n_nodes, out)
+        if built.sparse is not None:
+            bin_table.write_sparse_bins(built.sparse, spec.run_id, out)
+        else:
+            assert built.matrix is not None
+            bin_table.write_bins(built.matrix, spec.run_id, spec.bin_s, spec.n_nodes, out)
     record(paths, spec, "binned_flows", [outcome])
     meta = {
-        "rows": int(built.matrix.size),
+        "rows": int(len(built.sparse.bytes) if built.sparse is not None else built.matrix.size),  # type: ignore[union-attr]
+        "sparse": built.sparse is not None,
         "bytes": total,
         "n_repetitions": int(built.n_repetitions),
         "phase_s": float(built.phase_s),

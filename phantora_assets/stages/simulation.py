@@ -21,11 +21,9 @@ from typing import Any
 from phantora_assets import contracts
 from phantora_assets.checks import FITS_IN_MEMORY, invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
-from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
-from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.store.io import remove_output, same_path
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
@@ -39,7 +37,6 @@ from phantora_assets.records import (
 )
 from phantora_assets.sources import get_source
 from phantora_assets.sources.base import SourceContext
-from phantora_assets.stages.common import WINDOW_S
 
 
 def perf_db(gpu: str, paths: DataPaths) -> tuple[PerfDbRecord, bool]:
@@ -90,14 +87,15 @@ def raw_timeline(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageRe
     GPU's perf DB status filled in. Then ``run_spec.json`` (:func:`run_spec_record`): what the run
     was built from, which the dataset export checks.
 
+    A run whose dense per-pair bin table would exceed ``bin_table.max_dense_cells`` is not refused here:
+    its bins are built and stored sparse (``bin_table.is_sparse``), and their bound
+    (``bin_table.sparse_rows_rule``: bins x the node pairs that carry flows) is checked by ``binned_flows``
+    from the step's flows, before any bin is built (the pairs that carry flows are known only then).
+
     Raises:
-        RunMatrixError: the run's dense per-pair bin table would be too large to build in bounded
-            memory (``lib/store/bin_table.dense_table_rule``), before anything is simulated or read.
         FileNotFoundError, FileRuleError, TraceFormatError: the source's ``check_inputs`` refused its
             folder (``sources/base.py``), before anything of the run was invalidated.
     """
-    if (why := bin_table.dense_table_rule(spec.n_nodes, WINDOW_S, spec.bin_s)) is not None:
-        raise RunMatrixError(f"run {spec.run_id} ({spec.layout}): bin table too large: {why}")
     ctx = SourceContext(perfdb_status=perfdb_status(spec, paths), docker=ctx.docker, log=ctx.log)
     spec_file = paths.partition_dir(spec.run_id) / "run_spec.json"
     now = run_spec_record(spec)

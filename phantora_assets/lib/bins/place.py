@@ -115,6 +115,29 @@ def place_flows(
     out = np.zeros((n_bins, n_pairs), dtype=np.int64)
     if not len(flow_bytes) or not n_pairs or not n_bins:
         return out, 0
+    acc, pairs, cls, placed = place_classes(
+        offset_ns, dur_ns, flow_bytes, pair, rep_starts=rep_starts, bin_ns=bin_ns, n_bins=n_bins
+    )
+    out[:, pairs] = acc[:, cls]
+    return out, placed
+
+
+def place_classes(
+    offset_ns: np.ndarray,
+    dur_ns: np.ndarray,
+    flow_bytes: np.ndarray,
+    pair: np.ndarray,
+    *,
+    rep_starts: np.ndarray,
+    bin_ns: int,
+    n_bins: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`place_flows` before its columns are copied to the pairs: the int64 ``(n_bins, n_classes)``
+    bytes of each pair class (module docstring), the pairs that carry flows (sorted), the class of each
+    of them, and the placed bytes. Pair ``pairs[j]``'s column is ``acc[:, cls[j]]``; every other pair's
+    is 0. Memory: bins x classes (at most bins x the pairs that carry flows), never bins x all pairs."""
+    if not len(flow_bytes) or not n_bins:
+        return np.zeros((n_bins, 0), dtype=np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0
     (u_off, u_dur, u_bytes, u_cls, u_cnt), size, pairs, cls = flow_units(offset_ns, dur_ns, flow_bytes, pair)
     n_cls, n_units, window_ns = len(size), len(u_off), n_bins * bin_ns
     acc = np.zeros(n_bins * n_cls, dtype=np.int64)
@@ -130,8 +153,7 @@ def place_flows(
         placed += _place_zero_duration(pieces, a, d, b, p, w, wp, n_cls, bin_ns, window_ns)
         placed += _place_spread(pieces, a, d, b, p, w, wp, n_cls, bin_ns, n_bins, window_ns)
         _add(acc, pieces)
-    out[:, pairs] = acc.reshape(n_bins, n_cls)[:, cls]
-    return out, placed
+    return acc.reshape(n_bins, n_cls), pairs, cls, placed
 
 
 def _add(acc: np.ndarray, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:

@@ -136,8 +136,9 @@ def _bin_keys(flows: pd.DataFrame, fi: np.ndarray, keys: np.ndarray, n_keys: int
         },
         columns=list(STEP_FLOW_COLUMNS),
     )
-    built = build_bins(virtual, n_nodes=m, control_bytes_per_s=0, **bin_args)
+    built = build_bins(virtual, n_nodes=m, control_bytes_per_s=0, sparse=False, **bin_args)  # dense over keys (links)
     per_bin = built.matrix  # (n_bins, m * (m - 1)), the dense pair order
+    assert per_bin is not None  # sparse=False
     return per_bin[:, :n_keys], int(built.placed_flow_bytes)
 
 

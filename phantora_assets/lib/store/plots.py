@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from phantora_assets.lib.store.bin_table import SparseBins, bin_times, control_at, pair_of
 from phantora_assets.lib.store.figures import DPI as DPI  # re-exported, with every plot's size
 from phantora_assets.lib.store.figures import SIZES as SIZES
 from phantora_assets.lib.store.figures import kept_figure, new_figure, save_png
@@ -37,6 +38,10 @@ _PAIR_COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"]
 _HEATMAP_AXES = ((0.17, 0.12, 0.78, 0.74),)
 _TWO_PANELS = ((0.07, 0.55, 0.76, 0.36), (0.07, 0.09, 0.76, 0.33))
 _ANATOMY_AXES = ((0.09, 0.11, 0.62, 0.72),)
+
+
+#: Host labels at most on a heatmap axis (a 2,048-node run's axis names 16 hosts, evenly spaced).
+_MAX_TICKS = 16
 
 
 def _host(n: int) -> str:
@@ -63,8 +68,9 @@ def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> b
         n = matrix.shape[0]
         gb = matrix / 1e9
         ax.imshow(gb, cmap="viridis", vmin=0, vmax=max(float(gb.max()), 1e-9), interpolation="nearest")
-        ax.set_xticks(range(n), [_host(i) for i in range(n)], rotation=30 if n > 4 else 0)
-        ax.set_yticks(range(n), [_host(i) for i in range(n)])
+        ticks = range(n) if n <= _MAX_TICKS else np.linspace(0, n - 1, _MAX_TICKS).round().astype(int)
+        ax.set_xticks(ticks, [_host(i) for i in ticks], rotation=30 if n > 4 else 0)
+        ax.set_yticks(ticks, [_host(i) for i in ticks])
         ax.set_xlabel("destination")
         ax.set_ylabel("source")
         if n <= 8:
@@ -86,7 +92,7 @@ def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> b
 
 
 def timeseries(
-    bins: pd.DataFrame | tuple,
+    bins: pd.DataFrame | tuple | SparseBins,
     run_id: str,
     bin_s: float,
     step_time_s: float | None = None,
@@ -95,12 +101,16 @@ def timeseries(
     path: Path | None = None,
 ) -> bytes:
     """Gbit/s per bin (``bin_s`` wide, named in the title): the total and the ``top`` busiest directed pairs; full
-    window and a zoom."""
+    window and a zoom. ``bins``: a ``BIN_COLUMNS`` table, ``bin_table.read_bin_matrix``'s tuple, or a sparse
+    run's ``bin_table.SparseBins`` (the top pairs among those that carry flows; ``top + 1`` series of bins)."""
     from matplotlib.ticker import MaxNLocator
 
     with kept_figure("timeseries", _TWO_PANELS) as (fig, (ax, az)):
         to_gbps = 8 / bin_s / 1e9
-        if isinstance(bins, tuple):  # (matrix, present, pairs) of bin_table.read_bin_matrix: bins of the window
+        if isinstance(bins, SparseBins):  # a sparse run: the total and the top pairs, never its dense matrix
+            grid, per_pair, keys, all_pairs = _sparse_series(bins, top)
+            per_pair, all_pairs = per_pair * to_gbps, all_pairs * to_gbps
+        elif isinstance(bins, tuple):  # (matrix, present, pairs) of bin_table.read_bin_matrix: bins of the window
             X, present, pairs = bins
             grid = np.round(np.flatnonzero(present) * bin_s, 6)
             per_pair = X[present].T * to_gbps
@@ -113,8 +123,10 @@ def timeseries(
             keys, pi = np.unique(pair, return_inverse=True)
             per_pair = np.zeros((len(keys), len(grid)))
             np.add.at(per_pair, (pi.reshape(-1), ti.reshape(-1)), b)
+        if not isinstance(bins, SparseBins):
+            all_pairs = per_pair.sum(axis=0)
         order = np.argsort(-per_pair.sum(axis=1), kind="stable")[:top]
-        series = [("all pairs", per_pair.sum(axis=0), "black", 1.0)]
+        series = [("all pairs", all_pairs, "black", 1.0)]
         for k, j in enumerate(order):
             s, d = divmod(int(keys[j]), 1 << 20)
             series.append((f"{_host(s)} -> {_host(d)}", per_pair[j], _PAIR_COLORS[k % len(_PAIR_COLORS)], 0.8))
@@ -151,6 +163,34 @@ def timeseries(
         )
         az.set_xlabel(f"t (s); the first {zoom_s:g} s")
         return save_png(fig, path)
+
+
+def _sparse_series(sb: SparseBins, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(t, per_pair, keys, total)`` of a sparse run for :func:`timeseries`: bytes per bin of the ``top``
+    pairs with the most window bytes among those that carry flows (their control included), their keys
+    (``src * 2**20 + dst``) and every pair's total per bin (flows plus all control traffic). Memory:
+    the rows and ``top`` series of bins."""
+    bns = int(round(sb.bin_s * 1e9))
+    c = sb.per_split()
+    every = np.arange(sb.n_bins, dtype=np.int64)
+    flow = sb.bytes - control_at(c[sb.pair], sb.bin_idx, bns)
+    vals, counts = np.unique(c, return_counts=True)
+    total = sum(
+        (int(n) * control_at(np.full(sb.n_bins, v), every, bns) for v, n in zip(vals, counts)),
+        np.zeros(sb.n_bins, np.int64),
+    )
+    np.add.at(total, sb.bin_idx, flow)
+    pairs, inv = np.unique(sb.pair, return_inverse=True)
+    window = np.bincount(inv.reshape(-1), weights=flow.astype(np.float64), minlength=len(pairs))
+    window += control_at(c[pairs], np.zeros(len(pairs), np.int64), bns, sb.n_bins)
+    chosen = pairs[np.argsort(-window, kind="stable")[:top]]
+    per_pair = np.zeros((len(chosen), sb.n_bins))
+    for j, p in enumerate(chosen):
+        per_pair[j] = control_at(np.full(sb.n_bins, c[p]), every, bns)
+        mine = sb.pair == p
+        per_pair[j, sb.bin_idx[mine]] = sb.bytes[mine]
+    src, dst = pair_of(chosen, sb.n_nodes)
+    return bin_times(sb.n_bins, sb.bin_s), per_pair, src * (1 << 20) + dst, total.astype(np.float64)
 
 
 _CLASS_COLORS = {"host_up": "#1f77b4", "leaf_spine": "#d62728", "spine_leaf": "#ff7f0e", "host_down": "#2ca02c"}

@@ -41,10 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phantora_assets.lib.bins.place import exact_sum, place_flows
+from phantora_assets.lib.bins.place import exact_sum, place_classes, place_flows
 from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, add_control
-from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
-from phantora_assets.lib.store.bin_table import bins_frame
+from phantora_assets.lib.columns import BIN_COLUMNS, STEP_FLOW_COLUMNS
+from phantora_assets.lib.store import bin_table
+from phantora_assets.lib.store.bin_table import SparseBins, bins_frame
 
 NS_PER_S = 1_000_000_000
 NS_PER_US = 1_000
@@ -56,7 +57,8 @@ class BinnedFlows:
 
     Attributes:
         matrix: int64 bytes of shape ``(n_bins, n_pairs)``, the pairs ``src_node != dst_node`` in
-            ``(src, dst)`` order (``bin_table.pair_nodes``); ``bins`` is the same as a table.
+            ``(src, dst)`` order (``bin_table.pair_nodes``); ``bins`` is the same as a table. None for
+            a sparse build (``sparse``).
         placed_flow_bytes: network bytes of the flow instances placed in the window
             (their in-window share).
         control_bytes: control-traffic bytes in the window (all nodes).
@@ -65,9 +67,11 @@ class BinnedFlows:
         phase_s: phase of the window start inside repetition 0, seconds.
         seed: the RNG seed derived from the run id.
         repetition_factors: length factor of each placed repetition, in time order.
+        sparse: the build's rows that carry flow bytes (``bin_table.SparseBins``) when it is built
+            sparse (its dense table above ``bin_table.max_dense_cells``), else None.
     """
 
-    matrix: np.ndarray
+    matrix: np.ndarray | None
     placed_flow_bytes: int
     control_bytes: int
     n_repetitions: int
@@ -77,11 +81,30 @@ class BinnedFlows:
     run_id: str = ""
     bin_s: float = 0.1
     n_nodes: int = 1
+    sparse: SparseBins | None = None
 
     @property
     def bins(self) -> pd.DataFrame:
-        """``matrix`` as ``BIN_COLUMNS`` rows (``lib/store/bin_table.bins_frame``; 40 bytes a row)."""
+        """``matrix`` as ``BIN_COLUMNS`` rows (``lib/store/bin_table.bins_frame``; 40 bytes a row); a sparse
+        build's rows only (``bin_table.OMITTED_ROWS``)."""
+        if self.sparse is not None:
+            sb = self.sparse
+            src, dst = bin_table.pair_of(sb.pair, sb.n_nodes)
+            t = bin_table.bin_times(sb.n_bins, sb.bin_s)[sb.bin_idx]
+            data = {"run_id": pd.Series([self.run_id] * len(t), dtype=object), "t": t}
+            data |= {"src_node": src, "dst_node": dst, "bytes": sb.bytes}
+            return pd.DataFrame(data, columns=list(BIN_COLUMNS))
+        assert self.matrix is not None
         return bins_frame(self.matrix, self.run_id, self.bin_s, self.n_nodes)
+
+    def binned_bytes(self) -> int:
+        """Exact bytes of the whole (dense) table, a Python int: the matrix's sum, or a sparse build's
+        rows plus the control bytes of the rows it omits."""
+        if self.sparse is not None:
+            sb = self.sparse
+            return exact_sum(sb.bytes) + sb.control_total() - exact_sum(sb.row_control())
+        assert self.matrix is not None
+        return exact_sum(self.matrix.reshape(-1))
 
 
 def seed_from_run_id(run_id: str) -> int:
@@ -212,7 +235,7 @@ def repetitions(
     )
 
 
-def build_bins(
+def build_bins(  # noqa: PLR0913 (the build's settings, keyword-only)
     step_flows: pd.DataFrame,
     *,
     step_time_s: float,
@@ -222,6 +245,7 @@ def build_bins(
     bin_s: float = 0.1,
     jitter: float = 0.02,
     control_bytes_per_s: float = 5000,
+    sparse: bool | None = None,
 ) -> BinnedFlows:
     """Repeat one steady step over the window and sum its flows into bins.
 
@@ -235,10 +259,15 @@ def build_bins(
         bin_s: bin length, seconds.
         jitter: repetition length factor is drawn from ``U[1 - jitter, 1 + jitter]``.
         control_bytes_per_s: control traffic each node sends, bytes/s.
+        sparse: build the rows that carry flow bytes only (``BinnedFlows.sparse``: never the
+            ``(n_bins, n_pairs)`` matrix, memory ~ bins x the pairs that carry flows); None (default):
+            when the dense table exceeds ``bin_table.max_dense_cells`` (``bin_table.is_sparse``).
+            Both forms hold the same cells (``bin_table.densify``).
 
     Returns:
         A :class:`BinnedFlows`; its ``bins`` has ``BIN_COLUMNS``, one row per bin and
-        ordered pair, ``t = round(i * bin_s, 6)``, int64 bytes.
+        ordered pair (sparse: per bin and pair that carries flow bytes), ``t = round(i * bin_s, 6)``,
+        int64 bytes.
 
     Raises:
         ValueError: invalid arguments, ``window_s`` not a multiple of ``bin_s``,
@@ -265,14 +294,25 @@ def build_bins(
         offset_ns, dur_ns, step_ns=step_ns, window_ns=window_ns, run_id=run_id, jitter=jitter
     )
 
-    matrix, placed = place_flows(
-        offset_ns, dur_ns, flow_bytes, pair, n_pairs=n_pairs, rep_starts=rep_starts, bin_ns=bin_ns, n_bins=n_bins
-    )
-    control_bytes = 0
-    if n_pairs:  # control[off-diagonal], row-major (src, dst) order == pair index
-        control_bytes = add_control(matrix, control[~np.eye(n_nodes, dtype=bool)], bin_ns)
+    per_split = control[~np.eye(n_nodes, dtype=bool)]  # control[off-diagonal], row-major (src, dst) = pair index
+    if sparse is None:
+        sparse = bin_table.is_sparse(n_nodes, window_s, bin_s)
+    rows: SparseBins | None = None
+    matrix: np.ndarray | None = None
+    if sparse:
+        acc, pairs, cls, placed = place_classes(
+            offset_ns, dur_ns, flow_bytes, pair, rep_starts=rep_starts, bin_ns=bin_ns, n_bins=n_bins
+        )
+        rows = _sparse_rows(acc, pairs, cls, per_split, bin_ns, n_nodes, bin_s, control_bytes_per_s)
+        control_bytes = rows.control_total()
+    else:
+        matrix, placed = place_flows(
+            offset_ns, dur_ns, flow_bytes, pair, n_pairs=n_pairs, rep_starts=rep_starts, bin_ns=bin_ns, n_bins=n_bins
+        )
+        control_bytes = add_control(matrix, per_split, bin_ns) if n_pairs else 0
 
     return BinnedFlows(
+        sparse=rows,
         matrix=matrix,
         placed_flow_bytes=int(placed),
         control_bytes=int(control_bytes),
@@ -284,6 +324,32 @@ def build_bins(
         bin_s=bin_s,
         n_nodes=n_nodes,
     )
+
+
+def _sparse_rows(
+    acc: np.ndarray,
+    pairs: np.ndarray,
+    cls: np.ndarray,
+    per_split: np.ndarray,
+    bin_ns: int,
+    n_nodes: int,
+    bin_s: float,
+    control_bytes_per_s: float,
+) -> SparseBins:
+    """The rows of ``place_classes``' ``(n_bins, n_classes)`` bytes ``acc`` that carry flow bytes, their
+    control bytes added, sorted by (bin, pair): a few MB of ``(bins, pairs that carry flows)`` at a time."""
+    n_bins = acc.shape[0]
+    step = max(1, (1 << 22) // max(1, len(pairs)))
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for b0 in range(0, n_bins, step):
+        block = acc[b0 : b0 + step][:, cls]  # (bins, pairs that carry flows), pairs ascending
+        b, j = np.nonzero(block)
+        flow = block[b, j]
+        b += b0
+        p = pairs[j]
+        parts.append((b, p, flow + bin_table.control_at(per_split[p], b, bin_ns)))
+    b_all, p_all, v_all = (np.concatenate([x[k] for x in parts]) if parts else np.zeros(0, np.int64) for k in range(3))
+    return SparseBins(b_all, p_all, v_all, n_bins, n_nodes, bin_s, control_bytes_per_s)
 
 
 def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: int, n_bins: int) -> np.ndarray:
@@ -306,4 +372,4 @@ def split_flow_bytes(start_ns: int, dur_ns: int, total_bytes: int, *, bin_ns: in
 
 def conservation_ok(binned: BinnedFlows) -> bool:
     """True when the bins hold exactly the placed flow bytes plus the control bytes."""
-    return exact_sum(binned.matrix.reshape(-1)) == binned.placed_flow_bytes + binned.control_bytes
+    return binned.binned_bytes() == binned.placed_flow_bytes + binned.control_bytes

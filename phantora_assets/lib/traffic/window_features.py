@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.bins.width import CONTROL_SPLIT_NS, bin_ns, control_bins
+from phantora_assets.lib.store.bin_table import SparseBins, control_at
 from phantora_assets.lib.traffic.binning import control_matrix
 from phantora_assets.lib.traffic.periodicity import (
     dominant_periods,
@@ -226,7 +227,27 @@ def _windows_of(
     active = above.any(axis=1)
     n_active = active.sum(axis=1)
     active_bytes = np.where(active, T, 0).sum(axis=1).astype(np.float64)
-    safe_n = np.maximum(n_present, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(total[:, None] > 0, T / np.maximum(total, 1)[:, None], 0.0)
+        plogp = np.where(share > 0, share * np.log2(np.where(share > 0, share, 1.0)), 0.0)
+    entropy = np.maximum(-plogp.sum(axis=1), 0.0) if n_pairs > 1 else np.zeros(k)
+    idle_bins = (pres & ~above.any(axis=2)).sum(axis=1)
+    return {
+        **_series_features(x, pres, nb, bin_s),
+        "total_bytes": total.astype(np.int64),
+        "n_active_pairs": n_active.astype(np.int64),
+        "bytes_per_active_pair": np.where(n_active > 0, active_bytes / np.maximum(n_active, 1), 0.0),
+        "idle_bin_fraction": np.where(n_present == 0, np.nan, idle_bins / np.maximum(n_present, 1)),
+        "pair_entropy_bits": entropy,
+        "top_pair_share": np.where(total > 0, T.max(axis=1, initial=0) / np.maximum(total, 1), 0.0),
+    }
+
+
+def _series_features(x: np.ndarray, pres: np.ndarray, nb: int, bin_s: float) -> dict[str, np.ndarray]:
+    """The features of the bin series ``x`` (``(k, nb)`` bytes per bin of each window, absent bins 0;
+    ``pres`` the bins present): ``n_bins``, the bin statistics and the period features."""
+    k = x.shape[0]
+    n_present = pres.sum(axis=1)
     empty = n_present == 0
     complete = n_present == nb
     mean, std, peak, p95 = (np.zeros(k) for _ in range(4))
@@ -237,11 +258,6 @@ def _windows_of(
     for i in np.flatnonzero(~complete & ~empty):  # windows with missing bins
         xi = x[i][pres[i]].astype(np.float64)
         mean[i], std[i], peak[i], p95[i] = xi.mean(), xi.std(), xi.max(), np.percentile(xi, 95)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(total[:, None] > 0, T / np.maximum(total, 1)[:, None], 0.0)
-        plogp = np.where(share > 0, share * np.log2(np.where(share > 0, share, 1.0)), 0.0)
-    entropy = np.maximum(-plogp.sum(axis=1), 0.0) if n_pairs > 1 else np.zeros(k)
-    idle = np.where(empty, np.nan, (pres & ~above.any(axis=2)).sum(axis=1) / safe_n)
     spectral = np.full(k, np.nan)
     period = np.full(k, np.nan)
     strength = np.full(k, np.nan)
@@ -251,18 +267,12 @@ def _windows_of(
         period[complete], strength[complete] = dominant_periods(xs, bin_s)
     return {
         "n_bins": n_present.astype(np.int64),
-        "total_bytes": total.astype(np.int64),
-        "n_active_pairs": n_active.astype(np.int64),
-        "bytes_per_active_pair": np.where(n_active > 0, active_bytes / np.maximum(n_active, 1), 0.0),
         "bin_mean_bytes": mean,
         "bin_std_bytes": std,
         "bin_max_bytes": peak,
         "bin_p95_bytes": p95,
         "cv": np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), 0.0),
         "peak_to_mean": np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 0.0),
-        "idle_bin_fraction": idle,
-        "pair_entropy_bits": entropy,
-        "top_pair_share": np.where(total > 0, T.max(axis=1, initial=0) / np.maximum(total, 1), 0.0),
         "spectral_peak_hz": spectral,
         "dominant_period_s": period,
         "periodicity": strength,
@@ -356,6 +366,82 @@ def matrix_window_features(
         cols = _windows_of(X, present, control, nb, bin_s)
         starts = np.round(np.arange(k) * nb * bin_s, 6)
         frames.append(pd.DataFrame({"run_id": run_id, "window_s": w, "window_start_s": starts, **cols}))
+    return _table(frames)
+
+
+def sparse_window_features(
+    sparse: SparseBins, run_id: str, window_sizes_s: Sequence[float] = (1.0, 15.0)
+) -> pd.DataFrame:
+    """:func:`matrix_window_features` of a sparse run (``lib/store/bin_table.SparseBins``: the rows that
+    carry flow bytes; every other cell holds its pair's control bytes, ``bin_table.OMITTED_ROWS``), without
+    its dense matrix: the same features, the integers exactly, the entropy to float rounding.
+
+    Over the rows: a row is a cell with ``X > c`` (flow bytes > 0), so ``n_active_pairs`` counts the pairs
+    with rows in the window and ``idle_bin_fraction`` the bins without rows; ``x[i]`` is the bin's row
+    flow bytes plus the control bytes of every pair (grouped by their few distinct 100 ms shares);
+    ``T[p]`` is the pair's flow bytes plus its control over the window, and the pairs without rows enter
+    the entropy and ``top_pair_share`` by share value (their ``T`` is their control alone). Memory: a few
+    int64 arrays of the rows, and ``(n_pairs,)`` control shares.
+    """
+    bin_s, n_total, n_pairs = sparse.bin_s, sparse.n_bins, sparse.n_pairs
+    bns = bin_ns(bin_s)
+    per_split = sparse.per_split()
+    vals, counts = np.unique(per_split, return_counts=True)  # the distinct control shares, pairs of each
+    val_of = np.searchsorted(vals, per_split)
+    flow = sparse.bytes - control_at(per_split[sparse.pair], sparse.bin_idx, bns)
+    frames: list[pd.DataFrame] = []
+    for w, nb in sorted((float(w), _bins_in(w, bin_s, "window size")) for w in window_sizes_s):
+        k = n_total // nb
+        if k == 0:
+            continue
+        keep = sparse.bin_idx < k * nb
+        b, p, f = sparse.bin_idx[keep], sparse.pair[keep], flow[keep]
+        bins_all = np.arange(k * nb, dtype=np.int64)
+        ctrl_bin = sum(  # control bytes of every pair in each bin
+            (int(c) * control_at(np.full(k * nb, v), bins_all, bns) for v, c in zip(vals.tolist(), counts.tolist())),
+            np.zeros(k * nb, dtype=np.int64),
+        )
+        x = ctrl_bin.copy()
+        np.add.at(x, b, f)
+        x = x.reshape(k, nb)
+        total = x.sum(axis=1)
+        starts = np.arange(k, dtype=np.int64) * nb
+        ctrl_win = np.stack([control_at(np.full(k, v), starts, bns, nb) for v in vals.tolist()], axis=1)  # (k, n_vals)
+        key, inv = np.unique((b // nb) * n_pairs + p, return_inverse=True)  # (window, pair) of the rows
+        fw = np.zeros(len(key), dtype=np.int64)
+        np.add.at(fw, inv.reshape(-1), f)
+        kw, kp = key // n_pairs, key % n_pairs
+        T = fw + ctrl_win[kw, val_of[kp]]  # the active pairs' window bytes
+        n_active = np.bincount(kw, minlength=k)
+        active_bytes = np.zeros(k, dtype=np.int64)
+        np.add.at(active_bytes, kw, T)
+        rest = counts[None, :] - np.bincount(kw * len(vals) + val_of[kp], minlength=k * len(vals)).reshape(k, -1)
+        top = np.zeros(k, dtype=np.int64)
+        np.maximum.at(top, kw, T)
+        top = np.maximum(top, np.where(rest > 0, ctrl_win, 0).max(axis=1, initial=0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            safe = np.maximum(total, 1).astype(np.float64)
+            s_act = np.where(total[kw] > 0, T / safe[kw], 0.0)
+            s_rest = np.where(total[:, None] > 0, ctrl_win / safe[:, None], 0.0)
+            plogp_act = np.where(s_act > 0, s_act * np.log2(np.where(s_act > 0, s_act, 1.0)), 0.0)
+            plogp_rest = np.where(s_rest > 0, s_rest * np.log2(np.where(s_rest > 0, s_rest, 1.0)), 0.0)
+        plogp = np.bincount(kw, weights=plogp_act, minlength=k) + (rest * plogp_rest).sum(axis=1)
+        busy = np.zeros(k * nb, dtype=bool)
+        busy[b] = True
+        idle_bins = nb - busy.reshape(k, nb).sum(axis=1)
+        cols = {
+            **_series_features(x, np.ones((k, nb), dtype=bool), nb, bin_s),
+            "total_bytes": total.astype(np.int64),
+            "n_active_pairs": n_active.astype(np.int64),
+            "bytes_per_active_pair": np.where(
+                n_active > 0, active_bytes.astype(np.float64) / np.maximum(n_active, 1), 0.0
+            ),
+            "idle_bin_fraction": idle_bins / nb,
+            "pair_entropy_bits": np.maximum(-plogp, 0.0) if n_pairs > 1 else np.zeros(k),
+            "top_pair_share": np.where(total > 0, top / np.maximum(total, 1), 0.0),
+        }
+        starts_s = np.round(np.arange(k) * nb * bin_s, 6)
+        frames.append(pd.DataFrame({"run_id": run_id, "window_s": w, "window_start_s": starts_s, **cols}))
     return _table(frames)
 
 
