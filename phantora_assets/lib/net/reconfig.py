@@ -6,9 +6,13 @@ parallelism group's traffic at a time and are reconfigured, taking ``delay``, wh
 passes from one group to another.
 
 Phases. A NIC's flows are the network flows it sends or receives (not those inside one scale-up domain).
-Sorted by start (then end), a **phase** is a maximal run of consecutive flows of one ``group``
+Sorted by start, a **phase** is a maximal run of consecutive flows of one ``group``
 (``tp``, ``cp``, ``ep``, ``dp``, ``pp``, ``other``): it starts at its first flow's start and ends at the
-latest end of its flows. Consecutive phases of a NIC have different groups by construction.
+latest end of its flows. Consecutive phases of a NIC have different groups by construction. Flows that
+start at one instant (a step's zero-length scalar all-reduces: the loss over DP, the gradient norm over
+DP and over PP) have no order in the trace, so none is taken from the rows: the current phase's group
+continues first, then the instant's other groups in :data:`GROUPS` order (was: sent before received,
+then row order, which read the same three flows as dp -> pp -> dp -> pp or as dp -> pp by row order).
 
 Transitions. Between two consecutive phases of a NIC, ``from_group -> to_group``, the **window** is the
 idle time ``max(0, next start - previous end)`` (0 when they overlap: the two groups' traffic is on the
@@ -117,7 +121,9 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
             "step": np.tile(f["step"].to_numpy(np.int64), 2),
             "bytes": np.tile(f["bytes"].to_numpy(np.int64), 2) if "bytes" in f else 0,
         }
-    ).sort_values(["ep", "start", "end"], kind="stable")
+    ).sort_values(["ep", "start"], kind="stable")
+    long["rank"] = _instant_rank(long["ep"].to_numpy(), long["start"].to_numpy(), long["group"].to_numpy())
+    long = long.sort_values(["ep", "start", "rank", "end", "step"], kind="stable")
     ep = long["ep"].to_numpy()
     grp = long["group"].to_numpy()
     new = np.r_[True, (ep[1:] != ep[:-1]) | (grp[1:] != grp[:-1])] if len(long) else np.zeros(0, bool)
@@ -148,6 +154,31 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
         },
         columns=list(PHASE_COLUMNS),
     )
+
+
+def _instant_rank(ep: np.ndarray, start: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Order of every row among the rows of its NIC that start at the same instant: 0 for the group the
+    NIC's current phase has (it continues), else ``1 +`` the group's index in :data:`GROUPS` (a fixed order,
+    never the rows' order). The current phase entering an instant is the last group of the instant before
+    it; rows sorted by (``ep``, ``start``), shape (n,) each."""
+    n = len(ep)
+    if not n:
+        return np.zeros(0, np.int64)
+    gi = pd.Categorical(group, categories=list(GROUPS)).codes.astype(np.int64)
+    new = np.r_[True, (ep[1:] != ep[:-1]) | (start[1:] != start[:-1])]
+    inst = np.cumsum(new) - 1
+    n_inst = int(inst[-1]) + 1
+    mask = np.zeros(n_inst, np.int64)
+    np.bitwise_or.at(mask, inst, np.left_shift(1, gi))
+    first_of_nic = np.r_[True, ep[new][1:] != ep[new][:-1]]
+    top = np.floor(np.log2(mask)).astype(np.int64)  # highest group index present at the instant
+    last = np.where((mask & (mask - 1)) == 0, top, -1)  # one group: it; several: below
+    for i in np.flatnonzero(last < 0):  # instants of several groups, in time order: each needs the one before
+        c = -1 if first_of_nic[i] else int(last[i - 1])
+        rest = int(mask[i]) & ~(1 << c) if c >= 0 else int(mask[i])
+        last[i] = rest.bit_length() - 1 if rest else c
+    cur = np.where(first_of_nic, -1, np.r_[-1, last[:-1]])  # the group of the phase entering the instant
+    return np.where(gi == cur[inst], 0, 1 + gi)
 
 
 def transition_windows(phases: pd.DataFrame, steady_steps: set[int] | list[int], run_id: str) -> pd.DataFrame:

@@ -181,3 +181,51 @@ def test_empty_tables_keep_their_text_columns_typed(tmp_path):
         database._fill(con, t, dirs, {})
         (n,) = con.execute("select count(*) from transition_windows").fetchone() or (0,)
     assert len(empty) == 0 and n == len(full) == 20
+
+
+# A step's end: the pipeline's sends (pp), then at one instant the zero-length scalar all-reduces of the
+# loss over DP and of the gradient norm over DP and over PP, both directions of each (issue 38 item 3.1).
+SIMULTANEOUS = [
+    (1, 0, 10, 0, 1, "dp"),
+    (1, 12, 15, 0, 1, "pp"),
+    (1, 20, 20, 0, 1, "dp"),  # loss
+    (1, 20, 20, 1, 0, "dp"),
+    (1, 20, 20, 0, 1, "dp"),  # gradient norm over DP
+    (1, 20, 20, 1, 0, "dp"),
+    (1, 20, 20, 0, 1, "pp"),  # gradient norm over PP
+    (1, 20, 20, 1, 0, "pp"),
+    (2, 30, 40, 0, 1, "pp"),
+]
+
+
+def test_simultaneous_flows_continue_the_current_phase_whatever_the_row_order():
+    """Flows starting at one instant: the current phase's group continues first, then the others; the
+    phases and windows do not depend on the rows' order (by hand: dp [0, 10], pp [12, 20], dp [20, 20],
+    pp [30, 40]; windows 2, 0, 10 ms)."""
+    rng = np.random.default_rng(38)
+    orders = [list(range(9)), list(range(8, -1, -1))] + [list(rng.permutation(9)) for _ in range(60)]
+    for order in orders:
+        ph = rc.nic_phases(_flows([SIMULTANEOUS[i] for i in order]), 1, "r")
+        for nic in ("host-1", "host-2"):
+            p = ph[ph["nic"] == nic]
+            assert p["group"].tolist() == ["dp", "pp", "dp", "pp"], order
+            assert p["start_s"].round(9).tolist() == [0.0, 0.012, 0.02, 0.03]
+            assert p["end_s"].round(9).tolist() == [0.01, 0.02, 0.02, 0.04]
+            assert p["n_flows"].tolist() == [1, 3, 4, 1] and p["step"].tolist() == [1, 1, 1, 2]
+        t = rc.transition_windows(ph, {1, 2}, "r")
+        got = t[t["nic"] == "host-1"]
+        assert list(zip(got["step"], got["from_group"], got["to_group"], got["window_s"].round(9))) == [
+            (1, "dp", "pp", 0.002),
+            (1, "pp", "dp", 0.0),
+            (2, "dp", "pp", 0.01),
+        ]
+
+
+def test_simultaneous_groups_without_the_current_one_take_the_fixed_order():
+    """At an instant the current group is not at, the groups come in GROUPS' order (dp before pp), and the
+    next instant continues the last of them: tp, then {pp, dp} at 10 ms, then pp -> 3 transitions."""
+    rows = [(1, 0, 5, 0, 1, "tp"), (1, 10, 10, 0, 1, "pp"), (1, 10, 10, 1, 0, "dp"), (1, 12, 14, 0, 1, "pp")]
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        ph = rc.nic_phases(_flows([rows[i] for i in order]), 1, "r")
+        p = ph[ph["nic"] == "host-1"]
+        assert p["group"].tolist() == ["tp", "dp", "pp"] and p["end_s"].round(9).tolist() == [0.005, 0.01, 0.014]
