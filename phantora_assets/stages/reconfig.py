@@ -171,7 +171,7 @@ def database_tables() -> list[database.Table]:
                 "nic": "host-k or host-k/nic-i",
                 "from_group": "group of the phase that ends (tp, cp, ep, dp, pp, other)",
                 "to_group": "group of the phase that starts",
-                "window_s": "idle time on the NIC between the two phases, s (0 when they overlap)",
+                "window_s": "time with no flow of any group on the NIC before the next phase starts, s (0: none)",
             },
             optional=True,
         ),

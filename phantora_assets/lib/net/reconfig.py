@@ -15,8 +15,10 @@ continues first, then the instant's other groups in :data:`GROUPS` order (was: s
 then row order, which read the same three flows as dp -> pp -> dp -> pp or as dp -> pp by row order).
 
 Transitions. Between two consecutive phases of a NIC, ``from_group -> to_group``, the **window** is the
-idle time ``max(0, next start - previous end)`` (0 when they overlap: the two groups' traffic is on the
-NIC at once, and no reconfiguration can be hidden). A transition belongs to the step of the phase it
+time with no flow of any group on the NIC: ``max(0, next start - busy end)``, ``busy end`` the latest end
+of all the NIC's flows of the phases before the transition (not only the previous phase's: a flow of an
+earlier phase can still be on the NIC). 0 when traffic is on the NIC until the next phase starts, or
+overlaps it: no reconfiguration can be hidden. A transition belongs to the step of the phase it
 leads into (so the last phase of step s-1 -> the first of step s counts in step s); only steady steps
 are kept.
 
@@ -72,7 +74,7 @@ TRANSITION_COLUMNS: dict[str, str] = {
     "nic": "str",
     "from_group": "str",
     "to_group": "str",
-    "window_s": "float64",  # idle time between the phases, >= 0
+    "window_s": "float64",  # time with no flow on the NIC before the next phase, >= 0
 }
 
 SWEEP_COLUMNS: dict[str, str] = {
@@ -183,13 +185,19 @@ def _instant_rank(ep: np.ndarray, start: np.ndarray, group: np.ndarray) -> np.nd
 
 def transition_windows(phases: pd.DataFrame, steady_steps: set[int] | list[int], run_id: str) -> pd.DataFrame:
     """The transitions of every NIC between consecutive phases (of different groups, by construction),
-    in steady steps: ``TRANSITION_COLUMNS``, sorted by (step, nic, time)."""
+    in steady steps: ``TRANSITION_COLUMNS``, sorted by (step, nic, time). ``window_s``: the idle time
+    before the next phase after every earlier flow of the NIC (module docstring), s, >= 0."""
     p = phases.sort_values(["nic", "phase"], kind="stable")
     nic = p["nic"].to_numpy()
     same = np.r_[False, nic[1:] == nic[:-1]] if len(p) else np.zeros(0, bool)
     idx = np.nonzero(same)[0]
     prev, nxt = p.iloc[idx - 1], p.iloc[idx]
-    window = np.maximum(0.0, nxt["start_s"].to_numpy() - prev["end_s"].to_numpy())
+    # the end of every flow on the NIC so far: the running max of its phases' ends (a NIC's first phase
+    # starts it afresh); an earlier phase's flow can outlast the phase just before the transition
+    end = p["end_s"].to_numpy(np.float64)
+    nic_start = np.flatnonzero(~same) if len(p) else np.zeros(0, np.int64)
+    busy = np.concatenate([np.maximum.accumulate(seg) for seg in np.split(end, nic_start[1:])]) if len(p) else end
+    window = np.maximum(0.0, nxt["start_s"].to_numpy() - busy[idx - 1])
     out = pd.DataFrame(
         {
             "run_id": pd.Series([run_id] * len(idx), dtype=object),

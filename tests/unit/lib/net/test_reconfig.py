@@ -229,3 +229,31 @@ def test_simultaneous_groups_without_the_current_one_take_the_fixed_order():
         ph = rc.nic_phases(_flows([rows[i] for i in order]), 1, "r")
         p = ph[ph["nic"] == "host-1"]
         assert p["group"].tolist() == ["tp", "dp", "pp"] and p["end_s"].round(9).tolist() == [0.005, 0.01, 0.014]
+
+
+def test_a_window_is_time_with_no_flow_of_any_group_on_the_nic():
+    """An earlier phase's flow still on the NIC is not idle time (issue 38 item 3.2). host-1: dp [0, 100],
+    pp [10, 20], then dp at 50 (the dp flow of [0, 100] is still on: window 0, was 30 ms), tp at 150
+    (window 150 - 100 = 50 ms, was 150 - 60 = 90 ms), pp at 160 after tp [150, 155] (window 5 ms)."""
+    rows = [
+        (1, 0, 100, 0, 1, "dp"),
+        (1, 10, 20, 0, 1, "pp"),
+        (1, 50, 60, 0, 1, "dp"),
+        (1, 150, 155, 0, 1, "tp"),
+        (1, 160, 170, 0, 1, "pp"),
+        (2, 300, 310, 0, 1, "dp"),  # a second NIC's phases do not carry the first's busy end
+        (2, 400, 410, 2, 3, "dp"),
+        (2, 420, 430, 2, 3, "pp"),
+    ]
+    t = rc.transition_windows(rc.nic_phases(_flows(rows), 1, "r"), {1, 2}, "r")
+    h1 = t[t["nic"] == "host-1"]
+    assert list(zip(h1["from_group"], h1["to_group"], h1["window_s"].round(9))) == [
+        ("dp", "pp", 0.0),
+        ("pp", "dp", 0.0),
+        ("dp", "tp", 0.05),
+        ("tp", "pp", 0.005),
+        ("pp", "dp", 0.13),
+    ]
+    assert t[t["nic"] == "host-3"]["window_s"].round(9).tolist() == [0.01]
+    # provisioned at 10 ms: step 1 host-1 stalls 10 + 10 + 0 + 5 = 25 ms (was 10 + 0 + 0 + 5 = 15 ms)
+    assert rc.step_stalls(t, 0.010, "provisioned").round(9).to_dict() == {1: 0.025, 2: 0.0}
