@@ -19,8 +19,8 @@ time with no flow of any group on the NIC: ``max(0, next start - busy end)``, ``
 of all the NIC's flows of the phases before the transition (not only the previous phase's: a flow of an
 earlier phase can still be on the NIC). 0 when traffic is on the NIC until the next phase starts, or
 overlaps it: no reconfiguration can be hidden. A transition belongs to the step of the phase it
-leads into (so the last phase of step s-1 -> the first of step s counts in step s); only steady steps
-are kept.
+leads into (so the last phase of step s-1 -> the first of step s counts in step s); only timed steady
+steps are kept (``steps.timed``: a step cut by the trace's end, its end its last flow's, has no step time).
 
 Sweep. For each delay D (:data:`DELAYS_MS`) and mode:
 
@@ -32,7 +32,7 @@ A NIC's stall in a step is the sum over its transitions, ``T_stall = sum_i max(0
 for it). Per steady step ``T_compute`` is the step's compute time and ``T_non-overlapped comm`` the rest
 of its time (step time - compute: exposed communication and the waits on it, pipeline bubbles
 included); the stalled step takes ``step time + stall``, and
-``Util = T_compute / (T_compute + T_non-overlapped comm + T_stall)``. Over the steady steps:
+``Util = T_compute / (T_compute + T_non-overlapped comm + T_stall)``. Over the timed steady steps:
 ``step_time_s`` and ``stall_s`` are means, ``utilisation`` the ratio of the sums.
 
 Assumptions (docs/FABRIC.md): a stall delays the whole step by that amount (it is not overlapped with
@@ -81,8 +81,8 @@ SWEEP_COLUMNS: dict[str, str] = {
     "run_id": "str",
     "delay_ms": "int64",
     "mode": "str",  # on_demand | provisioned
-    "step_time_s": "float64",  # mean over steady steps of step time + stall
-    "stall_s": "float64",  # mean over steady steps of the step's stall (its most stalled NIC's)
+    "step_time_s": "float64",  # mean over timed steady steps of step time + stall
+    "stall_s": "float64",  # mean over timed steady steps of the step's stall (its most stalled NIC's)
     "utilisation": "float64",  # sum of T_compute / sum of stalled step times
 }
 
@@ -236,7 +236,7 @@ def reconfig_sweep(
 
     Args:
         transitions: :func:`transition_windows` rows.
-        steps: one row per steady step: ``step``, ``step_time_s``, ``compute_s`` (``0 <= compute_s <=
+        steps: one row per timed steady step: ``step``, ``step_time_s``, ``compute_s`` (``0 <= compute_s <=
             step_time_s``; the rest of the step is non-overlapped communication).
 
     Raises:

@@ -257,3 +257,24 @@ def test_a_window_is_time_with_no_flow_of_any_group_on_the_nic():
     assert t[t["nic"] == "host-3"]["window_s"].round(9).tolist() == [0.01]
     # provisioned at 10 ms: step 1 host-1 stalls 10 + 10 + 0 + 5 = 25 ms (was 10 + 0 + 0 + 5 = 15 ms)
     assert rc.step_stalls(t, 0.010, "provisioned").round(9).to_dict() == {1: 0.025, 2: 0.0}
+
+
+def test_the_step_cut_by_the_trace_end_is_no_step_time():
+    """Issue 38 item 3.3: step_anatomy rows of a run whose steady steps 1, 2 last 10.48 ms and whose last,
+    step 3, is cut by the trace's end at 3.42 ms (steady, not timed). The sweep's step time is the timed
+    steps' (10.48 ms at 0 ms delay; 8.127 ms with step 3 averaged in), utilisation the timed steps' compute
+    over their time (2 hosts: 6 and 8 ms of compute, 7 ms a step -> 14 / 20.96)."""
+    from phantora_assets.stages.reconfig import steady_step_times
+
+    rows = []
+    for step, t_ms, timed in ((0, 12.0, False), (1, 10.48, True), (2, 10.48, True), (3, 3.42, False)):
+        for node, c_ms in ((0, 6.0), (1, 8.0)):
+            rows.append((step, step > 0, timed, f"host-{node + 1}", node, t_ms * 1e3, min(c_ms, t_ms) * 1e3))
+    anat = pd.DataFrame(rows, columns=["step", "steady", "timed", "host", "node", "step_time_us", "compute_us"])
+    times = steady_step_times(anat)
+    assert times["step"].tolist() == [1, 2]
+    sw = rc.reconfig_sweep(rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "r"), {1, 2}, "r"), times, "r")
+    row = sw[(sw["delay_ms"] == 0) & (sw["mode"] == "on_demand")].iloc[0]
+    assert row["step_time_s"] == pytest.approx(0.01048) and row["utilisation"] == pytest.approx(14 / 20.96)
+    with pytest.raises(ValueError, match="no 'timed' column"):
+        steady_step_times(anat.drop(columns="timed"))
