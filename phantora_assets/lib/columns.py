@@ -71,6 +71,10 @@ STEP_COLUMNS: dict[str, str] = {
     "end_us": "float64",  # start of the next step (last step: end of its last flow)
     "duration_us": "float64",
     "steady": "bool",  # False for warm-up steps (and the partial/unbounded last one if untimed)
+    # steady and its end is the step's own end (the next step's start, or the framework's step marker): its
+    # duration is a step time. False for the last step of a trace whose end is its last flow's (cut by the
+    # trace's end: the compute after that flow is missing); average times over these, bytes over steady
+    "timed": "bool",
     "network_bytes": "int64",  # bytes of the step's flows with src_node != dst_node
     "n_flows": "int64",
     "outlier": "str",  # why a steady step is kept although it is > 10 % off the median (eval, checkpoint), else ""

@@ -62,7 +62,7 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     spans = anatomy.step_spans(steps[steps["step"] == chosen].iloc[0], flows, compute, hosts, intervals)
     write_parquet(table, pdir / "step_anatomy.parquet")
     write_parquet(spans, pdir / "step_spans.parquet")
-    steady = table[table["steady"]]
+    steady = table[table["timed"]]  # times: the steady steps whose end is their own (not cut by the trace's end)
     meta: dict[str, Any] = {"rows": len(table), "hosts": len(hosts), "chosen_step": chosen}
     if len(steady):
         meta.update(

@@ -205,7 +205,11 @@ def database_tables() -> list[database.Table]:
             dict(STEP_COLUMNS),
             "steps.parquet",
             "One row per step detected in the run's trace (steady = false: warm-up).",
-            {},
+            {
+                "steady": "false for warm-up steps (and for steps after the last complete one); its bytes are a step's",
+                "timed": "steady and ending at its own end: the last step of a trace that ends with its last flow is "
+                "not (cut by the trace's end); average step times over timed steps",
+            },
             add_run_id=True,
         ),
         database.Table(

@@ -6,7 +6,8 @@
 Reads ``validated_flows``' ``flows.parquet`` and ``steps.parquet`` and ``step_anatomy``'s table. Every flow
 gets its NICs (``lib/net/nics.py``; one NIC a host on TwoLayerMultiPath and FatTree), the per-NIC-pair
 table sums the steady steps, and ``lib/net/reconfig.py`` finds the phases, transition windows and the
-delay sweep. The analysis needs the flows' parallelism ``group`` (``tp``, ``cp``, ``ep``, ``dp``, ``pp``,
+delay sweep, over the timed steady steps (``steps.timed``: not the last step when the trace's end cuts its
+time short). The analysis needs the flows' parallelism ``group`` (``tp``, ``cp``, ``ep``, ``dp``, ``pp``,
 ``other``): a run whose flows do not carry it writes ``nic_pairs`` only and says so (the materialization's
 metadata ``skipped``), with no number guessed.
 """
@@ -96,10 +97,20 @@ def nic_pair_table(flows: pd.DataFrame, steady: set[int], k: int, run_id: str) -
     )
 
 
-def steady_step_times(anatomy: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
-    """Per steady step: ``step``, ``step_time_s`` and ``compute_s`` (the mean over hosts of
-    ``step_anatomy``'s ``compute_us``)."""
-    a = anatomy[anatomy["step"].isin(steady)]
+def steady_step_times(anatomy: pd.DataFrame) -> pd.DataFrame:
+    """Per timed steady step (``step_anatomy``'s ``timed``: not the last step a trace's end cuts short, whose
+    time lacks what follows its last flow): ``step``, ``step_time_s`` and ``compute_s`` (the mean over hosts
+    of ``step_anatomy``'s ``compute_us``).
+
+    Raises:
+        ValueError: ``anatomy`` has no ``timed`` column (built before it: rebuild ``validated_flows`` and
+            ``step_anatomy``).
+    """
+    if "timed" not in anatomy.columns:
+        raise ValueError(
+            "step_anatomy.parquet has no 'timed' column (built before it): rebuild validated_flows and step_anatomy"
+        )
+    a = anatomy[anatomy["timed"].to_numpy(bool)]
     g = a.groupby("step", sort=True).agg(t=("step_time_us", "first"), c=("compute_us", "mean")).reset_index()
     return pd.DataFrame({"step": g["step"].to_numpy(np.int64), "step_time_s": g["t"] / 1e6, "compute_s": g["c"] / 1e6})
 
@@ -125,6 +136,11 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
     steps = pd.read_parquet(pdir / "steps.parquet")
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
+    if "timed" not in steps.columns:
+        raise ValueError("steps.parquet has no 'timed' column (built before it): rebuild validated_flows")
+    # bytes per step over the steady steps (their calls are complete); times, transitions and the sweep over the
+    # timed ones (docs/FABRIC.md: the last step a trace's end cuts short is no step time)
+    timed = set(steps.loc[steps["timed"].to_numpy(bool), "step"].astype(int).tolist())
     flows, k = nic_flows(spec, flows, paths)
     pairs = nic_pair_table(flows, steady, k, spec.run_id)
     write_parquet(pairs, paths.table(spec.run_id, "nic_pairs"), columns=NIC_PAIR_COLUMNS)
@@ -134,8 +150,8 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
         return StageResult(paths.table(spec.run_id, "nic_pairs"), {**meta, "skipped": why})
     phases = reconfig.nic_phases(flows, k, spec.run_id)
-    trans = reconfig.transition_windows(phases, steady, spec.run_id)
-    times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), steady)
+    trans = reconfig.transition_windows(phases, timed, spec.run_id)
+    times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
     for name, df, columns in (
         ("nic_phases", phases, reconfig.PHASE_COLUMNS),
@@ -177,13 +193,13 @@ def database_tables() -> list[database.Table]:
             dict(reconfig.TRANSITION_COLUMNS),
             "transition_windows.parquet",
             "One row per transition of a NIC between communication phases of two parallelism groups in a "
-            "steady step, with the idle window between them (lib/net/reconfig.py; docs/FABRIC.md).",
+            "timed steady step, with the idle window before the next phase (lib/net/reconfig.py; docs/FABRIC.md).",
             {
                 "step": "the step of the phase the transition leads into",
                 "nic": "host-k or host-k/nic-i",
                 "from_group": "group of the phase that ends (tp, cp, ep, dp, pp, other)",
                 "to_group": "group of the phase that starts",
-                "window_s": "idle time on the NIC between the two phases, s (0 when they overlap)",
+                "window_s": "time with no flow of any group on the NIC before the next phase starts, s (0: none)",
             },
             optional=True,
         ),
@@ -196,9 +212,9 @@ def database_tables() -> list[database.Table]:
             {
                 "delay_ms": "reconfiguration delay: 0, 1, 5, 10, 50, 100, 250, 500, 750, 1000 ms",
                 "mode": "on_demand (each transition stalls the delay) | provisioned (max(0, delay - window))",
-                "step_time_s": "mean over steady steps of step time + the step's stall",
-                "stall_s": "mean over steady steps of the stall of the step's most stalled NIC",
-                "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), over the steady steps",
+                "step_time_s": "mean over timed steady steps of step time + the step's stall",
+                "stall_s": "mean over timed steady steps of the stall of the step's most stalled NIC",
+                "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), over the timed steady steps",
             },
             optional=True,
         ),

@@ -66,6 +66,7 @@ def steps_from_spans(
             "end_us": ends,
             "duration_us": ends - starts,
             "steady": np.arange(n) >= warmup_steps,
+            "timed": np.arange(n) >= warmup_steps,  # every step ends at its own marker's end, the last too
             "network_bytes": net_bytes.astype(np.int64),
             "n_flows": n_flows.astype(np.int64),
             "outlier": "",

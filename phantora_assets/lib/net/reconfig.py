@@ -6,15 +6,21 @@ parallelism group's traffic at a time and are reconfigured, taking ``delay``, wh
 passes from one group to another.
 
 Phases. A NIC's flows are the network flows it sends or receives (not those inside one scale-up domain).
-Sorted by start (then end), a **phase** is a maximal run of consecutive flows of one ``group``
+Sorted by start, a **phase** is a maximal run of consecutive flows of one ``group``
 (``tp``, ``cp``, ``ep``, ``dp``, ``pp``, ``other``): it starts at its first flow's start and ends at the
-latest end of its flows. Consecutive phases of a NIC have different groups by construction.
+latest end of its flows. Consecutive phases of a NIC have different groups by construction. Flows that
+start at one instant (a step's zero-length scalar all-reduces: the loss over DP, the gradient norm over
+DP and over PP) have no order in the trace, so none is taken from the rows: the current phase's group
+continues first, then the instant's other groups in :data:`GROUPS` order (was: sent before received,
+then row order, which read the same three flows as dp -> pp -> dp -> pp or as dp -> pp by row order).
 
 Transitions. Between two consecutive phases of a NIC, ``from_group -> to_group``, the **window** is the
-idle time ``max(0, next start - previous end)`` (0 when they overlap: the two groups' traffic is on the
-NIC at once, and no reconfiguration can be hidden). A transition belongs to the step of the phase it
-leads into (so the last phase of step s-1 -> the first of step s counts in step s); only steady steps
-are kept.
+time with no flow of any group on the NIC: ``max(0, next start - busy end)``, ``busy end`` the latest end
+of all the NIC's flows of the phases before the transition (not only the previous phase's: a flow of an
+earlier phase can still be on the NIC). 0 when traffic is on the NIC until the next phase starts, or
+overlaps it: no reconfiguration can be hidden. A transition belongs to the step of the phase it
+leads into (so the last phase of step s-1 -> the first of step s counts in step s); only timed steady
+steps are kept (``steps.timed``: a step cut by the trace's end, its end its last flow's, has no step time).
 
 Sweep. For each delay D (:data:`DELAYS_MS`) and mode:
 
@@ -26,7 +32,7 @@ A NIC's stall in a step is the sum over its transitions, ``T_stall = sum_i max(0
 for it). Per steady step ``T_compute`` is the step's compute time and ``T_non-overlapped comm`` the rest
 of its time (step time - compute: exposed communication and the waits on it, pipeline bubbles
 included); the stalled step takes ``step time + stall``, and
-``Util = T_compute / (T_compute + T_non-overlapped comm + T_stall)``. Over the steady steps:
+``Util = T_compute / (T_compute + T_non-overlapped comm + T_stall)``. Over the timed steady steps:
 ``step_time_s`` and ``stall_s`` are means, ``utilisation`` the ratio of the sums.
 
 Assumptions (docs/FABRIC.md): a stall delays the whole step by that amount (it is not overlapped with
@@ -68,15 +74,15 @@ TRANSITION_COLUMNS: dict[str, str] = {
     "nic": "str",
     "from_group": "str",
     "to_group": "str",
-    "window_s": "float64",  # idle time between the phases, >= 0
+    "window_s": "float64",  # time with no flow on the NIC before the next phase, >= 0
 }
 
 SWEEP_COLUMNS: dict[str, str] = {
     "run_id": "str",
     "delay_ms": "int64",
     "mode": "str",  # on_demand | provisioned
-    "step_time_s": "float64",  # mean over steady steps of step time + stall
-    "stall_s": "float64",  # mean over steady steps of the step's stall (its most stalled NIC's)
+    "step_time_s": "float64",  # mean over timed steady steps of step time + stall
+    "stall_s": "float64",  # mean over timed steady steps of the step's stall (its most stalled NIC's)
     "utilisation": "float64",  # sum of T_compute / sum of stalled step times
 }
 
@@ -117,7 +123,9 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
             "step": np.tile(f["step"].to_numpy(np.int64), 2),
             "bytes": np.tile(f["bytes"].to_numpy(np.int64), 2) if "bytes" in f else 0,
         }
-    ).sort_values(["ep", "start", "end"], kind="stable")
+    ).sort_values(["ep", "start"], kind="stable")
+    long["rank"] = _instant_rank(long["ep"].to_numpy(), long["start"].to_numpy(), long["group"].to_numpy())
+    long = long.sort_values(["ep", "start", "rank", "end", "step"], kind="stable")
     ep = long["ep"].to_numpy()
     grp = long["group"].to_numpy()
     new = np.r_[True, (ep[1:] != ep[:-1]) | (grp[1:] != grp[:-1])] if len(long) else np.zeros(0, bool)
@@ -150,15 +158,46 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
     )
 
 
+def _instant_rank(ep: np.ndarray, start: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Order of every row among the rows of its NIC that start at the same instant: 0 for the group the
+    NIC's current phase has (it continues), else ``1 +`` the group's index in :data:`GROUPS` (a fixed order,
+    never the rows' order). The current phase entering an instant is the last group of the instant before
+    it; rows sorted by (``ep``, ``start``), shape (n,) each."""
+    n = len(ep)
+    if not n:
+        return np.zeros(0, np.int64)
+    gi = pd.Categorical(group, categories=list(GROUPS)).codes.astype(np.int64)
+    new = np.r_[True, (ep[1:] != ep[:-1]) | (start[1:] != start[:-1])]
+    inst = np.cumsum(new) - 1
+    n_inst = int(inst[-1]) + 1
+    mask = np.zeros(n_inst, np.int64)
+    np.bitwise_or.at(mask, inst, np.left_shift(1, gi))
+    first_of_nic = np.r_[True, ep[new][1:] != ep[new][:-1]]
+    top = np.floor(np.log2(mask)).astype(np.int64)  # highest group index present at the instant
+    last = np.where((mask & (mask - 1)) == 0, top, -1)  # one group: it; several: below
+    for i in np.flatnonzero(last < 0):  # instants of several groups, in time order: each needs the one before
+        c = -1 if first_of_nic[i] else int(last[i - 1])
+        rest = int(mask[i]) & ~(1 << c) if c >= 0 else int(mask[i])
+        last[i] = rest.bit_length() - 1 if rest else c
+    cur = np.where(first_of_nic, -1, np.r_[-1, last[:-1]])  # the group of the phase entering the instant
+    return np.where(gi == cur[inst], 0, 1 + gi)
+
+
 def transition_windows(phases: pd.DataFrame, steady_steps: set[int] | list[int], run_id: str) -> pd.DataFrame:
     """The transitions of every NIC between consecutive phases (of different groups, by construction),
-    in steady steps: ``TRANSITION_COLUMNS``, sorted by (step, nic, time)."""
+    in steady steps: ``TRANSITION_COLUMNS``, sorted by (step, nic, time). ``window_s``: the idle time
+    before the next phase after every earlier flow of the NIC (module docstring), s, >= 0."""
     p = phases.sort_values(["nic", "phase"], kind="stable")
     nic = p["nic"].to_numpy()
     same = np.r_[False, nic[1:] == nic[:-1]] if len(p) else np.zeros(0, bool)
     idx = np.nonzero(same)[0]
     prev, nxt = p.iloc[idx - 1], p.iloc[idx]
-    window = np.maximum(0.0, nxt["start_s"].to_numpy() - prev["end_s"].to_numpy())
+    # the end of every flow on the NIC so far: the running max of its phases' ends (a NIC's first phase
+    # starts it afresh); an earlier phase's flow can outlast the phase just before the transition
+    end = p["end_s"].to_numpy(np.float64)
+    nic_start = np.flatnonzero(~same) if len(p) else np.zeros(0, np.int64)
+    busy = np.concatenate([np.maximum.accumulate(seg) for seg in np.split(end, nic_start[1:])]) if len(p) else end
+    window = np.maximum(0.0, nxt["start_s"].to_numpy() - busy[idx - 1])
     out = pd.DataFrame(
         {
             "run_id": pd.Series([run_id] * len(idx), dtype=object),
@@ -197,7 +236,7 @@ def reconfig_sweep(
 
     Args:
         transitions: :func:`transition_windows` rows.
-        steps: one row per steady step: ``step``, ``step_time_s``, ``compute_s`` (``0 <= compute_s <=
+        steps: one row per timed steady step: ``step``, ``step_time_s``, ``compute_s`` (``0 <= compute_s <=
             step_time_s``; the rest of the step is non-overlapped communication).
 
     Raises:

@@ -155,21 +155,23 @@ VIEWS: tuple[View, ...] = (
         """
         SELECT run_id,
                count(DISTINCT step) AS n_steady_steps,
+               count(DISTINCT step) FILTER (WHERE timed) AS n_timed_steps,
                count(DISTINCT host) AS n_hosts,
-               median(step_time_us) / 1e3 AS step_time_ms,
-               avg(compute_us) / 1e3 AS compute_ms,
-               avg(comm_us) / 1e3 AS comm_ms,
-               avg(overlap_us) / 1e3 AS overlapped_comm_ms,
-               avg(exposed_comm_us) / 1e3 AS exposed_comm_ms,
-               avg(idle_us) / 1e3 AS idle_ms,
-               avg(compute_us / step_time_us) AS compute_share,
-               avg(exposed_comm_us / step_time_us) AS exposed_comm_share
+               median(step_time_us) FILTER (WHERE timed) / 1e3 AS step_time_ms,
+               avg(compute_us) FILTER (WHERE timed) / 1e3 AS compute_ms,
+               avg(comm_us) FILTER (WHERE timed) / 1e3 AS comm_ms,
+               avg(overlap_us) FILTER (WHERE timed) / 1e3 AS overlapped_comm_ms,
+               avg(exposed_comm_us) FILTER (WHERE timed) / 1e3 AS exposed_comm_ms,
+               avg(idle_us) FILTER (WHERE timed) / 1e3 AS idle_ms,
+               avg(compute_us / step_time_us) FILTER (WHERE timed) AS compute_share,
+               avg(exposed_comm_us / step_time_us) FILTER (WHERE timed) AS exposed_comm_share
         FROM step_anatomy WHERE steady GROUP BY run_id
         ORDER BY run_id
         """,
-        "Step anatomy per run: the step_anatomy rows of the steady steps averaged over steps and hosts "
-        "(step time: median).",
+        "Step anatomy per run: the step_anatomy rows of the timed steady steps (not the last step when the "
+        "trace's end cuts it) averaged over steps and hosts (step time: median).",
         {
+            "n_timed_steps": "steady steps whose end is their own, the ones the times are averaged over",
             "compute_ms": "mean per-host compute time per steady step, ms",
             "comm_ms": "mean per-host network time per steady step, ms",
             "overlapped_comm_ms": "mean network time hidden behind compute, ms",

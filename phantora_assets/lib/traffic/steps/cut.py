@@ -327,7 +327,8 @@ def step_table(
     """The step table (``STEP_COLUMNS``) of a step for every sorted row (-1: no step), and the
     start (us) of every step, shape (n_steps,). A step starts with its first flow and ends where
     the next starts (the last one: with the end of its last flow); steps ``first_steady ..
-    n_complete - 1`` are steady."""
+    n_complete - 1`` are steady, and those of them with a next step are timed (the last step's
+    duration ends at its last flow, not at the step's end: its calls are complete, its time is not)."""
     period_step = np.empty(cs.n_rows, dtype=np.int64)
     period_step[cs.order] = step_sorted
     ts, dur, sn, dn, nbytes = cs.flow_arrays
@@ -350,6 +351,7 @@ def step_table(
             "end_us": ends,
             "duration_us": ends - starts,
             "steady": steady,
+            "timed": steady & (np.arange(n_steps) < n_steps - 1),
             "network_bytes": net,
             "n_flows": n.astype(np.int64),
             "outlier": "",

@@ -457,14 +457,13 @@ def detect_steps(
     period_step = np.empty(n_rows, dtype=np.int64)
     period_step[cs.order] = cut.step_sorted
     steady_steps = [int(k) for k in range(first_steady, n_complete)]
-    if n_complete < len(steps):  # the last step is not steady: every steady step ends at the next one's start
-        timed = steady_steps
-    else:
-        timed = steady_steps[:-1]  # the last step's end is its last flow's: never a step time
-        if not timed:
-            raise step_error(
-                src, "no steady step", "the only steady step is the last one, which has no next step to end it"
-            )
+    # the step table's rule (cut.step_table): a steady step with a next step is timed; the last step's end is
+    # its last flow's, never a step time
+    timed = [int(k) for k in steps.loc[steps["timed"].to_numpy(bool), "step"]]
+    if not timed:
+        raise step_error(
+            src, "no steady step", "the only steady step is the last one, which has no next step to end it"
+        )
     if len(steady_steps) < 2:  # the rule's "every steady step" needs two to compare
         raise step_error(
             src,

@@ -181,3 +181,100 @@ def test_empty_tables_keep_their_text_columns_typed(tmp_path):
         database._fill(con, t, dirs, {})
         (n,) = con.execute("select count(*) from transition_windows").fetchone() or (0,)
     assert len(empty) == 0 and n == len(full) == 20
+
+
+# A step's end: the pipeline's sends (pp), then at one instant the zero-length scalar all-reduces of the
+# loss over DP and of the gradient norm over DP and over PP, both directions of each (issue 38 item 3.1).
+SIMULTANEOUS = [
+    (1, 0, 10, 0, 1, "dp"),
+    (1, 12, 15, 0, 1, "pp"),
+    (1, 20, 20, 0, 1, "dp"),  # loss
+    (1, 20, 20, 1, 0, "dp"),
+    (1, 20, 20, 0, 1, "dp"),  # gradient norm over DP
+    (1, 20, 20, 1, 0, "dp"),
+    (1, 20, 20, 0, 1, "pp"),  # gradient norm over PP
+    (1, 20, 20, 1, 0, "pp"),
+    (2, 30, 40, 0, 1, "pp"),
+]
+
+
+def test_simultaneous_flows_continue_the_current_phase_whatever_the_row_order():
+    """Flows starting at one instant: the current phase's group continues first, then the others; the
+    phases and windows do not depend on the rows' order (by hand: dp [0, 10], pp [12, 20], dp [20, 20],
+    pp [30, 40]; windows 2, 0, 10 ms)."""
+    rng = np.random.default_rng(38)
+    orders = [list(range(9)), list(range(8, -1, -1))] + [list(rng.permutation(9)) for _ in range(60)]
+    for order in orders:
+        ph = rc.nic_phases(_flows([SIMULTANEOUS[i] for i in order]), 1, "r")
+        for nic in ("host-1", "host-2"):
+            p = ph[ph["nic"] == nic]
+            assert p["group"].tolist() == ["dp", "pp", "dp", "pp"], order
+            assert p["start_s"].round(9).tolist() == [0.0, 0.012, 0.02, 0.03]
+            assert p["end_s"].round(9).tolist() == [0.01, 0.02, 0.02, 0.04]
+            assert p["n_flows"].tolist() == [1, 3, 4, 1] and p["step"].tolist() == [1, 1, 1, 2]
+        t = rc.transition_windows(ph, {1, 2}, "r")
+        got = t[t["nic"] == "host-1"]
+        assert list(zip(got["step"], got["from_group"], got["to_group"], got["window_s"].round(9))) == [
+            (1, "dp", "pp", 0.002),
+            (1, "pp", "dp", 0.0),
+            (2, "dp", "pp", 0.01),
+        ]
+
+
+def test_simultaneous_groups_without_the_current_one_take_the_fixed_order():
+    """At an instant the current group is not at, the groups come in GROUPS' order (dp before pp), and the
+    next instant continues the last of them: tp, then {pp, dp} at 10 ms, then pp -> 3 transitions."""
+    rows = [(1, 0, 5, 0, 1, "tp"), (1, 10, 10, 0, 1, "pp"), (1, 10, 10, 1, 0, "dp"), (1, 12, 14, 0, 1, "pp")]
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        ph = rc.nic_phases(_flows([rows[i] for i in order]), 1, "r")
+        p = ph[ph["nic"] == "host-1"]
+        assert p["group"].tolist() == ["tp", "dp", "pp"] and p["end_s"].round(9).tolist() == [0.005, 0.01, 0.014]
+
+
+def test_a_window_is_time_with_no_flow_of_any_group_on_the_nic():
+    """An earlier phase's flow still on the NIC is not idle time (issue 38 item 3.2). host-1: dp [0, 100],
+    pp [10, 20], then dp at 50 (the dp flow of [0, 100] is still on: window 0, was 30 ms), tp at 150
+    (window 150 - 100 = 50 ms, was 150 - 60 = 90 ms), pp at 160 after tp [150, 155] (window 5 ms)."""
+    rows = [
+        (1, 0, 100, 0, 1, "dp"),
+        (1, 10, 20, 0, 1, "pp"),
+        (1, 50, 60, 0, 1, "dp"),
+        (1, 150, 155, 0, 1, "tp"),
+        (1, 160, 170, 0, 1, "pp"),
+        (2, 300, 310, 0, 1, "dp"),  # a second NIC's phases do not carry the first's busy end
+        (2, 400, 410, 2, 3, "dp"),
+        (2, 420, 430, 2, 3, "pp"),
+    ]
+    t = rc.transition_windows(rc.nic_phases(_flows(rows), 1, "r"), {1, 2}, "r")
+    h1 = t[t["nic"] == "host-1"]
+    assert list(zip(h1["from_group"], h1["to_group"], h1["window_s"].round(9))) == [
+        ("dp", "pp", 0.0),
+        ("pp", "dp", 0.0),
+        ("dp", "tp", 0.05),
+        ("tp", "pp", 0.005),
+        ("pp", "dp", 0.13),
+    ]
+    assert t[t["nic"] == "host-3"]["window_s"].round(9).tolist() == [0.01]
+    # provisioned at 10 ms: step 1 host-1 stalls 10 + 10 + 0 + 5 = 25 ms (was 10 + 0 + 0 + 5 = 15 ms)
+    assert rc.step_stalls(t, 0.010, "provisioned").round(9).to_dict() == {1: 0.025, 2: 0.0}
+
+
+def test_the_step_cut_by_the_trace_end_is_no_step_time():
+    """Issue 38 item 3.3: step_anatomy rows of a run whose steady steps 1, 2 last 10.48 ms and whose last,
+    step 3, is cut by the trace's end at 3.42 ms (steady, not timed). The sweep's step time is the timed
+    steps' (10.48 ms at 0 ms delay; 8.127 ms with step 3 averaged in), utilisation the timed steps' compute
+    over their time (2 hosts: 6 and 8 ms of compute, 7 ms a step -> 14 / 20.96)."""
+    from phantora_assets.stages.reconfig import steady_step_times
+
+    rows = []
+    for step, t_ms, timed in ((0, 12.0, False), (1, 10.48, True), (2, 10.48, True), (3, 3.42, False)):
+        for node, c_ms in ((0, 6.0), (1, 8.0)):
+            rows.append((step, step > 0, timed, f"host-{node + 1}", node, t_ms * 1e3, min(c_ms, t_ms) * 1e3))
+    anat = pd.DataFrame(rows, columns=["step", "steady", "timed", "host", "node", "step_time_us", "compute_us"])
+    times = steady_step_times(anat)
+    assert times["step"].tolist() == [1, 2]
+    sw = rc.reconfig_sweep(rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "r"), {1, 2}, "r"), times, "r")
+    row = sw[(sw["delay_ms"] == 0) & (sw["mode"] == "on_demand")].iloc[0]
+    assert row["step_time_s"] == pytest.approx(0.01048) and row["utilisation"] == pytest.approx(14 / 20.96)
+    with pytest.raises(ValueError, match="no 'timed' column"):
+        steady_step_times(anat.drop(columns="timed"))

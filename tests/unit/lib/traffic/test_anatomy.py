@@ -31,7 +31,9 @@ def test_covered() -> None:
 
 
 def _steps(bounds: list[tuple[float, float]], steady: list[bool]) -> pd.DataFrame:
-    rows = [(i, a, b, b - a, s, 0, 0, "") for i, ((a, b), s) in enumerate(zip(bounds, steady))]
+    rows = [
+        (i, a, b, b - a, s, s and i < len(bounds) - 1, 0, 0, "") for i, ((a, b), s) in enumerate(zip(bounds, steady))
+    ]
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS)).astype(STEP_COLUMNS)
 
 
@@ -66,6 +68,8 @@ def test_step_anatomy_by_hand() -> None:
     h = r.loc[(1, "host-1")]
     assert (h.compute_us, h.comm_us, h.overlap_us, h.exposed_comm_us, h.idle_us) == (60, 40, 20, 20, 20)
     assert bool(h.steady) and h.node == 0 and h.step_time_us == 100
+    # steps.timed carried over: step 1 is the last one (cut by the trace's end), steady but not timed
+    assert t["timed"].tolist() == [False] * 4 and t["steady"].tolist() == [False, False, True, True]
     # host-2, step 1: no compute, receives [150,190)
     h = r.loc[(1, "host-2")]
     assert (h.compute_us, h.exposed_comm_us, h.idle_us) == (0, 40, 60)
@@ -137,3 +141,29 @@ def test_hosts_and_nodes() -> None:
     compute = pd.DataFrame({"host": ["host-2"]})
     assert anatomy.hosts_of(flows, compute) == ["host-1", "host-2", "host-3"]
     assert anatomy.hosts_of(flows, compute, n_nodes=4) == ["host-1", "host-2", "host-3", "host-4"]
+
+
+def test_run_anatomy_view_averages_timed_steps_only() -> None:
+    """The database's run_anatomy view: times over the timed steady steps (the last step, cut by the trace's
+    end at 3.42 ms beside 10.48 ms ones, is counted as steady but not averaged; issue 38 item 3.3)."""
+    import duckdb
+
+    from phantora_assets.lib.store.database import VIEWS
+
+    (view,) = [v for v in VIEWS if v.name == "run_anatomy"]
+    rows = [
+        ("r", s, s > 0, timed, "host-1", 0, 0.0, t, c, 0.0, 0.0, 0.0, t - c)
+        for s, timed, t, c in (
+            (0, False, 12_000.0, 6_000.0),
+            (1, True, 10_480.0, 6_000.0),
+            (2, True, 10_480.0, 8_000.0),
+            (3, False, 3_420.0, 3_000.0),
+        )
+    ]
+    cols = ["run_id", *anatomy.ANATOMY_COLUMNS]
+    frame = pd.DataFrame(rows, columns=cols)  # noqa: F841 (read by DuckDB by name)
+    with duckdb.connect() as con:
+        con.execute("CREATE TABLE step_anatomy AS SELECT * FROM frame")
+        con.execute(f"CREATE VIEW run_anatomy AS {view.sql}")
+        got = con.execute("SELECT n_steady_steps, n_timed_steps, step_time_ms, compute_ms FROM run_anatomy").fetchone()
+    assert got == (3, 2, pytest.approx(10.48), pytest.approx(7.0))

@@ -56,6 +56,11 @@ def test_clean_run_steps(clean_run):
     assert sr.steady_steps == list(range(1, 20))  # 19 steady steps
     assert sr.timed_steps == list(range(1, 19))  # the last one is untimed
     assert sr.steps["steady"].tolist() == [False] + [True] * 19
+    # the step table says which steps are timed (issue 38 item 3.3): the last ends at its last flow, not at
+    # the next step's start (its calls are complete, its time is not: it stays steady, it is not timed)
+    assert sr.steps["timed"].tolist() == [False] + [True] * 18 + [False]
+    last = sr.steps.iloc[-1]
+    assert last["end_us"] == flows["ts_us"].add(flows["dur_us"]).max() and last["duration_us"] < T
     assert sr.step_time_us == T
     assert sr.network_bytes_per_step == NET_BYTES_PER_STEP == 16_777_228
     assert (sr.steps.loc[sr.steps.steady, "network_bytes"] == NET_BYTES_PER_STEP).all()
