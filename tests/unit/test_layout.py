@@ -1,5 +1,6 @@
 """The tree stays the one the README's Layout section describes: every module named there with its
-job. Modules follow ideas, not counts: no cap on a folder's modules (issue 41). (A function's size and complexity: ruff's C901 and PLR09xx
+job. Modules follow ideas, not counts: no cap on a folder's modules (issue 41).
+(A function's size and complexity: ruff's C901 and PLR09xx
 limits in pyproject.toml, run by .ci/run; dead code: vulture, also there.)"""
 
 from __future__ import annotations
