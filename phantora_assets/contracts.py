@@ -112,7 +112,12 @@ RUNS = _with_units(
             "inter_node_bytes_per_step": Column(
                 "int64", Check.ge(0), description="network bytes of one steady step, both directions"
             ),
-            "nic_bw": Column(float, Check.gt(0), description="simulated host link, bytes/s (800 Gbps = 1e11)"),
+            "nic_bw": Column(
+                float,
+                Check.gt(0),
+                description="a host's network bandwidth, bytes/s: its link (800 Gbps = 1e11), on a multi-NIC "
+                "fabric the sum of its NICs' (8 NICs of 400 Gbps = 4e11)",
+            ),
             "flops_per_step": Column(
                 float, Check.ge(0), nullable=True, description="model FLOP per step, all ranks (roofline timing only)"
             ),

@@ -89,7 +89,7 @@ def read_registry(data_root: str | Path) -> list[RunSpec]:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise RunMatrixError(f"{path}: cannot read the imports registry ({exc})") from exc
-    specs = parse_entries(data.get("run", []), str(path))
+    specs = parse_entries(data.get("run", []), str(path), folder=path.parent)
     for s in specs:
         if s.source not in IMPORT_SOURCES:
             raise RunMatrixError(f"{path}: entry {s.run_id} has source {s.source!r}; the registry holds imports only")

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
 from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.net.fabric import resolve_files
 from phantora_assets.lib.run import catalog
 from phantora_assets.lib.run.catalog import package_toml, shipped_gpu_specs, shipped_workloads
 from phantora_assets.lib.run.spec import RunSpec, validate
@@ -44,11 +46,14 @@ def parse_entries(
     source_name: str = "runs.toml",
     workloads: dict[str, WorkloadSpec] | None = None,
     gpus: dict[str, dict[str, Any]] | None = None,
+    folder: Path | None = None,
 ) -> list[RunSpec]:
     """Turn ``[[run]]`` tables into validated RunSpecs (values as written: nothing is coerced);
     run_ids must be unique. ``entries`` is the file's ``run`` value: an array of tables;
     ``workloads`` / ``gpus`` the file's own ``[workloads.NAME]`` / ``[gpus.NAME]`` (a run naming
-    one carries its definition)."""
+    one carries its definition); ``folder`` the file's folder, against which a relative file a
+    topology names (``fabric_file``) is read (``lib/net/fabric.resolve_files``; None: the working
+    directory, for tables not read from a file)."""
     workloads, gpus = workloads or {}, gpus or {}
     if not isinstance(entries, list):
         hint = " (write [[run]], not [run])" if isinstance(entries, dict) else ""
@@ -75,6 +80,7 @@ def parse_entries(
             raise RunMatrixError(
                 f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {got_repr(topology)}"
             )
+        topology = resolve_files(topology, folder)
         spec = RunSpec(
             workload=raw["workload"],
             gpu=raw["gpu"],
@@ -129,14 +135,16 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
         RunMatrixError: an entry is invalid; the message names the file, the entry and the rule.
     """
     path = Path(path) if path else run_matrix_path()
-    key = str(path) if path is not None else ""
+    key = str(path.absolute()) if path is not None else ""  # its relative files resolve against its folder
     stamp = tables.file_stamp(path) if path is not None else None
     hit = _PARSED.get(key)
     if hit is not None and hit[0] == stamp and (path is None or stamp is not None):
         return list(hit[1])
     if path is None:
         data, name = package_toml("runs.toml"), "runs.toml"
+        folder = Path(str(resources.files("phantora_assets")))
     else:
+        folder = path.parent
         try:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -145,7 +153,7 @@ def load_run_matrix(path: str | Path | None = None) -> list[RunSpec]:
     wls, gpus = (
         tables.file_tables(data, name, shipped_workloads(), shipped_gpu_specs()) if path is not None else ({}, {})
     )
-    specs = parse_entries(data.get("run", []), name, wls, gpus)
+    specs = parse_entries(data.get("run", []), name, wls, gpus, folder)
     _PARSED[key] = (stamp, specs)
     return list(specs)
 

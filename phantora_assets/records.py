@@ -158,9 +158,9 @@ class TraceSummary(msgspec.Struct, kw_only=True):
 
 class RunSpecRecord(msgspec.Struct, kw_only=True):
     """``run_spec.json``: what a run was built from (its run-matrix entry, the workload preset,
-    the GPU's entry, the network, the perf DB files' sha256) and the ``fingerprint`` of it; the
-    dataset export compares it with the current entry so that a run built from an older entry is
-    named as stale, never exported silently."""
+    the GPU's entry, the network, the sha256 of the perf DB files and of a fabric file) and the
+    ``fingerprint`` of it; the dataset export compares it with the current entry so that a run
+    built from an older entry or file is named as stale, never exported silently."""
 
     run_id: str
     fingerprint: str

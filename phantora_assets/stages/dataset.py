@@ -19,6 +19,7 @@ import pandas as pd
 from phantora_assets import contracts
 from phantora_assets.checks import DUCKDB_MATCHES_DATASET, RUNS_CONTRACT, WINDOWS_CONTRACT, reset_checks
 from phantora_assets.lib.columns import BIN_COLUMNS, FLOW_COLUMNS, STEP_COLUMNS
+from phantora_assets.lib.net.fabric import host_nic_bw
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, database
 from phantora_assets.lib.store.parquet import write_parquet
@@ -78,14 +79,14 @@ def summarize_run(spec: RunSpec, paths: DataPaths, source: str | None = None) ->
     else:
         run_log = read_record_or_none(pdir / "run_log.json", RunLogRecord)
         peak_memory_gib = run_log.peak_memory_gib if run_log is not None else None
-    row = {
+    row: dict[str, Any] = {
         "run_id": spec.run_id,
         "source": source or src.DATASET_SOURCE,
         "layout": spec.layout,
         "n_nodes": spec.n_nodes,
         "step_time_s": step_time_s,
         "inter_node_bytes_per_step": int(summary.network_bytes_per_step),
-        "nic_bw": spec.cluster["host_bw_gbps"] * 1e9 / 8,
+        "nic_bw": host_nic_bw(spec.cluster, spec.n_nodes, spec.gpus_per_node),
         "flops_per_step": flops,
         "mfu": (flops / (step_time_s * spec.world_size * gpu["peak_bf16_flops"])) if flops is not None else None,
         "peak_flops": gpu["peak_bf16_flops"] if analytic else None,

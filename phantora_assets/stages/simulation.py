@@ -21,6 +21,7 @@ from typing import Any
 from phantora_assets import contracts
 from phantora_assets.checks import FITS_IN_MEMORY, invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
+from phantora_assets.lib.net.fabric import network_files
 from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
@@ -230,7 +231,9 @@ def memory_verdict(spec: RunSpec, paths: DataPaths) -> MemoryVerdict | None:
 def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     """What ``spec``'s outputs depend on, and a sha256 fingerprint of it: the run-matrix entry (layout,
     source, topology, import path, a bin width other than 0.1 s), the workload preset, the GPU's ``gpus.toml``
-    entry, the effective network settings and the sha256 of the GPU's perf DB files."""
+    entry, the effective network settings, the sha256 of the GPU's perf DB files and of every file the
+    network reads (``fabric_file``: ``lib/net/fabric.network_files``; so editing it in place makes the run
+    stale), and a registered folder's source files (:func:`source_files`)."""
     folder = perfdb_folder(spec.gpu, spec.gpu_spec)
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -256,6 +259,8 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
         "network": spec.cluster,
         "perf_db": perfdb,
     }
+    for key, name in network_files(spec.cluster).items():  # by content: an edit in place makes the run stale
+        inputs[key] = file_digest(Path(name))
     input_files = getattr(get_source(spec.source), "input_files", None)
     if input_files is not None and spec.path:
         inputs["source_files"] = source_files(Path(spec.path), input_files)
@@ -263,6 +268,15 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     return RunSpecRecord(
         run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
     )
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes, or ``unreadable: <why>`` (a fingerprint that matches no build, so
+    the run is stale and its rebuild names the file)."""
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
 
 
 def source_files(folder: Path, input_files: Callable[[Path], Iterable[str]]) -> dict[str, list[int]]:

@@ -46,7 +46,9 @@ No Dagster import.
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,7 +56,19 @@ import numpy as np
 from phantora_assets.lib.net.fabric_graph import Builder, load_arbitrary, nic_name
 from phantora_assets.lib.sim.network import ECMP_MODES, Topology, mix_hash
 
-__all__ = ["FABRIC_KEYS", "FABRIC_TYPES", "Fabric", "build_fabric", "load_arbitrary", "network_for", "nic_name"]
+__all__ = [
+    "FABRIC_KEYS",
+    "FABRIC_TYPES",
+    "FILE_KEYS",
+    "Fabric",
+    "build_fabric",
+    "host_nic_bw",
+    "load_arbitrary",
+    "network_files",
+    "network_for",
+    "nic_name",
+    "resolve_files",
+]
 
 #: Topology types built here (``TwoLayerMultiPath`` is ``lib/sim/network.Topology``).
 FABRIC_TYPES = ("FatTree", "RailOptimized", "MultiPlane", "Arbitrary")
@@ -74,6 +88,32 @@ FABRIC_KEYS: dict[str, Any] = {
     "planes": 2,  # MultiPlane: >= 1
     "fabric_file": "",  # Arbitrary: the fabric TOML file
 }
+
+
+#: The topology keys that name a file the run reads (``lib/run/spec`` resolves a relative one against the
+#: folder of the run-matrix file naming it; ``stages/simulation.run_spec_record`` fingerprints its bytes).
+FILE_KEYS = ("fabric_file",)
+
+
+def resolve_files(topology: dict[str, Any], folder: Path | None) -> dict[str, Any]:
+    """``topology`` with every relative :data:`FILE_KEYS` path made absolute against ``folder`` (the
+    run-matrix file's folder, as a config file's relative paths are read; None: left as written, relative
+    to the working directory, for a RunSpec built in code). A value that is no string is left for the
+    rules to refuse."""
+    out = dict(topology)
+    for key in FILE_KEYS:
+        v = out.get(key)
+        if folder is not None and isinstance(v, str) and v and not Path(v).is_absolute():
+            out[key] = os.path.normpath(Path(folder).absolute() / v)
+    return out
+
+
+def network_files(cluster: dict[str, Any]) -> dict[str, str]:
+    """The files a run's network reads, by topology key: ``{"fabric_file": path}`` for ``Arbitrary``, else
+    ``{}``."""
+    if cluster.get("topology") != "Arbitrary":
+        return {}
+    return {k: cluster[k] for k in FILE_KEYS if isinstance(cluster.get(k), str) and cluster[k]}
 
 
 class Fabric:
@@ -126,6 +166,24 @@ class Fabric:
         for e, node in enumerate(ep):
             if not self._out[node]:
                 raise ValueError(f"{kind}: endpoint {b.names[node]} (endpoint {e}) is attached to no switch")
+
+    def host_bw(self) -> float:
+        """A host's network bandwidth, bytes per second: the sum of its NICs' ``host_up`` links (every
+        plane of a MultiPlane NIC): ``nics_per_host x nic_bw`` on a rail fabric, ``host_bw`` on a
+        fat-tree, a host's [[nic]] bandwidths on an Arbitrary file (runs.csv ``nic_bw``, docs/DATASET.md).
+
+        Raises:
+            ValueError: hosts differ (the builders and ``load_arbitrary`` refuse such a fabric).
+        """
+        host_of = {int(node): e // self.nics_per_host for e, node in enumerate(self._ep_node)}
+        per: list[list[float]] = [[] for _ in range(self.n_hosts)]
+        for lk, c in enumerate(self.link_class):
+            if c == "host_up":
+                per[host_of[int(self._lsrc[lk])]].append(float(self.cap[lk]))
+        sums = {math.fsum(p) for p in per}
+        if len(sums) != 1:
+            raise ValueError(f"{self.kind}: hosts have different NIC bandwidths ({sorted(sums)} bytes/ns)")
+        return sums.pop() * 1e9
 
     # ---------------------------------------------------------------- the simulator's interface
     @property
@@ -353,6 +411,20 @@ def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> F
             raise ValueError(f"{path}: {nics} NICs per host must divide gpus_per_node ({gpus_per_host})")
         return Fabric(kind, b, nics_per_host=nics, params={"fabric_file": path, "nics_per_host": nics}, **common)
     raise ValueError(f"topology {kind!r} is not a fabric topology (known: {', '.join(FABRIC_TYPES)})")
+
+
+def host_nic_bw(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> float:
+    """runs.csv ``nic_bw``: a host's network bandwidth, bytes per second (docs/DATASET.md). On
+    ``TwoLayerMultiPath`` a host has one link, ``host_bw_gbps``; on a fabric the sum of its NICs'
+    (:meth:`Fabric.host_bw`): RailOptimized with 8 NICs of 400 Gbps is 8 x 50e9 = 4e11, not the unused
+    ``host_bw_gbps``.
+
+    Raises:
+        ValueError: the fabric's rules (:func:`build_fabric`).
+    """
+    if cluster.get("topology", "TwoLayerMultiPath") == "TwoLayerMultiPath":
+        return float(cluster["host_bw_gbps"]) * 1e9 / 8
+    return build_fabric(cluster, n_hosts, gpus_per_host).host_bw()
 
 
 def network_for(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Any:

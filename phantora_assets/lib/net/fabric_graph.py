@@ -5,6 +5,7 @@ No Dagster import.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,31 +46,39 @@ def nic_name(host: int, nic: int, nics_per_host: int) -> str:
     return f"host-{host + 1}" if nics_per_host == 1 else f"host-{host + 1}/nic-{nic}"
 
 
-def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # noqa: C901, PLR0912 (one check per rule of the file, each with its message)
-    """An ``Arbitrary`` fabric file: returns the graph and the NICs per host.
+def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # noqa: C901, PLR0912, PLR0915 (one check per rule of the file, each with its message)
+    """An ``Arbitrary`` fabric file: returns the graph and the NICs per host. Every rule is checked
+    before anything is built (a file is refused whole, never used in part).
 
     Format (TOML)::
 
         [[switch]]
-        name = "tor-1"                 # unique; not of the form host-k
-        [[link]]                       # full duplex between two switches
-        a = "tor-1"
+        name = "tor-1"                 # a string, unique; not of the form host-k
+        [[link]]                       # full duplex between two different switches; two [[link]]s
+        a = "tor-1"                    # of one pair are two parallel cables (ECMP between them)
         b = "core-1"
         gbps = 400
         [[nic]]                        # one per (host, nic): every host of the run, nics 0 .. n-1 each
-        host = 1                       # 1-based, as host-1
+        host = 1                       # 1 .. the run's nodes (host-1 is node 0)
         nic = 0                        # 0-based
         switch = "tor-1"
         gbps = 400
 
+    Rules: only the tables ``switch``, ``link``, ``nic``, each entry with exactly its keys; switch
+    names strings, unique, not ``host-...``; a link's ends two different declared switches; a NIC's
+    ``host`` an integer 1 .. ``n_hosts`` (hosts are numbered from 1: a ``host = 0``, a negative host or
+    one beyond the run would be a node of the graph that is no host of the run, forwarding traffic as a
+    switch), ``nic`` an integer >= 0, each (host, nic) once, its switch declared; every bandwidth a
+    number from 0.001 to 1000000 Gbps; every host of the run NICs 0 .. n-1, the same n for all, and
+    the same total NIC bandwidth (the run's one ``nic_bw``, bytes/s a host: docs/DATASET.md).
+
     Raises:
-        ValueError: the file, the entry and the rule (unknown keys, unknown or duplicate switches, a
-            bandwidth not a positive number, a host of the run without NICs, unequal NIC counts).
+        ValueError: the file, the entry and the rule.
     """
     p = Path(path)
     try:
         doc = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"Arbitrary fabric file {p}: {e}") from e
     if set(doc) - {"switch", "link", "nic"}:
         raise ValueError(f"{p}: unknown tables {sorted(set(doc) - {'switch', 'link', 'nic'})} (switch, link, nic)")
@@ -89,21 +98,45 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
             raise ValueError(f"{p}: {where}: gbps must be a number from 0.001 to 1000000, got {g!r}")
         return float(g) * _GBPS
 
-    switches = [str(r["name"]) for r in rows("switch", {"name"})]
-    if len(set(switches)) != len(switches) or any(s.startswith("host-") for s in switches):
-        raise ValueError(f"{p}: switch names must be unique and not start with 'host-'")
+    def integer(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    switch_rows = rows("switch", {"name"})
+    for i, r in enumerate(switch_rows):
+        if not isinstance(r["name"], str) or not r["name"] or r["name"].startswith("host-"):
+            raise ValueError(
+                f"{p}: [[switch]] #{i + 1}: name must be a non-empty string, not 'host-...', got {r['name']!r}"
+            )
+    switches = [r["name"] for r in switch_rows]
+    if len(set(switches)) != len(switches):
+        twice = sorted({s for s in switches if switches.count(s) > 1})
+        raise ValueError(f"{p}: switch names must be unique, {twice} repeat")
     known = set(switches)
     nic_rows = rows("nic", {"host", "nic", "switch", "gbps"})
     per_host: dict[int, set[int]] = {}
+    host_gbps: dict[int, list[float]] = {}
     for i, r in enumerate(nic_rows):
         where = f"[[nic]] #{i + 1}"
-        if not all(isinstance(r[k], int) and not isinstance(r[k], bool) for k in ("host", "nic")):
-            raise ValueError(f"{p}: {where}: host and nic must be integers")
-        if r["switch"] not in known:
-            raise ValueError(f"{p}: {where}: unknown switch {r['switch']!r}")
+        if not integer(r["host"]) or not 1 <= r["host"] <= n_hosts:
+            raise ValueError(
+                f"{p}: {where}: host must be an integer from 1 to {n_hosts} (the run's nodes; hosts are numbered "
+                f"from 1, host-1 is node 0), got {r['host']!r}"
+            )
+        if not integer(r["nic"]) or r["nic"] < 0:
+            raise ValueError(f"{p}: {where}: nic must be an integer >= 0 (NICs are numbered from 0), got {r['nic']!r}")
+        if not isinstance(r["switch"], str) or r["switch"] not in known:
+            raise ValueError(f"{p}: {where}: unknown switch {r['switch']!r} (declare it as a [[switch]])")
         if r["nic"] in per_host.setdefault(r["host"], set()):
             raise ValueError(f"{p}: {where}: host {r['host']} nic {r['nic']} listed twice")
         per_host[r["host"]].add(r["nic"])
+        bw(r, where)
+        host_gbps.setdefault(r["host"], []).append(float(r["gbps"]))
+    link_rows = rows("link", {"a", "b", "gbps"})
+    for i, r in enumerate(link_rows):
+        where = f"[[link]] #{i + 1}"
+        if not all(isinstance(r[k], str) and r[k] in known for k in ("a", "b")) or r["a"] == r["b"]:
+            raise ValueError(f"{p}: {where}: a and b must be two different known switches, got {r['a']!r}, {r['b']!r}")
+        bw(r, where)
     for h in range(1, n_hosts + 1):
         if h not in per_host:
             raise ValueError(f"{p}: host {h} of the run has no [[nic]]")
@@ -111,17 +144,18 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     nics = counts.pop()
     if counts or any(per_host[h] != set(range(nics)) for h in range(1, n_hosts + 1)):
         raise ValueError(f"{p}: every host needs NICs 0 .. n-1, the same n for all hosts")
+    sums = {f"host-{h}": math.fsum(host_gbps[h]) for h in range(1, n_hosts + 1)}  # exact: order-free
+    if len(set(sums.values())) > 1:
+        raise ValueError(
+            f"{p}: every host needs the same total NIC bandwidth (the run's nic_bw is one per host), got Gbps {sums}"
+        )
     b = Builder()
     for h in range(n_hosts):
         for i in range(nics):
             b.node(nic_name(h, i, nics))
     for i, r in enumerate(sorted(nic_rows, key=lambda r: (r["host"], r["nic"]))):
-        if r["host"] <= n_hosts:
-            end = nic_name(r["host"] - 1, r["nic"], nics)
-            b.duplex(end, r["switch"], bw(r, f"nic {i + 1}"), "host_up", "host_down")
-    for i, r in enumerate(rows("link", {"a", "b", "gbps"})):
-        where = f"[[link]] #{i + 1}"
-        if r["a"] not in known or r["b"] not in known or r["a"] == r["b"]:
-            raise ValueError(f"{p}: {where}: a and b must be two different known switches, got {r['a']!r}, {r['b']!r}")
-        b.duplex(r["a"], r["b"], bw(r, where), "fabric", "fabric")
+        end = nic_name(r["host"] - 1, r["nic"], nics)
+        b.duplex(end, r["switch"], bw(r, f"nic {i + 1}"), "host_up", "host_down")
+    for i, r in enumerate(link_rows):
+        b.duplex(r["a"], r["b"], bw(r, f"[[link]] #{i + 1}"), "fabric", "fabric")
     return b, nics

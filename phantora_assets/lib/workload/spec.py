@@ -452,10 +452,13 @@ def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]
 
 
 def parallelism_label(par: Parallel, framework: str) -> str:
-    """Published-style parallelism string: ``ep=N`` when ep spans every GPU, else tp, pp (with its
-    schedule when not 1F1B), cp, ep, dp and, for deepspeed and torchtitan, zero: ``tp=2,dp=4``,
-    ``dp=4,zero=3``, ``tp=4,pp=2(interleaved2),dp=2,zero=3``."""
-    if par.ep > 1 and par.ep == par.world:
+    """Published-style parallelism string: ``ep=N`` for an expert-parallel job over every GPU with no
+    other model parallelism (tp = pp = cp = 1, so the dense part is DP over the same N GPUs: the
+    published W2/W3 runs), else tp, pp (with its schedule when not 1F1B), cp, ep (> 1: a Megatron MoE
+    only, ``tables.resolve``), dp and, for deepspeed and torchtitan, zero: ``tp=2,dp=4``,
+    ``dp=4,zero=3``, ``tp=4,pp=2(interleaved2),dp=2,zero=3``, ``tp=2,ep=32,dp=16`` (etp = 1: EP spans
+    tp x dp; was ``ep=32``, hiding the job's TP = 2, DP = 16)."""
+    if par.ep > 1 and par.ep == par.world and par.tp == par.pp == par.cp == 1:
         return f"ep={par.ep}"
     parts = [f"tp={par.tp}"] if par.tp > 1 else []
     if par.pp > 1:

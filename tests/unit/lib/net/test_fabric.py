@@ -215,3 +215,96 @@ def test_phantora_netconfig_written_or_refused_with_the_reason(tmp_path):
         "type": "Arbitrary",
         "args": {"nracks": 2, "rack_size": 1, "host_bw": 400.0, "rack_bw": 100.0},
     }
+
+
+TWO_RACKS = """
+[[switch]]
+name = "tor-a"
+[[switch]]
+name = "tor-b"
+[[switch]]
+name = "core"
+[[link]]
+a = "tor-a"
+b = "core"
+gbps = 100
+[[link]]
+a = "tor-b"
+b = "core"
+gbps = 100
+[[nic]]
+host = 1
+nic = 0
+switch = "tor-a"
+gbps = 400
+[[nic]]
+host = 2
+nic = 0
+switch = "tor-b"
+gbps = 400
+"""
+
+
+def _nic(host: object, nic: object = 0, switch: object = '"tor-a"', gbps: object = 400) -> str:
+    return f"[[nic]]\nhost = {host}\nnic = {nic}\nswitch = {switch}\ngbps = {gbps}\n"
+
+
+def test_a_phantom_host_would_forward_half_the_traffic_so_hosts_are_1_to_the_runs_nodes(tmp_path):
+    """``host = 0`` with two NICs on both racks was a node host-0 joining tor-a and tor-b: a second shortest
+    path (host-1 -> tor-a -> host-0 -> tor-b -> host-2 beside ... -> core -> ...), so hash ECMP sent about half
+    the traffic through a host that is no host of the run. Hosts are 1 .. nodes (docs/DATASET.md: host-k is
+    node k-1); the file is refused, named, with the rule."""
+    phantom = TWO_RACKS + _nic(0, 0, '"tor-a"') + _nic(0, 1, '"tor-b"')
+    with pytest.raises(ValueError, match=r"fabric.toml: \[\[nic\]\] #3: host must be an integer from 1 to 2 .* got 0"):
+        _fab("Arbitrary", 2, 1, fabric_file=_arbitrary(tmp_path, phantom))
+    with pytest.raises(RunMatrixError, match=r"\[\[run\]\] #1 .*\[\[nic\]\] #3: host must be an integer from 1 to 2"):
+        entry = [{"workload": "W4", "gpu": "a100_40g", "nodes": 2, "gpus_per_node": 1}]
+        entry[0]["topology"] = {"topology": "Arbitrary", "fabric_file": _arbitrary(tmp_path, phantom)}
+        parse_entries(entry)
+    f = _fab("Arbitrary", 2, 1, fabric_file=_arbitrary(tmp_path, TWO_RACKS))  # the file without it: one path
+    assert _hops(f, 0, 1) == (1, 4) and "host-0" not in f.node_names
+
+
+@pytest.mark.parametrize(
+    ("extra", "rule"),
+    [
+        (_nic(-1, 0, '"tor-a"') + _nic(-1, 1, '"tor-b"'), r"#3: host must be an integer from 1 to 2 .* got -1"),
+        (_nic(3), r"#3: host must be an integer from 1 to 2 .* got 3"),  # beyond the run: was dropped unread
+        (_nic(3, gbps=-1), r"#3: host must be an integer from 1 to 2"),  # its bandwidth was never checked
+        (_nic('"1"', 1), r"#3: host must be an integer from 1 to 2 .* got '1'"),
+        (_nic(1, -1), r"#3: nic must be an integer >= 0 .* got -1"),
+        (_nic(1, 0), r"#3: host 1 nic 0 listed twice"),
+        (_nic(1, 1, '"host-2"'), r"#3: unknown switch 'host-2'"),
+        ('[[link]]\na = "tor-a"\nb = "host-2"\ngbps = 100\n', r"\[\[link\]\] #3: a and b must be two different known"),
+        ('[[link]]\na = "tor-a"\nb = "tor-a"\ngbps = 100\n', r"\[\[link\]\] #3: a and b must be two different known"),
+        ('[[link]]\na = "tor-a"\nb = "tor-b"\ngbps = 0\n', r"\[\[link\]\] #3: gbps must be a number from 0.001"),
+        ('[[link]]\na = "tor-a"\nb = "tor-b"\ngbps = -100\n', r"\[\[link\]\] #3: gbps must be a number from 0.001"),
+        ("[[switch]]\nname = 7\n", r"\[\[switch\]\] #4: name must be a non-empty string"),
+        ('[[switch]]\nname = "core"\n', r"switch names must be unique, \['core'\] repeat"),
+        ('[[switch]]\nname = "host-9"\n', r"\[\[switch\]\] #4: name must be a non-empty string, not 'host-"),
+        (
+            _nic(1, 1, gbps=100) + _nic(2, 1, gbps=200),
+            r"the same total NIC bandwidth .*'host-1': 500.0, 'host-2': 600.0",
+        ),
+    ],
+    ids=[
+        "negative-host",
+        "host-beyond-run",
+        "host-beyond-run-bad-bw",
+        "host-a-string",
+        "negative-nic",
+        "duplicate-nic",
+        "nic-on-a-host",
+        "link-to-a-host",
+        "self-link",
+        "zero-bw",
+        "negative-bw",
+        "switch-name-int",
+        "duplicate-switch",
+        "switch-named-host",
+        "unequal-hosts",
+    ],
+)
+def test_every_rule_of_an_arbitrary_file_is_checked_before_use(tmp_path, extra, rule):
+    with pytest.raises(ValueError, match=rule):
+        _fab("Arbitrary", 2, 2, fabric_file=_arbitrary(tmp_path, TWO_RACKS + extra))

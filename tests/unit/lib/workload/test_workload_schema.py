@@ -279,3 +279,26 @@ def test_shipped_gpus_include_a100_80g_and_mi300x():
     g = shipped_gpu_specs()
     assert (g["a100_80g"]["memory_gb"], g["a100_80g"]["peak_bf16_flops"]) == (80, 312.0e12)
     assert (g["mi300x"]["memory_gb"], g["mi300x"]["peak_bf16_flops"]) == (192, 1307.4e12)
+
+
+def _label_case(table: dict, gpus: int) -> str:
+    return run_spec_of(table, gpus // 8, 8, "h100", "job").parallelism
+
+
+def test_parallelism_shows_every_dimension_and_ep_only_for_an_moe():
+    """``parallelism`` (runs.csv, ``phantora-assets runs``) names each dimension of the job as resolved:
+    tp x pp x cp x dp = the GPUs, and ep (the expert mesh, Megatron-core: etp x ep x edp = tp x cp x dp)
+    for an MoE only. ``ep=N`` alone is the published form of an EP job over every GPU with tp = pp = cp = 1
+    (dp = ep = N). Was: a TP = 2, DP = 16 job whose EP spans tp x dp (etp = 1) read ``ep=32``."""
+    dense = {**LLAMA, "parallel": {"tp": 2, "dp": "rest", "zero": 1}}
+    assert _label_case(dense, 32) == "tp=2,dp=16"  # 32 / 2: no ep on a dense job
+    sp = {"dp": "rest", "ep": "dp", "zero": 1, "sequence_parallel": True}  # Megatron MoE with tp > 1 needs SP
+    moe = {**MOE, "parallel": {**sp, "tp": 2, "etp": 1}, "train": {"seq_len": 4096, "global_batch": 32}}
+    assert _label_case(moe, 32) == "tp=2,ep=32,dp=16"  # ep = tp x dp / etp = 2 x 16 / 1
+    moe_etp = {**moe, "parallel": {**sp, "tp": 2}}
+    assert _label_case(moe_etp, 32) == "tp=2,ep=16,dp=16"  # etp = tp = 2: ep = 2 x 16 / 2
+    pure = {**moe, "parallel": {**sp, "sequence_parallel": False}}
+    assert _label_case(pure, 32) == "ep=32"  # tp = pp = cp = 1: dp = ep = 32, the published form
+    for name, wl in shipped_workloads().items():  # every shipped kind on 8 GPUs: ep iff an MoE
+        label = run_spec_of(wl.table(), 1, 8, "h100", name).parallelism
+        assert ("ep=" in label) == (wl.model.kind == "moe" and wl.framework == "megatron"), (name, label)

@@ -1,0 +1,78 @@
+"""The files a run's network reads are inputs of the run (issue 39, item 6): an Arbitrary fabric file is in
+the run's fingerprint by its bytes (an edit in place makes the run stale), and a relative ``fabric_file``
+in a run-matrix file is read from that file's folder, not the working directory."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from phantora_assets.lib.net.fabric import build_fabric
+from phantora_assets.matrix import load_run_matrix
+from phantora_assets.paths import DataPaths
+from phantora_assets.records import write_record
+from phantora_assets.stages.simulation import build_reason, run_spec_record, stale_reason
+
+
+def _fabric(gbps: int) -> str:
+    """Two hosts, a NIC each at ``gbps``, on one switch."""
+    text = '[[switch]]\nname = "tor"\n'
+    return text + "".join(f'[[nic]]\nhost = {h}\nnic = 0\nswitch = "tor"\ngbps = {gbps}\n' for h in (1, 2))
+
+
+def _matrix(folder: Path, fabric_file: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = '[[run]]\nworkload = "W4"\ngpu = "a100_40g"\nnodes = 2\ngpus_per_node = 1\n'
+    text += f'topology = {{ topology = "Arbitrary", fabric_file = "{fabric_file}" }}\n'
+    (folder / "runs.toml").write_text(text)
+    return folder / "runs.toml"
+
+
+def test_a_relative_fabric_file_is_read_from_the_matrix_files_folder(tmp_path, monkeypatch):
+    matrix = _matrix(tmp_path / "study", "fabrics/two.toml")
+    (tmp_path / "study" / "fabrics").mkdir()
+    (tmp_path / "study" / "fabrics" / "two.toml").write_text(_fabric(400))
+    elsewhere = tmp_path / "elsewhere"  # the working directory has a file of that name too, at 100 Gbps
+    (elsewhere / "fabrics").mkdir(parents=True)
+    (elsewhere / "fabrics" / "two.toml").write_text(_fabric(100))
+    monkeypatch.chdir(elsewhere)
+    (spec,) = load_run_matrix(matrix)
+    assert spec.cluster["fabric_file"] == str(tmp_path / "study" / "fabrics" / "two.toml")
+    fab = build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
+    assert set(fab.cap.tolist()) == {400 / 8}  # bytes per ns: the matrix folder's file, not the cwd's
+    monkeypatch.chdir(tmp_path)  # the same file from another working directory: the same run
+    assert load_run_matrix(tmp_path / "study" / "runs.toml")[0].cluster["fabric_file"] == spec.cluster["fabric_file"]
+
+
+def test_an_absolute_fabric_file_is_kept_and_a_missing_relative_one_is_named(tmp_path, monkeypatch):
+    (tmp_path / "abs.toml").write_text(_fabric(400))
+    (spec,) = load_run_matrix(_matrix(tmp_path / "a", str(tmp_path / "abs.toml")))
+    assert spec.cluster["fabric_file"] == str(tmp_path / "abs.toml")
+    monkeypatch.chdir(tmp_path)  # abs.toml is in the cwd, not beside the matrix: refused, the resolved path named
+    with pytest.raises(Exception, match=str(tmp_path / "b" / "abs.toml")):
+        load_run_matrix(_matrix(tmp_path / "b", "abs.toml"))
+
+
+def test_editing_the_fabric_file_in_place_makes_the_run_stale(tmp_path):
+    fabric = tmp_path / "fabric.toml"
+    fabric.write_text(_fabric(400))
+    (spec,) = load_run_matrix(_matrix(tmp_path, str(fabric)))  # absolute: the path is the same either way
+    built = run_spec_record(spec)
+    paths = DataPaths(tmp_path / "data")
+    paths.partition_dir(spec.run_id).mkdir(parents=True)
+    write_record(paths.partition_dir(spec.run_id) / "run_spec.json", built)
+    assert stale_reason(spec, paths) is None
+    fabric.write_text(_fabric(100))  # same path, same entry: only the bytes differ
+    assert stale_reason(spec, paths) == (
+        "stale: built from another fabric_file than the run matrix now gives; rebuild the run"
+    )
+    assert run_spec_record(spec).fingerprint != built.fingerprint
+    assert built.inputs["fabric_file"] == "sha256:" + hashlib.sha256(_fabric(400).encode()).hexdigest()
+    assert build_reason(spec, paths) == stale_reason(spec, paths)
+    fabric.write_text(_fabric(400))  # the bytes the run was built from: current again
+    assert stale_reason(spec, paths) is None
+    fabric.unlink()  # gone: no fingerprint of a build matches, the rebuild names the file
+    assert run_spec_record(spec).inputs["fabric_file"].startswith("unreadable: ")
+    assert stale_reason(spec, paths) is not None
