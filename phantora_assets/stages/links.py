@@ -52,7 +52,9 @@ def with_nics(flows: pd.DataFrame, spec: RunSpec, fab: Fabric, paths: DataPaths)
     """``flows`` (``flows.parquet`` columns incl. ``flow_id``, ``op``, ``comm_rank``) with ``src_nic``,
     ``dst_nic`` (``lib/net/nics.flow_nics``), the endpoints ``src_ep``, ``dst_ep`` (host x NICs + NIC) and
     ``network`` (False inside one scale-up domain: on no link)."""
-    src_nic, dst_nic = nics.flow_nics(flows, spec.gpus_per_node, fab.nics_per_host, known_members(paths, spec))
+    src_nic, dst_nic = nics.flow_nics(
+        flows, spec.gpus_per_node, fab.nics_per_host, known_members(paths, spec), pxn=fab.pxn
+    )
     k = fab.nics_per_host
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
     out = flows.copy()

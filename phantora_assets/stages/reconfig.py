@@ -64,7 +64,7 @@ def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.
     if isinstance(topo, Fabric):
         k = topo.nics_per_host
         known = known_members(paths, spec)
-        out["src_nic"], out["dst_nic"] = nics.flow_nics(flows, spec.gpus_per_node, k, known)
+        out["src_nic"], out["dst_nic"] = nics.flow_nics(flows, spec.gpus_per_node, k, known, pxn=topo.pxn)
         out["network"] = ~topo.same_domain_hosts(src, dst)
     else:
         k = 1

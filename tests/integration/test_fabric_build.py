@@ -163,11 +163,12 @@ def test_moe_run_on_rails_has_ep_dp_transitions_and_a_linear_on_demand_cost(tmp_
     reconfig_stage.reconfig_stage(spec, paths)
     t = pd.read_parquet(paths.table(spec.run_id, "transition_windows"))
     sweep = pd.read_parquet(paths.table(spec.run_id, "reconfig_sweep"))
-    # the 8-rank DP ring crosses hosts at ranks 3 -> 4 and 7 -> 0: NICs 3 (send) and 0 (receive) carry DP and
-    # EP; NICs 1, 2 carry the all-to-alls only (one group: no transition). The all-to-alls cross rails.
-    assert set(t["nic"]) == {f"host-{h}/nic-{i}" for h in (1, 2) for i in (0, 3)}
+    # the 8-rank DP ring crosses hosts at ranks 3 -> 4 and 7 -> 0 (GPU 3 -> GPU 0 of the other host): with
+    # PXN both leave through NIC 0, the receiver's rail, so NIC 0 of each host carries DP and EP; NICs 1-3
+    # carry the all-to-alls only (one group: no transition). PXN keeps the all-to-alls on their rails.
+    assert set(t["nic"]) == {f"host-{h}/nic-0" for h in (1, 2)}
     links = pd.read_parquet(paths.table(spec.run_id, "link_bins"))
-    assert links.loc[links["link_class"] == "rail_spine", "bytes"].sum() > 0
+    assert links.loc[links["link_class"] == "rail_spine", "bytes"].sum() == 0
     assert {("ep", "dp"), ("dp", "ep")} <= set(zip(t["from_group"], t["to_group"]))
     n_steps = t["step"].nunique()
     most = t.groupby(["step", "nic"]).size().groupby(level="step").max()
@@ -186,3 +187,38 @@ def test_moe_run_on_rails_has_ep_dp_transitions_and_a_linear_on_demand_cost(tmp_
         )
     )
     print(t.groupby(["from_group", "to_group"])["window_s"].describe().to_string())
+
+
+def _build_w2(tmp_path, topology: dict):
+    """W2 (MoE, ep = 8: all-to-alls between every pair of ranks) on 2 hosts x 4 GPUs, a NIC a GPU."""
+    (spec,) = parse_entries(
+        [{"workload": "W2", "gpu": "a100_40g", "nodes": 2, "gpus_per_node": 4, "topology": topology}]
+    )
+    data = tmp_path / "data"
+    res = (
+        build_defs(data, [spec])
+        .resolve_job_def("all_runs")
+        .execute_in_process(partition_key=spec.run_id, instance=ephemeral_with_runs([spec.run_id]), run_config=QUIET)
+    )
+    assert res.success
+    paths = DataPaths(data)
+    per_class = pd.read_parquet(paths.table(spec.run_id, "link_bins")).groupby("link_class")["bytes"].sum()
+    pairs = pd.read_parquet(paths.table(spec.run_id, "nic_pairs"))
+    return per_class.to_dict(), pairs[pairs["network"]]
+
+
+def test_rail_optimized_pxn_keeps_cross_rail_all_to_all_off_the_spines(tmp_path):
+    """Issue 38 item 5: NCCL's PXN (on by default) sends a flow to GPU j of another host from the NIC on rail j
+    (NVLink to that rail's GPU first), so a one-group rail fabric carries no byte on a spine; without PXN, the
+    all-to-all's cross-rail flows (GPU i -> GPU j, i != j: 12 of 16 ordered GPU pairs between the hosts) cross
+    the spines."""
+    on, pairs_on = _build_w2(tmp_path / "on", {"topology": "RailOptimized", "nic_bw_gbps": 400})
+    assert on["rail_spine"] == on["spine_rail"] == 0 and on["host_up"] > 0
+    assert (pairs_on["src_nic"] == pairs_on["dst_nic"]).all()
+    off, pairs_off = _build_w2(tmp_path / "off", {"topology": "RailOptimized", "nic_bw_gbps": 400, "pxn": False})
+    assert pairs_off["bytes_per_step"].sum() == pairs_on["bytes_per_step"].sum()  # the same bytes leave the hosts
+    assert off["rail_spine"] == off["spine_rail"] > 0
+    cross = pairs_off[pairs_off["src_nic"] != pairs_off["dst_nic"]]
+    assert len(cross) == 2 * 12 and off["rail_spine"] == pytest.approx(
+        cross["bytes_per_step"].sum() / pairs_off["bytes_per_step"].sum() * off["host_up"], rel=1e-4
+    )

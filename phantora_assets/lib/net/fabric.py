@@ -25,10 +25,16 @@ NIC), and per topology the switch tiers below. Capacities are bytes per ns (= GB
   links at ``host_bw``. Classes ``edge_agg``, ``agg_edge``, ``agg_core``, ``core_agg``.
 * ``RailOptimized``: ``nics_per_host`` rails; hosts in rail groups of ``rail_group_hosts`` (default:
   all hosts); rail switch ``rail-<group>.<i>`` links NIC i of every host of its group (``nic_bw_gbps``
-  each); every rail switch links to every one of ``nspines`` spines at ``rack_uplink_port_bw_gbps``.
-  Classes ``rail_spine``, ``spine_rail``. NIC i talks to NIC i of a host of its group in 2 hops.
+  each); every rail switch links to every one of ``nspines`` spines, non-blocking unless ``oversubscription``
+  o says otherwise: ``group hosts x nic_bw / (nspines x o)`` a spine link (the leaf-spine's
+  ``rack_uplink_port_bw_gbps`` is not used). Classes ``rail_spine``, ``spine_rail``. NIC i talks to NIC i of
+  a host of its group in 2 hops. **PXN** (``pxn``, on by default as in NCCL, ``NCCL_PXN_DISABLE=0``): a flow
+  to another host leaves its host through the NIC on the destination GPU's rail (NCCL moves the data over
+  NVLink to the GPU of that rail first: ``ncclTopoGetIntermediateRank``, PXN's "send from the NIC local to the
+  destination's rail"), so traffic between hosts of one rail group never crosses a spine; the NVLink hop is
+  scale-up traffic, on no network link. ``pxn = false``: a flow leaves through the sending GPU's own NIC.
 * ``MultiPlane``: ``planes`` copies of the RailOptimized fabric; every NIC has one port on every plane
-  at ``nic_bw_gbps / planes``; a flow takes one plane (ECMP, below). Classes as RailOptimized.
+  at ``nic_bw_gbps / planes``; a flow takes one plane (ECMP, below). Classes, spines and PXN as RailOptimized.
 * ``Arbitrary``: a user TOML file (``fabric_file``, :func:`load_arbitrary`): switches, full-duplex
   switch-switch links with bandwidths, and each host's NICs attached to a switch. Class ``fabric``.
 
@@ -80,7 +86,10 @@ _GBPS = 1 / 8  # Gbps -> bytes per ns
 #: with their defaults (None: derived from the run, as the module docstring says).
 FABRIC_KEYS: dict[str, Any] = {
     "fattree_k": None,  # FatTree: even k >= 2; default the smallest with k^3/4 >= hosts
-    "oversubscription": 1.0,  # FatTree: >= 1, edge uplink capacity = host_bw / oversubscription
+    # FatTree: >= 1, edge uplink capacity = host_bw / oversubscription; RailOptimized, MultiPlane: the rail
+    # switches' spine links carry their hosts' NIC bandwidth / oversubscription in all
+    "oversubscription": 1.0,
+    "pxn": None,  # RailOptimized, MultiPlane: NCCL's PXN (true by default); Arbitrary, FatTree: false
     "nics_per_host": None,  # RailOptimized, MultiPlane, Arbitrary (from the file): default gpus_per_node
     "nic_bw_gbps": None,  # RailOptimized, MultiPlane: default host_bw_gbps
     "scale_up_gpus": None,  # GPUs per scale-up (NVLink) domain, a multiple of gpus_per_node: default gpus_per_node
@@ -125,6 +134,7 @@ class Fabric:
         link_src, link_dst: node names of every link's ends (``host-k[/nic-i]`` or a switch name).
         link_class: class of every link; ``cap``: bytes per ns of every link.
         loopback_bw: bytes per ns inside a scale-up domain; ``ecmp``: :data:`ECMP_MODES`.
+        pxn: a flow between hosts leaves through the NIC on the destination GPU's rail (module docstring).
     """
 
     def __init__(  # noqa: PLR0913 (a graph and its layout, keyword-only)
@@ -139,10 +149,11 @@ class Fabric:
         loopback_bw: float,
         ecmp: str,
         params: dict[str, Any],
+        pxn: bool = False,
     ) -> None:
         if ecmp not in ECMP_MODES:
             raise ValueError(f"unknown ecmp mode {ecmp!r} (known: {', '.join(ECMP_MODES)})")
-        self.kind, self.ecmp, self.params = kind, ecmp, dict(params)
+        self.kind, self.ecmp, self.params, self.pxn = kind, ecmp, dict(params), bool(pxn)
         self.n_hosts, self.nics_per_host, self.gpus_per_host = n_hosts, nics_per_host, gpus_per_host
         self.scale_up_gpus, self.loopback_bw = scale_up_gpus, float(loopback_bw)
         self.n_endpoints = n_hosts * nics_per_host
@@ -205,10 +216,14 @@ class Fabric:
         return (r // g) * self.nics_per_host + self.nic_of_gpu(r % g)
 
     def endpoints(self, src_rank: np.ndarray, dst_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Simulator endpoints of rank pairs: the ranks' NICs; a pair inside one scale-up domain gets the
-        source's endpoint twice (no network link: the simulator's loopback)."""
+        """Simulator endpoints of rank pairs: the ranks' NICs (with :attr:`pxn`, the source host's NIC on the
+        destination GPU's rail); a pair inside one scale-up domain gets the source's endpoint twice (no network
+        link: the simulator's loopback)."""
         s, d = self.endpoint_of_rank(src_rank), self.endpoint_of_rank(dst_rank)
         same = np.asarray(src_rank) // self.scale_up_gpus == np.asarray(dst_rank) // self.scale_up_gpus
+        if self.pxn:
+            k = self.nics_per_host
+            return np.where(same, s, (s // k) * k + d % k), np.where(same, s, d)
         return s, np.where(same, s, d)
 
     def same_domain_hosts(self, src_host: np.ndarray, dst_host: np.ndarray) -> np.ndarray:
@@ -356,6 +371,14 @@ def _int_param(cluster: dict[str, Any], key: str, default: int, low: int = 1) ->
     return v
 
 
+def _oversubscription(cluster: dict[str, Any]) -> float:
+    o = cluster.get("oversubscription", FABRIC_KEYS["oversubscription"])
+    o = FABRIC_KEYS["oversubscription"] if o is None else o
+    if isinstance(o, bool) or not isinstance(o, (int, float)) or not 1 <= o <= 1000:
+        raise ValueError(f"topology.oversubscription must be a number from 1 to 1000, got {o!r}")
+    return float(o)
+
+
 def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> Fabric:
     """The :class:`Fabric` of a run's ``[cluster]`` settings (``topology`` one of :data:`FABRIC_TYPES`; Gbps;
     the :data:`FABRIC_KEYS` parameters or their defaults).
@@ -378,15 +401,14 @@ def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> F
         loopback_bw=float(cluster["loopback_gbps"]) * _GBPS,
         ecmp=str(cluster.get("ecmp", "hash")),
     )
+    if cluster.get("pxn") is not None and kind not in ("RailOptimized", "MultiPlane"):
+        raise ValueError(f"topology.pxn is a rail fabric's (RailOptimized, MultiPlane), not {kind}'s")
     if kind == "FatTree":
         k_min = 2
         while k_min**3 // 4 < n_hosts:
             k_min += 2
         k = _int_param(cluster, "fattree_k", k_min, 2)
-        o = cluster.get("oversubscription", FABRIC_KEYS["oversubscription"])
-        if isinstance(o, bool) or not isinstance(o, (int, float)) or not 1 <= o <= 1000:
-            raise ValueError(f"topology.oversubscription must be a number from 1 to 1000, got {o!r}")
-        b, params = fat_tree(n_hosts, k, host_bw, float(o))
+        b, params = fat_tree(n_hosts, k, host_bw, _oversubscription(cluster))
         return Fabric(kind, b, nics_per_host=1, params=params, **common)
     if kind in ("RailOptimized", "MultiPlane"):
         nics = _int_param(cluster, "nics_per_host", gpus_per_host)
@@ -398,10 +420,22 @@ def build_fabric(cluster: dict[str, Any], n_hosts: int, gpus_per_host: int) -> F
             raise ValueError(f"topology.nic_bw_gbps must be > 0, got {nic_bw_gbps!r}")
         group = _int_param(cluster, "rail_group_hosts", n_hosts)
         planes = _int_param(cluster, "planes", FABRIC_KEYS["planes"]) if kind == "MultiPlane" else 1
-        uplink = float(cluster["rack_uplink_port_bw_gbps"]) * _GBPS
-        b = rail_fabric(n_hosts, nics, nic_bw, int(cluster["nspines"]), uplink, group, planes)
-        params = {"nics_per_host": nics, "nic_bw_gbps": nic_bw / _GBPS, "rail_group_hosts": group, "planes": planes}
-        return Fabric(kind, b, nics_per_host=nics, params=params, **common)
+        o = _oversubscription(cluster)
+        spines = int(cluster["nspines"])
+        uplink = min(group, n_hosts) * nic_bw / (spines * o)  # non-blocking at o = 1 (module docstring)
+        pxn = cluster.get("pxn")
+        if pxn is not None and not isinstance(pxn, bool):
+            raise ValueError(f"topology.pxn must be true or false, got {pxn!r}")
+        b = rail_fabric(n_hosts, nics, nic_bw, spines, uplink, group, planes)
+        params = {
+            "nics_per_host": nics,
+            "nic_bw_gbps": nic_bw / _GBPS,
+            "rail_group_hosts": group,
+            "planes": planes,
+            "oversubscription": o,
+            "pxn": pxn is not False,
+        }
+        return Fabric(kind, b, nics_per_host=nics, params=params, pxn=pxn is not False, **common)
     if kind == "Arbitrary":
         path = cluster.get("fabric_file") or ""
         if not isinstance(path, str) or not path:

@@ -126,10 +126,15 @@ def flow_gpus(flows: pd.DataFrame, known: pd.DataFrame | None = None) -> tuple[n
 
 
 def flow_nics(
-    flows: pd.DataFrame, gpus_per_node: int, nics_per_host: int, known: pd.DataFrame | None = None
+    flows: pd.DataFrame,
+    gpus_per_node: int,
+    nics_per_host: int,
+    known: pd.DataFrame | None = None,
+    pxn: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(src_nic, dst_nic)`` of every flow: 0-based NICs on their hosts (module docstring; ``known`` as
-    :func:`flow_gpus`).
+    :func:`flow_gpus`). With ``pxn`` (NCCL's PXN on a rail fabric, ``lib/net/fabric.Fabric.pxn``) a flow leaves
+    its host through the NIC on the receiving GPU's rail: ``src_nic = dst_nic``.
 
     Raises:
         ValueError: a destination no rule resolves to one NIC (the communicator, host and rule named), or a
@@ -162,4 +167,4 @@ def flow_nics(
                     f"its receiving GPU is not determined (rules 1-3) and the candidates use NICs {sorted(s)}"
                 )
             dst_nic[i] = next(iter(s))
-    return src_nic, dst_nic
+    return (dst_nic.copy() if pxn else src_nic), dst_nic

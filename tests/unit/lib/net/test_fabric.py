@@ -44,7 +44,7 @@ def test_fat_tree_k4_links_hops_and_paths():
 
 
 def test_rail_optimized_same_rail_in_two_hops_cross_rail_over_a_spine():
-    f = _fab("RailOptimized", 4, 4)  # 4 hosts x 4 GPUs, a NIC each, rails 0..3, 2 spines
+    f = _fab("RailOptimized", 4, 4, pxn=False)  # 4 hosts x 4 GPUs, a NIC each, rails 0..3, 2 spines; no PXN
     assert f.n_endpoints == 16 and f.n_links == 16 * 2 + 4 * 2 * 2
     assert _hops(f, 0, 4) == (1, 2)  # host-1/nic-0 -> host-2/nic-0: rail 0's switch
     assert [f.link_src[lk] for lk in f.paths(0, 4)[0]] == ["host-1/nic-0", "rail-0.0"]
@@ -308,3 +308,31 @@ def test_a_phantom_host_would_forward_half_the_traffic_so_hosts_are_1_to_the_run
 def test_every_rule_of_an_arbitrary_file_is_checked_before_use(tmp_path, extra, rule):
     with pytest.raises(ValueError, match=rule):
         _fab("Arbitrary", 2, 2, fabric_file=_arbitrary(tmp_path, TWO_RACKS + extra))
+
+
+def test_rail_spines_non_blocking_unless_oversubscribed():
+    """Issue 38 item 5: a rail switch's spine links carry its hosts' NIC bandwidth: 4 hosts x 400 Gbps over
+    2 spines is 4 x 50 / 2 = 100 GB/s a spine link (was the leaf-spine's 800 Gbps = 100 GB/s whatever the
+    rail), / oversubscription."""
+    from phantora_assets.lib.net.fabric import build_fabric
+
+    base = {"host_bw_gbps": 800, "loopback_gbps": 2880, "nspines": 2, "rack_uplink_port_bw_gbps": 800}
+    for hosts, o, want in ((4, 1.0, 100.0), (4, 2.0, 50.0), (16, 1.0, 400.0)):
+        cluster = {**base, "topology": "RailOptimized", "nic_bw_gbps": 400, "oversubscription": o}
+        fab = build_fabric(cluster, hosts, 8)
+        caps = {c for c, k in zip(fab.capacities(), fab.link_class) if k in ("rail_spine", "spine_rail")}
+        assert caps == {want}
+        assert fab.pxn is True
+
+
+def test_pxn_endpoints_use_the_destination_rail():
+    from phantora_assets.lib.net.fabric import build_fabric
+
+    base = {"host_bw_gbps": 800, "loopback_gbps": 2880, "nspines": 2, "rack_uplink_port_bw_gbps": 800}
+    on = build_fabric({**base, "topology": "RailOptimized"}, 2, 4)
+    off = build_fabric({**base, "topology": "RailOptimized", "pxn": False}, 2, 4)
+    src, dst = np.array([0, 1, 0]), np.array([6, 7, 2])  # rank 0 -> 6 (GPU 0 -> GPU 2 of host 2), same host last
+    assert on.endpoints(src, dst)[0].tolist() == [2, 3, 0]  # host 1's NIC 2, NIC 3; loopback stays
+    assert off.endpoints(src, dst)[0].tolist() == [0, 1, 0]
+    with pytest.raises(ValueError, match="pxn"):
+        build_fabric({**base, "topology": "FatTree", "pxn": True}, 2, 1)
