@@ -145,6 +145,7 @@ def check_status(spec: RunSpec, paths: DataPaths) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from phantora_assets.imported_runs import matrix_for
+    from phantora_assets.lib.sim.analytic import trace_bound_rule
     from phantora_assets.lib.sim.memory import estimate_memory
     from phantora_assets.lib.sim.workloads import WorkloadModel
 
@@ -163,6 +164,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             continue
         mem = estimate_memory(WorkloadModel(spec)).as_dict()
         fits = "yes" if mem["fits"] else "NO"
+        if mem["fits"] and spec.source == "analytic" and (why := trace_bound_rule(spec)) is not None:
+            fits, built = "NO", f"refused at build: {why}"  # the simulator's own rule (lib/sim/analytic)
         print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}")
     return 0
 

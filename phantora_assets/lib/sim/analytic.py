@@ -77,6 +77,21 @@ WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 
 
+def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None:
+    """Why the analytic simulator refuses ``spec`` before simulating (its trace would hold more than
+    :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.trace_events_per_step`` x iterations), or
+    None. ``phantora-assets runs`` states the same rule, so a run it shows as fitting is not refused at build."""
+    iterations = int(iterations or spec.wl.train.iterations)
+    events = trace_events_per_step(spec) * iterations
+    if events <= MAX_TRACE_EVENTS:
+        return None
+    return (
+        f"the trace would hold about {events:,} events ({iterations} iterations), more than the "
+        f"{MAX_TRACE_EVENTS:,} the per-run assets build within their memory bound: refused before simulating; "
+        "lower train.iterations (>= 3), the micro-batches per step or the layout"
+    )
+
+
 class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
@@ -179,14 +194,8 @@ class AnalyticSimulator:
         memory = estimate_memory(model)
         if not memory.fits:
             return SimulationResult(spec, memory, None)
-        if self.emit:
-            events = trace_events_per_step(spec) * self.iterations
-            if events > MAX_TRACE_EVENTS:
-                raise RunMatrixError(
-                    f"{spec.run_id}: the trace would hold about {events:,} events ({self.iterations} iterations), more "
-                    f"than the {MAX_TRACE_EVENTS:,} the per-run assets build within their memory bound: refused before "
-                    "simulating; lower train.iterations (>= 2), the micro-batches per step or the layout"
-                )
+        if self.emit and (why := trace_bound_rule(spec, self.iterations)) is not None:
+            raise RunMatrixError(f"{spec.run_id}: {why}")
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)

@@ -282,3 +282,44 @@ def test_deepspeed_zero3_accumulation_repeats_the_micro_batch():
     assert len(epilogues) == 3 and all(len(i.waits) == c1[("dp", "reduce_scatter")] for i in epilogues)
     r1, r4 = AnalyticSimulator(one).run(), AnalyticSimulator(four).run()
     assert 3.0 * r1.step_ns < r4.step_ns
+
+
+def test_runs_says_a_trace_over_the_event_bound_is_refused(tmp_path, monkeypatch, capsys):
+    """Issue 37 item 4: 'fits: yes' is never followed by a refusal at build: `phantora-assets runs` states the
+    simulator's own event bound (the job above, 64 x 8 GPUs, ZeRO-1, 8 micro-batches, 20 iterations)."""
+    from phantora_assets.cli import main
+
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(
+        """
+[workloads.wide]
+framework = "deepspeed"
+model = {kind = "dense", layers = 32, hidden = 1024, ffn_hidden = 4096, heads = 16, kv_heads = 4, vocab = 32000}
+parallel = {zero = 1}
+train = {seq_len = 1024, grad_accumulation = 8, iterations = 20}
+
+[workloads.narrow]
+framework = "deepspeed"
+model = {kind = "dense", layers = 2, hidden = 1024, ffn_hidden = 4096, heads = 16, kv_heads = 4, vocab = 32000}
+parallel = {zero = 1}
+train = {seq_len = 1024, grad_accumulation = 1, iterations = 3}
+
+[[run]]
+workload = "wide"
+gpu = "h100"
+nodes = 64
+gpus_per_node = 8
+
+[[run]]
+workload = "narrow"
+gpu = "h100"
+nodes = 1
+gpus_per_node = 2
+"""
+    )
+    monkeypatch.setenv("PHANTORA_ASSETS_RUN_MATRIX", str(matrix))
+    monkeypatch.delenv("PHANTORA_ASSETS_IMPORT_DIR", raising=False)
+    assert main(["runs", "--data-dir", str(tmp_path / "data")]) == 0
+    wide, narrow = [line for line in capsys.readouterr().out.splitlines() if "_wide_" in line or "_narrow_" in line]
+    assert " NO " in wide and "refused at build: the trace would hold about" in wide and "3,800,000" in wide
+    assert " yes " in narrow and "refused" not in narrow
