@@ -127,8 +127,15 @@ def test_profiled_entries_follow_the_matrix_rules():
     ):
         with pytest.raises(RunMatrixError, match="a kineto run has"):
             validate(bad, "t")
-    with pytest.raises(RunMatrixError, match="name is only allowed with source = kineto"):
-        validate(RunSpec("W1", "a100_40g", 2, 1, name="job"), "t")
+    # on a simulated run, name is the run id's suffix (issue 38 item 6); a bad one, or one on an import, is refused
+    named = RunSpec("W1", "a100_40g", 2, 1, name="job")
+    validate(named, "t")
+    assert named.run_id == "phantora_a100_40g_W1_2x1_job" and named.trace_dir == "traces/a100_40g/W1_2x1_job"
+    for bad in ("Job", "_job", "x" * 41, "a-b"):
+        with pytest.raises(RunMatrixError, match="name is a simulated run's run-id suffix"):
+            validate(RunSpec("W1", "a100_40g", 2, 1, name=bad), "t")
+    with pytest.raises(RunMatrixError, match="an imported run folder is named by its folder"):
+        validate(RunSpec("W1", "a100_40g", 2, 1, source="import", path="/x", name="job"), "t")
 
 
 def test_only_folders_of_profiler_traces_are_taken_for_kineto(tmp_path, capsys):

@@ -34,6 +34,7 @@ PROFILED_SOURCES = ("kineto", "chakra")  # no workload preset nor simulated GPU;
 #: maps each to the module that simulates or imports it).
 SOURCES: tuple[str, ...] = ("analytic", "docker", "import", *PROFILED_SOURCES)
 _NAME = re.compile(r"^(?!phantora_)[a-z0-9][a-z0-9_]{0,99}$")
+_SUFFIX = re.compile(r"^[a-z0-9][a-z0-9_]{0,39}$")
 
 
 @cache
@@ -54,7 +55,8 @@ class RunSpec:
         published: status in the published dataset (``ok``, ``out_of_memory`` or ``""``).
         topology: overrides of the ``[cluster]`` network settings (host_bw_gbps, ...).
         path: the folder an ``import`` run (``traces/<gpu>/<workload>_<layout>/``) or a profiled run comes from.
-        name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), and the rank
+        name, rank: a profiled run's run_id (:data:`PROFILED_SOURCES`; workload and gpu ``""``), else the
+            suffix of a simulated run's run_id (``_<name>``: runs differing only in topology coexist); the rank
             of a ``kineto`` folder of one trace without ``distributedInfo`` (``--rank``), else None.
         bin_s: width of the run's bins, s (``lib/bins/width.py``: 0.001 .. 1.0; v1's 0.1 by default).
         ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the workload's ``parallel.ep``).
@@ -79,8 +81,16 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        """``phantora_<gpu>_<workload>_<layout>[<topology_tail>]``; a profiled run's ``name``."""
-        return self.name or f"phantora_{self.gpu}_{self.workload}_{self.layout}{self.topology_tail}"
+        """``phantora_<gpu>_<workload>_<layout>[<topology_tail>][_<name>]``; a profiled run's ``name``."""
+        if self.source in PROFILED_SOURCES:
+            return self.name
+        return f"phantora_{self.gpu}_{self._folder_name}"
+
+    @property
+    def _folder_name(self) -> str:
+        """``<workload>_<layout>[<topology_tail>][_<name>]``: a simulated run's name under its GPU."""
+        suffix = f"_{self.name}" if self.name else ""
+        return f"{self.workload}_{self.layout}{self.topology_tail}{suffix}"
 
     @property
     def topology_tail(self) -> str:  # "" on presets.toml's topology, else _<type in lower case>
@@ -157,8 +167,9 @@ class RunSpec:
     @property
     def trace_dir(self) -> str:
         """Run folder under the data root: ``traces/<gpu>/<workload>_<layout>``, ``traces/<source>/<name>``."""
-        name = f"{self.workload}_{self.layout}{self.topology_tail}"
-        return f"traces/{self.source}/{self.name}" if self.name else f"traces/{self.gpu}/{name}"
+        if self.source in PROFILED_SOURCES:
+            return f"traces/{self.source}/{self.name}"
+        return f"traces/{self.gpu}/{self._folder_name}"
 
 
 def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (one check per run-matrix key, each with its message)
@@ -173,8 +184,13 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (on
     if spec.source in PROFILED_SOURCES:
         if spec.workload or spec.gpu or not spec.path or not _NAME.match(spec.name):
             raise RunMatrixError(f"{entry}: a {spec.source} run has workload = gpu = '', a path, a name of [a-z0-9_]")
-    elif spec.name:
-        raise RunMatrixError(f"{entry}: name is only allowed with source = {' | '.join(PROFILED_SOURCES)}")
+    elif spec.name and (spec.source == "import" or not isinstance(spec.name, str) or not _SUFFIX.match(spec.name)):
+        raise RunMatrixError(
+            f"{entry}: name is a simulated run's run-id suffix ([a-z0-9][a-z0-9_]*, at most 40 characters: runs "
+            f"differing only in topology settings coexist) or a {' | '.join(PROFILED_SOURCES)} run's run_id; "
+            f"{got_repr(spec.name)}"
+            + (" (an imported run folder is named by its folder)" if spec.source == "import" else "")
+        )
     elif spec.workload_def is None and spec.workload not in (wl := workload_specs()):
         raise RunMatrixError(f"{entry}: unknown workload {spec.workload!r} (known: {', '.join(sorted(wl))})")
     elif spec.workload_def is not None and spec.workload_def.name != spec.workload:
