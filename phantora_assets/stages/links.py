@@ -9,6 +9,7 @@ paths the run's network gives them (``lib/net/routes.py``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,9 @@ import pandas as pd
 
 from phantora_assets.checks import LINK_BINS_CONSERVE_BYTES, reset_checks
 from phantora_assets.lib.columns import STEP_FLOW_COLUMNS
-from phantora_assets.lib.errors import TraceFormatError
+from phantora_assets.lib.errors import FileRuleError, TraceFormatError
 from phantora_assets.lib.net import link_bins, nics, routes
-from phantora_assets.lib.net.fabric import Fabric, build_fabric
+from phantora_assets.lib.net.fabric import Fabric, build_fabric, network_files
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.network import Topology
@@ -27,15 +28,31 @@ from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic.binning import exact_sum
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
+from phantora_assets.records import RunSpecRecord, read_record_or_none
 from phantora_assets.stages.common import WINDOW_S
 from phantora_assets.stages.flows import read_trace_summary
+from phantora_assets.stages.simulation import file_digest
 
 CHECK = LINK_BINS_CONSERVE_BYTES
 
 
-def run_topology(spec: RunSpec) -> Topology | Fabric:
+def run_topology(spec: RunSpec, paths: DataPaths | None = None) -> Topology | Fabric:
     """The run's network: its netconfig (``lib/phantora/netconfig.netconfig_for``) with its ``ecmp``, as the
-    analytic simulator builds it (``lib/sim/analytic.py``); a fabric topology's graph (``lib/net/fabric.py``)."""
+    analytic simulator builds it (``lib/sim/analytic.py``); a fabric topology's graph (``lib/net/fabric.py``).
+    With ``paths``, every file the network reads (``fabric_file``) must hold the bytes the run was simulated
+    with (``run_spec.json``), else ``FileRuleError`` ``changed since the run was simulated``: a table of this
+    run never describes another network than the one it was simulated on."""
+    for key, name in network_files(spec.cluster).items():
+        if paths is None:
+            break
+        rec = read_record_or_none(paths.partition_dir(spec.run_id) / "run_spec.json", RunSpecRecord)
+        built = rec.inputs.get(key) if rec is not None else None
+        if built != (now := file_digest(Path(name))):
+            raise FileRuleError(
+                name,
+                "changed since the run was simulated",
+                f"{key} {now[:20]}... against {str(built)[:20]}... in run_spec.json: rebuild the run from raw_timeline",
+            )
     if spec.cluster["topology"] != "TwoLayerMultiPath":
         return build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node)
     return Topology.from_netconfig(netconfig_for(spec), ecmp=str(spec.cluster.get("ecmp", "hash")))
@@ -117,7 +134,7 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     reset_checks(paths.run_folder(spec), "link_bins", (CHECK,))
     summary = read_trace_summary(paths, spec.run_id)
     flows = chosen_step_flows(paths, spec.run_id)
-    topo = run_topology(spec)
+    topo = run_topology(spec, paths)
     conn = routes.connection_keys(flows, spec.gpus_per_node)
     if isinstance(topo, Fabric):  # NIC endpoints; a scale-up domain's flows cross no link
         nf = with_nics(flows, spec, topo, paths)

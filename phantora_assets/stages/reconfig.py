@@ -58,7 +58,7 @@ PLOTS = ("reconfig_windows", "reconfig_sweep")
 
 def nic_flows(spec: RunSpec, flows: pd.DataFrame, paths: DataPaths) -> tuple[pd.DataFrame, int]:
     """``flows`` with ``src_nic``, ``dst_nic`` and ``network``, and the NICs per host of the run's topology."""
-    topo = run_topology(spec)
+    topo = run_topology(spec, paths)
     src, dst = flows["src_node"].to_numpy(np.int64), flows["dst_node"].to_numpy(np.int64)
     out = flows.copy()
     if isinstance(topo, Fabric):

@@ -222,3 +222,20 @@ def test_rail_optimized_pxn_keeps_cross_rail_all_to_all_off_the_spines(tmp_path)
     assert len(cross) == 2 * 12 and off["rail_spine"] == pytest.approx(
         cross["bytes_per_step"].sum() / pairs_off["bytes_per_step"].sum() * off["host_up"], rel=1e-4
     )
+
+
+def test_link_tables_refuse_a_fabric_file_changed_since_the_simulation(tmp_path):
+    """Issue 39 item 6 (a fresh attack): link_bins and reconfig rebuilt the network from the fabric file as it is
+    now, so an edit (then a revert) left a current-looking run whose link capacities were another network's."""
+    from phantora_assets.lib.errors import FileRuleError
+    from phantora_assets.stages import links as links_stage
+
+    fabric = tmp_path / "fabric.toml"
+    fabric.write_text(ARBITRARY)
+    spec, paths = _build(tmp_path, {"topology": "Arbitrary", "fabric_file": str(fabric)})
+    links_stage.link_bins_stage(spec, paths)  # the file as simulated: accepted
+    fabric.write_text(ARBITRARY.replace("gbps = 200", "gbps = 100"))
+    for stage in (links_stage.link_bins_stage, reconfig_stage.reconfig_stage):
+        with pytest.raises(FileRuleError, match="changed since the run was simulated") as exc:
+            stage(spec, paths)
+        assert str(fabric) in str(exc.value)
