@@ -9,7 +9,7 @@ Per run:
     timeseries      100 ms traffic over the 180 s window (total and the top pairs), with a
                     zoom on the first seconds where the step rhythm is visible
     step_anatomy    one steady step, per host: compute spans and network spans, with the
-                    exposed-communication and idle totals
+                    exposed-communication and idle totals (at most 16 hosts: the most exposed)
     link_utilisation  per link class, the busiest link's utilisation in every bin (link_bins),
                     over the window and in its first seconds
 Per dataset:
@@ -246,13 +246,17 @@ def step_anatomy_chart(
 ) -> bytes:
     """Per host, two lanes over one step: compute spans and network spans (ms from the step start).
 
-    ``anatomy_row``: the ``step_anatomy`` rows of that step (one per host), for the totals.
+    ``anatomy_row``: the ``step_anatomy`` rows of that step (one per host), for the totals. A run of more
+    than :data:`MAX_ANATOMY_HOSTS` hosts shows that many (:func:`anatomy_hosts`: those with the most
+    exposed communication), named in the title; 2,048 lanes would be neither readable nor quick (77 s).
     """
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
     with kept_figure("step_anatomy", _ANATOMY_AXES) as (fig, (ax,)):
-        hosts = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
+        every = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
+        hosts = anatomy_hosts(every, anatomy_row)
+        spans = spans[spans["host"].isin(hosts)] if len(hosts) < len(every) else spans
         lane_h = 0.36
         yticks, ylabels = [], []
         for i, host in enumerate(hosts):
@@ -302,8 +306,27 @@ def step_anatomy_chart(
         )
         ax.set_ylim(-0.6, len(hosts) - 0.4)
         ax.set_xlabel("ms from the step start")
-        fig.suptitle(f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms)", fontsize=10, y=0.97)
+        shown = "" if len(hosts) == len(every) else f"; the {len(hosts)} of {len(every)} hosts most exposed"
+        fig.suptitle(
+            f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms){shown}", fontsize=10, y=0.97
+        )
         return save_png(fig, path)
+
+
+#: Hosts at most in the step anatomy chart (two lanes and a line of totals each).
+MAX_ANATOMY_HOSTS = 16
+
+
+def anatomy_hosts(hosts: list[str], anatomy_row: pd.DataFrame) -> list[str]:
+    """The hosts of :func:`step_anatomy_chart`: all of ``hosts`` (``host-k`` names in host order) when there
+    are at most :data:`MAX_ANATOMY_HOSTS`, else the :data:`MAX_ANATOMY_HOSTS` with the most exposed
+    communication in the step (``anatomy_row.exposed_comm_us``; a host without a row counts 0; ties to the
+    lower host number), in host order."""
+    if len(hosts) <= MAX_ANATOMY_HOSTS:
+        return hosts
+    exposed = anatomy_row.groupby("host")["exposed_comm_us"].sum().to_dict()
+    ranked = sorted(range(len(hosts)), key=lambda i: (-float(exposed.get(hosts[i], 0.0)), i))
+    return [hosts[i] for i in sorted(ranked[:MAX_ANATOMY_HOSTS])]
 
 
 # --------------------------------------------------------------------------- per dataset
