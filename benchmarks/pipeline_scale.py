@@ -5,9 +5,9 @@
     python benchmarks/pipeline_scale.py --workloads W4 --sizes 16 --no-dataset   # a quick look
 
 Every stage of a run (raw_timeline, chrome_trace, validated_flows, binned_flows, link_bins,
-window_features, run_summary, step_anatomy, run_plots, then phantora_v0 and dataset_duckdb of that one run) runs in
-its own forked child of this process (which imported the stages once, before), one after the other on
-one data root, exactly as the assets call them (``stages/``); each child reports its wall time and
+window_features, run_summary, step_anatomy, reconfig, run_plots, then phantora_v0 and dataset_duckdb of
+that one run) runs in its own forked child of this process (which imported the stages once, before), one
+after the other on one data root, exactly as the assets call them (``stages/``); each child reports its wall time and
 its peak RSS (``ru_maxrss``, which counts the pages it shares with the parent: about the
 interpreter with the package imported). The per-run chain's time is the sum over the stages from
 raw_timeline to run_plots; ``events`` is the number of events of the run's Chrome trace.
@@ -40,11 +40,12 @@ RUN_STAGES = RUN_ASSET_NAMES  # every per-run asset, in graph order
 DATASET_STAGES = ("phantora_v0", "dataset_duckdb")
 
 
-def _stage(name: str, spec, paths):
+def stage_calls(spec, paths) -> dict:
+    """One call per stage this benchmark runs (every per-run asset and the dataset's), by name."""
     from phantora_assets.sources.base import SourceContext
-    from phantora_assets.stages import analysis, dataset, flows, links, simulation, traces
+    from phantora_assets.stages import analysis, dataset, flows, links, reconfig, simulation, traces
 
-    calls = {
+    return {
         "raw_timeline": lambda: simulation.raw_timeline(spec, paths, SourceContext()),
         "chrome_trace": lambda: traces.chrome_trace(spec, paths, SourceContext()),
         "validated_flows": lambda: flows.validate_flows(spec, paths),
@@ -53,11 +54,15 @@ def _stage(name: str, spec, paths):
         "window_features": lambda: dataset.window_features(spec, paths),
         "run_summary": lambda: dataset.summarize_run(spec, paths),
         "step_anatomy": lambda: analysis.step_anatomy_stage(spec, paths),
+        "reconfig": lambda: reconfig.reconfig_stage(spec, paths),
         "run_plots": lambda: analysis.run_plots_stage(spec, paths),
         "phantora_v0": lambda: dataset.export_dataset([spec], paths),
         "dataset_duckdb": lambda: dataset.dataset_duckdb_stage([spec], paths),
     }
-    return calls[name]()
+
+
+def _stage(name: str, spec, paths):
+    return stage_calls(spec, paths)[name]()
 
 
 def run_forked(name: str, spec, paths) -> tuple[float, float, str]:
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from phantora_assets.lib.run.spec import RunSpec, validate
     from phantora_assets.paths import DataPaths
-    from phantora_assets.stages import analysis, dataset, flows, links, simulation, traces  # noqa: F401 (imported once, before the forks)
+    from phantora_assets.stages import analysis, dataset, flows, links, reconfig, simulation, traces  # noqa: F401 (imported once, before the forks)
 
     stages = RUN_STAGES + (() if args.no_dataset else DATASET_STAGES)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -126,7 +126,7 @@ def run_plots_stage(spec: RunSpec, paths: DataPaths, out: Path | None = None) ->
         float(step_row["end_us"] - step_row["start_us"]),
         path=files["step_anatomy"],
     )
-    plots.link_utilisation(pd.read_parquet(pdir / "link_bins.parquet"), spec.run_id, path=files["link_utilisation"])
+    plots.link_utilisation(pdir / "link_bins.parquet", spec.run_id, path=files["link_utilisation"])  # by row group
     return PlotsResult(files, time.perf_counter() - t0)
 
 

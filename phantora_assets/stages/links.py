@@ -23,8 +23,7 @@ from phantora_assets.lib.net.fabric import Fabric, build_fabric, network_files
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.network import Topology
-from phantora_assets.lib.store import database
-from phantora_assets.lib.store.parquet import write_parquet
+from phantora_assets.lib.store import database, link_table
 from phantora_assets.lib.traffic.binning import exact_sum
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
@@ -151,13 +150,14 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     expected = link_bins.expected_class_bytes(
         flows, topo, step_time_s=step_s, run_id=spec.run_id, conn=conn, **bin_args
     )
-    outcome = conservation_outcome(built.table, expected)
+    outcome = conservation_outcome(built.class_bytes, expected)
     out = paths.table(spec.run_id, "link_bins")
-    if outcome.passed:
-        write_parquet(built.table, out)
+    if outcome.passed:  # a row group at a time from the matrix: never the whole table in pandas
+        times = link_bins.link_bin_times(built.per_link.shape[0], built.bin_s)
+        link_table.write_link_bins(built.per_link, built.links, spec.run_id, built.bin_s, kind, times, out)
     record(paths, spec, "link_bins", [outcome])
     meta: dict[str, Any] = {
-        "rows": len(built.table),
+        "rows": int(built.per_link.size),
         "links": int(topo.n_links),
         "routes": kind,
         "ecmp": topo.ecmp,
@@ -167,10 +167,10 @@ def link_bins_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     return StageResult(out if outcome.passed else None, meta, [outcome])
 
 
-def conservation_outcome(table: pd.DataFrame, expected: dict[str, int]) -> Outcome:
-    """``link_bins_conserve_bytes`` of ``table`` (a ``link_bins`` table) against ``expected``
-    (``link_bins.expected_class_bytes``)."""
-    got = link_bins.class_bytes(table, tuple(expected))
+def conservation_outcome(table: pd.DataFrame | dict[str, int], expected: dict[str, int]) -> Outcome:
+    """``link_bins_conserve_bytes`` of ``table`` (a ``link_bins`` table, or the bytes per link class of the
+    matrix the stage writes, ``LinkBins.class_bytes``) against ``expected`` (``link_bins.expected_class_bytes``)."""
+    got = link_bins.class_bytes(table, tuple(expected)) if isinstance(table, pd.DataFrame) else dict(table)
     ok, msg = link_bins.conservation(got, expected)
     meta = {f"table_{c}": v for c, v in got.items()} | {f"expected_{c}": v for c, v in expected.items()}
     return Outcome(CHECK, ok, msg, meta)

@@ -74,11 +74,36 @@ LINK_BIN_DOCS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class LinkBins:
-    """Result of :func:`build_link_bins`: ``table`` (``LINK_BIN_COLUMNS``, dense: every bin x every
-    link, sorted by (t, link_id)) and the bytes per link class it holds (exact Python ints)."""
+    """Result of :func:`build_link_bins`: ``per_link``, the bytes of every (bin, directed link) as an int64
+    ``(n_bins, n_links)`` matrix (column ``k`` is ``link_id`` ``k``), the run's ``links``
+    (``routes.link_table``), the ``run_id``, ``bin_s`` and ``routes`` written in every row, and the bytes
+    per link class the matrix holds (exact Python ints).
 
-    table: pd.DataFrame
+    Memory: 8 B a cell (a 2,048-host leaf-spine: 1800 bins x 8192 links = 118 MB). The ``LINK_BIN_COLUMNS``
+    rows are made from it only where they are needed: :attr:`table` (every row at once, about 100 B a
+    row in pandas with its string columns: small runs and tests) or ``lib/store/link_table.write_link_bins``
+    (a Parquet row group at a time)."""
+
+    per_link: np.ndarray
+    links: pd.DataFrame
+    run_id: str
+    bin_s: float
+    routes: str
     class_bytes: dict[str, int]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The ``LINK_BIN_COLUMNS`` table, dense: every bin x every link, sorted by (t, link_id)."""
+        return _table(self.per_link, self.links, self.run_id, self.bin_s, self.routes)
+
+
+def _link_bins(
+    per_link: np.ndarray, links: pd.DataFrame, run_id: str, bin_s: float, routes: str, classes: tuple[str, ...]
+) -> LinkBins:
+    """A :class:`LinkBins` of ``per_link``, its class bytes summed per class of ``classes`` over the columns."""
+    cls = links["link_class"].to_numpy()
+    got = {c: exact_sum(per_link[:, cls == c].reshape(-1)) for c in classes}
+    return LinkBins(per_link, links, run_id, float(bin_s), routes, got)
 
 
 def _pairs(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -214,25 +239,7 @@ def build_link_bins(  # noqa: PLR0913 (the network model's settings, keyword-onl
         base, rem = np.divmod(per_key[:, n_links + g], s)
         for j in range(s):
             per_link[:, fabric0 + g * s + j] += base + (j < rem)
-    n_bins = per_link.shape[0]
-    t = np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6)
-    rep = lambda col: np.tile(links[col].to_numpy(), n_bins)
-    table = pd.DataFrame(
-        {
-            "run_id": pd.Series([run_id] * (n_bins * n_links), dtype=object),
-            "t": np.repeat(t, n_links).astype(np.float64),
-            "bin_s": np.full(n_bins * n_links, float(bin_s)),
-            "link_id": rep("link_id").astype(np.int64),
-            "link_class": pd.Series(rep("link_class"), dtype=object),
-            "src": pd.Series(rep("src"), dtype=object),
-            "dst": pd.Series(rep("dst"), dtype=object),
-            "bytes": per_link.ravel(),
-            "capacity_bps": rep("capacity_bps").astype(np.float64),
-            "routes": pd.Series([routes] * (n_bins * n_links), dtype=object),
-        },
-        columns=list(LINK_BIN_COLUMNS),
-    )
-    return LinkBins(table, class_bytes(table))
+    return _link_bins(per_link, links, run_id, bin_s, routes, LINK_CLASSES)
 
 
 def _place_link_rows(
@@ -260,13 +267,13 @@ def _place_link_rows(
         per_link = _paths_to_keys(per_path, sigs, n_links)
     else:
         per_link, _ = _bin_keys(flows, fi, li, n_links, **args)
-    table = _table(per_link, links, run_id, bin_s, routes)
-    return LinkBins(table, class_bytes(table, classes_of(topo)))
+    return _link_bins(per_link, links, run_id, bin_s, routes, classes_of(topo))
 
 
 def _table(per_link: np.ndarray, links: pd.DataFrame, run_id: str, bin_s: float, routes: str) -> pd.DataFrame:
+    """``per_link`` as ``LINK_BIN_COLUMNS`` rows, sorted by (t, link_id)."""
     n_bins, n_links = per_link.shape
-    t = np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6)
+    t = link_bin_times(n_bins, bin_s)
     rep = lambda col: np.tile(links[col].to_numpy(), n_bins)
     return pd.DataFrame(
         {
@@ -283,6 +290,11 @@ def _table(per_link: np.ndarray, links: pd.DataFrame, run_id: str, bin_s: float,
         },
         columns=list(LINK_BIN_COLUMNS),
     )
+
+
+def link_bin_times(n_bins: int, bin_s: float) -> np.ndarray:
+    """``t`` (s, float64) of bins ``0 .. n_bins - 1``: ``round(i * bin_ns / 1e9, 6)`` from integer ns."""
+    return np.round(np.arange(n_bins, dtype=np.int64) * int(round(bin_s * 1e9)) / 1e9, 6).astype(np.float64)
 
 
 def class_bytes(table: pd.DataFrame, classes: tuple[str, ...] = LINK_CLASSES) -> dict[str, int]:

@@ -9,7 +9,7 @@ Per run:
     timeseries      100 ms traffic over the 180 s window (total and the top pairs), with a
                     zoom on the first seconds where the step rhythm is visible
     step_anatomy    one steady step, per host: compute spans and network spans, with the
-                    exposed-communication and idle totals
+                    exposed-communication and idle totals (at most 16 hosts: the most exposed)
     link_utilisation  per link class, the busiest link's utilisation in every bin (link_bins),
                     over the window and in its first seconds
 Per dataset:
@@ -30,6 +30,7 @@ from phantora_assets.lib.store.bin_table import SparseBins, bin_times, control_a
 from phantora_assets.lib.store.figures import DPI as DPI  # re-exported, with every plot's size
 from phantora_assets.lib.store.figures import SIZES as SIZES
 from phantora_assets.lib.store.figures import kept_figure, new_figure, save_png
+from phantora_assets.lib.store.link_table import class_peaks
 
 #: Layouts in plotting order (then any other, sorted).
 LAYOUT_ORDER = ["2x1", "2x2", "4x1", "2x4", "4x2"]
@@ -199,29 +200,24 @@ _CLASS_COLORS |= {"edge_agg": "#d62728", "agg_edge": "#ff7f0e", "agg_core": "#94
 _CLASS_COLORS |= {"rail_spine": "#d62728", "spine_rail": "#ff7f0e", "fabric": "#9467bd"}
 
 
-def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, path: Path | None = None) -> bytes:
+def link_utilisation(
+    link_bins: pd.DataFrame | Path, run_id: str, zoom_s: float = 5.0, path: Path | None = None
+) -> bytes:
     """Per link class, the largest utilisation (bytes * 8 / bin_s / capacity_bps, in %) over the class's
-    links in every bin of a ``link_bins`` table; the full window and a zoom on its first ``zoom_s`` s."""
+    links in every bin of a ``link_bins`` table (or of its Parquet file, read a row group at a time:
+    ``link_table.class_peaks``); the full window and a zoom on its first ``zoom_s`` s. One line per class
+    whatever the links (a 2,048-host run's 8,192 links are 4 lines)."""
     from matplotlib.ticker import MaxNLocator
 
+    peaks = class_peaks(link_bins)
     with kept_figure("link_utilisation", _TWO_PANELS) as (fig, (ax, az)):
-        util = link_bins["bytes"].to_numpy(np.float64) * 8 / link_bins["bin_s"].to_numpy(np.float64)
-        util = 100 * util / link_bins["capacity_bps"].to_numpy(np.float64)
-        grid, ti = np.unique(link_bins["t"].to_numpy(np.float64), return_inverse=True)
-        ids, li = np.unique(link_bins["link_id"].to_numpy(np.int64), return_inverse=True)
-        bin_s = float(link_bins["bin_s"].iloc[0]) if len(link_bins) else 0.1
-        # (bin, link) grid of utilisations (a link missing from a bin: 0), and each link's class
-        table = np.zeros((len(grid), len(ids)))
-        table[ti.reshape(-1), li.reshape(-1)] = util
-        link_class = np.empty(len(ids), dtype=object)
-        link_class[li.reshape(-1)] = link_bins["link_class"].to_numpy()
+        grid, bin_s = peaks.t, peaks.bin_s
         for name, color in _CLASS_COLORS.items():
-            sel = link_class == name
-            if not sel.any():
+            if name not in peaks.classes:
                 continue
-            peak = table[:, sel].max(axis=1)
-            n_links = int(sel.sum())
-            label = f"{name}\n({n_links} links)"
+            k = peaks.classes.index(name)
+            peak = peaks.peak[:, k]
+            label = f"{name}\n({peaks.links[k]} links)"
             zoom = grid < zoom_s
             ax.plot(grid, peak, drawstyle="steps-post", color=color, lw=0.9, alpha=0.8, label=label)
             az.plot(grid[zoom], peak[zoom], drawstyle="steps-post", color=color, lw=0.9, alpha=0.8)
@@ -233,7 +229,7 @@ def link_utilisation(link_bins: pd.DataFrame, run_id: str, zoom_s: float = 5.0, 
             a.set_xlim(0, lim)
             a.set_ylim(bottom=0)
             a.set_ylabel("utilisation (%)")
-        routes = str(link_bins["routes"].iloc[0]) if len(link_bins) else ""
+        routes = peaks.routes
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         ax.set_title(f"{run_id}: busiest link per class, {bin_s * 1000:g} ms bins (routes {routes})", fontsize=10)
         az.set_xlabel(f"t (s); the first {zoom_s:g} s")
@@ -250,13 +246,17 @@ def step_anatomy_chart(
 ) -> bytes:
     """Per host, two lanes over one step: compute spans and network spans (ms from the step start).
 
-    ``anatomy_row``: the ``step_anatomy`` rows of that step (one per host), for the totals.
+    ``anatomy_row``: the ``step_anatomy`` rows of that step (one per host), for the totals. A run of more
+    than :data:`MAX_ANATOMY_HOSTS` hosts shows that many (:func:`anatomy_hosts`: those with the most
+    exposed communication), named in the title; 2,048 lanes would be neither readable nor quick (77 s).
     """
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
     with kept_figure("step_anatomy", _ANATOMY_AXES) as (fig, (ax,)):
-        hosts = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
+        every = sorted(set(spans["host"]) | set(anatomy_row["host"]), key=lambda h: int(h.split("-")[1]))
+        hosts = anatomy_hosts(every, anatomy_row)
+        spans = spans[spans["host"].isin(hosts)] if len(hosts) < len(every) else spans
         lane_h = 0.36
         yticks, ylabels = [], []
         for i, host in enumerate(hosts):
@@ -306,8 +306,27 @@ def step_anatomy_chart(
         )
         ax.set_ylim(-0.6, len(hosts) - 0.4)
         ax.set_xlabel("ms from the step start")
-        fig.suptitle(f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms)", fontsize=10, y=0.97)
+        shown = "" if len(hosts) == len(every) else f"; the {len(hosts)} of {len(every)} hosts most exposed"
+        fig.suptitle(
+            f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms){shown}", fontsize=10, y=0.97
+        )
         return save_png(fig, path)
+
+
+#: Hosts at most in the step anatomy chart (two lanes and a line of totals each).
+MAX_ANATOMY_HOSTS = 16
+
+
+def anatomy_hosts(hosts: list[str], anatomy_row: pd.DataFrame) -> list[str]:
+    """The hosts of :func:`step_anatomy_chart`: all of ``hosts`` (``host-k`` names in host order) when there
+    are at most :data:`MAX_ANATOMY_HOSTS`, else the :data:`MAX_ANATOMY_HOSTS` with the most exposed
+    communication in the step (``anatomy_row.exposed_comm_us``; a host without a row counts 0; ties to the
+    lower host number), in host order."""
+    if len(hosts) <= MAX_ANATOMY_HOSTS:
+        return hosts
+    exposed = anatomy_row.groupby("host")["exposed_comm_us"].sum().to_dict()
+    ranked = sorted(range(len(hosts)), key=lambda i: (-float(exposed.get(hosts[i], 0.0)), i))
+    return [hosts[i] for i in sorted(ranked[:MAX_ANATOMY_HOSTS])]
 
 
 # --------------------------------------------------------------------------- per dataset
