@@ -23,8 +23,8 @@ from collections import Counter
 import pytest
 from fixtures.collective_oracle import Call, Comm, Prediction, _hf_gpt_oss_params, _model, predict
 from fixtures.paths import DATA
+from fixtures.workload_strategies import any_spec
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 TRACELENS = DATA / "tracelens" / "nccl_summary_long.csv"
 BOOKKEEPING = 16
@@ -170,122 +170,6 @@ KNOWN_BUGS = False
 PINNED_RULES: frozenset[str] = frozenset()
 # the generator's own calls of a pinned rule that the oracle's named calls replace
 PINNED_TAGS: dict[str, str] = {}
-
-
-@st.composite
-def megatron_specs(draw):
-    tp = draw(st.sampled_from([1, 2, 4]))
-    pp = draw(st.sampled_from([1, 2, 4]))
-    cp = draw(st.sampled_from([1, 2]))
-    dp = draw(st.sampled_from([1, 2, 4]))
-    moe = draw(st.booleans())
-    heads = tp * draw(st.sampled_from([1, 2, 4]))
-    kv_heads = tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0]))
-    schedules = ["1f1b", "gpipe", "interleaved"]
-    schedule = draw(st.sampled_from(schedules)) if pp > 1 else "1f1b"
-    v = 2 if schedule == "interleaved" else 1
-    accumulation = pp * draw(st.sampled_from([1, 2])) if v > 1 else draw(st.sampled_from([1, 2, 3]))
-    layers = pp * v * draw(st.integers(1, 2))
-    model = {
-        "kind": "moe" if moe else "dense",
-        "layers": layers,
-        "hidden": heads * 64,
-        "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "vocab": tp * draw(st.integers(200, 1200)),
-    }
-    par: dict = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": draw(st.sampled_from([0, 1]))}
-    if tp > 1:  # Megatron requires sequence parallelism for MoE with TP
-        par["sequence_parallel"] = True if moe else draw(st.booleans())
-    if pp > 1:
-        par["pp_schedule"] = schedule
-        if v > 1:
-            par["virtual_stages"] = v
-    if moe:
-        model["experts"] = draw(st.sampled_from([4, 8]))
-        model["topk"] = draw(st.sampled_from([1, 2]))
-        model["moe_ffn_hidden"] = 64 * tp * draw(st.integers(1, 4))
-        model["shared_experts"] = draw(st.sampled_from([0, 1]))
-        model["dense_layers"] = draw(st.sampled_from([0, 1])) if layers > 1 else 0
-        etp = draw(st.sampled_from(sorted({1, tp})))  # the schema: expert TP 1 or tp
-        if etp != tp:
-            par["etp"] = etp
-        mesh = dp * cp * tp // etp  # Megatron's expert mesh of a stage: etp x ep x edp
-        par["ep"] = draw(st.sampled_from([e for e in (1, 2, 4, 8) if mesh % e == 0 and model["experts"] % e == 0]))
-    train = {
-        "seq_len": draw(st.sampled_from([256, 512])),
-        "micro_batch": draw(st.sampled_from([1, 2])),
-        "grad_accumulation": accumulation,
-        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
-    }
-    return {"framework": "megatron", "model": model, "parallel": par, "train": train}, tp * pp * cp * dp
-
-
-@st.composite
-def torchtitan_specs(draw):
-    # torchtitan's DDP (zero 0) is 1-D: the schema refuses it with tp, pp or cp > 1 (as torchtitan)
-    ddp = draw(st.sampled_from([False, False, False, True]))
-    tp = 1 if ddp else draw(st.sampled_from([1, 2, 4]))
-    cp = 1 if ddp else draw(st.sampled_from([1, 1, 2, 4]))
-    dp = draw(st.sampled_from([2, 4, 8] if ddp else [1, 2, 4, 8] if cp == 1 else [1, 2]))
-    pp = 1 if ddp else draw(st.sampled_from([1, 1, 2, 4] if cp < 4 else [1, 2]))
-    schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"])) if pp > 1 else "1f1b"
-    v = 2 if schedule == "interleaved" else 1
-    heads = tp * draw(st.sampled_from([1, 2, 4]))
-    model = {
-        "kind": "dense",
-        "layers": pp * v * draw(st.integers(1, 3)),
-        "hidden": heads * 64,
-        "ffn_hidden": 64 * tp * draw(st.integers(2, 8)),
-        "heads": heads,
-        "kv_heads": tp * draw(st.sampled_from([k for k in (1, 2, 4) if (heads // tp) % k == 0])),
-        "vocab": tp * draw(st.integers(200, 1200)),
-    }
-    par = {"tp": tp, "dp": dp, "cp": cp, "zero": 0 if ddp else draw(st.sampled_from([2, 3]))}
-    if not ddp:
-        par["dp_replicate"] = draw(st.sampled_from([r for r in (1, 2) if dp % r == 0]))
-    if pp > 1:
-        par |= {"pp": pp, "pp_schedule": schedule} | ({"virtual_stages": v} if v > 1 else {})
-    if tp > 1:
-        par["sequence_parallel"] = True
-    train = {
-        "seq_len": draw(st.sampled_from([256, 512])),
-        "micro_batch": draw(st.sampled_from([1, 2])),
-        "grad_accumulation": pp * draw(st.sampled_from([1, 2])) if pp > 1 else draw(st.sampled_from([1, 2])),
-        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
-    }
-    return {"framework": "torchtitan", "model": model, "parallel": par, "train": train}, tp * dp * pp * cp
-
-
-@st.composite
-def deepspeed_specs(draw):
-    dp = draw(st.sampled_from([2, 4, 8]))
-    heads = draw(st.sampled_from([4, 8]))
-    model = {
-        "kind": "dense",
-        "layers": draw(st.integers(1, 4)),
-        "hidden": heads * 64,
-        "ffn_hidden": 64 * draw(st.integers(2, 8)),
-        "heads": heads,
-        "kv_heads": draw(st.sampled_from([1, 2, 4])),
-        "vocab": draw(st.integers(200, 5000)),
-    }
-    if draw(st.booleans()):  # an MoE: the Hugging Face gpt-oss modules (experts on every rank)
-        experts = draw(st.sampled_from([2, 4, 8]))
-        model |= {"kind": "moe", "arch": "gpt_oss", "experts": experts, "topk": draw(st.integers(1, 2))}
-        model["moe_ffn_hidden"] = 64 * draw(st.integers(1, 4))
-        model["head_dim"] = draw(st.sampled_from([32, 64]))
-    train = {"seq_len": 256, "micro_batch": 1, "grad_accumulation": draw(st.sampled_from([1, 2, 3]))}
-    zero = draw(st.sampled_from([0, 1, 2, 3]))
-    return {"framework": "deepspeed", "model": model, "parallel": {"dp": dp, "zero": zero}, "train": train}, dp
-
-
-@st.composite
-def any_spec(draw):
-    table, gpus = draw(st.one_of(megatron_specs(), torchtitan_specs(), deepspeed_specs()))
-    gpn = draw(st.sampled_from([g for g in (1, 2, 4, 8) if gpus % g == 0]))
-    return table, gpus, gpn
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])

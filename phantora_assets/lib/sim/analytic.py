@@ -61,12 +61,13 @@ from phantora_assets.lib.sim.kernels import KernelTimer
 from phantora_assets.lib.sim.keys import seed_of
 from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
+from phantora_assets.lib.sim.symmetry import AsymmetricRanks, OrbitFlows, group_ends, orbit_flows, orbits
 from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import trace_events_per_step
-from phantora_assets.lib.workload.dag import build_dag
+from phantora_assets.lib.workload.dag import build_dag, stage_rank_range
 
 TINY_COLLECTIVE_BYTES = 4096
 #: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest
@@ -103,6 +104,7 @@ class AnalyticSimulator:
         emit: bool = True,
         replicate: bool = True,
         warmup: bool = True,
+        compress: bool = True,
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
@@ -122,7 +124,11 @@ class AnalyticSimulator:
         self.emit = emit
         self.replicate = replicate
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
+        self.compress = compress  # one rank a stage, checked (lib/sim/symmetry.py); False: every rank
+        self.symmetry = ""
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._orbits: dict[int, list[int]] = {}
+        self._orbit_cache: dict[tuple, OrbitFlows] = {}
 
     # --------------------------------------------------------------- pieces
     def _endpoints(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,10 +154,9 @@ class AnalyticSimulator:
             for a, b, by in ring_flows(item.op, item.count, DTYPE_BYTES[item.dtype], len(comm.ranks), item.root)
         ]
 
-    def _flows_arrays(
-        self, item: Collective | AllToAll | SendRecv, comm: Communicator
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key = (
+    @staticmethod
+    def _flow_key(item: Collective | AllToAll | SendRecv, comm: Communicator) -> tuple:
+        return (
             type(item).__name__,
             getattr(item, "op", getattr(item, "pairs", "a2a")),
             item.count,
@@ -159,6 +164,11 @@ class AnalyticSimulator:
             getattr(item, "root", 0),
             comm.name,
         )
+
+    def _flows_arrays(
+        self, item: Collective | AllToAll | SendRecv, comm: Communicator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = self._flow_key(item, comm)
         hit = self._flow_cache.get(key)
         if hit is None:
             fl = self.flows_of(item, comm)
@@ -219,17 +229,20 @@ class AnalyticSimulator:
                     if isinstance(item, Compute) and id(item) not in base:
                         base[id(item)], db_ns[id(item)] = self.timer.time_kernels(item.kernels)
 
-        # ---- build the DAG (lib/workload/dag.py)
-        kind, dur, who, what, iter_of, dependents, deps_left = build_dag(
-            model, comm_list, warm_progs, steady_progs, base, factors, n_sim
-        )
-        start, end, flow_first, flow_end = self._event_loop(kind, dur, who, what, dependents, deps_left, comm_list)
-        if self.unfinished:
-            raise RuntimeError(
-                f"{spec.run_id}: {self.unfinished} of {len(kind)} DAG nodes never ran: the step programs wait in a "
-                "cycle (a pipeline schedule whose sends and receives do not match): a generator bug"
-            )
-        self.n_nodes, self.n_flows = len(kind), len(flow_end)
+        # ---- the DAG (lib/workload/dag.py) of one rank a stage, checked (lib/sim/symmetry.py), else of every rank
+        sim = None
+        if self.compress and self.world > n_stages:  # a stage of more than one rank
+            try:
+                sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, True)
+                self.symmetry = (
+                    f"one rank a stage: {n_stages} of {self.world} ranks simulated, the others checked equal"
+                )
+            except AsymmetricRanks as why:
+                self.symmetry = f"every rank (the ranks of a stage differ: {why})"
+        if sim is None:
+            sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, False)
+            self.symmetry = self.symmetry or "every rank"
+        kind, who, iter_of, start, end = sim.kind, sim.who, sim.iter_of, sim.start, sim.end
 
         # ---- iterations: simulated ones, then the steady one replicated with its jitter
         it_arr = np.array(iter_of)
@@ -254,9 +267,8 @@ class AnalyticSimulator:
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
         timeline = None
         if self.emit:
-            dag = SimulatedDag(kind, who, what, iter_of, start, end, flow_first, flow_end, comm_list)
             times = IterationTimes(list(sim_start), durations, factors, n_sim)
-            timeline = emit_raw_timeline(spec, self._flows_arrays, dag, times)
+            timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times)
         return SimulationResult(
             spec,
             memory,
@@ -267,7 +279,53 @@ class AnalyticSimulator:
             int(round(float(np.median(exposed)))),
             n_k,
             n_db,
+            self.symmetry,
         )
+
+    def _simulate(
+        self, comm_list, warm_progs, steady_progs, base, factors, n_sim: int, representatives: bool
+    ) -> SimulatedDag:
+        """Build the DAG (of every rank, or of one rank a stage), run it, and give the simulated DAG with
+        every communicator's flows (each group expanded and checked, ``lib/sim/symmetry.group_ends``).
+
+        Raises:
+            AsymmetricRanks: (``representatives``) a group's communicators end a call apart.
+            RuntimeError: DAG nodes never ran (a generator bug).
+        """
+        model = self.model
+        kind, dur, who, what, iter_of, dependents, deps_left = build_dag(
+            model, comm_list, warm_progs, steady_progs, base, factors, n_sim, representatives
+        )
+        n_stages = len(steady_progs)
+        self._orbits = orbits(model, comm_list, n_stages) if representatives else {}
+        self._orbit_cache = {}
+        start, end, flow_first, flow_end, orbit_first = self._event_loop(
+            kind, dur, who, what, dependents, deps_left, comm_list
+        )
+        if self.unfinished:
+            raise RuntimeError(
+                f"{self.spec.run_id}: {self.unfinished} of {len(kind)} DAG nodes never ran: the step programs wait in "
+                "a cycle (a pipeline schedule whose sends and receives do not match): a generator bug"
+            )
+        self.n_nodes, self.n_flows = len(kind), len(flow_end)
+        flow_groups: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for n, first in flow_first.items():
+            item = what[n]
+            src, _, _ = self._flows_arrays(item, comm_list[who[n]])
+            rep_ends = flow_end[first : first + len(src)]
+            orbit = self._orbit_cache.get(self._flow_key(item, comm_list[who[n]])) if representatives else None
+            if orbit is None:
+                flow_groups[n] = [(who[n], rep_ends)]
+                continue
+            o_first, rep_net = orbit_first[n]
+            o_ends = None if o_first < 0 else flow_end[o_first : o_first + orbit.n_net]
+            flow_groups[n] = group_ends(item, orbit, rep_ends, o_ends, float(start[n]), rep_net)
+        if representatives:
+            stages = [list(stage_rank_range(model, st, n_stages)) for st in range(n_stages)]
+            ranks_of = {ranks[0]: ranks for ranks in stages}
+        else:
+            ranks_of = {r: [r] for r in range(self.world)}
+        return SimulatedDag(kind, who, what, iter_of, start, end, flow_groups, ranks_of, comm_list)
 
     def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0915 (the DAG's event loop, every node kind in it)
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
@@ -279,8 +337,10 @@ class AnalyticSimulator:
         net = FlowNetwork(self.topology)
         heap: list[tuple[float, int, int]] = []  # (time, node, event) 0 = compute end, 1 = collective start
         pending: dict[int, int] = {}
-        flow_node = np.zeros(1024, dtype=np.int64)  # flow id -> node
+        flow_node = np.full(1024, -1, dtype=np.int64)  # flow id -> node (-1: another communicator of its group)
         flow_first: dict[int, int] = {}
+        # node -> (the id of its group's first network flow, which of its own flows cross the network)
+        orbit_first: dict[int, tuple[int, np.ndarray]] = {}
         world = self.world
         n_comms = len(comm_list)
 
@@ -307,7 +367,8 @@ class AnalyticSimulator:
         def completed(done: np.ndarray, t: float) -> None:
             """Finish the collectives whose last flows are among ``done``."""
             if len(done):
-                uniq, cnt = np.unique(flow_node[done], return_counts=True)
+                owners = flow_node[done]
+                uniq, cnt = np.unique(owners[owners >= 0], return_counts=True)
                 for n, c in zip(uniq.tolist(), cnt.tolist()):
                     pending[n] -= c
                     if pending[n] == 0:
@@ -317,7 +378,6 @@ class AnalyticSimulator:
         for n in range(n_nodes):
             if deps_left[n] == 0:
                 schedule(n)
-        n_flows_total = 0
         inf = float("inf")
         while heap or pending:
             t_heap = heap[0][0] if heap else inf
@@ -337,26 +397,50 @@ class AnalyticSimulator:
             comm = comm_list[who[n]]
             src, dst, nbytes = self._flows_arrays(item, comm)
             tiny = item.count * DTYPE_BYTES[item.dtype] <= TINY_COLLECTIVE_BYTES
-            flow_first[n] = n_flows_total
-            n_flows_total += len(src)
+            flow_first[n] = net.n_added  # the id of its first flow (the network numbers flows as added)
             if not len(src):
                 finish(n, t)
                 continue
             if tiny:  # 0 us in Phantora traces: record the flows, no network time
-                ids = net.add(*self._endpoints(src, dst), np.zeros(len(src)))
+                e_src, e_dst = self._endpoints(src, dst)
+                ids = net.add(e_src, e_dst, np.zeros(len(src)))
+                if self._orbit_of(item, who[n], comm_list) is not None:
+                    orbit_first[n] = (-1, e_src != e_dst)  # every flow of the group ends at its start
                 net.advance(net.now)
                 finish(n, t)
                 continue
             conn = (src * world + dst) * n_comms + who[n]  # one NCCL connection per (src, dst, comm)
-            ids = net.add(*self._endpoints(src, dst), nbytes, conn)
-            if ids[-1] >= len(flow_node):  # grow to hold the largest id (ids can skip ahead)
-                grow = max(len(flow_node), int(ids[-1]) + 1 - len(flow_node))
-                flow_node = np.concatenate([flow_node, np.zeros(grow, dtype=np.int64)])
+            e_src, e_dst = self._endpoints(src, dst)
+            ids = net.add(e_src, e_dst, nbytes, conn)
+            orbit = self._orbit_of(item, who[n], comm_list)
+            if orbit is not None:  # the group's other communicators: their network flows (lib/sim/symmetry.py)
+                o_ids = net.add(orbit.src, orbit.dst, orbit.nbytes, orbit.conn)
+                orbit_first[n] = (int(o_ids[0]) if len(o_ids) else -1, e_src != e_dst)
+                top = int(o_ids[-1]) if len(o_ids) else -1
+            else:
+                o_ids, top = ids[:0], -1
+            top = max(top, int(ids[-1]))
+            if top >= len(flow_node):  # grow to hold the largest id (ids can skip ahead)
+                grow = max(len(flow_node), top + 1 - len(flow_node))
+                flow_node = np.concatenate([flow_node, np.full(grow, -1, dtype=np.int64)])
             flow_node[ids] = n
+            flow_node[o_ids] = -1  # ends nothing in the DAG: checked against the representative's after the run
             pending[n] = len(ids)
         self.net_recomputations = net.recomputations
         self.unfinished = int(sum(1 for x in deps_left if x > 0))
-        return start, end, flow_first, net.end_times()
+        return start, end, flow_first, net.end_times(), orbit_first
+
+    def _orbit_of(self, item, rep: int, comm_list: list[Communicator]) -> OrbitFlows | None:
+        """The flows of ``item`` on the other communicators of representative ``rep``'s group (cached by
+        the call's flows), or None when the DAG is every rank's or the group is ``rep`` alone."""
+        group = self._orbits.get(rep)
+        if group is None or len(group) == 1:
+            return None
+        key = self._flow_key(item, comm_list[rep])
+        hit = self._orbit_cache.get(key)
+        if hit is None:
+            hit = self._orbit_cache[key] = orbit_flows(item, rep, group, comm_list, self._flows_arrays, self._endpoints)
+        return hit
 
 
 def simulate(spec: RunSpec, iterations: int | None = None) -> SimulationResult:

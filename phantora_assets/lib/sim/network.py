@@ -345,6 +345,11 @@ class FlowNetwork:
         for fid, r in zip(ids.tolist(), per):
             self._routes[fid] = tuple(r)
 
+    @property
+    def n_added(self) -> int:
+        """Flows added so far (the id the next flow gets)."""
+        return self._seq
+
     def next_time(self) -> float:
         """Time of the earliest completion among active flows (inf when none)."""
         if self._dirty:

@@ -51,6 +51,8 @@ class SimulationResult:
         exposed_comm_ns: median over steady steps of (step time - compute busy time), rank 0.
         kernels_per_step / kernels_from_db: intercepted calls of one steady step on one rank, and
             how many of them had their key in the perf DB.
+        symmetry: which DAG was simulated: one rank a stage (the others checked equal) or every
+            rank, and why (``lib/sim/symmetry.py``).
     """
 
     spec: RunSpec
@@ -62,6 +64,7 @@ class SimulationResult:
     exposed_comm_ns: int = 0
     kernels_per_step: int = 0
     kernels_from_db: int = 0
+    symmetry: str = ""
 
     @cached_property
     def raw(self) -> pd.DataFrame:
@@ -97,8 +100,11 @@ class SimulatedDag:
         what: per node, its program item (a ``Compute``, ``Collective``, ``AllToAll`` or ``SendRecv``).
         iter_of: per node, its iteration.
         start, end: per node, its start and end (ns, float).
-        flow_first: a collective node -> the id of its first flow (its flows are consecutive ids).
-        flow_end: per flow id, the flow's end (ns, float).
+        flow_groups: a collective node -> (communicator index, per-flow end ns) of every communicator
+            the node stands for, in the order the full DAG issues the call on them (one, its own, when
+            the DAG is every rank's; its group when it is one rank a stage: ``lib/sim/symmetry.py``).
+        ranks_of: a rank with compute nodes -> the ranks whose compute it stands for (itself alone, or
+            its pipeline stage's ranks in order).
         comm_list: the communicators, indexed by ``who`` of a collective node.
     """
 
@@ -108,8 +114,8 @@ class SimulatedDag:
     iter_of: list[int]
     start: np.ndarray
     end: np.ndarray
-    flow_first: dict[int, int]
-    flow_end: np.ndarray
+    flow_groups: dict[int, list[tuple[int, np.ndarray]]]
+    ranks_of: dict[int, list[int]]
     comm_list: list[Communicator]
 
 
@@ -131,7 +137,7 @@ def emit_raw_timeline(
     (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1), as a :class:`RawTimeline`;
     ``flows_arrays`` gives a collective's flows."""
     kind, who, what, start, end = dag.kind, dag.who, dag.what, dag.start, dag.end
-    flow_first, flow_end, comm_list, n_sim = dag.flow_first, dag.flow_end, dag.comm_list, times.n_sim
+    comm_list, n_sim = dag.comm_list, times.n_sim
     G = spec.gpus_per_node
     pids = [4000 + 17 * r for r in range(spec.world_size)]
     comm_hex = {c.name: comm_id_bytes(spec.run_id, c.name).hex() for c in comm_list}
@@ -170,67 +176,67 @@ def emit_raw_timeline(
         for n in nodes:
             item = what[n]
             if kind[n] == 0:
-                r = who[n]
                 info = info_cache.get(id(item))
                 if info is None:
                     info = info_cache[id(item)] = torch_info(item)
-                comp_vals = (
-                    "computation",
-                    item.name,
-                    hosts[r // G],
-                    "",
-                    0,
-                    "",
-                    0,
-                    "",
-                    "",
-                    -1,
-                    "",
-                    -1,
-                    r % G,
-                    COMPUTE_STREAM_ID,
-                    pids[r],
-                    info,
-                )
-                for c, v in zip(c_rows, comp_vals):
-                    c_rows[c].append(v)
-                t0s.append(start[n])
-                t1s.append(end[n])
+                for r in dag.ranks_of[who[n]]:
+                    comp_vals = (
+                        "computation",
+                        item.name,
+                        hosts[r // G],
+                        "",
+                        0,
+                        "",
+                        0,
+                        "",
+                        "",
+                        -1,
+                        "",
+                        -1,
+                        r % G,
+                        COMPUTE_STREAM_ID,
+                        pids[r],
+                        info,
+                    )
+                    for c, v in zip(c_rows, comp_vals):
+                        c_rows[c].append(v)
+                    t0s.append(start[n])
+                    t1s.append(end[n])
                 continue
-            comm = comm_list[who[n]]
-            src, dst, nbytes = flows_arrays(item, comm)
-            first = flow_first[n]
             if isinstance(item, (AllToAll, SendRecv)):
                 call, op_name, root = "NcclSend", "", -1
             else:
                 call = OP_TO_CALL[item.op]
                 op_name = "Sum" if item.op in ("all_reduce", "reduce_scatter") else ""
                 root = item.root if item.op == "broadcast" else -1
-            rank_of = {g: i for i, g in enumerate(comm.ranks)}
-            hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
-            for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
-                flow_vals = (
-                    "communication",
-                    call,
-                    hosts[a // G],
-                    hosts[b // G],
-                    by,
-                    call,
-                    item.count,
-                    item.dtype,
-                    op_name,
-                    root,
-                    hexid,
-                    rank_of[a],
-                    a % G,
-                    sid,
-                    pids[a],
-                    None,
-                )
-                for c, v in zip(c_rows, flow_vals):
-                    c_rows[c].append(v)
-                t0s.append(start[n])
-                t1s.append(max(start[n], flow_end[first + j]))
+            for ci, flow_end in dag.flow_groups[n]:
+                comm = comm_list[ci]
+                src, dst, nbytes = flows_arrays(item, comm)
+                rank_of = {g: i for i, g in enumerate(comm.ranks)}
+                hexid, sid = comm_hex[comm.name], comm_stream[comm.name]
+                for j, (a, b, by) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
+                    flow_vals = (
+                        "communication",
+                        call,
+                        hosts[a // G],
+                        hosts[b // G],
+                        by,
+                        call,
+                        item.count,
+                        item.dtype,
+                        op_name,
+                        root,
+                        hexid,
+                        rank_of[a],
+                        a % G,
+                        sid,
+                        pids[a],
+                        None,
+                    )
+                    for c, v in zip(c_rows, flow_vals):
+                        c_rows[c].append(v)
+                    t0s.append(start[n])
+                    t1s.append(max(start[n], flow_end[j]))
         blocks.append((c_rows, np.array(t0s), np.array(t1s)))
     return RawTimeline(blocks, list(times.sim_start), list(times.durations), list(times.factors), n_sim)
 

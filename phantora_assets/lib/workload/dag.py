@@ -18,6 +18,31 @@ from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import Communicator, Compute, Item, SendRecv
 
 
+def stage_rank_range(model: WorkloadLayout, stage: int, n_stages: int) -> range:
+    """Global ranks of ``stage`` (every rank for a one-stage program)."""
+    return model.stage_ranks(stage) if n_stages > 1 else range(model.spec.world_size)
+
+
+def stage_representatives(model: WorkloadLayout, n_stages: int) -> list[int]:
+    """The representative rank of each stage: its first (lowest) global rank."""
+    return [stage_rank_range(model, st, n_stages)[0] for st in range(n_stages)]
+
+
+def stage_communicators(model: WorkloadLayout, n_stages: int) -> dict[tuple[str, int], list[Communicator]]:
+    """(kind, stage) -> the communicators of that kind a call of ``stage``'s program is issued on, in
+    order of their first rank: those whose ranks lie in the stage; every pipeline communicator for kind
+    ``pp`` (a call on it spans stages); every communicator of the kind for a one-stage program."""
+    out: dict[tuple[str, int], list[Communicator]] = {}
+    for k_, cs in model.comms.items():
+        for st in range(n_stages):
+            if k_ == "pp" or n_stages == 1:
+                out[(k_, st)] = list(cs)
+            else:
+                ranks = stage_rank_range(model, st, n_stages)
+                out[(k_, st)] = [c for c in cs if ranks[0] <= c.ranks[0] <= ranks[-1]]
+    return out
+
+
 def build_dag(  # noqa: C901, PLR0912, PLR0915 (the DAG rules in program order: one branch per item kind)
     model: WorkloadLayout,
     comm_list: list[Communicator],
@@ -26,10 +51,18 @@ def build_dag(  # noqa: C901, PLR0912, PLR0915 (the DAG rules in program order: 
     base: dict[int, float],
     factors: list[float],
     n_sim: int,
+    representatives: bool = False,
 ) -> tuple[list[int], list[float], list[int], list[object], list[int], list[list[int]], list[int]]:
     """(kind, dur, who, what, iter_of, dependents, deps_left) of ``n_sim`` iterations (module
     docstring): iteration 0 runs ``warm_progs``, the others ``steady_progs``; ``base`` holds each
-    compute item's duration (ns) by ``id``."""
+    compute item's duration (ns) by ``id``.
+
+    ``representatives``: the DAG of each stage's representative rank only (its first rank,
+    :func:`stage_representatives`) and the communicators through them: the quotient of the full DAG
+    when every rank of a stage runs as its representative does (the caller simulates the other
+    communicators' flows and checks that, ``lib/sim/analytic``). Its nodes are in the full DAG's order of
+    each group's first node: the full DAG's node of rank or communicator ``k`` of a group is that
+    group's node here expanded in the order of :func:`stage_rank_range` / :func:`stage_communicators`."""
     world = model.spec.world_size
     n_stages = len(steady_progs)
     kind: list[int] = []  # 0 compute, 1 collective, 2 barrier
@@ -62,16 +95,13 @@ def build_dag(  # noqa: C901, PLR0912, PLR0915 (the DAG rules in program order: 
                 dependents[x].append(n)
                 deps_left[n] += 1
 
-    stage_ranks = [list(model.stage_ranks(st)) for st in range(n_stages)] if n_stages > 1 else [list(range(world))]
-    stage_comms: dict[tuple[str, int], list[Communicator]] = {}
-    for k_, cs in model.comms.items():
-        for st in range(n_stages):
-            if k_ == "pp" or n_stages == 1:
-                stage_comms[(k_, st)] = cs
-            else:
-                lo = stage_ranks[st][0]
-                hi = stage_ranks[st][-1]
-                stage_comms[(k_, st)] = [c for c in cs if lo <= c.ranks[0] <= hi]
+    stage_comms = stage_communicators(model, n_stages)
+    if representatives:  # the stage's first rank and the communicators through it (module docstring)
+        stage_ranks = [[r] for r in stage_representatives(model, n_stages)]
+        reps = {r for (r,) in stage_ranks}
+        stage_comms = {key: [c for c in cs if reps.intersection(c.ranks)] for key, cs in stage_comms.items()}
+    else:
+        stage_ranks = [list(stage_rank_range(model, st, n_stages)) for st in range(n_stages)]
     frontier: list[list[int]] = [[] for _ in range(world)]
     stream_last: dict[str, int] = {}
     for it in range(n_sim):
@@ -110,8 +140,9 @@ def build_dag(  # noqa: C901, PLR0912, PLR0915 (the DAG rules in program order: 
                             frontier[r].append(node)
                     continue
                 blocking = item.blocking
+                in_stage = set(ranks)
                 for c in stage_comms[(item.kind, st)]:
-                    members = [r for r in c.ranks if r in ranks] if item.kind == "pp" else c.ranks
+                    members = [r for r in c.ranks if r in in_stage]
                     if item.kind == "pp":  # a collective over the pipeline: one node, every stage's side
                         node = shared.get((item.tag, c.name))
                         if node is None:
