@@ -195,7 +195,14 @@ def megatron_specs(draw):
         "kv_heads": kv_heads,
         "vocab": tp * draw(st.integers(200, 1200)),
     }
+    if not moe and draw(st.booleans()):  # GPT blocks: GeLU MLP, LayerNorm, full MHA (either key alone too)
+        model["mlp"] = draw(st.sampled_from(["gelu", "swiglu"]))
+        model["norm"] = draw(st.sampled_from(["layernorm", "rmsnorm"]))
+        if draw(st.booleans()):
+            model["kv_heads"] = heads
     par: dict = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": draw(st.sampled_from([0, 1]))}
+    if not draw(st.integers(0, 3)):  # Megatron's --overlap-grad-reduce off: same calls, after the backward
+        par["overlap_grad_reduce"] = False
     if tp > 1:  # Megatron requires sequence parallelism for MoE with TP
         par["sequence_parallel"] = True if moe else draw(st.booleans())
     if pp > 1:
