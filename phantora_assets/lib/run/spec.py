@@ -138,8 +138,17 @@ class RunSpec:
 
     @property
     def cluster(self) -> dict[str, Any]:
-        """Network settings: presets ``[cluster]`` with this run's overrides applied."""
-        return {**presets()["cluster"], **dict(self.topology)}
+        """Network settings: presets ``[cluster]`` with this run's overrides applied; a GPU that gives
+        its scale-up bandwidth (``scale_up_bw_bytes_per_s``, bytes/s) sets ``loopback_gbps`` (x 8 / 1e9:
+        the rate of a flow inside a scale-up domain; the entry may not set it too: :func:`validate`)."""
+        out = {**presets()["cluster"], **dict(self.topology)}
+        try:
+            scale_up = self.gpu_spec.get("scale_up_bw_bytes_per_s")
+        except KeyError:  # a GPU of no table (refused by validate): no scale-up bandwidth of its own
+            scale_up = None
+        if scale_up:
+            out["loopback_gbps"] = float(scale_up) * 8 / 1e9
+        return out
 
     @property
     def tp(self) -> int:
@@ -217,6 +226,11 @@ def _check_fields(spec: RunSpec, entry: str) -> None:  # noqa: C901, PLR0912 (on
 
 
 def _check_topology(spec: RunSpec, entry: str) -> None:
+    if spec.gpu and "loopback_gbps" in dict(spec.topology) and spec.gpu_spec.get("scale_up_bw_bytes_per_s"):
+        raise RunMatrixError(
+            f"{entry}: topology.loopback_gbps and the GPU's scale_up_bw_bytes_per_s ([gpus.{spec.gpu}]) both set the "
+            "scale-up bandwidth: give it once (the GPU's, bytes/s, or the entry's, Gbps)"
+        )
     if why := topology_problem(
         spec.topology, presets()["cluster"], spec.n_nodes, spec.gpus_per_node, spec.source, got_repr
     ):

@@ -54,6 +54,8 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         model.vocab,
         model.experts,
         model.topk,
+        sp.wl.model.mlp,
+        sp.wl.model.norm,
     )
     ops = _SHARED.get(key)
     if ops is None:
@@ -151,8 +153,14 @@ class TorchOps(HfOps):
     @memo
     def megatron_mlp(self, phase: str, ffn: int | None = None) -> list[Kernel]:
         """Dense SwiGLU MLP (fc1 -> silu(x1) * x2 -> fc2) incl. the residual; ``ffn`` its width
-        (default the model's)."""
+        (default the model's). A GeLU MLP (``model.mlp = "gelu"``; shared experts stay SwiGLU: the
+        schema refuses gelu with moe) is fc1 [h -> ffn] -> gelu -> fc2: Megatron-core's ``MLP``
+        without ``gated_linear_unit`` (``megatron/core/transformer/mlp.py``), its activation a fused
+        element-wise kernel Phantora does not intercept (``bias_gelu_impl`` / ``F.gelu``), so no
+        ``Mul``: only the two GEMMs and, with ``train.uncaptured_kernels``, the activation's traffic."""
         h, f = self.h, (ffn or self.f) // self.tp
+        if self.m.spec.wl.model.mlp == "gelu":  # a dense model (the schema)
+            return self._megatron_gelu_mlp(phase, h, f)
         glu = T(B16, self.s, 1, f)
         act, act_bwd = [], []
         if self.hw:  # the activation (SiLU / GELU) Phantora does not intercept: fwd read, write; bwd read 2, write
@@ -250,3 +258,13 @@ class TorchOps(HfOps):
             + self._mlin_bwd(h, vt)
             + self._hw_norm("bwd")
         )
+
+    def _megatron_gelu_mlp(self, phase: str, h: int, f: int) -> list[Kernel]:
+        """:meth:`megatron_mlp` of a GeLU MLP: ``f`` the per-rank width (ffn / tp)."""
+        act, act_bwd = [], []
+        if self.hw:  # GeLU forward reads x1 and writes y; backward reads dy and x1, writes dx1
+            act = [uncaptured("Activation", [self.s, f], 2 * 2 * self.s * f)]
+            act_bwd = [uncaptured("ActivationBackward", [self.s, f], 3 * 2 * self.s * f)]
+        if phase == "fwd":
+            return self._hw_norm("fwd") + self._mlin_fwd(h, f) + act + self._mlin_fwd(f, h) + self._bda("fwd")
+        return self._bda("bwd") + self._mlin_bwd(f, h) + act_bwd + self._mlin_bwd(h, f) + self._hw_norm("bwd")

@@ -79,6 +79,7 @@ class WorkloadLayout:
             Param("embedding.word_embeddings.weight", self.vocab * h, "embedding", True, shape=(self.vocab // tpv, h))
         ]
         arch = self.spec.wl.model.arch
+        ln = model.norm == "layernorm"  # megatron only (the schema): a bias beside every norm weight
         for i in range(L):
             m = f"layers.{i}"
             if self.spec.framework == "megatron":
@@ -86,6 +87,8 @@ class WorkloadLayout:
                 # Attention.__init__), linear_qkv, pre_mlp_layernorm, mlp
                 t = self.spec.tp
                 out.append(Param(f"{m}.input_layernorm.weight", h, f"{m}.attn", shape=(h,)))
+                if ln:  # LayerNorm (Megatron's default normalization): a weight and a bias
+                    out.append(Param(f"{m}.input_layernorm.bias", h, f"{m}.attn", shape=(h,)))
                 out.append(Param(f"{m}.self_attention.linear_proj.weight", q * h, f"{m}.attn", True, shape=(h, q // t)))
                 out.append(
                     Param(
@@ -100,6 +103,8 @@ class WorkloadLayout:
                 # TransformerConfig without qk_layernorm (W3's recorded shard sizes in
                 # perfdb/l40s confirm: its grad buffer has no 128-element norms per layer)
                 out.append(Param(f"{m}.pre_mlp_layernorm.weight", h, f"{m}.mlp", shape=(h,)))
+                if ln:
+                    out.append(Param(f"{m}.pre_mlp_layernorm.bias", h, f"{m}.mlp", shape=(h,)))
                 if model.is_moe_layer(i):
                     out.append(Param(f"{m}.mlp.router.weight", self.experts * h, f"{m}.mlp", shape=(self.experts, h)))
                     for e in range(self.experts):
@@ -142,9 +147,12 @@ class WorkloadLayout:
                             )
                         )
                 else:
+                    # fc1: [2 ffn, h] with SwiGLU (--swiglu: gate and up in one matrix), [ffn, h] for
+                    # the GeLU MLP (Megatron-core mlp.py: ffn_hidden_size * 2 if gated_linear_unit)
                     fd = model.ffn_hidden
+                    g = 2 if model.mlp == "swiglu" else 1
                     out.append(
-                        Param(f"{m}.mlp.linear_fc1.weight", h * 2 * fd, f"{m}.mlp", True, shape=(2 * fd // t, h))
+                        Param(f"{m}.mlp.linear_fc1.weight", h * g * fd, f"{m}.mlp", True, shape=(g * fd // t, h))
                     )
                     out.append(Param(f"{m}.mlp.linear_fc2.weight", fd * h, f"{m}.mlp", True, shape=(h, fd // t)))
             elif arch == "gpt_oss":  # Hugging Face gpt-oss
@@ -182,6 +190,8 @@ class WorkloadLayout:
                     Param(f"{m}.mlp.down_proj.weight", f * h, f"{m}.mlp", sh, shape=(h, f // t)),
                 ]
         out.append(Param("final_norm.weight", h, "final_norm", shape=(h,)))
+        if ln:
+            out.append(Param("final_norm.bias", h, "final_norm", shape=(h,)))
         out.append(Param("output_layer.weight", self.vocab * h, "output_layer", True, shape=(self.vocab // tpv, h)))
         return out
 

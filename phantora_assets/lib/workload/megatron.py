@@ -38,7 +38,7 @@ def p2p(self: WorkloadLayout, items: list[Item], stage: int, phase: str, mb: int
     items.append(SendRecv("pp", ((a % pp, b % pp),), count, "Bf16", tag, blocking=False, receiver=b % pp))
 
 
-def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0915 (Megatron-core's step in program order, a branch per option)
+def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[Item]:  # noqa: C901, PLR0912, PLR0915 (Megatron-core's step in program order, a branch per option)
     """Megatron-core as Phantora's tests/test_megatron.py runs it: DDP with the distributed
     optimizer (zero = 1; zero = 0: gradient all-reduce per bucket, no parameter gather),
     ``overlap_grad_reduce=True`` (a bucket's reduce-scatter starts as soon as its gradients
@@ -60,6 +60,14 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     gk = "dp_cp" if cp_on else "dp"
     dp = self.grad_sync_size()
     dist_opt = par.zero >= 1
+    # overlap_grad_reduce = False (Megatron's CLI default; True here by default, as Phantora's
+    # tests/test_megatron.py runs it): param_and_grad_buffer.py finish_grad_sync "If
+    # overlap_grad_reduce is False, start (and finish) synchronous communication call here": every
+    # bucket reduced after the whole backward, blocking. overlap_param_gather needs it
+    # (arguments.py: "--overlap-grad-reduce should be turned on when using --overlap-param-gather"),
+    # so the distributed optimizer then all-gathers the parameters synchronously at the end of its
+    # step (distrib_optimizer.py step_with_ready_grads: start_param_sync when not overlap_param_gather)
+    ogr = par.overlap_grad_reduce
     pp, vs = par.pp, par.virtual_stages
     items: list[Item] = []
     pending_waits: list[str] = []
@@ -116,14 +124,14 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     waited: set[int] = set()
 
     def ag(b: int) -> None:
-        if dist_opt and 0 <= b < len(buckets) and b not in issued:
+        if dist_opt and ogr and 0 <= b < len(buckets) and b not in issued:
             issued.add(b)
             items.append(
                 Collective(gk, "all_gather", buckets[b][0] // dp, "Bf16", f"ddp.bucket{b}.all_gather", blocking=False)
             )
 
     def need(*modules: str) -> None:
-        if not dist_opt:
+        if not dist_opt or not ogr:
             return
         for b in sorted(
             {bucket_of[p.name] for mod in modules for p in by_module.get(mod, []) if p.name in bucket_of},
@@ -138,7 +146,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
 
     if buckets:
         ag(len(buffers[0]) - 1)  # the first chunk's first needed bucket (its last: reverse order)
-    if dist_opt:
+    if dist_opt and ogr:
         for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):  # expert params, gathered over EDP
             tag = f"ddp.expert_bucket{b}.all_gather"
             items.append(Collective("edp", "all_gather", padded // edp, "Bf16", tag, blocking=False))
@@ -166,7 +174,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
 
     def moe_fwd(i: int) -> None:
         comp(f"layers.{i}.router.fwd", "fwd", ops.megatron_router("fwd"))
-        if i == first_expert_layer and edp > 1 and dist_opt:
+        if i == first_expert_layer and edp > 1 and dist_opt and ogr:
             pending_waits.extend(f"ddp.expert_bucket{b}.all_gather" for b in range(len(ebuckets)))
         if ep_on:
             items.append(AllToAll("ep", a2a, "Bf16", f"layers.{i}.moe.dispatch.fwd"))
@@ -250,20 +258,25 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     sync = [False]
 
     def grads_ready(*modules: str) -> None:
+        """overlap_grad_reduce: the buckets whose gradients are all ready start their reduction
+        (asynchronous, waited by the optimizer); without it (``finish``: after the backward) every
+        bucket is reduced in order, each call blocking."""
         if not sync[0]:
             return
         ready.update(modules)
+        blocking = not ogr
         for b, (padded, mem) in enumerate(buckets):
             if b not in launched and all(p.module in ready for p, _, _ in mem):
                 launched.add(b)
                 comp(f"ddp.bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
                 if dist_opt:
                     tag = f"ddp.bucket{b}.reduce_scatter"
-                    items.append(Collective(gk, "reduce_scatter", padded // dp, "Bf16", tag, blocking=False))
+                    items.append(Collective(gk, "reduce_scatter", padded // dp, "Bf16", tag, blocking=blocking))
                 else:
                     tag = f"ddp.bucket{b}.all_reduce"
-                    items.append(Collective(gk, "all_reduce", padded, "Bf16", tag, blocking=False))
-                rs_tags.append(tag)
+                    items.append(Collective(gk, "all_reduce", padded, "Bf16", tag, blocking=blocking))
+                if not blocking:
+                    rs_tags.append(tag)
         for b, (padded, mem) in enumerate(ebuckets):
             # the expert mesh replicates each expert over edp = tp cp dp / (ep etp) ranks: with
             # etp < tp also at dp x cp = 1
@@ -273,11 +286,12 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
                 if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
                     if dist_opt:
                         tag = f"ddp.expert_bucket{b}.reduce_scatter"
-                        items.append(Collective("edp", "reduce_scatter", padded // edp, "Bf16", tag, blocking=False))
+                        items.append(Collective("edp", "reduce_scatter", padded // edp, "Bf16", tag, blocking=blocking))
                     else:
                         tag = f"ddp.expert_bucket{b}.all_reduce"
-                        items.append(Collective("edp", "all_reduce", padded, "Bf16", tag, blocking=False))
-                    rs_tags.append(tag)
+                        items.append(Collective("edp", "all_reduce", padded, "Bf16", tag, blocking=blocking))
+                    if not blocking:
+                        rs_tags.append(tag)
 
     def backward(mb: int, v: int) -> None:
         chunk = v * pp + stage
@@ -318,9 +332,12 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
         if phase == "F":
             forward(mb, v)
         else:
-            sync[0] = mb == last_b[v]  # no_sync for the other micro-batches
+            sync[0] = ogr and mb == last_b[v]  # no_sync for the other micro-batches
             backward(mb, v)
         p2p(self, items, stage, phase, mb, v, "send")
+    if not ogr:  # finish_grad_sync: every bucket's reduction now, synchronous
+        sync[0] = True
+        grads_ready(*{p.module for p in self.stage_params(stage)})
     pending_waits.extend(rs_tags)  # finish_grad_sync
     pending_waits.extend(tp_carry + tp_inflight)  # tp_comm_overlap: the last TP collectives
     if dp > 1:
@@ -341,4 +358,9 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     if pp > 1:
         items.append(Collective("pp", "all_reduce", 1, "F32", "grad_norm.pp"))
     comp("optimizer.step", "opt", ops.megatron_optimizer(self.megatron_optimizer_groups(stage), warmup))
+    if dist_opt and not ogr:  # no overlap_param_gather: the optimizer step's synchronous all-gathers
+        for b, (padded, _) in enumerate(buckets):
+            items.append(Collective(gk, "all_gather", padded // dp, "Bf16", f"ddp.bucket{b}.all_gather"))
+        for b, (padded, _) in enumerate(ebuckets if edp > 1 else []):
+            items.append(Collective("edp", "all_gather", padded // edp, "Bf16", f"ddp.expert_bucket{b}.all_gather"))
     return items

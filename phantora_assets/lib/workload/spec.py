@@ -28,6 +28,12 @@ from phantora_assets.lib.errors import RunMatrixError
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 KINDS = ("dense", "moe")
 ARCHS = ("llama", "gpt_oss")
+#: The dense MLP and the norm of a Megatron block: Megatron's ``--swiglu`` (fc1 of 2 x ffn_hidden,
+#: silu(x1) * x2) or its default GeLU MLP (fc1 of ffn_hidden), ``--normalization RMSNorm`` (a weight)
+#: or ``LayerNorm`` (Megatron's default: a weight and a bias). The first of each is the default here
+#: (the shipped W1-W5 are Llama-style).
+MLPS = ("swiglu", "gelu")
+NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16",)
@@ -59,6 +65,8 @@ _MODEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "moe_ffn_hidden": ((int,), None),
     "shared_experts": ((int,), 0),
     "dense_layers": ((int,), 0),
+    "mlp": ((str,), "swiglu"),
+    "norm": ((str,), "rmsnorm"),
 }
 _PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "tp": ((int,), 1),
@@ -69,6 +77,7 @@ _PARALLEL: dict[str, tuple[tuple[type, ...], Any]] = {
     "etp": ((int,), None),
     "sequence_parallel": ((bool,), False),
     "tp_comm_overlap": ((bool,), False),
+    "overlap_grad_reduce": ((bool,), True),
     "zero": ((int,), 0),
     "dp_replicate": ((int,), 1),
     "pp_schedule": ((str,), "1f1b"),
@@ -126,7 +135,8 @@ def parse_fields(table: object, keys: dict, where: str) -> dict[str, Any]:
 class ModelSpec:
     """Model shape. ``kv_heads`` defaults to ``heads``, ``head_dim`` to hidden // heads,
     ``moe_ffn_hidden`` to ``ffn_hidden``; MoE keys are 0 for a dense model. ``arch``: the module
-    structure of the Hugging Face model DeepSpeed trains (``llama`` or ``gpt_oss``)."""
+    structure of the Hugging Face model DeepSpeed trains (``llama`` or ``gpt_oss``). ``mlp``
+    (:data:`MLPS`) and ``norm`` (:data:`NORMS`): a Megatron block's dense MLP and norms."""
 
     name: str
     kind: str
@@ -143,6 +153,8 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     shared_experts: int = 0
     dense_layers: int = 0
+    mlp: str = "swiglu"
+    norm: str = "rmsnorm"
 
     def is_moe_layer(self, i: int) -> bool:
         """Layer ``i`` (0-based, global) has an MoE MLP (the first ``dense_layers`` are dense)."""
@@ -162,6 +174,7 @@ class ParallelSpec:
     etp: int | None = None
     sequence_parallel: bool = False
     tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
     zero: int = 0
     dp_replicate: int = 1
     pp_schedule: str = "1f1b"
@@ -208,6 +221,7 @@ class Parallel:
     pp_schedule: str
     virtual_stages: int
     tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
 
 
 @dataclass(frozen=True)
@@ -309,6 +323,21 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
             f"{mw}: arch = 'gpt_oss' is an moe model with every layer an MoE layer and no shared experts "
             "(kind = 'moe', shared_experts = 0, dense_layers = 0: the Hugging Face gpt-oss modules)"
         )
+    _choice(md["mlp"], MLPS, "mlp", mw)
+    _choice(md["norm"], NORMS, "norm", mw)
+    if (md["mlp"], md["norm"]) != ("swiglu", "rmsnorm") and fw != "megatron":
+        # DeepSpeed trains the Hugging Face Llama / gpt-oss modules and torchtitan its Llama: SwiGLU
+        # and RMSNorm, nothing else (their GPT blocks are not modelled)
+        raise RunMatrixError(
+            f"{mw}: mlp = {md['mlp']!r}, norm = {md['norm']!r}: a GeLU MLP and LayerNorm (GPT blocks) are "
+            f"modelled for framework = 'megatron' only ({fw} runs the Llama modules: mlp = 'swiglu', "
+            "norm = 'rmsnorm')"
+        )
+    if md["mlp"] == "gelu" and md["kind"] == "moe":
+        raise RunMatrixError(
+            f"{mw}: mlp = 'gelu' is a dense model's MLP here: the experts and shared experts of an moe "
+            "model are SwiGLU (set mlp = 'swiglu' or kind = 'dense')"
+        )
     model = ModelSpec(**md)
     # ---- parallel
     _choice(pd_["pp_schedule"], SCHEDULES, "pp_schedule", pw)
@@ -365,6 +394,11 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
         raise RunMatrixError(
             f"{pw}: tp_comm_overlap (Megatron's --tp-comm-overlap, Transformer Engine userbuffers) is for "
             "framework = 'megatron' with sequence_parallel = true"
+        )
+    if not pd_["overlap_grad_reduce"] and fw != "megatron":
+        raise RunMatrixError(
+            f"{pw}: overlap_grad_reduce (Megatron's --overlap-grad-reduce, DistributedDataParallelConfig) is "
+            "megatron's; leave it out for deepspeed and torchtitan"
         )
     if pd_["sequence_parallel"] and tp == 1:
         raise RunMatrixError(f"{pw}: sequence_parallel needs tp > 1")

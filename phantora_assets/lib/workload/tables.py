@@ -48,19 +48,45 @@ GPU_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "kernel_floor_ns": ((int, float), 1000),
     "gemm_floor_ns": ((int, float), 4900),
     "sdpa_efficiency": ((int, float), 0),
+    "scale_up_bw_bytes_per_s": ((int, float), 0),
     "perfdb": ((str,), ""),
     "source": ((str,), ""),
 }
 
 
+#: The range of each of a GPU's sizes, in the unit its key names: a value outside is a unit mistaken
+#: (989 for an H100's 989 TFLOP/s, 141e9 for 141 GB) or no GPU. (key, unit, least, most)
+GPU_RANGES: tuple[tuple[str, str, float, float], ...] = (
+    ("memory_gb", "GiB", 0.001, 1e5),
+    ("peak_bf16_flops", "FLOP/s (989 TFLOP/s is 989e12)", 1e9, 1e18),
+    ("mem_bw_bytes_per_s", "bytes/s (4.8 TB/s is 4.8e12)", 1e6, 1e15),
+)
+#: scale_up_bw_bytes_per_s (bytes/s a GPU sends over its scale-up link, NVLink): the run's
+#: ``loopback_gbps`` = value x 8 / 1e9, within the topology's 0.001 .. 1e6 Gbps
+SCALE_UP_RANGE = (1.25e5, 1.25e14)
+
+
 def parse_gpu(name: str, table: object, source_name: str) -> dict[str, Any]:
     """One ``[gpus.NAME]`` table (the keys of ``gpus.toml``), checked: known keys, TOML types,
-    positive finite peaks, efficiencies in (0, 1]. Returns the dict with defaults filled in."""
+    positive finite sizes in their key's unit (:data:`GPU_RANGES`: FLOP/s, bytes/s, GiB; a value
+    off by a unit prefix is refused with the unit), efficiencies in (0, 1], the optional
+    ``scale_up_bw_bytes_per_s`` (bytes/s, :data:`SCALE_UP_RANGE`; 0 = not given). Returns the
+    dict with defaults filled in (a key left at 0 / "" that means "not given" is dropped)."""
     where = f"{source_name} [gpus.{name}]"
     d = parse_fields(table, GPU_KEYS, where)
-    for k in ("memory_gb", "peak_bf16_flops", "mem_bw_bytes_per_s"):
+    for k, unit, lo, hi in GPU_RANGES:
         if not (math.isfinite(d[k]) and d[k] > 0):
-            raise RunMatrixError(f"{where}: {k} must be > 0 and finite, got {d[k]!r}")
+            raise RunMatrixError(f"{where}: {k} must be > 0 and finite ({unit}), got {d[k]!r}")
+        if not lo <= d[k] <= hi:
+            raise RunMatrixError(f"{where}: {k} is in {unit}: from {lo:g} to {hi:g}, got {d[k]!r}")
+    su = d["scale_up_bw_bytes_per_s"]
+    if su != 0 and not (math.isfinite(su) and SCALE_UP_RANGE[0] <= su <= SCALE_UP_RANGE[1]):
+        raise RunMatrixError(
+            f"{where}: scale_up_bw_bytes_per_s is in bytes/s (450 GB/s is 450e9): from {SCALE_UP_RANGE[0]:g} to "
+            f"{SCALE_UP_RANGE[1]:g}, or leave it out (the run's topology loopback_gbps), got {su!r}"
+        )
+    if su == 0:
+        d.pop("scale_up_bw_bytes_per_s")
     for k in ("matmul_efficiency", "memory_efficiency"):
         if not 0 < d[k] <= 1:
             raise RunMatrixError(f"{where}: {k} must be in (0, 1], got {d[k]!r}")
@@ -204,7 +230,7 @@ def resolve(wl: WorkloadSpec, world: int, entry: str, ep_override: int | None = 
         )
     return Parallel(
         world, p.tp, p.pp, dp, p.cp, ep, etp, edp, mbs, p.sequence_parallel, p.zero, p.dp_replicate,
-        p.pp_schedule if p.pp > 1 else "none", p.virtual_stages, p.tp_comm_overlap,
+        p.pp_schedule if p.pp > 1 else "none", p.virtual_stages, p.tp_comm_overlap, p.overlap_grad_reduce,
     )  # fmt: skip
 
 
