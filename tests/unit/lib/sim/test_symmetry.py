@@ -3,8 +3,8 @@
 The same job on an Arbitrary fabric of two hosts, two GPUs and two NICs each (GPU g on NIC g, every NIC at
 400 Gb/s), host 2's NIC 1 on a second switch: the two data-parallel rings (ranks 0, 2 on NIC 0 of each
 host; ranks 1, 3 on NIC 1) run alike when the switches' link is 400 Gb/s, and one rank is simulated; at
-100 Gb/s the second ring is four times slower, the check finds it, and the simulator runs every rank. Either way the timeline is the
-full simulation's.
+100 Gb/s the second ring is four times slower, the check finds it, and the simulator runs every rank.
+Either way the timeline is the full simulation's.
 """
 
 from __future__ import annotations
