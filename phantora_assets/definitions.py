@@ -37,10 +37,10 @@ from phantora_assets.imported_runs import (
     matrix_for,
     remember_watched,
 )
-from phantora_assets.lib.errors import RunMatrixError
+from phantora_assets.lib.errors import FileRuleError, OutputWriteError, RunMatrixError
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.matrix import check_specs
-from phantora_assets.paths import DataPaths, default_data_dir
+from phantora_assets.paths import DataPaths, check_data_root, default_data_dir
 from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
 from phantora_assets.stages.simulation import build_reason, run_spec_record
@@ -268,8 +268,9 @@ def build_defs(
 
     Raises:
         RunMatrixError: the run matrix or an import is invalid (names the entry and the rule).
+        FileRuleError: the data root is no directory and cannot be made one (``paths.data_root_rule``).
     """
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    root = check_data_root(data_dir if data_dir is not None else default_data_dir())
     if specs is None:
         specs = matrix_for(root)
     else:
@@ -317,12 +318,45 @@ def defs() -> dg.Definitions:
 
     Raises:
         RunMatrixError: the run matrix or an import is invalid (names the file and the rule).
+        FileRuleError: an input file or the data root breaks a rule (names it and the rule).
+        Either, when nothing catches it (a Dagster command such as ``dagster asset materialize``
+        loads the code location outside any handler), is printed as its one line, not the
+        interpreter's traceback through Dagster's loader (:func:`_input_errors_in_one_line`).
     """
     if not _LOADED:
-        source = loaded_from()
-        _LOADED.append((source, build_defs()))
+        try:
+            source = loaded_from()
+            _LOADED.append((source, build_defs()))
+        except (RunMatrixError, FileRuleError) as exc:
+            if not isinstance(exc, OutputWriteError):
+                _input_errors_in_one_line()
+            raise
         _seed_at_load(source[1])
     return _LOADED[0][1]
+
+
+def _input_errors_in_one_line() -> None:
+    """Make the interpreter print an uncaught input error of ours (:class:`RunMatrixError`, a
+    :class:`FileRuleError` other than a write failure) as ``<type>: <message>`` (the message names the
+    file, entry and rule) plus where it was raised, instead of the traceback: Dagster's CLI loads
+    the code location outside any handler (``dagster asset materialize`` printed 70 lines of
+    Dagster's and click's frames before the one that says what is wrong). Installed only when such an
+    error is being raised; every other exception, and any one a caller catches (the webserver and
+    the daemon show a code location's load error themselves), is untouched."""
+    previous = sys.excepthook
+    if getattr(previous, "phantora_input_errors", False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+        if isinstance(exc, (RunMatrixError, FileRuleError)) and not isinstance(exc, OutputWriteError):
+            print(f"{kind.__name__}: {exc}", file=sys.stderr)
+            print("  (raised loading the code location phantora_assets.definitions; fix the input and run again)",
+                  file=sys.stderr)  # fmt: skip
+            return
+        previous(kind, exc, tb)  # type: ignore[arg-type]
+
+    hook.phantora_input_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def forget_if_changed() -> bool:

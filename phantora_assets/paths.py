@@ -37,6 +37,40 @@ def default_data_dir() -> Path:
     return Path(os.environ.get(DATA_DIR_ENV, "data"))
 
 
+def data_root_rule(root: str | Path) -> str | None:
+    """Why ``root`` cannot be a data root (None: it can): it is a directory, or a path a directory can be
+    made at (it does not exist and its nearest existing parent is a directory). Reads only metadata."""
+    p = Path(root)
+    if p.is_dir():
+        return None
+    if p.exists() or p.is_symlink():
+        return (
+            "the data root must be a directory, and this is a file"
+            if p.is_file()
+            else "the data root must be a directory"
+        )
+    for parent in p.absolute().parents:
+        if parent.is_dir():
+            return None
+        if parent.exists() or parent.is_symlink():
+            return f"the data root must be a directory, and its parent {parent} is not one"
+    return None
+
+
+def check_data_root(root: str | Path) -> Path:
+    """``root`` as a Path when it can be a data root (:func:`data_root_rule`).
+
+    Raises:
+        FileRuleError: ``<root>: <the rule>``, before anything is read or written under it.
+    """
+    from phantora_assets.lib.errors import FileRuleError
+
+    rule = data_root_rule(root)
+    if rule is not None:
+        raise FileRuleError(root, rule)
+    return Path(root)
+
+
 @dataclass(frozen=True)
 class DataPaths:
     """Paths under one data root."""

@@ -69,7 +69,10 @@ class SimulationRecord(msgspec.Struct, kw_only=True):
     """``simulation.json``: what the analytic simulator computed for a run that fits.
 
     Attributes:
-        step_ms: steady step time, ms. compute_ms_per_step / exposed_comm_ms_per_step: rank 0's
+        step_ms: the median of the steady iterations (all but the first), ms: the simulator's iteration
+            time, as ``phantora-assets sweep``'s ``iteration_time_ms`` (the key keeps its name: every
+            ``simulation.json`` has it); the run's step time is ``trace_summary.step_time_us`` (cut from
+            the trace's flows, ``lib/traffic/steps``). compute_ms_per_step / exposed_comm_ms_per_step: rank 0's
             compute-stream busy time and the rest of the step, ms.
         perf_db_fraction: share of compute time timed by the perf DB (0..1).
         kernels_per_step / kernels_from_perf_db: intercepted calls per step, and how many the

@@ -173,8 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     disk, a read-only data root: ``lib/faults``) prints one line naming the path and exits 1."""
     from phantora_assets.lib.errors import RunMatrixError
     from phantora_assets.lib.faults import resource_fault
+    from phantora_assets.paths import data_root_rule
 
     args = build_parser().parse_args(argv)
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is not None and (rule := data_root_rule(data_dir)):  # checked before anything is read under it
+        print(f"error: --data-dir {data_dir}: {rule}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except RunMatrixError as exc:

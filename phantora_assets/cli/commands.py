@@ -215,7 +215,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "layout",
                 "host_bw_gbps",
                 "status",
-                "step_time_ms",
+                "iteration_time_ms",
                 "compute_ms",
                 "exposed_comm_ms",
                 "inter_node_bytes_per_step",

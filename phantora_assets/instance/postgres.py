@@ -15,8 +15,14 @@ those it found (a migration only ever adds them).
 
 The URL: Dagster's docs write ``postgresql://user:password@host:5432/db`` (and ``postgres_db:``
 builds that form), which SQLAlchemy 2.1 reads as the psycopg (3) driver; ``dagster-postgres``
-installs psycopg2. A bare ``postgresql://`` (or ``postgres://``) URL is therefore used as
-``postgresql+psycopg2://`` unless psycopg 3 is installed; an explicit driver is kept.
+installs psycopg2 and is written for it: at 0.29.27 ``retry_pg_creation_fn`` (``utils.py``) retries
+two processes' race to create a table only when ``exc.orig.pgcode`` is ``42P07``, and ``pgcode`` is
+psycopg2's (psycopg 3 has ``diag.sqlstate``; dagster-io/dagster pull request 33959 is open), and its
+``NOTIFY run_events, :notify_id`` after every event needs psycopg2's client-side parameters (psycopg 3
+sends ``$1``, which ``NOTIFY`` refuses: every event write fails). Here a bare ``postgresql://`` (or
+``postgres://``) URL is therefore used as ``postgresql+psycopg2://``; an explicit driver is kept. The
+``[postgres]`` extra pins SQLAlchemy 2.0, whose bare ``postgresql://`` is psycopg2's, so Dagster's own
+``storage: postgres:`` block written as its docs write it works as well (docs/INSTANCE.md).
 
 Name it in ``dagster.yaml`` (config as Dagster's ``storage: postgres:`` block)::
 
@@ -31,7 +37,6 @@ Name it in ``dagster.yaml`` (config as Dagster's ``storage: postgres:`` block)::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,10 +55,10 @@ RECYCLE_S = 1800
 
 
 def driver_url(url: str) -> str:
-    """``url`` with a driver SQLAlchemy can load: ``postgresql://`` / ``postgres://`` become
-    ``postgresql+psycopg2://`` when psycopg (3) is not installed; any other URL is returned as is."""
+    """``url`` with the driver dagster-postgres is written for: ``postgresql://`` / ``postgres://``
+    become ``postgresql+psycopg2://`` (module docstring); any other URL is returned as is."""
     for bare in ("postgresql://", "postgres://"):
-        if url.startswith(bare) and importlib.util.find_spec("psycopg") is None:
+        if url.startswith(bare):
             return "postgresql+psycopg2://" + url[len(bare) :]
     return url
 

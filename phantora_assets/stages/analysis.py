@@ -71,7 +71,7 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
                 "exposed_comm_ms": round(float(steady["exposed_comm_us"].mean()) / 1000, 3),
                 "overlapped_comm_ms": round(float(steady["overlap_us"].mean()) / 1000, 3),
                 "idle_ms": round(float(steady["idle_us"].mean()) / 1000, 3),
-                "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["step_time_us"]).mean()), 4),
+                "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["duration_us"]).mean()), 4),
             }
         )
     outcome = anatomy_outcome(table, len(hosts))
@@ -81,9 +81,9 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
 
 def anatomy_outcome(table: pd.DataFrame, n_hosts: int) -> Outcome:
     """``anatomy_adds_up``: compute + exposed + idle = step time per row; every host in every step."""
-    resid = (table["compute_us"] + table["exposed_comm_us"] + table["idle_us"] - table["step_time_us"]).abs()
+    resid = (table["compute_us"] + table["exposed_comm_us"] + table["idle_us"] - table["duration_us"]).abs()
     worst = float(resid.max()) if len(table) else 0.0
-    sums_ok = bool((resid <= 1e-6 * table["step_time_us"].clip(lower=1.0)).all())
+    sums_ok = bool((resid <= 1e-6 * table["duration_us"].clip(lower=1.0)).all())
     per_step = table.groupby("step")["host"].nunique()
     hosts_ok = bool((per_step == n_hosts).all())
     ok = sums_ok and hosts_ok and len(table) > 0

@@ -104,7 +104,8 @@ def front_matter(rows: Mapping[str, int] | None = None, digests: Mapping[str, st
 
 _JITTER = float((binning.build_bins.__kwdefaults__ or {})["jitter"])
 _PROCEDURE = f"""\
-1. **Trace.** Each run is one training configuration (workload W1-W5, GPU, nodes x GPUs per node),
+1. **Trace.** Each run is one training configuration (a workload: W1-W5 or a `[workloads.NAME]` of the run
+   matrix; GPU, nodes x GPUs per node),
    simulated (the embedded analytic simulator, or Phantora in Docker) or imported (Phantora run
    folders, PyTorch profiler traces, Chakra ETs), as a Chrome trace in Phantora's visualizer schema.
 2. **Network flows**: the trace's Communication events whose source and destination hosts differ
@@ -141,7 +142,10 @@ _LIMITS = """\
   failure in it, and the jitter is synthetic (+-2 %).
 - Bins cannot show a step shorter than two bins ({two_bins}): `dominant_period_s` then reads its
   alias (`runs.step_time_s < 2 * runs.bin_s` flags those runs).
-- Models are 4-layer slices of the named models; MoE experts are balanced; kernel timings come from
+- The shipped workloads W1-W5 are 4-layer slices of the named models (sequence 1024, micro-batch 1); a
+  workload of the run matrix (`[workloads.NAME]`) has the layers, sequence and batch its table gives, and
+  a profiled run is the job as it was profiled (`runs.workload`, `runs.model` name each run's); MoE
+  experts are balanced; kernel timings come from
   one GPU of each type (perf DB) or a roofline (`runs.perf_db_fraction`).
 - `flops_per_step`, `mfu`, `peak_flops` and `alpha` are null where timing is not a roofline.
 - The per-pair bins are dense, every bin x every ordered node pair (zeros included), for a run whose

@@ -218,7 +218,7 @@ def database_tables() -> list[database.Table]:
             dict(anatomy.ANATOMY_COLUMNS),
             "step_anatomy.parquet",
             "Per (step, host): compute, network, overlapped, exposed communication and idle time "
-            "(compute_us + exposed_comm_us + idle_us = step_time_us).",
+            "(compute_us + exposed_comm_us + idle_us = duration_us).",
             anatomy.ANATOMY_DOCS,
             add_run_id=True,
             optional=True,

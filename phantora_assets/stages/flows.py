@@ -103,7 +103,8 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
         outcomes.append(_not_cross_checked("a trace rule failed"))
         record(paths, spec, "validated_flows", outcomes)
         return StageResult(None, {"status": "failed checks", "n_flows": int(len(flows))}, outcomes)
-    outcomes.append(_cross_check_outcome(spec, paths, result))
+    groups = comm_groups(spec, result.flows)
+    outcomes.append(_cross_check_outcome(spec, paths, result, groups))
 
     is_net = (result.flows["src_node"] != result.flows["dst_node"]).to_numpy()
     steady = result.steps[result.steps["steady"]]
@@ -111,7 +112,6 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     chosen = int(timed.iloc[(timed["duration_us"] - result.step_time_us).abs().argsort(kind="stable").iloc[0]]["step"])
     step_flows = result.step_flows(chosen, network_only=True)
     pdir = paths.partition_dir(spec.run_id)
-    groups = comm_groups(spec, result.flows)
     frames = _network_frames(result.flows, is_net, groups)
     write_parquet_frames(frames, pdir / "flows.parquet", chunk_rows=FLOW_CHUNK_ROWS)
     write_parquet(result.steps, pdir / "steps.parquet")
@@ -226,14 +226,17 @@ def _not_cross_checked(why: str) -> Outcome:
     return Outcome(MATCHES_WORKLOAD_MODEL, False, f"not evaluated: {why}", severity="warn")
 
 
-def _cross_check_outcome(spec: RunSpec, paths: DataPaths, result: steps.StepResult) -> Outcome:
-    """Advisory ``matches_workload_model`` (lib/traffic/cross_check.py); writes cross_check.json."""
+def _cross_check_outcome(
+    spec: RunSpec, paths: DataPaths, result: steps.StepResult, groups: dict[str, str] | None = None
+) -> Outcome:
+    """Advisory ``matches_workload_model`` (lib/traffic/cross_check.py); writes cross_check.json.
+    ``groups``: ``comm_id -> group`` of the flows' communicators (``comm_groups``; None: computed)."""
     name = MATCHES_WORKLOAD_MODEL
     if not spec.workload:
         why = f"not applicable: a profiled run (source {spec.source}) has no workload model to compare with"
         return Outcome(name, True, why, severity="warn")
     try:
-        cc = cross_check(spec, result.flows, list(result.steady_steps))
+        cc = cross_check(spec, result.flows, list(result.steady_steps), groups=groups)
     except Exception as exc:  # the check is advisory: report, never fail the asset
         return Outcome(name, False, f"cross-check against the workload model could not run: {exc}", severity="warn")
     write_record(paths.partition_dir(spec.run_id) / "cross_check.json", CrossCheckRecord(**cc.as_dict()))

@@ -99,8 +99,8 @@ def nic_pair_table(flows: pd.DataFrame, steady: set[int], k: int, run_id: str) -
 
 def steady_step_times(anatomy: pd.DataFrame) -> pd.DataFrame:
     """Per timed steady step (``step_anatomy``'s ``timed``: not the last step a trace's end cuts short, whose
-    time lacks what follows its last flow): ``step``, ``step_time_s`` and ``compute_s`` (the mean over hosts
-    of ``step_anatomy``'s ``compute_us``).
+    time lacks what follows its last flow): ``step``, ``step_time_s`` (the step's ``duration_us`` in s) and
+    ``compute_s`` (the mean over hosts of ``step_anatomy``'s ``compute_us``).
 
     Raises:
         ValueError: ``anatomy`` has no ``timed`` column (built before it: rebuild ``validated_flows`` and
@@ -111,7 +111,7 @@ def steady_step_times(anatomy: pd.DataFrame) -> pd.DataFrame:
             "step_anatomy.parquet has no 'timed' column (built before it): rebuild validated_flows and step_anatomy"
         )
     a = anatomy[anatomy["timed"].to_numpy(bool)]
-    g = a.groupby("step", sort=True).agg(t=("step_time_us", "first"), c=("compute_us", "mean")).reset_index()
+    g = a.groupby("step", sort=True).agg(t=("duration_us", "first"), c=("compute_us", "mean")).reset_index()
     return pd.DataFrame({"step": g["step"].to_numpy(np.int64), "step_time_s": g["t"] / 1e6, "compute_s": g["c"] / 1e6})
 
 

@@ -248,7 +248,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "gpus_per_node": spec.gpus_per_node,
             "source": spec.source,
             "path": spec.path,
-            "topology": dict(spec.topology),
+            "topology": numbers_by_value(dict(spec.topology)),
             **({"name": spec.name} if spec.name else {}),
             **({"rank": spec.rank} if spec.rank is not None else {}),
             **({"bin_s": spec.bin_s} if spec.bin_s != DEFAULT_BIN_S else {}),  # v1's width: as before it was a setting
@@ -256,7 +256,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,
-        "network": spec.cluster,
+        "network": numbers_by_value(spec.cluster),
         "perf_db": perfdb,
     }
     for key, name in network_files(spec.cluster).items():  # by content: an edit in place makes the run stale
@@ -268,6 +268,15 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     return RunSpecRecord(
         run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
     )
+
+
+def numbers_by_value(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with every integral float written as its int (``2.0`` -> ``2``; booleans, ints, other
+    floats and non-numbers as they are): a run's network settings are fingerprinted by value, so
+    ``oversubscription = 2`` and ``= 2.0``, the same network (``lib/net/fabric`` reads a number key as
+    ``float``; an integer key refuses a float), are the same run (issue 39 item 18: the one written
+    differently from its build was stale). The shipped settings are ints: their fingerprints are unchanged."""
+    return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in settings.items()}
 
 
 def file_digest(path: Path) -> str:

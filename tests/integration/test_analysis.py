@@ -129,7 +129,7 @@ def test_collective_types_follow_the_workload(con, runs) -> None:
 
 def test_step_anatomy_adds_up(con, runs) -> None:
     bad = con.execute("""SELECT count(*) FROM step_anatomy
-                         WHERE abs(compute_us + exposed_comm_us + idle_us - step_time_us) > 1e-3
+                         WHERE abs(compute_us + exposed_comm_us + idle_us - duration_us) > 1e-3
                             OR overlap_us < 0 OR exposed_comm_us < 0 OR idle_us < 0""").fetchone()[0]
     assert bad == 0
     hosts = dict(con.execute("SELECT run_id, n_hosts FROM run_anatomy").fetchall())

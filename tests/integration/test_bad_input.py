@@ -442,6 +442,37 @@ def test_bad_run_matrix_entry_stops_loading(tmp_path: Path, case: str) -> None:
     assert not (tmp_path / "data").exists()  # nothing simulated or written
 
 
+def _dagster_materialize(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    (tmp_path / "home").mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "phantora_assets.definitions"]
+    cmd += ["--select", "perf_db", "--partition", "l40s"]
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), **env}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_bad_run_matrix_under_dagster_materialize_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Issue 39 item 14: ``dagster asset materialize`` loads the code location outside any handler, so
+    a bad run-matrix file printed the interpreter's traceback through click and Dagster's loader (70
+    lines) before the line naming the file and the rule. Now that line is what it prints."""
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(GOOD_ENTRY + "\n" + MATRIX_CASES["unknown_workload"][0])
+    out = _dagster_materialize(tmp_path, {RUN_MATRIX_ENV: str(matrix), "PHANTORA_ASSETS_DATA_DIR": str(tmp_path / "d")})
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr, out.stderr
+    line = f"RunMatrixError: {matrix} [[run]] #2 (W9 l40s 2x1): unknown workload 'W9'"
+    assert line in out.stderr, out.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_data_root_that_is_a_file_is_refused_before_use(tmp_path: Path) -> None:
+    """``PHANTORA_ASSETS_DATA_DIR`` naming a file: the loader names it and the rule in one line."""
+    f = tmp_path / "not_a_dir"
+    f.write_text("")
+    out = _dagster_materialize(tmp_path, {"PHANTORA_ASSETS_DATA_DIR": str(f)})
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"FileRuleError: {f}: the data root must be a directory, and this is a file" in out.stderr
+
+
 def test_good_run_matrix_still_loads(tmp_path: Path) -> None:
     good = _load_definitions(tmp_path, GOOD_ENTRY)
     assert good.returncode == 0, good.stderr

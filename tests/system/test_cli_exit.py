@@ -177,3 +177,26 @@ def test_a_reader_that_leaves_mid_output_is_not_a_traceback(tmp_path: Path) -> N
         os.close(write)
     assert proc.returncode == 141, proc.stderr
     assert proc.stderr == "", proc.stderr
+
+
+def test_build_with_a_file_as_data_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 39 item 14: `build --data-dir FILE` ended in a 26-line NotADirectoryError traceback from
+    the instance's mkdir. The data root is checked before anything is read or written under it; a
+    path under a file is refused the same way."""
+    f = tmp_path / "not_a_dir"
+    f.write_text("")
+    for data_dir, rule in (
+        (f, f"{f}: the data root must be a directory, and this is a file"),
+        (f / "sub", f"{f / 'sub'}: the data root must be a directory, and its parent {f} is not one"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == f"error: --data-dir {rule}\n"
+    assert f.read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["not_a_dir"]

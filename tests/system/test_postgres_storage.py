@@ -53,6 +53,8 @@ def _log(instance: dg.DagsterInstance, run_id: str, n: int) -> None:
 
 
 def test_the_bare_url_is_read_with_psycopg2() -> None:
+    """The project's storage reads a bare URL with psycopg2, the driver dagster-postgres 0.29.27 is
+    written for (its table-creation retry reads psycopg2's ``pgcode``), psycopg 3 installed or not."""
     assert driver_url("postgresql://u:p@h:5432/d") == "postgresql+psycopg2://u:p@h:5432/d"
     assert driver_url("postgres://u:p@h/d") == "postgresql+psycopg2://u:p@h/d"
     assert driver_url("postgresql+psycopg2://u:p@h/d") == "postgresql+psycopg2://u:p@h/d"
@@ -74,6 +76,31 @@ def test_both_url_forms_load_and_store(pg: PgServer, tmp_path: Path, scheme: str
         with dg.DagsterInstance.from_ref(ref) as again:
             assert isinstance(again.event_log_storage, PooledPostgresEventLogStorage)
             assert len(again.all_logs(run.run_id)) == len(inst.all_logs(run.run_id))
+
+
+@pytest.mark.parametrize("form", ["postgres_url", "postgres_db"])
+def test_dagsters_own_storage_as_dagsters_docs_write_it(pg: PgServer, tmp_path: Path, form: str) -> None:
+    """Issue 39 item 15: Dagster's ``storage: postgres:`` block with a bare ``postgresql://`` URL (its
+    docs' form; ``postgres_db:`` builds the same, scheme ``postgresql``) failed with "No module named
+    'psycopg'" after ``pip install -e ".[postgres]"``: SQLAlchemy 2.1 reads the bare URL as psycopg (3),
+    which dagster-postgres does not install (and with which its event writes fail: ``NOTIFY`` with a
+    server-side parameter). The extra pins SQLAlchemy 2.0, whose bare URL is psycopg2's."""
+    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
+
+    if form == "postgres_url":
+        config: dict = {"postgres_url": pg.url()}
+    else:
+        db_config = {"hostname": pg.host, "port": pg.port, "username": pg.user, "password": pg.password}
+        config = {"postgres_db": {**db_config, "db_name": pg.dbname}}
+    with _instance(tmp_path, {"postgres": config}) as inst:
+        assert type(inst.run_storage) is PostgresRunStorage
+        assert type(inst.event_log_storage) is PostgresEventLogStorage
+        engine = inst.event_log_storage._engine
+        assert engine.url.drivername == "postgresql" and engine.dialect.driver == "psycopg2"  # as documented
+        run = inst.create_run_for_job(dg.GraphDefinition("g_" + form).to_job())
+        _log(inst, run.run_id, 3)
+        assert [e.message for e in inst.all_logs(run.run_id)][-3:] == ["event 0", "event 1", "event 2"]
+        assert inst.get_run_by_id(run.run_id) is not None
 
 
 def test_connections_are_kept_where_dagster_postgres_opens_one_per_query(pg: PgServer, tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def test_exposed_communication_grows_as_bandwidth_falls(tmp_path):
         g = g.sort_values("host_bw_gbps", ascending=False)
         exposed = g["exposed_comm_ms"].tolist()
         assert exposed[0] < exposed[1] < exposed[2], (wl, layout, exposed)
-        assert g["step_time_ms"].is_monotonic_increasing
+        assert g["iteration_time_ms"].is_monotonic_increasing
         assert g["inter_node_bytes_per_step"].nunique() == 1  # bytes do not depend on bandwidth
         assert (g["compute_ms"].max() - g["compute_ms"].min()) / g["compute_ms"].max() < 0.01
 
@@ -64,4 +64,4 @@ def test_sweep_topology_knobs_and_parallel_workers():
     assert df.loc[0, "uplink_bw_gbps"] == 100 and df.loc[0, "ecmp"] == "split"
     assert df.loc[1, "uplink_bw_gbps"] == 400 and df.loc[1, "ecmp"] == "hash"
     # a 4:1 oversubscribed spine uplink slows the step
-    assert df.loc[0, "step_time_ms"] > df.loc[1, "step_time_ms"]
+    assert df.loc[0, "iteration_time_ms"] > df.loc[1, "iteration_time_ms"]

@@ -7,7 +7,8 @@ Rules (each a documented choice):
   (-1), a flow after ``last_end_us`` to the last step (kernels run behind the CPU span that
   issued them);
 * the first ``warmup_steps`` (1) steps are warm-up; the rest are steady, and all of them are timed
-  (every step has a marked end): **step time** = median ``duration_us`` of the steady steps;
+  (every step has a marked end): **step time** = the median ``duration_us`` of the typical steady steps
+  (``lib/traffic/steps/evidence.typical_step_us``, the run's one definition of a step time);
 * ``network_bytes_per_step`` = the lower median of the steady steps' network bytes (as
   :func:`~phantora_assets.lib.traffic.steps.detect_steps`); ``periods``: calls per steady step of
   each communicator (the most over its ranks).
@@ -27,6 +28,7 @@ import pandas as pd
 from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import StepResult
+from phantora_assets.lib.traffic.steps.evidence import typical_step_us
 
 
 def steps_from_spans(
@@ -85,7 +87,9 @@ def steps_from_spans(
     return StepResult(
         flows=out,
         steps=steps,
-        step_time_us=float(np.median(steps["duration_us"].to_numpy()[steady])),
+        # the run's one step time (lib/traffic/steps): the median of the typical timed steady steps (was the
+        # median of all of them: a checkpoint or eval step among few moved it)
+        step_time_us=typical_step_us(steps["duration_us"].to_numpy()[steady])[0],
         periods=dict(sorted(periods.items())),
         steady_steps=steady,
         timed_steps=steady,

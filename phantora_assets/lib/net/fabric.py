@@ -255,22 +255,32 @@ class Fabric:
         if s not in dist:
             raise ValueError(f"{self.kind}: no path from {self.node_names[s]} to {self.node_names[t]}")
         out: list[tuple[int, ...]] = []
-
-        def walk(v: int, acc: list[int]) -> None:
+        # Depth-first over the links that step one closer to t, lowest link id first: the paths come out
+        # in lexicographic order. An explicit stack (a path is as long as the file makes it: recursion
+        # ended in RecursionError past about 1,000 links); a partial path is a (link, parent) chain.
+        chain: list[tuple[int, int]] = []  # (link id, index of the previous entry or -1)
+        stack: list[tuple[int, int]] = [(s, -1)]  # (node, its chain entry)
+        while stack:
+            v, at = stack.pop()
             if v == t:
-                out.append(tuple(acc))
+                path: list[int] = []
+                while at >= 0:
+                    lk, at = chain[at]
+                    path.append(lk)
+                out.append(tuple(reversed(path)))
                 if len(out) > MAX_PATHS:
                     raise ValueError(
                         f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[s]} to "
                         f"{self.node_names[t]}"
                     )
-                return
+                continue
+            nxt = []
             for lk in sorted(self._out[v]):
                 w = int(self._ldst[lk])
                 if dist.get(w) == dist[v] - 1:
-                    walk(w, [*acc, lk])
-
-        walk(s, [])
+                    chain.append((lk, at))
+                    nxt.append((w, len(chain) - 1))
+            stack.extend(reversed(nxt))
         self._paths[key] = out
         return out
 

@@ -70,7 +70,9 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     one beyond the run would be a node of the graph that is no host of the run, forwarding traffic as a
     switch), ``nic`` an integer >= 0, each (host, nic) once, its switch declared; every bandwidth a
     number from 0.001 to 1000000 Gbps; every host of the run NICs 0 .. n-1, the same n for all, and
-    the same total NIC bandwidth (the run's one ``nic_bw``, bytes/s a host: docs/DATASET.md).
+    the same total NIC bandwidth (the run's one ``nic_bw``, bytes/s a host: docs/DATASET.md); every NIC
+    reaches every other through switches (one connected fabric: a host never forwards, so a NIC on a
+    switch island is refused with the NICs that host-1's first NIC cannot reach).
 
     Raises:
         ValueError: the file, the entry and the rule.
@@ -149,6 +151,12 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
         raise ValueError(
             f"{p}: every host needs the same total NIC bandwidth (the run's nic_bw is one per host), got Gbps {sums}"
         )
+    islands = _unreachable(nic_rows, link_rows)
+    if islands:
+        raise ValueError(
+            f"{p}: the fabric is not connected: {_listed(islands)} cannot be reached from host-1's nic 0 through "
+            "switches (every NIC must reach every other; a host never forwards)"
+        )
     b = Builder()
     for h in range(n_hosts):
         for i in range(nics):
@@ -159,3 +167,31 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     for i, r in enumerate(link_rows):
         b.duplex(r["a"], r["b"], bw(r, f"[[link]] #{i + 1}"), "fabric", "fabric")
     return b, nics
+
+
+def _unreachable(nic_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]]) -> list[str]:
+    """``host-k nic i`` of every NIC whose switch is not in the switch component of host-1's nic 0
+    (``[[link]]``s are full duplex: components of the undirected switch graph, by union-find, no
+    recursion). Rows already checked by :func:`load_arbitrary`."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for r in link_rows:
+        ra, rb = root(r["a"]), root(r["b"])
+        if ra != rb:
+            parent[ra] = rb
+    ordered = sorted(nic_rows, key=lambda r: (r["host"], r["nic"]))
+    home = root(ordered[0]["switch"])
+    return [f"host-{r['host']} nic {r['nic']}" for r in ordered if root(r["switch"]) != home]
+
+
+def _listed(items: list[str], most: int = 8) -> str:
+    """``a, b, c`` or ``a, b, ... (12 NICs)`` past ``most``."""
+    head = ", ".join(items[:most])
+    return head if len(items) <= most else f"{head}, ... ({len(items)} NICs)"

@@ -33,7 +33,9 @@ for it). Per steady step ``T_compute`` is the step's compute time and ``T_non-ov
 of its time (step time - compute: exposed communication and the waits on it, pipeline bubbles
 included); the stalled step takes ``step time + stall``, and
 ``Util = T_compute / (T_compute + T_non-overlapped comm + T_stall)``. Over the timed steady steps:
-``step_time_s`` and ``stall_s`` are means, ``utilisation`` the ratio of the sums.
+``step_time_s`` is the step time of the stalled steps by the run's one definition (the median of the
+typical ones, ``lib/traffic/steps/evidence.typical_step_us``, as ``runs.step_time_s``: at D = 0 the two
+are the same number), ``stall_s`` the mean stall, ``utilisation`` the ratio of the sums.
 
 Assumptions (docs/FABRIC.md): a stall delays the whole step by that amount (it is not overlapped with
 compute, and stalls of different NICs overlap fully), the flows keep their simulated times (a stall does
@@ -48,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.net.fabric import nic_name
+from phantora_assets.lib.traffic.steps.evidence import typical_step_us
 
 GROUPS = ("tp", "cp", "ep", "dp", "pp", "other")
 DELAYS_MS = (0, 1, 5, 10, 50, 100, 250, 500, 750, 1000)
@@ -81,7 +84,7 @@ SWEEP_COLUMNS: dict[str, str] = {
     "run_id": "str",
     "delay_ms": "int64",
     "mode": "str",  # on_demand | provisioned
-    "step_time_s": "float64",  # mean over timed steady steps of step time + stall
+    "step_time_s": "float64",  # step time (typical_step_us: runs.step_time_s at D = 0) of the timed steps + stall
     "stall_s": "float64",  # mean over timed steady steps of the step's stall (its most stalled NIC's)
     "utilisation": "float64",  # sum of T_compute / sum of stalled step times
 }
@@ -253,9 +256,8 @@ def reconfig_sweep(
         for mode in MODES:
             stall = step_stalls(transitions, d / 1000.0, mode).reindex(steps["step"].to_numpy(), fill_value=0.0)
             s = stall.to_numpy(np.float64)
-            rows.append(
-                (run_id, int(d), mode, float((st + s).mean()), float(s.mean()), float(comp.sum() / (st + s).sum()))
-            )
+            step_time = typical_step_us(st + s)[0]  # the run's step time of the stalled steps (module docstring)
+            rows.append((run_id, int(d), mode, step_time, float(s.mean()), float(comp.sum() / (st + s).sum())))
     out = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
     return out.astype({"delay_ms": "int64"})
 

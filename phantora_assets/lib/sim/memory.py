@@ -15,9 +15,12 @@ Bytes per parameter (bf16 training with Adam):
         parameter / the FSDP mesh (dp_shard x cp), plus two bf16 units gathered (the largest);
         DDP (zero 0): the 16 bytes on every rank.
     Parameters are those of the rank's pipeline stage; the estimate is the largest stage's.
-Activations per layer (bytes, s tokens of a micro-batch on the rank (seq / cp), tensor parallel t,
-after Korthikanti et al. 2022 generalised to SwiGLU/MoE): s*h*(10/t_sp + 24/t) + 5*a*s^2*cp/t +
-6*s*f_eff/t, t_sp = t with sequence parallelism (torchtitan's TP always) else 1; f_eff the MLP
+Activations per layer (bytes; s = seq / cp tokens of one sample on the rank, b = micro_batch samples,
+tensor parallel t; after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", eq. 1: s*b*h*(34 + 5*a*s/h), generalised to SwiGLU/MoE):
+s*b*h*(10/t_sp + 24/t) + 5*a*s^2*cp*b/t + 6*s*b*f_eff/t -- every term is linear in b (the
+attention scores are [b, a/t, s, s*cp]: s^2 per sample, never (s*b)^2), t_sp = t with sequence
+parallelism (torchtitan's TP always) else 1; f_eff the MLP
 width seen per token (ffn; (topk + shared) * moe_ffn for a Megatron MoE layer; experts*ffn plus the
 repeated input for Hugging Face gpt-oss (any ZeRO stage), which runs every expert on every token). Recompute
 ``selective`` drops the attention-score term, ``full`` keeps only the layer input (2*s*h/t_sp).
@@ -92,7 +95,7 @@ class MemoryEstimate:
 def _per_layer(model: WorkloadLayout, i: int) -> float:
     """Activation bytes one micro-batch leaves for layer ``i``'s backward (module docstring)."""
     spec, par, m = model.spec, model.spec.par, model.spec.wl.model
-    s, h, t = model.seq * model.mbs, model.hidden, spec.tp
+    s, h, t = model.seq * model.mbs, model.hidden, spec.tp  # s: tokens of a micro-batch on the rank
     sp = par.sequence_parallel or (spec.framework == "torchtitan" and t > 1)
     recompute = spec.wl.train.recompute
     if recompute == "full":  # only the layer's input is kept
@@ -108,7 +111,11 @@ def _per_layer(model: WorkloadLayout, i: int) -> float:
     else:
         f_eff = m.ffn_hidden
     flash = spec.wl.train.attention == "flash"  # fused attention keeps O and the log-sum-exp, no [s, s]
-    attn_scores = 0.0 if recompute == "selective" or flash else 5 * model.heads * s * s * model.spec.par.cp / t
+    # [mbs, heads / t, seq / cp, seq] scores per sample: quadratic in the sequence, linear in the
+    # micro-batch (Korthikanti et al. 2022, eq. 1: 5*a*s^2*b; was 5*a*(s*b)^2, issue 39 item 9)
+    attn_scores = (
+        0.0 if recompute == "selective" or flash else 5 * model.heads * model.seq * model.seq * par.cp * model.mbs / t
+    )
     return s * h * (10 / (t if sp else 1) + 24 / t) + attn_scores + 6 * s * f_eff / t + input_repeat
 
 

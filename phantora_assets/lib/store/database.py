@@ -153,23 +153,24 @@ VIEWS: tuple[View, ...] = (
     View(
         "run_anatomy",
         """
-        SELECT run_id,
+        SELECT a.run_id,
                count(DISTINCT step) AS n_steady_steps,
                count(DISTINCT step) FILTER (WHERE timed) AS n_timed_steps,
                count(DISTINCT host) AS n_hosts,
-               median(step_time_us) FILTER (WHERE timed) / 1e3 AS step_time_ms,
+               any_value(r.step_time_s) * 1e3 AS step_time_ms,
                avg(compute_us) FILTER (WHERE timed) / 1e3 AS compute_ms,
                avg(comm_us) FILTER (WHERE timed) / 1e3 AS comm_ms,
                avg(overlap_us) FILTER (WHERE timed) / 1e3 AS overlapped_comm_ms,
                avg(exposed_comm_us) FILTER (WHERE timed) / 1e3 AS exposed_comm_ms,
                avg(idle_us) FILTER (WHERE timed) / 1e3 AS idle_ms,
-               avg(compute_us / step_time_us) FILTER (WHERE timed) AS compute_share,
-               avg(exposed_comm_us / step_time_us) FILTER (WHERE timed) AS exposed_comm_share
-        FROM step_anatomy WHERE steady GROUP BY run_id
-        ORDER BY run_id
+               avg(compute_us / duration_us) FILTER (WHERE timed) AS compute_share,
+               avg(exposed_comm_us / duration_us) FILTER (WHERE timed) AS exposed_comm_share
+        FROM step_anatomy a JOIN runs r ON r.run_id = a.run_id WHERE steady GROUP BY a.run_id
+        ORDER BY a.run_id
         """,
         "Step anatomy per run: the step_anatomy rows of the timed steady steps (not the last step when the "
-        "trace's end cuts it) averaged over steps and hosts (step time: median).",
+        "trace's end cuts it) averaged over steps and hosts; step_time_ms is the run's step time (runs.step_time_s: "
+        "the median of its typical timed steady steps).",
         {
             "n_timed_steps": "steady steps whose end is their own, the ones the times are averaged over",
             "compute_ms": "mean per-host compute time per steady step, ms",
@@ -177,8 +178,9 @@ VIEWS: tuple[View, ...] = (
             "overlapped_comm_ms": "mean network time hidden behind compute, ms",
             "exposed_comm_ms": "mean network time not overlapped by compute, ms",
             "idle_ms": "mean time with neither compute nor network, ms",
-            "compute_share": "mean compute_us / step_time_us",
-            "exposed_comm_share": "mean exposed_comm_us / step_time_us",
+            "step_time_ms": "the run's step time, runs.step_time_s in ms (one definition: lib/traffic/steps)",
+            "compute_share": "mean compute_us / duration_us",
+            "exposed_comm_share": "mean exposed_comm_us / duration_us",
         },
     ),
     View(

@@ -241,7 +241,7 @@ def step_anatomy_chart(
     anatomy_row: pd.DataFrame,
     run_id: str,
     step: int,
-    step_time_us: float,
+    duration_us: float,
     path: Path | None = None,
 ) -> bytes:
     """Per host, two lanes over one step: compute spans and network spans (ms from the step start).
@@ -288,7 +288,7 @@ def step_anatomy_chart(
                     va="center",
                 )
         ax.set_yticks(yticks, ylabels, fontsize=8)
-        xmax = step_time_us / 1000
+        xmax = duration_us / 1000
         xticks = [x for x in MaxNLocator(6).tick_values(0, xmax) if 0 <= x <= xmax]
         ax.set_xticks(xticks)
         ax.vlines(xticks, 0, 1, transform=ax.get_xaxis_transform(), colors="#0000004d", lw=0.8, zorder=0)
@@ -308,7 +308,7 @@ def step_anatomy_chart(
         ax.set_xlabel("ms from the step start")
         shown = "" if len(hosts) == len(every) else f"; the {len(hosts)} of {len(every)} hosts most exposed"
         fig.suptitle(
-            f"{run_id}: anatomy of steady step {step} ({step_time_us / 1000:.1f} ms){shown}", fontsize=10, y=0.97
+            f"{run_id}: anatomy of steady step {step} ({duration_us / 1000:.1f} ms){shown}", fontsize=10, y=0.97
         )
         return save_png(fig, path)
 

@@ -9,9 +9,12 @@ Definitions (one step ``[start_us, end_us)`` of ``steps.parquet``, one host ``h`
   inside the host are not network traffic and are left out);
 * ``compute_us = |C|``, ``comm_us = |N|``, ``overlap_us = |C & N|`` (communication hidden
   behind compute), ``exposed_comm_us = |N - C| = comm_us - overlap_us`` (communication
-  nothing else hides), ``idle_us = step_time_us - |C | N|`` (neither: waiting, launch gaps).
+  nothing else hides), ``idle_us = duration_us - |C | N|`` (neither: waiting, launch gaps).
 
-So ``compute_us + exposed_comm_us + idle_us == step_time_us`` for every row. A mean over steps of
+So ``compute_us + exposed_comm_us + idle_us == duration_us`` for every row: ``duration_us`` is the step's
+own duration (``steps.duration_us``); the run's *step time* is one number, the median of its typical timed
+steady steps (``lib/traffic/steps``: ``runs.step_time_s``, ``trace_summary.step_time_us``, the DuckDB
+``run_anatomy.step_time_ms``), never a per-step value or a mean (issue 39 item 18). A mean over steps of
 these times is one over the ``timed`` rows (``steps.timed``): the last steady step of a trace that ends with
 its last flow lacks the time after that flow (a DeepSpeed job of 4 micro-batches: 3.42 ms beside 10.48 ms). The chrome
 trace's per-host summary keeps only totals, so the Computation intervals are read here in
@@ -48,7 +51,7 @@ ANATOMY_COLUMNS: dict[str, str] = {
     "host": "str",
     "node": "int64",
     "step_start_us": "float64",
-    "step_time_us": "float64",
+    "duration_us": "float64",
     "compute_us": "float64",
     "comm_us": "float64",
     "overlap_us": "float64",
@@ -63,12 +66,12 @@ ANATOMY_DOCS: dict[str, str] = {
     "flow is not (its time is cut short); average times over timed rows",
     "host": "host-k (node k-1)",
     "step_start_us": "step start, simulated us since the trace start",
-    "step_time_us": "step duration, us",
+    "duration_us": "the step's duration (steps.duration_us), us; the run's step time is runs.step_time_s",
     "compute_us": "|C|: time with at least one Computation event of the host running, us",
     "comm_us": "|N|: time with at least one network flow to or from the host in flight, us",
     "overlap_us": "|C & N|: network time hidden behind compute, us",
     "exposed_comm_us": "|N - C| = comm_us - overlap_us: network time no compute hides, us",
-    "idle_us": "step_time_us - |C | N|: neither compute nor network, us",
+    "idle_us": "duration_us - |C | N|: neither compute nor network, us",
 }
 
 #: step_spans.parquet: merged intervals of one step, relative to its start.
@@ -78,7 +81,7 @@ SPAN_COLUMNS: dict[str, str] = {
     "node": "int64",
     "kind": "str",  # compute | communication
     "start_us": "float64",  # offset from the step start, >= 0
-    "end_us": "float64",  # <= step_time_us
+    "end_us": "float64",  # <= the step's duration_us
 }
 
 _HOST_RE = re.compile(r"host-([1-9][0-9]{0,18})")  # as chrome_trace reads hosts: host-01 is not host-1
@@ -307,7 +310,7 @@ def step_anatomy(
                     "host": host,
                     "node": node_of(host),
                     "step_start_us": a,
-                    "step_time_us": b - a,
+                    "duration_us": b - a,
                     "compute_us": comp,
                     "comm_us": comm,
                     "overlap_us": overlap,

@@ -13,15 +13,23 @@ keeping the flows whose two ranks sit on different hosts. Both sides are broken 
     zero_gather  ZeRO-3 parameter all-gathers before forward and backward
     send_recv    pipeline-parallel activations / gradients and context-parallel K/V ring exchanges
 
-How a trace flow gets its kind ("matching flows to kinds via the communicator's op/size"):
-send / recv flows are ``all_to_all`` unless the model's point-to-point sends of that size are
-pipeline / ring ones only (then ``send_recv``). For ring ops the model's collectives give a table
-``(op, count x dtype size) -> kinds``; a flow whose signature names one kind gets it. Each
-communicator takes the kind most of its flows got (its *majority kind*); a flow whose signature
-names several kinds gets its communicator's majority kind if that is one of them (else the first
-in the order above), and a flow whose signature is not in the table gets its communicator's
-majority kind and is counted as *unmatched* (``unmatched`` as kind when the communicator has no
-matched flow at all).
+How a trace flow gets its kind: by its communicator first, then by its signature. The model's
+collectives give a table ``(group, op, count x dtype size) -> kinds``, ``group`` the parallelism
+group of the communicator the collective runs on (``tp cp ep dp pp``, docs/WORKLOADS.md "Groups";
+a point-to-point call's op is ``send``). A trace flow's communicator has its group too
+(:func:`~phantora_assets.lib.workload.collectives.comm_groups`: an analytic run's by the
+communicator's name, another run's by the ranks that send on it); when that group is known (not
+``other``) the flow's signature is looked up under it, so a pipeline send and an MoE all-to-all
+message of the same size (``topk == ep``: both are [s, b, h] bf16 per peer) are told apart by the
+communicator they run on (``pp`` vs ``ep``), never by their size. A flow on a communicator of group
+``other`` is looked up by ``(op, size)`` alone: send / recv flows are ``all_to_all`` unless the
+model's point-to-point sends of that size are pipeline / ring ones only (then ``send_recv``); a
+size both kinds send is ambiguous and the flow is *unmatched*. A flow whose signature names one
+kind gets it. Each communicator takes the kind most of its flows got (its *majority kind*); a flow
+whose signature names several kinds gets its communicator's majority kind if that is one of them
+(else the first in the order above), and a flow whose signature is not in the table gets its
+communicator's majority kind and is counted as *unmatched* (``unmatched`` as kind when the
+communicator has no matched flow at all).
 
 Measured bytes of a kind = median over the steady steps of that kind's network bytes in the
 step; measured total = median over the steady steps of the step's network bytes.
@@ -46,7 +54,7 @@ from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, SendRecv
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
-from phantora_assets.lib.workload.collectives import stage_communicators
+from phantora_assets.lib.workload.collectives import comm_groups, group_of, stage_communicators
 
 KINDS = ("dp", "tp", "all_to_all", "zero_gather", "send_recv")
 UNMATCHED = "unmatched"
@@ -81,11 +89,15 @@ class Prediction:
 
     Attributes:
         bytes_by_kind: kind -> network bytes (every kind of KINDS present, possibly 0).
-        signatures: ``(op, count x dtype bytes)`` -> kinds of the model's collectives.
+        signatures: ``(op, count x dtype bytes)`` -> kinds of the model's collectives (``op``
+            ``send`` for a point-to-point call).
+        group_signatures: ``(group, op, count x dtype bytes)`` -> kinds, ``group`` that of the
+            communicators the collective runs on (``collectives.group_of``).
     """
 
     bytes_by_kind: dict[str, int]
     signatures: dict[tuple[str, int], set[str]]
+    group_signatures: dict[tuple[str, str, int], set[str]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -99,6 +111,7 @@ def predict(spec: RunSpec) -> Prediction:
     gpn = spec.gpus_per_node
     by_kind = dict.fromkeys(KINDS, 0)
     sigs: dict[tuple[str, int], set[str]] = defaultdict(set)
+    group_sigs: dict[tuple[str, str, int], set[str]] = defaultdict(set)
     seen: set[str] = set()
     for stage, program in enumerate(model.stage_programs(warmup=False)):
         for item in program:
@@ -110,31 +123,39 @@ def predict(spec: RunSpec) -> Prediction:
                 seen.add(item.tag)
             kind = kind_of(item)
             op = item.op if isinstance(item, Collective) else "send"
-            sigs[(op, item.count * DTYPE_BYTES[item.dtype])].add(kind)
+            size = item.count * DTYPE_BYTES[item.dtype]
+            sigs[(op, size)].add(kind)
             for comm in stage_communicators(model, item.kind, stage):
+                group_sigs[(group_of(comm), op, size)].add(kind)
                 for s, d, b in sim.flows_of(item, comm):
                     if s // gpn != d // gpn:
                         by_kind[kind] += int(b)
-    return Prediction(by_kind, dict(sigs))
+    return Prediction(by_kind, dict(sigs), dict(group_sigs))
 
 
-def classify(flows: pd.DataFrame, prediction: Prediction) -> tuple[np.ndarray, np.ndarray]:
-    """Kind of each flow (object array) and whether its signature was in the model (bool array).
+def classify(
+    flows: pd.DataFrame, prediction: Prediction, groups: dict[str, str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Kind of each flow (object array) and whether its signature was in the model (bool array),
+    by the rule of the module docstring.
 
-    ``flows`` needs ``op, count, dtype_bytes, comm_id`` (FLOW_COLUMNS).
+    ``flows`` needs ``op, count, dtype_bytes, comm_id`` (FLOW_COLUMNS); ``groups`` maps a
+    ``comm_id`` to its communicator's parallelism group (``collectives.comm_groups``; missing or
+    None: ``other``, the signature alone decides).
     """
     n = len(flows)
+    groups = groups or {}
     ops = flows["op"].to_numpy()
     sizes = flows["count"].to_numpy(dtype=np.int64) * flows["dtype_bytes"].to_numpy(dtype=np.int64)
     comms = flows["comm_id"].to_numpy()
+    cache: dict[tuple[str, str, int], tuple[str, ...]] = {}
     candidates: list[tuple[str, ...]] = []
-    for op, size in zip(ops, sizes):
-        if op in _P2P:
-            p2p = prediction.signatures.get(("send", int(size)), set()) & {"all_to_all", "send_recv"}
-            candidates.append(("send_recv",) if p2p == {"send_recv"} else ("all_to_all",))
-        else:
-            kinds = prediction.signatures.get((str(op), int(size)), set())
-            candidates.append(tuple(k for k in KINDS if k in kinds))
+    for comm, op, size in zip(comms, ops, sizes):
+        key = (groups.get(str(comm), "other"), "send" if op in _P2P else str(op), int(size))
+        cand = cache.get(key)
+        if cand is None:
+            cand = cache[key] = _candidates(prediction, *key)
+        candidates.append(cand)
     votes: dict[str, Counter] = defaultdict(Counter)
     for comm, cand in zip(comms, candidates):
         if len(cand) == 1:
@@ -152,6 +173,21 @@ def classify(flows: pd.DataFrame, prediction: Prediction) -> tuple[np.ndarray, n
             matched[i] = False
             out[i] = maj if maj is not None else UNMATCHED
     return out, matched
+
+
+def _candidates(prediction: Prediction, group: str, op: str, size: int) -> tuple[str, ...]:
+    """The kinds a flow of ``op`` and ``size`` bytes on a communicator of ``group`` may be (in the
+    order of KINDS; empty: not in the model)."""
+    if group != "other":  # the communicator says what it carries (module docstring)
+        kinds = prediction.group_signatures.get((group, op, size), set())
+        return tuple(k for k in KINDS if k in kinds)
+    kinds = prediction.signatures.get((op, size), set())
+    if op == "send":
+        p2p = kinds & {"all_to_all", "send_recv"}
+        if p2p == {"all_to_all", "send_recv"}:  # one size, two kinds, no communicator to tell: unmatched
+            return ()
+        return ("send_recv",) if p2p == {"send_recv"} else ("all_to_all",)
+    return tuple(k for k in KINDS if k in kinds)
 
 
 @dataclass
@@ -249,7 +285,11 @@ def _gb(b: float) -> str:
 
 
 def cross_check(
-    spec: RunSpec, flows: pd.DataFrame, steady_steps: list[int], prediction: Prediction | None = None
+    spec: RunSpec,
+    flows: pd.DataFrame,
+    steady_steps: list[int],
+    prediction: Prediction | None = None,
+    groups: dict[str, str] | None = None,
 ) -> CrossCheck:
     """Compare a run's network flows with the workload model.
 
@@ -258,6 +298,9 @@ def cross_check(
         flows: the run's flows (``FLOW_COLUMNS`` plus ``step``); loopback flows are ignored.
         steady_steps: the steady step indices (``StepResult.steady_steps``).
         prediction: precomputed :func:`predict` of ``spec`` (tests), else computed.
+        groups: ``comm_id -> group`` of ``flows``' communicators
+            (:func:`~phantora_assets.lib.workload.collectives.comm_groups` of ``spec`` and
+            ``flows``, computed when None).
 
     Returns:
         A :class:`CrossCheck`; never raises for a mismatch.
@@ -266,7 +309,7 @@ def cross_check(
     # one take of only the columns used: a take of the whole table copied every column (713 MB at 4.9 M flows)
     is_net = flows["src_node"].to_numpy() != flows["dst_node"].to_numpy()
     net = flows.loc[is_net, ["op", "count", "dtype_bytes", "comm_id", "step", "bytes"]]
-    kinds, matched = classify(net, pred)
+    kinds, matched = classify(net, pred, comm_groups(spec, flows) if groups is None else groups)
     steps = np.asarray(net["step"].to_numpy(), dtype=np.int64)
     steady = sorted(int(s) for s in steady_steps)
     in_steady = np.isin(steps, steady)

@@ -336,3 +336,52 @@ def test_pxn_endpoints_use_the_destination_rail():
     assert off.endpoints(src, dst)[0].tolist() == [0, 1, 0]
     with pytest.raises(ValueError, match="pxn"):
         build_fabric({**base, "topology": "FatTree", "pxn": True}, 2, 1)
+
+
+def _chain(n_switches: int) -> str:
+    """host-1 on sw-0, host-2 on sw-(n-1), the switches in a line: one path of n + 1 links."""
+    text = "".join(f'[[switch]]\nname = "sw-{i}"\n' for i in range(n_switches))
+    text += "".join(f'[[link]]\na = "sw-{i}"\nb = "sw-{i + 1}"\ngbps = 100\n' for i in range(n_switches - 1))
+    return text + _nic(1, 0, '"sw-0"') + _nic(2, 0, f'"sw-{n_switches - 1}"')
+
+
+def test_a_path_longer_than_the_recursion_limit_is_routed(tmp_path):
+    """Issue 39 item 14: the shortest paths were enumerated by recursion, one frame a link, so a file
+    whose path is longer than about 1,000 links ended in a bare RecursionError. 3,000 switches in a
+    line: one path, host-1's up link, the 2,999 switch links in order, host-2's down link."""
+    import sys
+
+    n = 3000
+    assert n > sys.getrecursionlimit()
+    f = _fab("Arbitrary", 2, 1, fabric_file=_arbitrary(tmp_path, _chain(n)))
+    (path,) = f.paths(0, 1)
+    names = [(f.link_src[lk], f.link_dst[lk]) for lk in path]
+    assert len(path) == n + 1
+    assert names[0] == ("host-1", "sw-0") and names[-1] == (f"sw-{n - 1}", "host-2")
+    assert names[1:-1] == [(f"sw-{i}", f"sw-{i + 1}") for i in range(n - 1)]
+    (back,) = f.paths(1, 0)
+    assert [(f.link_src[lk], f.link_dst[lk]) for lk in back] == [(d, s) for s, d in reversed(names)]
+
+
+def test_paths_come_in_lexicographic_order_of_link_ids(tmp_path):
+    """Two parallel cables between the racks' switches: two shortest paths, the lower link id first
+    (the order hash / first ECMP index into, docs/FABRIC.md "Routing")."""
+    twice = TWO_RACKS + '[[link]]\na = "tor-a"\nb = "tor-b"\ngbps = 100\n' * 2
+    f = _fab("Arbitrary", 2, 1, fabric_file=_arbitrary(tmp_path, twice))
+    ps = f.paths(0, 1)
+    assert len(ps) == 2 and ps == sorted(ps) and all(len(p) == 3 for p in ps)
+
+
+def test_a_disconnected_fabric_file_is_refused_when_validated_naming_the_unreachable_nics(tmp_path):
+    """A NIC on a switch island was accepted by the run matrix and failed at build with a bare
+    ``ValueError: no path`` naming no file. The file is refused where it is validated: the file, the
+    rule, the NICs host-1's first NIC cannot reach."""
+    island = TWO_RACKS + '[[switch]]\nname = "island"\n' + _nic(3, 0, '"island"') + _nic(4, 0, '"island"')
+    fabric = _arbitrary(tmp_path, island)
+    rule = r"fabric.toml: the fabric is not connected: host-3 nic 0, host-4 nic 0 cannot be reached from host-1's nic 0"
+    with pytest.raises(ValueError, match=rule):
+        _fab("Arbitrary", 4, 1, fabric_file=fabric)
+    entry = [{"workload": "W4", "gpu": "a100_40g", "nodes": 4, "gpus_per_node": 1}]
+    entry[0]["topology"] = {"topology": "Arbitrary", "fabric_file": fabric}
+    with pytest.raises(RunMatrixError, match=r"\[\[run\]\] #1 .*" + rule):
+        parse_entries(entry)

@@ -76,3 +76,28 @@ def test_editing_the_fabric_file_in_place_makes_the_run_stale(tmp_path):
     fabric.unlink()  # gone: no fingerprint of a build matches, the rebuild names the file
     assert run_spec_record(spec).inputs["fabric_file"].startswith("unreadable: ")
     assert stale_reason(spec, paths) is not None
+
+
+def _fat_tree(tmp_path: Path, oversubscription: str) -> object:
+    text = '[[run]]\nworkload = "W4"\ngpu = "a100_40g"\nnodes = 2\ngpus_per_node = 1\n'
+    text += f'topology = {{ topology = "FatTree", fattree_k = 4, oversubscription = {oversubscription} }}\n'
+    (tmp_path / f"o{oversubscription}.toml").write_text(text)
+    (spec,) = load_run_matrix(tmp_path / f"o{oversubscription}.toml")
+    return spec
+
+
+def test_a_number_written_as_int_or_float_is_the_same_run(tmp_path):
+    """Issue 39 item 18: ``oversubscription = 2`` and ``= 2.0`` build the same network (the fabric reads
+    the number as a float) and are one run id, but the fingerprint held the value as written, so the run
+    built from one was stale under the other. The settings are fingerprinted by value; 2.5 is another run."""
+    two, two_f, other = (_fat_tree(tmp_path, o) for o in ("2", "2.0", "2.5"))
+    assert two.run_id == two_f.run_id
+    fab = [build_fabric(s.cluster, s.n_nodes, s.gpus_per_node) for s in (two, two_f)]
+    assert fab[0].cap.tolist() == fab[1].cap.tolist()
+    assert run_spec_record(two).fingerprint == run_spec_record(two_f).fingerprint
+    assert run_spec_record(other).fingerprint != run_spec_record(two).fingerprint
+    paths = DataPaths(tmp_path / "data")
+    paths.partition_dir(two.run_id).mkdir(parents=True)
+    write_record(paths.partition_dir(two.run_id) / "run_spec.json", run_spec_record(two))
+    assert stale_reason(two_f, paths) is None
+    assert stale_reason(other, paths) is not None

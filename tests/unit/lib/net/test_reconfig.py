@@ -270,7 +270,7 @@ def test_the_step_cut_by_the_trace_end_is_no_step_time():
     for step, t_ms, timed in ((0, 12.0, False), (1, 10.48, True), (2, 10.48, True), (3, 3.42, False)):
         for node, c_ms in ((0, 6.0), (1, 8.0)):
             rows.append((step, step > 0, timed, f"host-{node + 1}", node, t_ms * 1e3, min(c_ms, t_ms) * 1e3))
-    anat = pd.DataFrame(rows, columns=["step", "steady", "timed", "host", "node", "step_time_us", "compute_us"])
+    anat = pd.DataFrame(rows, columns=["step", "steady", "timed", "host", "node", "duration_us", "compute_us"])
     times = steady_step_times(anat)
     assert times["step"].tolist() == [1, 2]
     sw = rc.reconfig_sweep(rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "r"), {1, 2}, "r"), times, "r")
@@ -278,3 +278,17 @@ def test_the_step_cut_by_the_trace_end_is_no_step_time():
     assert row["step_time_s"] == pytest.approx(0.01048) and row["utilisation"] == pytest.approx(14 / 20.96)
     with pytest.raises(ValueError, match="no 'timed' column"):
         steady_step_times(anat.drop(columns="timed"))
+
+
+def test_the_sweeps_step_time_at_no_delay_is_the_runs_step_time():
+    """Issue 39 item 18: a run had three step times; the sweep's was the mean of the timed steps. Four
+    timed steps of 10 ms and a checkpoint step of 30 ms: the run's step time (runs.step_time_s, the
+    median of the typical timed steps: the 30 ms one is an outlier, more than 10 % off) is 10 ms, the
+    mean 14 ms. The sweep at 0 ms delay says 10 ms now; its utilisation stays the ratio of the sums."""
+    steps = pd.DataFrame(
+        {"step": [1, 2, 3, 4, 5], "step_time_s": [0.01] * 4 + [0.03], "compute_s": [0.005] * 4 + [0.025]}
+    )
+    empty = rc.transition_windows(rc.nic_phases(FLOWS.iloc[:0], 1, "r"), {1, 2, 3, 4, 5}, "r")
+    sw = rc.reconfig_sweep(empty, steps, "r", delays_ms=(0,))
+    assert sw["step_time_s"].tolist() == [pytest.approx(0.01)] * 2
+    assert sw["utilisation"].tolist() == [pytest.approx(0.045 / 0.07)] * 2

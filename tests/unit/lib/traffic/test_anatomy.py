@@ -67,13 +67,13 @@ def test_step_anatomy_by_hand() -> None:
     # host-1, step 1: C = [110,170), N = [150,190): overlap 20, exposed 20, idle 100 - 80 = 20
     h = r.loc[(1, "host-1")]
     assert (h.compute_us, h.comm_us, h.overlap_us, h.exposed_comm_us, h.idle_us) == (60, 40, 20, 20, 20)
-    assert bool(h.steady) and h.node == 0 and h.step_time_us == 100
+    assert bool(h.steady) and h.node == 0 and h.duration_us == 100
     # steps.timed carried over: step 1 is the last one (cut by the trace's end), steady but not timed
     assert t["timed"].tolist() == [False] * 4 and t["steady"].tolist() == [False, False, True, True]
     # host-2, step 1: no compute, receives [150,190)
     h = r.loc[(1, "host-2")]
     assert (h.compute_us, h.exposed_comm_us, h.idle_us) == (0, 40, 60)
-    assert np.allclose(t.compute_us + t.exposed_comm_us + t.idle_us, t.step_time_us)
+    assert np.allclose(t.compute_us + t.exposed_comm_us + t.idle_us, t.duration_us)
 
 
 def test_step_spans_are_relative_and_clipped() -> None:
@@ -164,6 +164,27 @@ def test_run_anatomy_view_averages_timed_steps_only() -> None:
     frame = pd.DataFrame(rows, columns=cols)  # noqa: F841 (read by DuckDB by name)
     with duckdb.connect() as con:
         con.execute("CREATE TABLE step_anatomy AS SELECT * FROM frame")
+        con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, 0.01048 AS step_time_s")
         con.execute(f"CREATE VIEW run_anatomy AS {view.sql}")
         got = con.execute("SELECT n_steady_steps, n_timed_steps, step_time_ms, compute_ms FROM run_anatomy").fetchone()
     assert got == (3, 2, pytest.approx(10.48), pytest.approx(7.0))
+
+
+def test_run_anatomy_step_time_is_the_runs_step_time() -> None:
+    """Issue 39 item 18: one step time a run. run_anatomy's step_time_ms was the median of its own rows'
+    durations over the timed steps (outliers in, the typical-step rule of lib/traffic/steps not applied);
+    it is runs.step_time_s now, whatever the rows' durations: three timed steps of 10, 10 and 40 ms
+    (median 10, mean 20) beside a run whose step time is 10.2 ms give 10.2."""
+    import duckdb
+
+    from phantora_assets.lib.store.database import VIEWS
+
+    (view,) = [v for v in VIEWS if v.name == "run_anatomy"]
+    rows = [("r", s, True, True, "host-1", 0, 0.0, t, 0.0, 0.0, 0.0, 0.0, t) for s, t in ((1, 1e4), (2, 1e4), (3, 4e4))]
+    frame = pd.DataFrame(rows, columns=["run_id", *anatomy.ANATOMY_COLUMNS])  # noqa: F841 (read by DuckDB)
+    assert "duration_us" in anatomy.ANATOMY_COLUMNS and "step_time_us" not in anatomy.ANATOMY_COLUMNS
+    with duckdb.connect() as con:
+        con.execute("CREATE TABLE step_anatomy AS SELECT * FROM frame")
+        con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, 0.0102 AS step_time_s")
+        con.execute(f"CREATE VIEW run_anatomy AS {view.sql}")
+        assert con.execute("SELECT step_time_ms FROM run_anatomy").fetchone()[0] == pytest.approx(10.2)

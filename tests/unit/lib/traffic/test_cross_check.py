@@ -116,3 +116,54 @@ def test_flows_the_model_does_not_know_are_counted_with_their_communicator():
 
 def test_every_kind_is_named():
     assert KINDS == ("dp", "tp", "all_to_all", "zero_gather", "send_recv")
+
+
+def _moe_pp_topk_eq_ep():
+    """W2 (Mixtral-8x7B slice, topk 2) with ep = topk = 2 and pp = 2 on 4 hosts of one GPU: every
+    rank sends each all-to-all peer seq*mbs*topk/ep = 1024 tokens of 4096 bf16 values, the size of
+    a pipeline activation [1024, 1, 4096] bf16 (8 MiB), and both cross hosts."""
+    import copy
+
+    from phantora_assets.lib.run.catalog import presets
+    from phantora_assets.lib.workload.collectives import run_spec_of
+
+    table = copy.deepcopy(presets()["workloads"]["W2"])
+    table["parallel"].update(pp=2, ep=2)
+    table["train"]["grad_accumulation"] = 2
+    return run_spec_of(table, nodes=4, gpus_per_node=1, gpu="a100_40g", name="moe_pp")
+
+
+@cache
+def _moe_pp_trace() -> steps.StepResult:
+    import tempfile
+
+    _, raw, _ = analytic(_moe_pp_topk_eq_ep())
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/t.json.gz"
+        chrome_trace.write_chrome_trace(raw, path)
+        return steps.detect_steps(chrome_trace.read_trace(path).flows)
+
+
+def test_all_to_all_and_pipeline_sends_of_one_size_are_told_apart_by_communicator():
+    """Issue 39 item 10: with topk == ep under PP the two kinds of send have one size; the
+    size rule called every send all_to_all ("all_to_all +12.5 %, send_recv -100 %" on the model's
+    own trace). The communicator (pp vs ep) decides now."""
+    spec = _moe_pp_topk_eq_ep()
+    msg = 1024 * 4096 * 2  # [s, b, h] bf16 = (s*b*topk/ep tokens) x h bf16 per all-to-all peer
+    pred = predict(spec)
+    assert {k for k, v in pred.signatures.items() if {"all_to_all", "send_recv"} <= v} == {("send", msg)}
+    r = _moe_pp_trace()
+    cc = cross_check(spec, r.flows, r.steady_steps, prediction=pred)
+    assert cc.passed, cc.message
+    assert cc.predicted["all_to_all"] > 0 and cc.predicted["send_recv"] > 0
+    assert all(cc.measured[k] == cc.predicted[k] for k in cc.kinds)
+    assert cc.unmatched_flows_per_step == 0
+
+
+def test_one_size_of_two_kinds_without_a_communicator_group_is_unmatched_not_guessed():
+    """When the communicators' groups are unknown (``other``) the size cannot tell the two kinds
+    apart: the flows are unmatched (the check fails loud), never all counted as all-to-all."""
+    spec = _moe_pp_topk_eq_ep()
+    r = _moe_pp_trace()
+    cc = cross_check(spec, r.flows, r.steady_steps, groups={})
+    assert cc.unmatched_flows_per_step > 0 and not cc.passed
