@@ -277,6 +277,8 @@ def deepspeed_specs(draw):
         model["moe_ffn_hidden"] = 64 * draw(st.integers(1, 4))
         model["head_dim"] = draw(st.sampled_from([32, 64]))
     train = {"seq_len": 256, "micro_batch": 1, "grad_accumulation": draw(st.sampled_from([1, 2, 3]))}
+    if (dtype := draw(st.sampled_from([None, "bf16", "fp32"]))) is not None:  # communication_data_type
+        train["grad_reduce_dtype"] = dtype
     zero = draw(st.sampled_from([0, 1, 2, 3]))
     return {"framework": "deepspeed", "model": model, "parallel": {"dp": dp, "zero": zero}, "train": train}, dp
 
