@@ -41,9 +41,8 @@ from phantora_assets.lib.errors import FileRuleError, OutputWriteError, RunMatri
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.matrix import check_specs
 from phantora_assets.paths import DataPaths, check_data_root, default_data_dir
-from phantora_assets.records import RecordError
 from phantora_assets.resources import data_root_from_env, simulator_from_env
-from phantora_assets.stages.simulation import build_reason, run_spec_record
+from phantora_assets.stages.simulation import build_reason_or_record_error, run_spec_record
 
 #: Run tag of Docker simulations; dagster.yaml limits concurrent runs with it (tag_concurrency_limits).
 DOCKER_TAG = {"phantora/simulator": "docker"}
@@ -234,10 +233,7 @@ def _seed_at_load(specs: Sequence[RunSpec]) -> None:
 def _reason(spec: RunSpec, paths: DataPaths) -> str | None:
     """build_reason, with an unreadable record a reason to rebuild that one partition (named with
     the file and rule) instead of an error that would fail the whole schedule tick."""
-    try:
-        return build_reason(spec, paths)
-    except RecordError as exc:
-        return f"stale: {exc}"
+    return build_reason_or_record_error(spec, paths)
 
 
 def build_defs(

@@ -11,6 +11,8 @@
     step_spans.parquet
     simulation.json (analytic)  kineto.json (kineto)  run_log.json  trace_summary.json  cross_check.json
 <root>/imports.toml                        imported run folders (phantora-assets import)
+<root>/build_state/<what>.json             what phantora-assets build built (stages/build_state.py): run.<run_id>,
+                                           perf_db.<gpu>, dataset
 <root>/work/<run_id>/                      Docker scratch: perfdb/<db>/ copy, out/ (timeline.bin ...)
 <root>/perfdb/<gpu>/perf_db.json           the validated perf DB summary
 <root>/phantora_v0/                        runs.csv flows_100ms.csv windows.csv runs.parquet README.md (the card);

@@ -1,6 +1,6 @@
 """``phantora-assets``: build the dataset (Dagster runs of the code location), import run folders, list runs.
 
-    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N]
+    phantora-assets build  [--data-dir DIR] [--run RUN_ID ...] [--no-plots] [--jobs N] [--force]
     phantora-assets import FOLDER [FOLDER ...] [--data-dir DIR] [--no-build] [--gpus-per-node N] [--run-id ID]
                            [--world-size N] [--rank R]
     phantora-assets forget RUN_ID [RUN_ID ...] [--data-dir DIR]
@@ -14,7 +14,9 @@
 and the dataset plots, as Dagster runs on a persistent instance (``$DAGSTER_HOME``, else
 ``<data-dir>/dagster_home``): one run per GPU, per run partition and for the dataset, started by
 the project's run launcher, at most ``--jobs N`` at once (``cli/build.py``). Runs that do not
-fit in GPU memory are reported as such; any other failure makes the exit code 1.
+fit in GPU memory are reported as such; any other failure makes the exit code 1. What an earlier
+``build`` built from the same inputs and code, its files untouched since, is skipped as current
+and named so (``stages/build_state``); ``--force`` rebuilds it too.
 ``import`` registers every run folder found under FOLDER (``traces/<gpu>/<workload>_<N>x<G>/``)
 in ``DIR/imports.toml`` and builds those runs, then the dataset; a FOLDER of PyTorch profiler
 traces (one per rank) is one run (``sources/kineto.py``: rank r on host r // N + 1, partition ID,
@@ -64,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--run", action="append", help="only this run_id (repeatable)")
     b.add_argument("--quiet", action="store_true", help="print only the summary")
     b.add_argument("--no-plots", action="store_true", help="skip the plot assets (run_plots, dataset_plots)")
+    b.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild every run, perf DB and the dataset, also those current (built by this command from the "
+        "same inputs and code, files untouched since), which are skipped otherwise",
+    )
     b.add_argument(
         "--bin-s",
         type=float,

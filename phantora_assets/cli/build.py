@@ -168,15 +168,16 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _cost_order(specs) -> list[str]:
-    """Run ids, largest world size first, so that runs handed out one at a time end with short
+def _cost_order(specs) -> list:
+    """The specs, largest world size first, so that runs handed out one at a time end with short
     runs on every worker (the cost of a run grows with its number of ranks)."""
-    return [s.run_id for s in sorted(specs, key=lambda s: -s.n_nodes * s.gpus_per_node)]
+    return sorted(specs, key=lambda s: -s.n_nodes * s.gpus_per_node)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     """``build``; ``--bin-s S`` sets ``$PHANTORA_ASSETS_BIN_S`` for the build (its workers inherit it):
-    every run's ``bin_s`` is S, a run built at another width is stale and rebuilt.
+    every run's ``bin_s`` is S, a run built at another width is stale and rebuilt. ``--force``
+    rebuilds the runs, perf DBs and dataset that are current (``stages/build_state``) too.
 
     Raises:
         RunMatrixError: S is not an allowed width (``lib/bins/width.bin_s_rule``), or the matrix is invalid.
@@ -195,7 +196,15 @@ def cmd_build(args: argparse.Namespace) -> int:
             if unknown:
                 print(f"unknown run_id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
                 return 2
-            return build_runs(data_dir, matrix, args.run, quiet=args.quiet, plots=not args.no_plots, jobs=args.jobs)
+            return build_runs(
+                data_dir,
+                matrix,
+                args.run,
+                quiet=args.quiet,
+                plots=not args.no_plots,
+                jobs=args.jobs,
+                force=getattr(args, "force", False),
+            )
     finally:
         if bin_s is not None:  # build_runs refreshed this process's code location with --bin-s still set
             from phantora_assets.instance.worker import refresh_definitions
@@ -218,13 +227,20 @@ def _env(name: str, value: str | None) -> Iterator[None]:
             os.environ[name] = old
 
 
+#: How the report names a run the build skipped (``stages/build_state``: current).
+CURRENT = "current, not rebuilt"
+
+
 def _status(paths: DataPaths, spec, run, instance) -> str:
+    """A run's line of the report; ``run`` None: the build skipped it as current (its last build,
+    from the same inputs and code, succeeded: ``stages/build_state``)."""
     checks = read_checks(paths.run_folder(spec))
+    skipped = f" ({CURRENT})" if run is None else ""
     if checks.get(FITS_IN_MEMORY, {}).get("status") == "failed":
-        return "out of memory: " + checks[FITS_IN_MEMORY]["message"]
-    if run.status.value == "SUCCESS":
+        return "out of memory: " + checks[FITS_IN_MEMORY]["message"] + skipped
+    if run is None or run.status.value == "SUCCESS":
         warn = checks.get(MATCHES_WORKLOAD_MODEL, {})
-        return "ok" + (" (warning: " + warn["message"][:200] + ")" if warn.get("status") == "warning" else "")
+        return "ok" + skipped + (" (warning: " + warn["message"][:200] + ")" if warn.get("status") == "warning" else "")
     failed = [
         f"{k}: {v['message']}" for k, v in blocking_failures(paths.run_folder(spec)).items() if v["status"] == "failed"
     ]
@@ -232,17 +248,25 @@ def _status(paths: DataPaths, spec, run, instance) -> str:
 
 
 def build_runs(
-    data_dir: Path, matrix, only: list[str] | None, quiet: bool = False, plots: bool = True, jobs: int = 1
+    data_dir: Path,
+    matrix,
+    only: list[str] | None,
+    quiet: bool = False,
+    plots: bool = True,
+    jobs: int = 1,
+    force: bool = False,
 ) -> int:
     """Materialize perf_db, the run assets of ``only`` (default: all of ``matrix``), the dataset assets,
     as Dagster runs on the build's instance (module docstring). ``plots=False`` leaves out the assets
-    that only draw (``assets.PLOT_ASSET_NAMES``). Returns the exit code: 0, 1 (a run failed or a worker
-    died), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
+    that only draw (``assets.PLOT_ASSET_NAMES``). A run, perf DB or dataset whose last build by this
+    command succeeded from the same inputs and code, and whose files are as it left them, is
+    skipped as current (``stages/build_state``), unless ``force``. Returns the exit code: 0, 1 (a
+    run failed or a worker died), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
     from phantora_assets.instance.worker import refresh_definitions
 
     where = _Where("removing the temporary files of interrupted builds", str(data_dir))
     try:
-        return _build_in(data_dir, matrix, only, quiet, plots, jobs, where)
+        return _build_in(data_dir, matrix, only, quiet, plots, jobs, where, force)
     except Exception as exc:
         fault = resource_fault(exc)
         if fault is None:
@@ -293,6 +317,7 @@ def _build_in(
     plots: bool = True,
     jobs: int = 1,
     where: _Where | None = None,
+    force: bool = False,
 ) -> int:
     """:func:`build_runs` in the build's environment (``_build_env``); ``where`` follows its steps."""
     where = where if where is not None else _Where("build", str(data_dir))
@@ -328,10 +353,13 @@ def _build_in(
         refresh_definitions()  # the code location of this data root, inherited by every worker
 
         gc.freeze()  # the forked workers share the parent's objects: their collections skip them
+        names = (
+            [n for n in a.RUN_ASSET_NAMES if n not in skip],
+            [n for n in a.DATASET_ASSET_NAMES if n not in skip],
+        )
+        plan = _Plan(paths, matrix, names, force, where)
         try:
-            runs.run_all([("perf_dbs", gpu, None) for gpu in sorted({s.gpu for s in specs if s.gpu})])
-            done = runs.run_all([("all_runs", rid, run_sel) for rid in _cost_order(specs)])
-            dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
+            done, dataset = plan.run(runs, specs, run_sel, data_sel)
         except BuildFault as e:  # a worker ended on a full disk / read-only root it could not record
             _stop_quietly(runs, str(e), data_dir)
             _say_fault(e.fault.line(f"run {e.what}", str(data_dir)))
@@ -359,6 +387,113 @@ def _build_in(
         return _finish(paths, specs, done, dataset, instance, report)
 
 
+class _Plan:
+    """What a build materializes: the perf DBs, runs and dataset that are not current
+    (``stages/build_state.why_rebuild``; every one with ``force``), and the records of those that
+    succeeded. ``names``: the run assets and dataset assets of the build's selection."""
+
+    def __init__(
+        self, paths: DataPaths, matrix, names: tuple[list[str], list[str]], force: bool, where: _Where
+    ) -> None:
+        from phantora_assets.stages import build_state
+
+        self.paths, self.matrix, self.force, self.where = paths, list(matrix), force, where
+        self.run_names, self.dataset_names = names
+        self.key = build_state.code_key()
+        self.by_id = {s.run_id: s for s in self.matrix}
+        self.inputs: dict[str, str] = {}
+
+    def run(self, runs: BuildRuns, specs, run_sel, data_sel) -> tuple[dict[str, Any], Any]:
+        """Build the perf DBs of ``specs``' GPUs, the runs ``specs``, then the dataset, each that is
+        not current, with ``runs``; return the finished runs by run_id and the dataset's run (None:
+        current, not run)."""
+        gpus = self.perf_dbs_to_build(sorted({s.gpu for s in specs if s.gpu}))
+        self.recorded(runs.run_all([("perf_dbs", gpu, None) for gpu in gpus]), "perf_db")
+        todo = self.runs_to_build(specs)
+        done = runs.run_all([("all_runs", s.run_id, run_sel) for s in _cost_order(todo)])
+        self.recorded(done, "run")
+        if not self.dataset_to_build():
+            return done, None
+        dataset = runs.run_all([("dataset", None, data_sel)])["dataset"]
+        self.recorded({"dataset": dataset}, "dataset")
+        return done, dataset
+
+    def _current(self, what: str, inputs: str, assets: list[str], outputs) -> bool:
+        from phantora_assets.stages import build_state
+
+        self.inputs[what] = inputs
+        if not self.force and build_state.why_rebuild(self.paths, what, self.key, inputs, assets, outputs) is None:
+            return True
+        build_state.forget(self.paths, what)  # a build stopped half-way leaves no record
+        return False
+
+    def perf_dbs_to_build(self, gpus: list[str]) -> list[str]:
+        from phantora_assets.lib.phantora.perfdb import perfdb_folder
+        from phantora_assets.lib.run.catalog import gpu_specs
+        from phantora_assets.stages import build_state as bs
+
+        out = []
+        for gpu in gpus:
+            spec = gpu_specs()[gpu]
+            inputs = bs.digest([spec, bs.perf_db_inputs(perfdb_folder(gpu, spec))])
+            if not self._current(f"perf_db.{gpu}", inputs, ["perf_db"], bs.perf_db_outputs(self.paths, gpu)):
+                out.append(gpu)
+        return out
+
+    def runs_to_build(self, specs) -> list:
+        """The runs of ``specs`` to build: a run is current when its build reason is None
+        (``stages/simulation.build_reason``, what ``runs`` and the sensors read) and its record holds."""
+        from phantora_assets.stages import build_state as bs
+        from phantora_assets.stages.simulation import build_reason_or_record_error
+
+        todo = []
+        for spec in specs:
+            why = build_reason_or_record_error(spec, self.paths)
+            outputs = bs.run_outputs(self.paths, spec)
+            if why is None and self._current(f"run.{spec.run_id}", "", self.run_names, outputs):
+                continue
+            bs.forget(self.paths, f"run.{spec.run_id}")
+            self.inputs[f"run.{spec.run_id}"] = ""
+            todo.append(spec)
+        return todo
+
+    def dataset_to_build(self) -> bool:
+        """Whether the dataset is to be built: its inputs are every run of the matrix (its build
+        reason and the files of its folders, after this build's runs)."""
+        from phantora_assets.stages import build_state as bs
+        from phantora_assets.stages.simulation import build_reason_or_record_error
+
+        runs = {
+            s.run_id: [build_reason_or_record_error(s, self.paths), bs.run_outputs(self.paths, s)] for s in self.matrix
+        }
+        outputs = bs.dataset_outputs(self.paths)
+        return not self._current("dataset", bs.digest(runs), self.dataset_names, outputs)
+
+    def recorded(self, done: dict, kind: str) -> None:
+        """Record each target of ``done`` (``partition or job -> DagsterRun``) whose run succeeded."""
+        from phantora_assets.stages import build_state as bs
+
+        before = (self.where.step, self.where.path)
+        self.where("recording what the build built", str(self.paths.root / bs.STATE_DIR))
+        self._record(done, kind)
+        self.where(*before)
+
+    def _record(self, done: dict, kind: str) -> None:
+        from phantora_assets.stages import build_state as bs
+
+        for key, run in done.items():
+            if run.status.value != "SUCCESS":
+                continue
+            what = "dataset" if kind == "dataset" else f"{kind}.{key}"
+            if kind == "run":
+                assets, outputs = self.run_names, bs.run_outputs(self.paths, self.by_id[key])
+            elif kind == "perf_db":
+                assets, outputs = ["perf_db"], bs.perf_db_outputs(self.paths, key)
+            else:
+                assets, outputs = self.dataset_names, bs.dataset_outputs(self.paths)
+            bs.record(self.paths, what, self.key, self.inputs[what], assets, outputs)
+
+
 def _finish(paths: DataPaths, specs, done, dataset, instance, report: tuple[float, int, str, bool]) -> int:
     """Report every run and the dataset (:func:`_report`; ``report``: its elapsed s, jobs, Dagster
     home and quiet), then the first resource fault a step
@@ -366,17 +501,17 @@ def _finish(paths: DataPaths, specs, done, dataset, instance, report: tuple[floa
     the signal that cut the report short."""
     failures = 0
     try:
-        rows = [(spec, _status(paths, spec, done[spec.run_id], instance)) for spec in specs]
+        rows = [(spec, _status(paths, spec, done.get(spec.run_id), instance)) for spec in specs]
         failures = sum(status.startswith("FAILED") for _, status in rows)
         dataset_errs = None
-        if dataset.status.value != "SUCCESS":
+        if dataset is not None and dataset.status.value != "SUCCESS":
             failures += 1
             dataset_errs = run_step_errors(instance, dataset.run_id) or ["a blocking check (see its checks)"]
-        faults = [f for s in specs for f in _step_faults(instance, done[s.run_id], s.run_id, paths)]
-        dataset_faults = _step_faults(instance, dataset, "dataset", paths)
+        faults = [f for s in specs if s.run_id in done for f in _step_faults(instance, done[s.run_id], s.run_id, paths)]
+        dataset_faults = [] if dataset is None else _step_faults(instance, dataset, "dataset", paths)
         faults += dataset_faults
         # a dataset that failed on a resource fault is said once, by the fault's line below
-        _report(paths, rows, None if dataset_faults else dataset_errs, *report)
+        _report(paths, rows, None if dataset_faults else dataset_errs, *report, dataset_skipped=dataset is None)
         if faults:  # the first is the cause; the dataset published before stays whole
             _say_fault(faults[0])
             return 1
@@ -414,21 +549,35 @@ def _signal_code(e: KeyboardInterrupt) -> int:
     return 128 + e.signum if isinstance(e, _Terminated) else 130
 
 
-def _report(paths: DataPaths, rows, dataset_errs, elapsed: float, jobs: int, home: str, quiet: bool) -> None:
-    """The build's last lines: each run's status (``quiet``: the failed runs' only), the dataset's
-    failure, the counts and where things are."""
+def _report(
+    paths: DataPaths,
+    rows,
+    dataset_errs,
+    elapsed: float,
+    jobs: int,
+    home: str,
+    quiet: bool,
+    dataset_skipped: bool = False,
+) -> None:
+    """The build's last lines: each run's status (``quiet``: the failed runs' only; a run skipped as
+    current says so), the dataset's failure, the counts (how many runs were current) and where
+    things are."""
     for spec, status in rows:  # --quiet leaves out the runs that went well, never a failure
         if not quiet or status.startswith("FAILED"):
             print(f"{spec.run_id:34s} {spec.source:8s} {status}", flush=True)
     if dataset_errs is not None:
         print(f"dataset: FAILED: {'; '.join(dataset_errs)[:300]}", file=sys.stderr)
+    current = [spec.run_id for spec, status in rows if f"({CURRENT})" in status]
+    built = f"built {len(rows) - len(current)} runs, {len(current)} current (not rebuilt; --force rebuilds them)"
     print(
-        f"\nbuilt {len(rows)} runs in {elapsed:.1f} s ({jobs} worker{'s' if jobs > 1 else ''}): "
+        f"\n{built if current else f'built {len(rows)} runs'} in {elapsed:.1f} s "
+        f"({jobs} worker{'s' if jobs > 1 else ''}): "
         f"{sum(r[1].startswith('ok') for r in rows)} ok, "
         f"{sum(r[1].startswith('out of memory') for r in rows)} not fitting, "
         f"{sum(r[1].startswith('FAILED') for r in rows)} failed"
     )
-    print(f"dataset:     {paths.root.resolve() / paths.dataset_dir.name}")
+    dataset_current = f"  ({CURRENT})" if dataset_skipped else ""
+    print(f"dataset:     {paths.root.resolve() / paths.dataset_dir.name}{dataset_current}")
     print(f'database:    {paths.duckdb_path.resolve()}  (phantora-assets query "SQL")')
     print(f"run folders: {(paths.root / 'traces').resolve()}")
     print(f"dagster:     {home}  (runs and materializations; DAGSTER_HOME for dagster dev)")

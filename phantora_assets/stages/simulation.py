@@ -357,3 +357,13 @@ def build_reason(spec: RunSpec, paths: DataPaths) -> str | None:
     if not (paths.partition_dir(spec.run_id) / "run_summary.parquet").is_file():
         return "missing"
     return None
+
+
+def build_reason_or_record_error(spec: RunSpec, paths: DataPaths) -> str | None:
+    """:func:`build_reason`, with an unreadable record a reason to rebuild that one run (``stale:
+    <the file and rule>``) instead of an error: what the schedule, the ``import_dir`` sensor and
+    ``phantora-assets build`` decide a run's (re)build on."""
+    try:
+        return build_reason(spec, paths)
+    except RecordError as exc:
+        return f"stale: {exc}"

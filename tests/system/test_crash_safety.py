@@ -32,8 +32,8 @@ RUNS = [
 ]  # the last one does not fit
 
 
-def _build_cmd(root: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(root)]
+def _build_cmd(root: Path, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "phantora_assets.cli", "build", "--data-dir", str(root), *extra]
     for r in RUNS:
         cmd += ["--run", r]
     return cmd
@@ -42,7 +42,8 @@ def _build_cmd(root: Path) -> list[str]:
 def _files(folder: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``folder`` (a DuckDB file holds the same
     tables after a rebuild but not the same bytes: it is left out, see ``_database_readable``; so
-    is the build's Dagster instance, ``dagster_home/``: run history, not outputs). The dataset is
+    is the build's Dagster instance, ``dagster_home/``: run history, not outputs, and ``build_state/``,
+    what the build knows it built: stages/build_state.py). The dataset is
     the generation ``phantora_v0`` links to, under that name (the replaced generations that
     ``.phantora_v0.gens/`` keeps for a grace period are left out: lib/store/generations.py)."""
     out = {
@@ -50,7 +51,7 @@ def _files(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
         and p.suffix != ".duckdb"
-        and p.relative_to(folder).parts[0] not in ("dagster_home", ".phantora_v0.gens")
+        and p.relative_to(folder).parts[0] not in ("dagster_home", ".phantora_v0.gens", "build_state")
     }
     dataset = folder / "phantora_v0"
     out.update(
@@ -82,10 +83,14 @@ def test_kill_9_mid_build_keeps_previous_outputs_and_rerun_completes(tmp_path: P
     parquet = sorted(p for p in before if p.endswith(".parquet"))
 
     # rebuild over the complete build and kill it (SIGKILL, whole process group: the build's
-    # worker processes too) once two partitions have been rebuilt, mid-run
+    # worker processes too) once two partitions have been rebuilt, mid-run (--force: every run is current)
     start = time.time()
     proc = subprocess.Popen(
-        _build_cmd(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+        _build_cmd(root, "--force"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
     )
     try:
         while proc.poll() is None:

@@ -60,6 +60,7 @@ from phantora_assets.lib.sim.workload_types import (
     compute,
 )
 from phantora_assets.lib.workload.megatron import megatron_step
+from phantora_assets.lib.workload.spec import PHANTORA_DTYPE
 from phantora_assets.lib.workload.torchtitan import torchtitan_step
 
 
@@ -73,6 +74,14 @@ class WorkloadModel(WorkloadLayout):
     """Parameters, communicators and per-step programs of one run (see module docstring)."""
 
     # ------------------------------------------------------------------ programs
+    def grad_reduce_dtype(self) -> str:
+        """The dtype of DeepSpeed's gradient reductions, Phantora's name: ``train.grad_reduce_dtype``
+        (DeepSpeed's ``communication_data_type``; unset, bf16 with bf16 training:
+        ``engine.communication_data_type``). ``allreduce_bucket`` (ZeRO-0), ``average_tensor`` /
+        ``gradient_reduction_w_predivide`` (ZeRO-1/2) and ``__avg_scatter_grads`` (ZeRO-3) cast the
+        bucket to it before the collective; the parameter all-gathers stay bf16."""
+        return PHANTORA_DTYPE[self.spec.wl.train.grad_reduce_dtype]
+
     def init_program(self, stage: int = 0) -> list[Item]:
         """Before the first step: parameters broadcast from DP rank 0 (DDP / DeepSpeed init; the
         ranks of ``stage`` broadcast their stage's parameters). FSDP2 and ZeRO-3 shard on
@@ -131,6 +140,7 @@ class WorkloadModel(WorkloadLayout):
         ops = torch_ops(self)
         items: list[Item] = []
         dp = self.spec.dp
+        gdt = self.grad_reduce_dtype()
 
         def reduce_buckets(prefix: str = "") -> None:
             """The gradient buckets (5e8 elements, reverse parameter order); ``prefix`` names a
@@ -148,14 +158,14 @@ class WorkloadModel(WorkloadLayout):
                 sizes.append(cur)
             for b, n in enumerate(sizes):
                 if not reduce_scatter:
-                    items.append(Collective("dp", "all_reduce", n, "Bf16", f"{prefix}allreduce.bucket{b}"))
+                    items.append(Collective("dp", "all_reduce", n, gdt, f"{prefix}allreduce.bucket{b}"))
                     continue
                 k = (
                     n // dp
                     if b < len(sizes) - 1
                     else ceil_to(self.total_params, 2 * dp) // dp - sum(m // dp for m in sizes[:-1])
                 )
-                items.append(Collective("dp", "reduce_scatter", k, "Bf16", f"{prefix}reduce_scatter.bucket{b}"))
+                items.append(Collective("dp", "reduce_scatter", k, gdt, f"{prefix}reduce_scatter.bucket{b}"))
 
         every_backward = reduce_scatter and self.spec.zero_stage == 2 and dp > 1
         micro_batches = self.spec.par.micro_batches
@@ -266,6 +276,7 @@ class WorkloadModel(WorkloadLayout):
         """One micro-batch of :meth:`_zero3_step` appended to ``items`` (``untraced``: no recorded
         trace: no prefetch, every parameter gathered again in backward); its reduce-scatter tags."""
         dp = self.spec.dp
+        gdt = self.grad_reduce_dtype()
         # which parameters each module execution gathers (persistence, reuse distance)
         fetched_total = 0
         fetched_at: dict[str, int] = {}
@@ -313,6 +324,6 @@ class WorkloadModel(WorkloadLayout):
             if phase == "bwd":
                 for p in reversed(next(ps for n, ps in mods if n == name)):
                     tag = f"{prefix}reduce_scatter.{p.name}"
-                    items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), "Bf16", tag, blocking=False))
+                    items.append(Collective("dp", "reduce_scatter", -(-p.numel // dp), gdt, tag, blocking=False))
                     rs_tags.append(tag)
         return rs_tags

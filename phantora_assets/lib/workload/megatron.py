@@ -15,6 +15,7 @@ from phantora_assets.lib.sim.torch_ops import torch_ops
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Item, Param, SendRecv, compute
 from phantora_assets.lib.workload.pipeline import schedule
+from phantora_assets.lib.workload.spec import PHANTORA_DTYPE
 
 
 def p2p(self: WorkloadLayout, items: list[Item], stage: int, phase: str, mb: int, v: int, side: str) -> None:
@@ -58,6 +59,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
     ep_on = "ep" in self.comms
     cp_on = "cp" in self.comms
     gk = "dp_cp" if cp_on else "dp"
+    # the gradient buffer's dtype, which its reduce-scatters / all-reduces and finalize_model_grads'
+    # norm all-reduce carry (DDPConfig grad_reduce_in_fp32: train.grad_reduce_dtype); parameters
+    # are all-gathered in their own dtype, bf16
+    gdt = PHANTORA_DTYPE[self.spec.wl.train.grad_reduce_dtype]
     dp = self.grad_sync_size()
     dist_opt = par.zero >= 1
     # overlap_grad_reduce = False (Megatron's CLI default; True here by default, as Phantora's
@@ -271,10 +276,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
                 comp(f"ddp.bucket{b}.scale", "bwd", ops.megatron_grad_scale(padded))
                 if dist_opt:
                     tag = f"ddp.bucket{b}.reduce_scatter"
-                    items.append(Collective(gk, "reduce_scatter", padded // dp, "Bf16", tag, blocking=blocking))
+                    items.append(Collective(gk, "reduce_scatter", padded // dp, gdt, tag, blocking=blocking))
                 else:
                     tag = f"ddp.bucket{b}.all_reduce"
-                    items.append(Collective(gk, "all_reduce", padded, "Bf16", tag, blocking=blocking))
+                    items.append(Collective(gk, "all_reduce", padded, gdt, tag, blocking=blocking))
                 if not blocking:
                     rs_tags.append(tag)
         for b, (padded, mem) in enumerate(ebuckets):
@@ -286,10 +291,10 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
                 if edp > 1:  # expert-data-parallel gradient sync, as the dense buckets over DP
                     if dist_opt:
                         tag = f"ddp.expert_bucket{b}.reduce_scatter"
-                        items.append(Collective("edp", "reduce_scatter", padded // edp, "Bf16", tag, blocking=blocking))
+                        items.append(Collective("edp", "reduce_scatter", padded // edp, gdt, tag, blocking=blocking))
                     else:
                         tag = f"ddp.expert_bucket{b}.all_reduce"
-                        items.append(Collective("edp", "all_reduce", padded, "Bf16", tag, blocking=blocking))
+                        items.append(Collective("edp", "all_reduce", padded, gdt, tag, blocking=blocking))
                     if not blocking:
                         rs_tags.append(tag)
 
@@ -352,7 +357,7 @@ def megatron_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[It
             for p in self.stage_params(stage)
             if not p.tp_sharded and not p.expert and (len(p.shape) == 1 or p.name.endswith(".router.weight"))
         )
-        items.append(Collective("tp", "all_reduce", norms, "Bf16", "finalize.layernorm_grads.all_reduce"))
+        items.append(Collective("tp", "all_reduce", norms, gdt, "finalize.layernorm_grads.all_reduce"))
     if tp_on:
         items.append(Collective("tp", "all_reduce", 1, "F32", "grad_norm.tp"))
     if pp > 1:

@@ -37,6 +37,25 @@ NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16",)
+#: ``train.grad_reduce_dtype``: the dtype the data-parallel gradient collectives carry, as the
+#: frameworks name it (fp32 / bf16).
+GRAD_REDUCE_DTYPES = ("bf16", "fp32")
+#: Each framework's default ``train.grad_reduce_dtype`` for bf16 training, from its source:
+#: megatron: megatron-core ``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``
+#: (megatron/core/distributed/distributed_data_parallel_config.py): the gradient buffer has the
+#: parameters' dtype (param_and_grad_buffer.py ``group_params_for_buffers``: ``torch.float if
+#: grad_reduce_in_fp32 else param.dtype``), bf16 -- the DDPConfig Phantora's Megatron test builds
+#: (tests/test_megatron.py), so the shipped W1-W3's bytes. (Megatron-LM's own training script with
+#: ``--bf16`` sets ``accumulate_allreduce_grads_in_fp32`` unless ``--grad-reduce-in-bf16``:
+#: megatron/training/arguments.py; such a job states fp32.)
+#: deepspeed: ``engine.communication_data_type``: the config's ``communication_data_type`` when set,
+#: else bf16 when bf16 is enabled (runtime/engine.py) -- the shipped W4/W5.
+#: torchtitan: FSDP2 ``MixedPrecisionPolicy(reduce_dtype=training.mixed_precision_reduce)``, whose
+#: only choice is "float32" (torchtitan/config/job_config.py ``Literal["float32"]``; 9dec370
+#: config_manager.py ``choices=["float32"]``); DDP (zero 0) reduces the fp32 parameters' gradients.
+GRAD_REDUCE_DEFAULT = {"megatron": "bf16", "deepspeed": "bf16", "torchtitan": "fp32"}
+#: A schema dtype as Phantora's traces name it (``Collective.dtype``).
+PHANTORA_DTYPE = {"bf16": "Bf16", "fp32": "F32"}
 REST = "rest"
 
 #: key -> (TOML types allowed, default; ``...`` = required). Strings of choices are checked after.
@@ -95,6 +114,7 @@ _TRAIN: dict[str, tuple[tuple[type, ...], Any]] = {
     "compile": ((bool,), False),
     "uncaptured_kernels": ((bool,), False),
     "dtype": ((str,), "bf16"),
+    "grad_reduce_dtype": ((str,), None),
     "iterations": ((int,), 20),
 }
 _KINDS_TOML = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table", list: "array"}
@@ -197,6 +217,9 @@ class TrainSpec:
     uncaptured_kernels: bool = False
     dtype: str = "bf16"
     iterations: int = 20
+    #: the dtype of the data-parallel gradient reductions (fp32 / bf16); unset in the table: the
+    #: framework's (:data:`GRAD_REDUCE_DEFAULT`)
+    grad_reduce_dtype: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -446,6 +469,7 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
             "attention'): attention must be 'flash' with cp > 1"
         )
     _choice(td["dtype"], DTYPES, "dtype", tw)
+    _grad_reduce_dtype(td, fw, tw)
     _positive(td, ("seq_len", "micro_batch", "global_batch", "grad_accumulation", "iterations"), tw)
     if (td["global_batch"] is None) == (td["grad_accumulation"] is None):
         raise RunMatrixError(f"{tw}: set exactly one of global_batch and grad_accumulation")
@@ -476,6 +500,32 @@ def parse_workload(name: str, table: object, source_name: str) -> WorkloadSpec: 
     train = TrainSpec(**td)
     raw = json.dumps(table, sort_keys=True)
     return WorkloadSpec(name, fw, model, parallel, train, raw)
+
+
+def _grad_reduce_dtype(td: dict[str, Any], fw: str, tw: str) -> None:
+    """``train.grad_reduce_dtype``: one of :data:`GRAD_REDUCE_DTYPES`, the framework's default
+    (:data:`GRAD_REDUCE_DEFAULT`) when unset; a dtype the framework does not reduce in, or one the
+    model does not cover, refused naming the rule."""
+    if td["grad_reduce_dtype"] is None:
+        td["grad_reduce_dtype"] = GRAD_REDUCE_DEFAULT[fw]
+        return
+    _choice(td["grad_reduce_dtype"], GRAD_REDUCE_DTYPES, "grad_reduce_dtype", tw)
+    if fw == "torchtitan" and td["grad_reduce_dtype"] != "fp32":
+        raise RunMatrixError(
+            f"{tw}: torchtitan reduces gradients in fp32 only: FSDP2's reduce_dtype is "
+            "training.mixed_precision_reduce, whose only choice is 'float32' (torchtitan job_config "
+            "Literal['float32']), and DDP (zero = 0) reduces the fp32 parameters' gradients"
+        )
+    if fw == "megatron" and td["grad_reduce_dtype"] == "fp32":
+        # Megatron accepts it (DDPConfig grad_reduce_in_fp32 = True, --accumulate-allreduce-grads-in-fp32);
+        # the generator reduces in fp32 then, but the memory estimate (lib/sim/memory.py) counts a bf16
+        # gradient buffer: an fp32 one is 2 more bytes a parameter, so "fits in memory" would be wrong
+        raise RunMatrixError(
+            f"{tw}: grad_reduce_dtype = 'fp32' for megatron (DDPConfig grad_reduce_in_fp32, "
+            "--accumulate-allreduce-grads-in-fp32) is not modelled yet: its fp32 gradient buffer (4 bytes a "
+            "parameter) is not in the memory estimate, which counts the bf16 one (2 bytes); megatron-core's "
+            "default, bf16, is"
+        )
 
 
 def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]:

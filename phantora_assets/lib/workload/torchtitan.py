@@ -13,6 +13,7 @@ from phantora_assets.lib.sim.workload_layout import WorkloadLayout
 from phantora_assets.lib.sim.workload_types import Collective, Item, SendRecv, compute
 from phantora_assets.lib.workload.megatron import p2p
 from phantora_assets.lib.workload.pipeline import schedule
+from phantora_assets.lib.workload.spec import PHANTORA_DTYPE
 
 #: torch DDP's bucket caps in bytes: the first bucket ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), the
 #: others torchtitan's ``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)`` (apply_ddp)
@@ -160,16 +161,19 @@ def torchtitan_step(self: WorkloadLayout, warmup: bool, stage: int = 0) -> list[
         (torchtitan: reshard_after_forward = layer_id < n_layers - 1; with PP: never)."""
         return reshard and pp == 1 and i < self.layers - 1
 
+    # FSDP2's MixedPrecisionPolicy reduce_dtype (train.grad_reduce_dtype: torchtitan's only choice, fp32)
+    gdt = PHANTORA_DTYPE[self.spec.wl.train.grad_reduce_dtype]
+
     def reduce(u: str) -> None:
         if fsdp and u in units:
             tag = f"fsdp.{u}.reduce_scatter"
             if ops.hw:  # the reduce-scatter input's fp32 copy-in (uncaptured_kernels)
                 items.append(compute(f"fsdp.{u}.reduce_scatter.copy_in", "bwd", ops.hw_fsdp_rs_copy_in(units[u] * n)))
-            items.append(Collective("dp", "reduce_scatter", units[u], "F32", tag, blocking=False))
+            items.append(Collective("dp", "reduce_scatter", units[u], gdt, tag, blocking=False))
             rs_tags.append(tag)
             if hsdp:
                 tag = f"fsdp.{u}.all_reduce"
-                items.append(Collective("dp_rep", "all_reduce", units[u], "F32", tag, blocking=False))
+                items.append(Collective("dp_rep", "all_reduce", units[u], gdt, tag, blocking=False))
                 rs_tags.append(tag)
 
     def forward(mb: int, v: int) -> None:
