@@ -242,9 +242,14 @@ class Fabric:
         if hit is not None:
             return hit
         s, t = int(self._ep_node[a]), int(self._ep_node[b])
-        dist = {t: 0}  # BFS from t over incoming links, through switches only
+        # BFS from t over incoming links, through switches only, stopped once s is reached: every node
+        # nearer to t than s is labelled by then (a node of distance d is labelled while the nodes of
+        # distance d - 1 are expanded, all before the first node of distance dist[s] - 1 is), and the
+        # walk below steps only through those. Without the stop each pair's search labelled the whole
+        # fabric: 2,048 hosts x 8 rails spent 430 s of a 490 s simulation here.
+        dist = {t: 0}
         q = deque([t])
-        while q:
+        while q and s not in dist:
             v = q.popleft()
             for lk in self._in[v]:
                 u = int(self._lsrc[lk])
