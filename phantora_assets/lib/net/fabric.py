@@ -174,6 +174,7 @@ class Fabric:
         for lk, d in enumerate(b.dst):
             self._in[d].append(lk)
         self._paths: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._switch_cache: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         for e, node in enumerate(ep):
             if not self._out[node]:
                 raise ValueError(f"{kind}: endpoint {b.names[node]} (endpoint {e}) is attached to no switch")
@@ -234,6 +235,12 @@ class Fabric:
     def paths(self, a: int, b: int) -> list[tuple[int, ...]]:
         """The shortest paths (link-id tuples, lexicographic) from endpoint ``a`` to endpoint ``b != a``.
 
+        An endpoint forwards nothing, so a path is a link of ``a`` up to a switch, a shortest path between
+        switches, and a link down to ``b`` (or one link straight from ``a`` to ``b``): the switch-to-switch
+        paths are searched once per pair of switches (:meth:`_switch_paths`) and shared by every pair of
+        endpoints on them -- at 2,048 hosts x 8 rails a few thousand leaf pairs instead of a search per
+        NIC pair.
+
         Raises:
             ValueError: no path, or more than :data:`MAX_PATHS`.
         """
@@ -242,51 +249,95 @@ class Fabric:
         if hit is not None:
             return hit
         s, t = int(self._ep_node[a]), int(self._ep_node[b])
-        # BFS from t over incoming links, through switches only, stopped once s is reached: every node
-        # nearer to t than s is labelled by then (a node of distance d is labelled while the nodes of
-        # distance d - 1 are expanded, all before the first node of distance dist[s] - 1 is), and the
-        # walk below steps only through those. Without the stop each pair's search labelled the whole
-        # fabric: 2,048 hosts x 8 rails spent 430 s of a 490 s simulation here.
-        dist = {t: 0}
-        q = deque([t])
-        while q and s not in dist:
-            v = q.popleft()
-            for lk in self._in[v]:
-                u = int(self._lsrc[lk])
-                if u not in dist and (u == s or not self._is_ep[u]):
-                    dist[u] = dist[v] + 1
-                    if u != s:
-                        q.append(u)
-        if s not in dist:
-            raise ValueError(f"{self.kind}: no path from {self.node_names[s]} to {self.node_names[t]}")
-        out: list[tuple[int, ...]] = []
-        # Depth-first over the links that step one closer to t, lowest link id first: the paths come out
-        # in lexicographic order. An explicit stack (a path is as long as the file makes it: recursion
-        # ended in RecursionError past about 1,000 links); a partial path is a (link, parent) chain.
-        chain: list[tuple[int, int]] = []  # (link id, index of the previous entry or -1)
-        stack: list[tuple[int, int]] = [(s, -1)]  # (node, its chain entry)
-        while stack:
-            v, at = stack.pop()
-            if v == t:
-                path: list[int] = []
-                while at >= 0:
-                    lk, at = chain[at]
-                    path.append(lk)
-                out.append(tuple(reversed(path)))
-                if len(out) > MAX_PATHS:
-                    raise ValueError(
-                        f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[s]} to "
-                        f"{self.node_names[t]}"
-                    )
-                continue
-            nxt = []
-            for lk in sorted(self._out[v]):
-                w = int(self._ldst[lk])
-                if dist.get(w) == dist[v] - 1:
-                    chain.append((lk, at))
-                    nxt.append((w, len(chain) - 1))
-            stack.extend(reversed(nxt))
+        direct = sorted(lk for lk in self._out[s] if int(self._ldst[lk]) == t)
+        if direct:
+            out = [(lk,) for lk in direct]
+        else:
+            best: int | None = None
+            parts: list[tuple[int, list[tuple[int, ...]], int]] = []
+            for up in self._out[s]:
+                u = int(self._ldst[up])
+                if self._is_ep[u]:
+                    continue
+                for down in self._in[t]:
+                    v = int(self._lsrc[down])
+                    if self._is_ep[v]:
+                        continue
+                    mid = self._switch_paths(u, v)
+                    if not mid:
+                        continue
+                    n = len(mid[0])
+                    if best is None or n < best:
+                        best, parts = n, []
+                    if n == best:
+                        parts.append((up, mid, down))
+            if best is None:
+                raise ValueError(f"{self.kind}: no path from {self.node_names[s]} to {self.node_names[t]}")
+            out = sorted((up, *m, down) for up, mid, down in parts for m in mid)
+        if len(out) > MAX_PATHS:
+            raise ValueError(
+                f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[s]} to {self.node_names[t]}"
+            )
         self._paths[key] = out
+        return out
+
+    def _switch_paths(self, u: int, v: int) -> list[tuple[int, ...]]:
+        """The shortest paths (link-id tuples, lexicographic) from switch ``u`` to switch ``v`` through
+        switches only (``[()]`` when ``u == v``, ``[]`` when there is none), cached per pair.
+
+        Raises:
+            ValueError: more than :data:`MAX_PATHS`.
+        """
+        key = (u, v)
+        hit = self._switch_cache.get(key)
+        if hit is not None:
+            return hit
+        if u == v:
+            self._switch_cache[key] = [()]
+            return [()]
+        # BFS from v over incoming links, through switches only, stopped once u is reached: every switch
+        # nearer to v than u is labelled by then (one of distance d is labelled while those of distance
+        # d - 1 are expanded, all before the first of distance dist[u] - 1 is), and the walk below steps
+        # only through those
+        dist = {v: 0}
+        q = deque([v])
+        while q and u not in dist:
+            x = q.popleft()
+            for lk in self._in[x]:
+                w = int(self._lsrc[lk])
+                if w not in dist and not self._is_ep[w]:
+                    dist[w] = dist[x] + 1
+                    q.append(w)
+        out: list[tuple[int, ...]] = []
+        if u in dist:
+            # Depth-first over the links that step one closer to v, lowest link id first: the paths come
+            # out in lexicographic order. An explicit stack (a path is as long as the file makes it:
+            # recursion ended in RecursionError past about 1,000 links); a partial path is a (link,
+            # parent) chain.
+            chain: list[tuple[int, int]] = []  # (link id, index of the previous entry or -1)
+            stack: list[tuple[int, int]] = [(u, -1)]  # (node, its chain entry)
+            while stack:
+                x, at = stack.pop()
+                if x == v:
+                    path: list[int] = []
+                    while at >= 0:
+                        lk, at = chain[at]
+                        path.append(lk)
+                    out.append(tuple(reversed(path)))
+                    if len(out) > MAX_PATHS:
+                        raise ValueError(
+                            f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[u]} to "
+                            f"{self.node_names[v]}"
+                        )
+                    continue
+                nxt = []
+                for lk in sorted(self._out[x]):
+                    w = int(self._ldst[lk])
+                    if dist.get(w) == dist[x] - 1:
+                        chain.append((lk, at))
+                        nxt.append((w, len(chain) - 1))
+                stack.extend(reversed(nxt))
+        self._switch_cache[key] = out
         return out
 
     def routes(self, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
