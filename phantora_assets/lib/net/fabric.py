@@ -250,6 +250,7 @@ class Fabric:
             return hit
         s, t = int(self._ep_node[a]), int(self._ep_node[b])
         direct = sorted(lk for lk in self._out[s] if int(self._ldst[lk]) == t)
+        out: list[tuple[int, ...]]
         if direct:
             out = [(lk,) for lk in direct]
         else:
@@ -308,7 +309,7 @@ class Fabric:
                 if w not in dist and not self._is_ep[w]:
                     dist[w] = dist[x] + 1
                     q.append(w)
-        out: list[tuple[int, ...]] = []
+        found: list[tuple[int, ...]] = []
         if u in dist:
             # Depth-first over the links that step one closer to v, lowest link id first: the paths come
             # out in lexicographic order. An explicit stack (a path is as long as the file makes it:
@@ -323,8 +324,8 @@ class Fabric:
                     while at >= 0:
                         lk, at = chain[at]
                         path.append(lk)
-                    out.append(tuple(reversed(path)))
-                    if len(out) > MAX_PATHS:
+                    found.append(tuple(reversed(path)))
+                    if len(found) > MAX_PATHS:
                         raise ValueError(
                             f"{self.kind}: more than {MAX_PATHS} shortest paths from {self.node_names[u]} to "
                             f"{self.node_names[v]}"
@@ -337,8 +338,8 @@ class Fabric:
                         chain.append((lk, at))
                         nxt.append((w, len(chain) - 1))
                 stack.extend(reversed(nxt))
-        self._switch_cache[key] = out
-        return out
+        self._switch_cache[key] = found
+        return found
 
     def routes(self, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Link incidence of flows between endpoints (``src != dst``): (flow index, link id, coefficient)."""
