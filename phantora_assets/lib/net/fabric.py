@@ -342,31 +342,49 @@ class Fabric:
         return found
 
     def routes(self, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Link incidence of flows between endpoints (``src != dst``): (flow index, link id, coefficient)."""
+        """Link incidence of flows between endpoints (``src != dst``): (flow index, link id, coefficient),
+        flow by flow, each flow's links in path order (``split``: its paths' links in id order, each with
+        the share of the paths through it). Computed once per (endpoint pair, path chosen), then gathered
+        for every flow."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
+        n = len(src)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         pick = mix_hash(np.asarray(seq, dtype=np.int64), src, dst)
-        fi: list[int] = []
-        li: list[int] = []
-        co: list[float] = []
-        for f, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
-            ps = self.paths(a, b)
+        pairs, inv = np.unique(src * self.n_endpoints + dst, return_inverse=True)
+        inv = inv.reshape(-1)
+        paths = [self.paths(k // self.n_endpoints, k % self.n_endpoints) for k in pairs.tolist()]
+        n_paths = np.array([len(ps) for ps in paths], dtype=np.int64)
+        if self.ecmp == "hash":
+            per_flow = n_paths[inv]
+            choice = np.where(per_flow > 1, (pick % per_flow.astype(np.uint64)).astype(np.int64), 0)
+        else:  # first, and split (all of a pair's paths at once): one variant a pair
+            choice = np.zeros(n, dtype=np.int64)
+        variants, vinv = np.unique(inv * (MAX_PATHS + 1) + choice, return_inverse=True)
+        vinv = vinv.reshape(-1)
+        v_links: list[np.ndarray] = []
+        v_coef: list[np.ndarray] = []
+        for v in variants.tolist():
+            ps = paths[v // (MAX_PATHS + 1)]
             if self.ecmp == "split" and len(ps) > 1:
                 w: dict[int, float] = {}
                 for p in ps:
                     for lk in p:
                         w[lk] = w.get(lk, 0.0) + 1.0 / len(ps)
-                for lk in sorted(w):
-                    fi.append(f)
-                    li.append(lk)
-                    co.append(w[lk])
-                continue
-            j = 0 if self.ecmp == "first" or len(ps) == 1 else int(pick[f] % np.uint64(len(ps)))
-            for lk in ps[j]:
-                fi.append(f)
-                li.append(lk)
-                co.append(1.0)
-        return np.array(fi, dtype=np.int64), np.array(li, dtype=np.int64), np.array(co, dtype=np.float64)
+                v_links.append(np.array(sorted(w), dtype=np.int64))
+                v_coef.append(np.array([w[lk] for lk in sorted(w)], dtype=np.float64))
+            else:
+                path = ps[v % (MAX_PATHS + 1)]
+                v_links.append(np.array(path, dtype=np.int64))
+                v_coef.append(np.ones(len(path), dtype=np.float64))
+        v_len = np.array([len(x) for x in v_links], dtype=np.int64)
+        v_off = np.concatenate([[0], np.cumsum(v_len)[:-1]])
+        lens = v_len[vinv]
+        fi = np.repeat(np.arange(n, dtype=np.int64), lens)
+        out_start = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        at = np.repeat(v_off[vinv] - out_start, lens) + np.arange(len(fi), dtype=np.int64)
+        return fi, np.concatenate(v_links)[at], np.concatenate(v_coef)[at]
 
 
 # -------------------------------------------------------------------- builders
