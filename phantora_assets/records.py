@@ -65,7 +65,7 @@ class RunLogRecord(msgspec.Struct, kw_only=True):
     precise: bool = False
 
 
-class SimulationRecord(msgspec.Struct, kw_only=True):
+class SimulationRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``simulation.json``: what the analytic simulator computed for a run that fits.
 
     Attributes:
@@ -80,8 +80,11 @@ class SimulationRecord(msgspec.Struct, kw_only=True):
         iteration_ns: simulated time of each iteration (the first is warm-up), ns.
         peak_memory_gib / card_gib: the memory estimate (GiB, rounded to 0.01) and the card.
         flops_per_step: model FLOP of one step summed over all ranks (GEMMs of the compute items).
+        timeline_scope: what ``raw_timeline.parquet`` holds (``lib/workload/collectives.TIMELINE_SCOPES``):
+            ``every rank`` (left out of the file), or ``one rank a stage`` (every network flow, the compute of
+            each pipeline stage's first rank) for a run past the trace bound.
 
-    Every field is required: a ``simulation.json`` written before these fields existed is refused
+    Every field but ``timeline_scope`` is required: a ``simulation.json`` written before these fields existed is refused
     (:class:`RecordError` naming the file and the missing field), never read as nulls.
     """
 
@@ -95,6 +98,7 @@ class SimulationRecord(msgspec.Struct, kw_only=True):
     peak_memory_gib: float
     card_gib: float
     flops_per_step: float
+    timeline_scope: str = "every rank"
 
 
 class ImportRecord(msgspec.Struct, kw_only=True):

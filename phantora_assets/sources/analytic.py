@@ -138,6 +138,7 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         peak_memory_gib=mem["peak_gib"],
         card_gib=mem["card_gib"],
         flops_per_step=model_flops_per_step(spec),
+        timeline_scope=result.scope,
     )
     pdir = paths.partition_dir(spec.run_id)
     write_record(pdir / "simulation.json", sim)

@@ -66,30 +66,50 @@ from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, Simul
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
-from phantora_assets.lib.workload.collectives import trace_events_per_step
+from phantora_assets.lib.workload.collectives import (
+    EVERY_RANK,
+    ONE_RANK_A_STAGE,
+    representatives,
+    trace_events_per_step,
+)
 from phantora_assets.lib.workload.dag import build_dag, stage_rank_range
 
 TINY_COLLECTIVE_BYTES = 4096
-#: Most events (compute items x ranks + flows, every iteration) a simulated trace may hold: the largest
-#: trace measured through every per-run asset within 2 GiB peak RSS a stage (Llama-3-70B TP=8 PP=8 DP=16
+#: Most events (compute items x ranks + flows, every iteration) a simulated trace of every rank may hold: the
+#: largest trace measured through every per-run asset within 2 GiB peak RSS a stage (Llama-3-70B TP=8 PP=8 DP=16
 #: on 128x8, 3.73 M events: raw_timeline 2022 MiB; benchmarks/pipeline_scale.py, docs/WORKLOADS.md "Scale").
+#: A run past it is emitted with scope ``one rank a stage`` (``lib/workload/collectives.TIMELINE_SCOPES``),
+#: which is held to the same bound.
 MAX_TRACE_EVENTS = 3_800_000
 WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 
 
-def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None:
-    """Why the analytic simulator refuses ``spec`` before simulating (its trace would hold more than
-    :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.trace_events_per_step`` x iterations), or
-    None. ``phantora-assets runs`` states the same rule, so a run it shows as fitting is not refused at build."""
+def timeline_scope(spec: RunSpec, iterations: int | None = None) -> tuple[str, int]:
+    """What the run's raw timeline holds and how many events (``lib/workload/collectives.TIMELINE_SCOPES``):
+    every rank when that is within :data:`MAX_TRACE_EVENTS`, else one rank a stage (every network flow,
+    the compute of each stage's first rank)."""
     iterations = int(iterations or spec.wl.train.iterations)
     events = trace_events_per_step(spec) * iterations
     if events <= MAX_TRACE_EVENTS:
+        return EVERY_RANK, events
+    return ONE_RANK_A_STAGE, trace_events_per_step(spec, ONE_RANK_A_STAGE) * iterations
+
+
+def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None:
+    """Why the analytic simulator refuses ``spec`` before simulating (its trace, even of scope one rank a
+    stage, would hold more than :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.
+    trace_events_per_step`` x iterations), or None. ``phantora-assets runs`` states the same rule, so a run
+    it shows as fitting is not refused at build."""
+    iterations = int(iterations or spec.wl.train.iterations)
+    scope, events = timeline_scope(spec, iterations)
+    if events <= MAX_TRACE_EVENTS:
         return None
     return (
-        f"the trace would hold about {events:,} events ({iterations} iterations), more than the "
-        f"{MAX_TRACE_EVENTS:,} the per-run assets build within their memory bound: refused before simulating; "
-        "lower train.iterations (>= 3), the micro-batches per step or the layout"
+        f"the trace would hold about {events:,} events ({iterations} iterations; {scope}: every network flow "
+        f"and the compute of one rank a pipeline stage), more than the {MAX_TRACE_EVENTS:,} the per-run assets "
+        "build within their memory bound: refused before simulating; lower train.iterations (>= 3), the "
+        "micro-batches per step or the layout"
     )
 
 
@@ -126,6 +146,7 @@ class AnalyticSimulator:
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         self.compress = compress  # one rank a stage, checked (lib/sim/symmetry.py); False: every rank
         self.symmetry = ""
+        self.scope = EVERY_RANK
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._orbits: dict[int, list[int]] = {}
         self._orbit_cache: dict[tuple, OrbitFlows] = {}
@@ -206,6 +227,7 @@ class AnalyticSimulator:
             return SimulationResult(spec, memory, None)
         if self.emit and (why := trace_bound_rule(spec, self.iterations)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
+        self.scope = timeline_scope(spec, self.iterations)[0] if self.emit else EVERY_RANK
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)
@@ -268,7 +290,8 @@ class AnalyticSimulator:
         timeline = None
         if self.emit:
             times = IterationTimes(list(sim_start), durations, factors, n_sim)
-            timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times)
+            keep = None if self.scope == EVERY_RANK else representatives(spec)
+            timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times, keep)
         return SimulationResult(
             spec,
             memory,
@@ -280,6 +303,7 @@ class AnalyticSimulator:
             n_k,
             n_db,
             self.symmetry,
+            self.scope,
         )
 
     def _simulate(

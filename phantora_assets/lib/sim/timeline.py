@@ -6,8 +6,10 @@ event schema, the columns and dtypes of :data:`~phantora_assets.lib.columns.RAW_
 (a :class:`RawTimeline`: one iteration's rows at a time, or one DataFrame): one computation event per rank per
 compute item (its ``meta_json`` the Torch record, ``info`` from
 :func:`~phantora_assets.lib.sim.keys.torch_info`), one communication event per ring flow
-(loopback hops included). Times are integer ns (rounded, ``end_ns >= start_ns``); the steady
-iterations beyond the simulated ones are iteration 1's rows rescaled by their jitter factor.
+(loopback hops included); or, for a run past the trace bound (scope ``one rank a stage``), the computation
+events of the first rank of each stage and the flows of the communicators that span hosts. Times are integer
+ns (rounded, ``end_ns >= start_ns``); the steady iterations beyond the simulated ones are iteration 1's
+rows rescaled by their jitter factor.
 :func:`empty_raw` is the empty frame of a run that does not fit.
 
 Raises nothing for consistent inputs (a node, flow or communicator missing from the arrays is an
@@ -29,6 +31,7 @@ from phantora_assets.lib.sim.keys import comm_id_bytes, torch_info
 from phantora_assets.lib.sim.memory import MemoryEstimate
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.traffic.ring import OP_TO_CALL
+from phantora_assets.lib.workload.collectives import scope_keeps
 
 COMPUTE_STREAM_ID = 7
 
@@ -53,6 +56,7 @@ class SimulationResult:
             how many of them had their key in the perf DB.
         symmetry: which DAG was simulated: one rank a stage (the others checked equal) or every
             rank, and why (``lib/sim/symmetry.py``).
+        scope: what ``timeline`` holds (``lib/workload/collectives.TIMELINE_SCOPES``).
     """
 
     spec: RunSpec
@@ -65,6 +69,7 @@ class SimulationResult:
     kernels_per_step: int = 0
     kernels_from_db: int = 0
     symmetry: str = ""
+    scope: str = "every rank"
 
     @cached_property
     def raw(self) -> pd.DataFrame:
@@ -131,11 +136,18 @@ class IterationTimes:
 
 
 def emit_raw_timeline(
-    spec: RunSpec, flows_arrays: FlowsArrays, dag: SimulatedDag, times: IterationTimes
+    spec: RunSpec,
+    flows_arrays: FlowsArrays,
+    dag: SimulatedDag,
+    times: IterationTimes,
+    keep_ranks: frozenset[int] | None = None,
 ) -> RawTimeline:
     """Raw timeline rows of the simulated iterations, then of the replicated steady ones
     (iteration 1's rows with times t -> T_k + (t - T_1) * f_k / f_1), as a :class:`RawTimeline`;
-    ``flows_arrays`` gives a collective's flows."""
+    ``flows_arrays`` gives a collective's flows. ``keep_ranks`` None: every rank's compute and every flow
+    (scope ``every rank``); else scope ``one rank a stage`` (``lib/workload/collectives.scope_keeps``): the
+    compute of those ranks only, and the flows of the communicators that span hosts (every network flow; no
+    host-local traffic)."""
     kind, who, what, start, end = dag.kind, dag.who, dag.what, dag.start, dag.end
     comm_list, n_sim = dag.comm_list, times.n_sim
     G = spec.gpus_per_node
@@ -180,6 +192,8 @@ def emit_raw_timeline(
                 if info is None:
                     info = info_cache[id(item)] = torch_info(item)
                 for r in dag.ranks_of[who[n]]:
+                    if keep_ranks is not None and r not in keep_ranks:
+                        continue
                     comp_vals = (
                         "computation",
                         item.name,
@@ -211,6 +225,8 @@ def emit_raw_timeline(
                 root = item.root if item.op == "broadcast" else -1
             for ci, flow_end in dag.flow_groups[n]:
                 comm = comm_list[ci]
+                if keep_ranks is not None and not scope_keeps(comm.ranks, G):
+                    continue
                 src, dst, nbytes = flows_arrays(item, comm)
                 rank_of = {g: i for i, g in enumerate(comm.ranks)}
                 hexid, sid = comm_hex[comm.name], comm_stream[comm.name]

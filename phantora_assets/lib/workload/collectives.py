@@ -16,6 +16,7 @@ docs/WORKLOADS.md "Python API" documents the fields. The programs come from
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from phantora_assets.lib.sim.keys import comm_id_bytes
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel, workload_model
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
+from phantora_assets.lib.workload.dag import stage_representatives
 from phantora_assets.lib.workload.placement import GROUP_OF_KIND
 from phantora_assets.lib.workload.spec import WorkloadSpec, parse_workload
 
@@ -176,15 +178,65 @@ def _flows_per_call(op: str, n: int) -> int:
     return n - 1 if op == "broadcast" else n
 
 
-def trace_events_per_step(spec: RunSpec) -> int:
-    """Events of one steady step in the run's raw timeline: one per rank per compute item of its
-    stage, one per flow of every collective (ring ops n, broadcast n - 1, all-to-all n(n - 1), a
-    send 1). What the simulator emits; counted from the programs, nothing simulated."""
+#: What a raw timeline holds (:func:`trace_events_per_step`, ``lib/sim/timeline.emit_raw_timeline``): every
+#: rank's compute and flows, or -- a run whose full timeline is past the bound -- every flow that crosses hosts
+#: (all the network traffic) with the compute of one rank a pipeline stage.
+EVERY_RANK = "every rank"
+ONE_RANK_A_STAGE = "one rank a stage"
+TIMELINE_SCOPES = (EVERY_RANK, ONE_RANK_A_STAGE)
+
+
+def scope_keeps(ranks: tuple[int, ...] | list[int], gpus_per_node: int) -> bool:
+    """Whether a timeline of scope :data:`ONE_RANK_A_STAGE` holds a communicator's flows: all of them (its ring
+    rules hold) when its ranks are on more than one host, none when it lies inside one host (host-local traffic
+    is no network traffic, docs/PHANTORA_FORMATS.md; at 16,384 GPUs the tensor-parallel calls inside the hosts
+    are some 25 M flows a step)."""
+    return len({r // gpus_per_node for r in ranks}) > 1
+
+
+def representatives(spec: RunSpec) -> frozenset[int]:
+    """The ranks whose compute a timeline of scope :data:`ONE_RANK_A_STAGE` holds: the first rank of each
+    pipeline stage (``lib/workload/dag.stage_representatives``)."""
     model = WorkloadModel(spec)
+    return frozenset(stage_representatives(model, len(model.stage_programs())))
+
+
+@functools.lru_cache(maxsize=64)  # a spec is frozen; 16,384 GPUs take seconds to count
+def trace_events_per_step(spec: RunSpec, scope: str = EVERY_RANK) -> int:
+    """Events of one steady step in the run's raw timeline of ``scope`` (:data:`TIMELINE_SCOPES`): one per rank
+    (or per stage) per compute item of its stage, one per flow of every collective the scope holds
+    (:func:`scope_keeps`; ring ops n, broadcast n - 1, all-to-all n(n - 1), a send 1). What the simulator
+    emits; counted from the programs, nothing simulated.
+
+    Raises:
+        ValueError: an unknown scope.
+    """
+    if scope not in TIMELINE_SCOPES:
+        raise ValueError(f"unknown timeline scope {scope!r} (known: {', '.join(TIMELINE_SCOPES)})")
+    model = WorkloadModel(spec)
+    programs = model.stage_programs()
     events = 0
-    for stage, program in enumerate(model.stage_programs()):
-        ranks = len(model.stage_ranks(stage))
+    # per (kind, stage): the sizes of the communicators a call is issued on and the scope holds
+    sizes: dict[tuple[str, int], list[int]] = {}
+    seen_p2p: set[str] = set()  # a pipeline call is listed by every stage it spans: counted once
+    for stage, program in enumerate(programs):
+        ranks = len(model.stage_ranks(stage)) if scope == EVERY_RANK else 1
         events += ranks * sum(1 for item in program if not isinstance(item, (Collective, AllToAll, SendRecv)))
-    for c in step_collectives(spec):
-        events += 1 if c.op == "send" else _flows_per_call(c.op, len(c.ranks))
+        for item in program:
+            if not isinstance(item, (Collective, AllToAll, SendRecv)):
+                continue
+            if item.kind == "pp":
+                if item.tag in seen_p2p:
+                    continue
+                seen_p2p.add(item.tag)
+            key = (item.kind, stage)
+            if key not in sizes:
+                comms = stage_communicators(model, item.kind, stage)
+                keep = [c for c in comms if scope == EVERY_RANK or scope_keeps(c.ranks, spec.gpus_per_node)]
+                sizes[key] = [len(c.ranks) for c in keep]
+            if isinstance(item, SendRecv):
+                events += len(item.pairs) * len(sizes[key])
+            else:
+                op = item.op if isinstance(item, Collective) else "all_to_all"
+                events += sum(_flows_per_call(op, n) for n in sizes[key])
     return events

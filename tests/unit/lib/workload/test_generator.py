@@ -181,10 +181,10 @@ def test_pipeline_bubble_grows_with_fewer_micro_batches():
     assert 2.0 * one.step_ns < many.step_ns < 4.0 * one.step_ns
 
 
-def test_a_trace_over_the_event_bound_is_refused_before_simulating():
+def test_a_trace_over_the_event_bound_is_scoped_to_one_rank_a_stage_or_refused_before_simulating():
     from phantora_assets.lib.errors import RunMatrixError
-    from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS
-    from phantora_assets.lib.workload.collectives import trace_events_per_step
+    from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS, timeline_scope, trace_bound_rule
+    from phantora_assets.lib.workload.collectives import ONE_RANK_A_STAGE, trace_events_per_step
 
     ds = copy.deepcopy(BASE)
     ds["framework"] = "deepspeed"
@@ -197,9 +197,18 @@ def test_a_trace_over_the_event_bound_is_refused_before_simulating():
     calls = step_collectives(spec)
     assert {len(c.ranks) for c in calls} == {512}
     assert trace_events_per_step(spec) == 512 * ((32 * 4 + 3) * 8 + 3) + 512 * len(calls)
-    with pytest.raises(RunMatrixError, match="refused before simulating; lower train.iterations"):
-        AnalyticSimulator(spec).run()
     assert trace_events_per_step(spec) * 20 > MAX_TRACE_EVENTS
+    # past the bound: the compute of one rank (a single stage) and every flow of the 512-rank rings
+    assert trace_events_per_step(spec, ONE_RANK_A_STAGE) == (32 * 4 + 3) * 8 + 3 + 512 * len(calls)
+    assert timeline_scope(spec) == (ONE_RANK_A_STAGE, 20 * ((32 * 4 + 3) * 8 + 3 + 512 * 4))
+    assert trace_bound_rule(spec) is None
+    # ZeRO-3 gathers and reduce-scatters every layer of every micro-batch over all 512 ranks: its network
+    # flows alone are past the bound
+    ds["parallel"] = {"zero": 3}
+    spec3 = run_spec_of(ds, 64, 8, "h100", "wide3")
+    assert trace_events_per_step(spec3, ONE_RANK_A_STAGE) * 20 > MAX_TRACE_EVENTS
+    with pytest.raises(RunMatrixError, match="refused before simulating; lower train.iterations"):
+        AnalyticSimulator(spec3).run()
 
 
 def test_torchtitan_cp_attention_flop_are_a_cp_share_of_the_sequence():
@@ -286,7 +295,8 @@ def test_deepspeed_zero3_accumulation_repeats_the_micro_batch():
 
 def test_runs_says_a_trace_over_the_event_bound_is_refused(tmp_path, monkeypatch, capsys):
     """Issue 37 item 4: 'fits: yes' is never followed by a refusal at build: `phantora-assets runs` states the
-    simulator's own event bound (the job above, 64 x 8 GPUs, ZeRO-1, 8 micro-batches, 20 iterations)."""
+    simulator's own event bound (the job above with ZeRO-3, 64 x 8 GPUs, 8 micro-batches, 20 iterations: past the
+    bound even with one rank a stage)."""
     from phantora_assets.cli import main
 
     matrix = tmp_path / "m.toml"
@@ -295,7 +305,7 @@ def test_runs_says_a_trace_over_the_event_bound_is_refused(tmp_path, monkeypatch
 [workloads.wide]
 framework = "deepspeed"
 model = {kind = "dense", layers = 32, hidden = 1024, ffn_hidden = 4096, heads = 16, kv_heads = 4, vocab = 32000}
-parallel = {zero = 1}
+parallel = {zero = 3}
 train = {seq_len = 1024, grad_accumulation = 8, iterations = 20}
 
 [workloads.narrow]
