@@ -65,7 +65,7 @@ class OpticalConfig:
     packet_bytes: int = PACKET_BYTES
 
 
-def reconfig_rule(table: object, topology: str, source: str) -> str | None:  # noqa: PLR0911, C901 (one return per rule broken, each its message)
+def reconfig_rule(table: object, topology: str, source: str) -> str | None:  # noqa: PLR0911 (one return per rule broken, each its message)
     """What is wrong with a ``[[run]]`` entry's ``reconfig`` table (None when it is allowed)."""
     if not isinstance(table, dict):
         return f"reconfig must be a table ({{ mode = 'provisioned', delay_ms = 10 }}), got {table!r}"
@@ -91,8 +91,12 @@ def reconfig_rule(table: object, topology: str, source: str) -> str | None:  # n
     if isinstance(pb, bool) or not isinstance(pb, int) or pb < 0:
         return f"reconfig.packet_bytes must be an integer >= 0 (bytes), got {pb!r}"
     sw = table.get("sweep_delays_ms", [])
-    if not isinstance(sw, (list, tuple)) or not all(_delay_ok(d) for d in sw) or len(set(sw)) != len(sw):
-        return f"reconfig.sweep_delays_ms must be a list of distinct numbers from 0 to {MAX_DELAY_MS}, got {sw!r}"
+    if (
+        not isinstance(sw, (list, tuple))
+        or not all(_delay_ok(d) and isinstance(d, int) for d in sw)
+        or len(set(sw)) != len(sw)
+    ):
+        return f"reconfig.sweep_delays_ms must be a list of distinct integers from 0 to {MAX_DELAY_MS} (ms), got {sw!r}"
     return None
 
 

@@ -98,7 +98,7 @@ def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None
 class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the run and its simulation's switches, keyword-only after spec)
         self,
         spec: RunSpec,
         iterations: int | None = None,
@@ -253,6 +253,8 @@ class AnalyticSimulator:
                 self.symmetry = f"every rank (the ranks of a stage differ: {why})"
         if sim is None:
             sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, False)
+            if self.optical is not None:
+                self.symmetry = "every rank (optical rails: circuit states need not be alike across a stage)"
             self.symmetry = self.symmetry or "every rank"
         kind, who, iter_of, start, end = sim.kind, sim.who, sim.iter_of, sim.start, sim.end
 
@@ -339,7 +341,7 @@ class AnalyticSimulator:
             ranks_of = {r: [r] for r in range(self.world)}
         return SimulatedDag(kind, who, what, iter_of, start, end, flow_groups, ranks_of, comm_list)
 
-    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0915 (the DAG's event loop, every node kind in it)
+    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0912, PLR0915 (the DAG's event loop, every node kind in it)
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
         the network simulator and end with their last flow, barriers take no time."""
         n_nodes = len(kind)

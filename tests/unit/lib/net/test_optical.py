@@ -132,3 +132,28 @@ def test_reconfig_rules_and_run_id_tail():
     assert "needs reconfig.delay_ms" in reconfig_rule({"mode": "on_demand"}, "RailOptimized", "analytic")
     assert "unknown keys" in reconfig_rule({"delay": 1}, "RailOptimized", "analytic")
     assert "distinct" in reconfig_rule({"sweep_delays_ms": [1, 1]}, "MultiPlane", "analytic")
+
+
+def test_run_matrix_entry_asks_for_a_reconfigured_run_of_its_own():
+    from phantora_assets.lib.errors import RunMatrixError
+    from phantora_assets.matrix import parse_entries
+    from phantora_assets.stages.simulation import run_spec_record
+
+    rail = {"topology": "RailOptimized", "nic_bw_gbps": 400}
+    base = {"workload": "W1", "gpu": "h100", "nodes": 2, "gpus_per_node": 2, "topology": rail}
+    eps, ocs, sweep_only = parse_entries(
+        [
+            base,
+            {**base, "reconfig": {"mode": "provisioned", "delay_ms": 10}},
+            {**base, "reconfig": {"sweep_delays_ms": [0, 1]}, "name": "sweep"},
+        ]
+    )
+    assert eps.run_id == "phantora_h100_W1_2x2_railoptimized"
+    assert ocs.run_id == "phantora_h100_W1_2x2_railoptimized_ocs_provisioned_10ms"
+    assert "reconfig" not in run_spec_record(eps).inputs["entry"]  # unreconfigured runs: records as before
+    assert run_spec_record(ocs).inputs["entry"]["reconfig"] == {"mode": "provisioned", "delay_ms": 10}
+    assert sweep_only.reconfig == (("sweep_delays_ms", (0, 1)),)
+    with pytest.raises(RunMatrixError, match="needs optical rails"):
+        parse_entries([{**base, "topology": {}, "reconfig": {"mode": "on_demand", "delay_ms": 1}}])
+    with pytest.raises(RunMatrixError, match="reconfig must be a table"):
+        parse_entries([{**base, "reconfig": 5}])
