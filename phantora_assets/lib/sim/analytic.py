@@ -129,9 +129,7 @@ class AnalyticSimulator:
         self.replicate = replicate
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         # the optical rails (lib/net/optical.py): "run" = the run's own reconfig table (None: the EPS, as before)
-        self.optical: OpticalConfig | None = (
-            run_config(dict(spec.reconfig)) if isinstance(optical, str) else optical
-        )
+        self.optical: OpticalConfig | None = run_config(dict(spec.reconfig)) if isinstance(optical, str) else optical
         if self.optical is not None and not isinstance(self.topology, Fabric):
             raise ValueError(f"{spec.run_id}: optical rails need a rail fabric, not {spec.cluster['topology']}")
         self.schedule = schedule  # a provisioned run's ports' sequences of groups (the EPS run's log)
