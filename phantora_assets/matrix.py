@@ -28,7 +28,7 @@ from phantora_assets.lib.workload.spec import WorkloadSpec, got_repr
 
 RUN_MATRIX_ENV = "PHANTORA_ASSETS_RUN_MATRIX"
 _ENTRY_KEYS: tuple[str, ...] = ("workload", "gpu", "nodes", "gpus_per_node", "source", "published", "topology")
-_ENTRY_KEYS += ("path", "name", "rank", "bin_s", "ep")
+_ENTRY_KEYS += ("path", "name", "rank", "bin_s", "ep", "reconfig")
 
 
 def run_matrix_path() -> Path | None:
@@ -81,6 +81,12 @@ def parse_entries(
                 f"{label}: topology must be a table ({{ host_bw_gbps = 400, ... }}), {got_repr(topology)}"
             )
         topology = resolve_files(topology, folder)
+        reconfig = raw.get("reconfig", {})
+        if not isinstance(reconfig, dict):
+            raise RunMatrixError(
+                f"{label}: reconfig must be a table ({{ mode = 'provisioned', delay_ms = 10 }}), {got_repr(reconfig)}"
+            )
+        reconfig = {k: tuple(v) if isinstance(v, list) else v for k, v in reconfig.items()}
         spec = RunSpec(
             workload=raw["workload"],
             gpu=raw["gpu"],
@@ -94,6 +100,7 @@ def parse_entries(
             rank=raw.get("rank"),
             bin_s=raw.get("bin_s", DEFAULT_BIN_S),
             ep_size=raw.get("ep"),
+            reconfig=tuple(sorted(reconfig.items())),
             workload_def=workloads.get(raw["workload"]) if isinstance(raw["workload"], str) else None,
             gpu_def=tuple(sorted(gpus[raw["gpu"]].items()))
             if isinstance(raw["gpu"], str) and raw["gpu"] in gpus

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from phantora_assets.lib.net import nics, reconfig
+from phantora_assets.lib.net import nics, optical, reconfig, reconfig_sim
 from phantora_assets.lib.net.fabric import Fabric, nic_name
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import database, reconfig_plots
@@ -153,6 +153,13 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
+    rc = dict(spec.reconfig)
+    if rc.get("sweep_delays_ms"):  # the re-timed sweep (lib/net/reconfig_sim.py): opt-in, a simulation a point
+        simulated, cost = reconfig_sim.simulated_sweep(
+            spec, rc["sweep_delays_ms"], int(rc.get("packet_bytes", optical.PACKET_BYTES))
+        )
+        sweep = pd.concat([sweep, simulated], ignore_index=True)
+        meta |= {"simulated_runs": int(cost["simulations"]), "simulated_sweep_wall_s": round(cost["wall_s"], 1)}
     for name, df, columns in (
         ("nic_phases", phases, reconfig.PHASE_COLUMNS),
         ("transition_windows", trans, reconfig.TRANSITION_COLUMNS),
@@ -163,7 +170,8 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
     reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
-    at = lambda d, m: float(sweep.loc[(sweep["delay_ms"] == d) & (sweep["mode"] == m), "utilisation"].iloc[0])
+    formula = sweep[sweep["method"] == "formula"]
+    at = lambda d, m: float(formula.loc[(formula["delay_ms"] == d) & (formula["mode"] == m), "utilisation"].iloc[0])
     meta |= {
         "phases": len(phases),
         "transitions": len(trans),
@@ -208,12 +216,17 @@ def database_tables() -> list[database.Table]:
             dict(reconfig.SWEEP_COLUMNS),
             "reconfig_sweep.parquet",
             "Step time and GPU utilisation when every transition needs an optical reconfiguration of "
-            "delay_ms, on demand or provisioned (docs/FABRIC.md states the model's assumptions).",
+            "delay_ms, on demand or provisioned: by the formula over the unreconfigured run, and (runs whose "
+            "reconfig.sweep_delays_ms asks) by re-timed simulations on optical rails (docs/FABRIC.md).",
             {
+                "method": "formula (stalls added to the unreconfigured run's steps) | simulated (the run re-timed "
+                "by the analytic simulator on optical rails: lib/net/reconfig_sim.py)",
                 "delay_ms": "reconfiguration delay: 0, 1, 5, 10, 50, 100, 250, 500, 750, 1000 ms",
                 "mode": "on_demand (each transition stalls the delay) | provisioned (max(0, delay - window))",
-                "step_time_s": "mean over timed steady steps of step time + the step's stall",
-                "stall_s": "mean over timed steady steps of the stall of the step's most stalled NIC",
+                "step_time_s": "formula: the run's step time (median of the typical timed steady steps) with the "
+                "steps' stalls; simulated: the median simulated steady iteration",
+                "stall_s": "formula: mean over timed steady steps of the stall of the step's most stalled NIC; "
+                "simulated: the step time minus the EPS run's",
                 "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), over the timed steady steps",
             },
             optional=True,

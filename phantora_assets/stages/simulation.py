@@ -253,6 +253,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             **({"rank": spec.rank} if spec.rank is not None else {}),
             **({"bin_s": spec.bin_s} if spec.bin_s != DEFAULT_BIN_S else {}),  # v1's width: as before it was a setting
             **({"ep": spec.ep_size} if spec.ep_size is not None else {}),
+            **({"reconfig": dict(spec.reconfig)} if spec.reconfig else {}),  # optical rails: docs/FABRIC.md
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,

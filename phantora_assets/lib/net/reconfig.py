@@ -82,6 +82,7 @@ TRANSITION_COLUMNS: dict[str, str] = {
 
 SWEEP_COLUMNS: dict[str, str] = {
     "run_id": "str",
+    "method": "str",  # formula (this module, over the unreconfigured run) | simulated (lib/net/reconfig_sim.py)
     "delay_ms": "int64",
     "mode": "str",  # on_demand | provisioned
     "step_time_s": "float64",  # step time (typical_step_us: runs.step_time_s at D = 0) of the timed steps + stall
@@ -258,8 +259,9 @@ def reconfig_sweep(
             s = stall.to_numpy(np.float64)
             step_time = typical_step_us(st + s)[0]  # the run's step time of the stalled steps (module docstring)
             rows.append((run_id, int(d), mode, step_time, float(s.mean()), float(comp.sum() / (st + s).sum())))
-    out = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
-    return out.astype({"delay_ms": "int64"})
+    out = pd.DataFrame(rows, columns=[c for c in SWEEP_COLUMNS if c != "method"])
+    out["method"] = "formula"
+    return out[list(SWEEP_COLUMNS)].astype({"delay_ms": "int64"})
 
 
 def window_cdf(transitions: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -20,6 +20,7 @@ from typing import Any
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S, bin_s_rule
 from phantora_assets.lib.errors import RunMatrixError
 from phantora_assets.lib.net.fabric_rules import topology_problem, topology_tail
+from phantora_assets.lib.net.optical import reconfig_rule, reconfig_tail
 from phantora_assets.lib.run.catalog import gpu_specs, presets, workload_specs
 from phantora_assets.lib.workload import tables
 from phantora_assets.lib.workload.spec import Parallel, WorkloadSpec, got_repr, parallelism_label
@@ -78,6 +79,7 @@ class RunSpec:
     ep_size: int | None = None
     workload_def: WorkloadSpec | None = None
     gpu_def: tuple[tuple[str, Any], ...] = ()
+    reconfig: tuple[tuple[str, Any], ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -90,7 +92,8 @@ class RunSpec:
     def _folder_name(self) -> str:
         """``<workload>_<layout>[<topology_tail>][_<name>]``: a simulated run's name under its GPU."""
         suffix = f"_{self.name}" if self.name else ""
-        return f"{self.workload}_{self.layout}{self.topology_tail}{suffix}"
+        ocs = reconfig_tail(dict(self.reconfig))  # "" unless the run's own network is reconfigured
+        return f"{self.workload}_{self.layout}{self.topology_tail}{ocs}{suffix}"
 
     @property
     def topology_tail(self) -> str:  # "" on presets.toml's topology, else _<type in lower case>
@@ -256,3 +259,5 @@ def validate(spec: RunSpec, entry: str) -> None:
     if spec.path.encode("utf-8", "replace").decode() != spec.path:  # a file name's undecodable bytes
         raise RunMatrixError(f"{entry}: path {spec.path!r} is not UTF-8 text (the registry and records are): rename it")
     _check_topology(spec, entry)
+    if spec.reconfig and (why := reconfig_rule(dict(spec.reconfig), str(spec.cluster.get("topology")), spec.source)):
+        raise RunMatrixError(f"{entry}: {why} (docs/FABRIC.md, 'The optical rail in the simulator')")

@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from phantora_assets.lib.errors import RunMatrixError
-from phantora_assets.lib.net.fabric import build_fabric
+from phantora_assets.lib.net.fabric import Fabric, build_fabric
+from phantora_assets.lib.net.optical import OpticalConfig, OpticalRails, run_config
 from phantora_assets.lib.phantora.netconfig import netconfig_for
 from phantora_assets.lib.phantora.perfdb import perfdb_folder
 from phantora_assets.lib.run.spec import RunSpec
@@ -73,6 +74,7 @@ from phantora_assets.lib.workload.collectives import (
     trace_events_per_step,
 )
 from phantora_assets.lib.workload.dag import build_dag, stage_rank_range
+from phantora_assets.lib.workload.placement import GROUP_OF_KIND
 
 TINY_COLLECTIVE_BYTES = 4096
 #: Most events (compute items x ranks + flows, every iteration) a simulated trace of every rank may hold: the
@@ -116,7 +118,7 @@ def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None
 class AnalyticSimulator:
     """Simulate one run (see module docstring). Construct once per run."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the run and its simulation's switches, keyword-only after spec)
         self,
         spec: RunSpec,
         iterations: int | None = None,
@@ -125,6 +127,8 @@ class AnalyticSimulator:
         replicate: bool = True,
         warmup: bool = True,
         compress: bool = True,
+        optical: OpticalConfig | None | str = "run",
+        schedule: dict[int, list[str]] | None = None,
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
@@ -144,7 +148,15 @@ class AnalyticSimulator:
         self.emit = emit
         self.replicate = replicate
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
-        self.compress = compress  # one rank a stage, checked (lib/sim/symmetry.py); False: every rank
+        # the optical rails (lib/net/optical.py): "run" = the run's own reconfig table (None: the EPS, as before)
+        self.optical: OpticalConfig | None = run_config(dict(spec.reconfig)) if isinstance(optical, str) else optical
+        if self.optical is not None and not isinstance(self.topology, Fabric):
+            raise ValueError(f"{spec.run_id}: optical rails need a rail fabric, not {spec.cluster['topology']}")
+        self.schedule = schedule  # a provisioned run's ports' sequences of groups (the EPS run's log)
+        self.rails: OpticalRails | None = None
+        # one rank a stage, checked (lib/sim/symmetry.py); False: every rank. Optical rails run every rank: the
+        # circuit states of a stage's ranks' NICs need not be alike (docs/SIMULATOR.md)
+        self.compress = compress and self.optical is None
         self.symmetry = ""
         self.scope = EVERY_RANK
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -263,6 +275,8 @@ class AnalyticSimulator:
                 self.symmetry = f"every rank (the ranks of a stage differ: {why})"
         if sim is None:
             sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, False)
+            if self.optical is not None:
+                self.symmetry = "every rank (optical rails: circuit states need not be alike across a stage)"
             self.symmetry = self.symmetry or "every rank"
         kind, who, iter_of, start, end = sim.kind, sim.who, sim.iter_of, sim.start, sim.end
 
@@ -351,7 +365,7 @@ class AnalyticSimulator:
             ranks_of = {r: [r] for r in range(self.world)}
         return SimulatedDag(kind, who, what, iter_of, start, end, flow_groups, ranks_of, comm_list)
 
-    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0915 (the DAG's event loop, every node kind in it)
+    def _event_loop(self, kind, dur, who, what, dependents, deps_left, comm_list):  # noqa: C901, PLR0912, PLR0915 (the DAG's event loop, every node kind in it)
         """Run the DAG: compute nodes take their duration, collective nodes inject their flows into
         the network simulator and end with their last flow, barriers take no time."""
         n_nodes = len(kind)
@@ -367,6 +381,8 @@ class AnalyticSimulator:
         orbit_first: dict[int, tuple[int, np.ndarray]] = {}
         world = self.world
         n_comms = len(comm_list)
+        rails = self.rails = None if self.optical is None else OpticalRails(self.optical, self.schedule)
+        admitted: set[int] = set()  # collectives the optical rails let start (or that need no circuit)
 
         def finish(n: int, t: float) -> None:
             end[n] = t
@@ -397,15 +413,36 @@ class AnalyticSimulator:
                     pending[n] -= c
                     if pending[n] == 0:
                         del pending[n]
-                        finish(n, t)
+                        finish_call(n, t)
+
+        def finish_call(n: int, t: float) -> None:
+            """A collective ends: its circuits drain (optical rails), then what waits on it runs."""
+            if rails is not None and n in admitted and n in rails.calls:
+                start_calls(rails.release(n, t), t)
+            finish(n, t)
+
+        def start_calls(calls: list[int], t: float) -> None:
+            for m in calls:  # admitted by the optical rails: they start now
+                start[m] = t
+                heapq.heappush(heap, (t, m, 1))
+
+        def circuit_ports(n: int, e_src: np.ndarray, e_dst: np.ndarray) -> tuple[int, ...]:
+            net_ = e_src != e_dst
+            return tuple(sorted(set(e_src[net_].tolist()) | set(e_dst[net_].tolist())))
 
         for n in range(n_nodes):
             if deps_left[n] == 0:
                 schedule(n)
         inf = float("inf")
-        while heap or pending:
+        while heap or pending or (rails is not None and rails.wakes):
             t_heap = heap[0][0] if heap else inf
             t_net = net.next_time()
+            t_wake = inf if rails is None else rails.next_wake()
+            if t_wake < t_heap and t_wake <= t_net:  # a circuit is up: the calls waiting for it start
+                if t_wake > net.now:
+                    completed(net.advance(t_wake), t_wake)
+                start_calls(rails.wake(t_wake), t_wake)  # type: ignore[union-attr]
+                continue
             if t_net <= t_heap and t_net != inf:
                 completed(net.advance(t_net), t_net)
                 continue
@@ -420,7 +457,17 @@ class AnalyticSimulator:
             item = what[n]
             comm = comm_list[who[n]]
             src, dst, nbytes = self._flows_arrays(item, comm)
-            tiny = item.count * DTYPE_BYTES[item.dtype] <= TINY_COLLECTIVE_BYTES
+            call_bytes = item.count * DTYPE_BYTES[item.dtype]
+            tiny = call_bytes <= TINY_COLLECTIVE_BYTES
+            if rails is not None and n not in admitted and len(src):
+                admitted.add(n)
+                ports = circuit_ports(n, *self._endpoints(src, dst))
+                if ports and rails.needs_circuit(call_bytes):  # waits for its circuits (lib/net/optical.py)
+                    group = GROUP_OF_KIND.get(comm.kind, "other")
+                    start_calls([m for m in rails.request(n, group, ports, t) if m != n], t)
+                    if n not in rails.calls or n in rails.waiting:
+                        continue
+                    start[n] = t
             flow_first[n] = net.n_added  # the id of its first flow (the network numbers flows as added)
             if not len(src):
                 finish(n, t)
@@ -431,7 +478,7 @@ class AnalyticSimulator:
                 if self._orbit_of(item, who[n], comm_list) is not None:
                     orbit_first[n] = (-1, e_src != e_dst)  # every flow of the group ends at its start
                 net.advance(net.now)
-                finish(n, t)
+                finish_call(n, t)
                 continue
             conn = (src * world + dst) * n_comms + who[n]  # one NCCL connection per (src, dst, comm)
             e_src, e_dst = self._endpoints(src, dst)

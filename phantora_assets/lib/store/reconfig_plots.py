@@ -42,15 +42,23 @@ def windows_cdf_plot(transitions: pd.DataFrame, run_id: str, path: Path | None =
 
 
 def sweep_plot(sweep: pd.DataFrame, run_id: str, path: Path | None = None) -> bytes:
-    """Step time (top) and utilisation (bottom) against the delay (ms, symlog), both modes."""
+    """Step time (top) and utilisation (bottom) against the delay (ms, symlog), both modes; both methods
+    when the sweep has ``simulated`` rows (formula solid, simulated dashed)."""
     fig = new_figure("reconfig_sweep")
     top = fig.add_axes((0.09, 0.56, 0.7, 0.36))
     bottom = fig.add_axes((0.09, 0.1, 0.7, 0.36))
-    for mode, (color, marker) in _MODE_STYLE.items():
-        s = sweep[sweep["mode"] == mode].sort_values("delay_ms")
-        d = s["delay_ms"].to_numpy(np.float64)
-        top.plot(d, s["step_time_s"].to_numpy(), color=color, marker=marker, ms=4, lw=1.2, label=mode)
-        bottom.plot(d, 100 * s["utilisation"].to_numpy(), color=color, marker=marker, ms=4, lw=1.2)
+    methods = sweep["method"].unique().tolist() if "method" in sweep else ["formula"]
+    for method in ("formula", "simulated"):
+        if method not in methods:
+            continue
+        by = sweep[sweep["method"] == method] if "method" in sweep else sweep
+        ls = "-" if method == "formula" else "--"
+        for mode, (color, marker) in _MODE_STYLE.items():
+            s = by[by["mode"] == mode].sort_values("delay_ms")
+            d = s["delay_ms"].to_numpy(np.float64)
+            label = mode if len(methods) == 1 else f"{mode} ({method})"
+            top.plot(d, s["step_time_s"].to_numpy(), color=color, marker=marker, ms=4, lw=1.2, ls=ls, label=label)
+            bottom.plot(d, 100 * s["utilisation"].to_numpy(), color=color, marker=marker, ms=4, lw=1.2, ls=ls)
     for ax in (top, bottom):
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_xlim(0, 1000)
