@@ -63,7 +63,7 @@ from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
 from phantora_assets.lib.sim.symmetry import AsymmetricRanks, OrbitFlows, group_ends, orbit_flows, orbits
 from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, SimulationResult, emit_raw_timeline
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, Item, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import trace_events_per_step
@@ -105,6 +105,7 @@ class AnalyticSimulator:
         replicate: bool = True,
         warmup: bool = True,
         compress: bool = True,
+        keep_schedule: bool = False,
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
@@ -126,6 +127,8 @@ class AnalyticSimulator:
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         self.compress = compress  # one rank a stage, checked (lib/sim/symmetry.py); False: every rank
         self.symmetry = ""
+        self.keep_schedule = keep_schedule  # True: run() leaves the simulated DAG in ``schedule`` (lib/chakra)
+        self.schedule: tuple[SimulatedDag, IterationTimes, list[list[Item]]] | None = None
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._orbits: dict[int, list[int]] = {}
         self._orbit_cache: dict[tuple, OrbitFlows] = {}
@@ -266,8 +269,10 @@ class AnalyticSimulator:
         n_k = sum(len(i.kernels) for i in steady_items)
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
         timeline = None
+        times = IterationTimes(list(sim_start), durations, factors, n_sim)
+        if self.keep_schedule:
+            self.schedule = (sim, times, steady_progs)
         if self.emit:
-            times = IterationTimes(list(sim_start), durations, factors, n_sim)
             timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times)
         return SimulationResult(
             spec,
