@@ -17,6 +17,7 @@ import gzip
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +195,25 @@ def _framed_meta(metadata: dict[str, Any]) -> bytes:
     return _framed(schema.GlobalMetadata(version=SCHEMA_VERSION, attr=[_attr(k, v) for k, v in metadata.items()]))
 
 
+@lru_cache(maxsize=65536)
+def _attr_field(name: str, kind: type, value: Any) -> bytes:
+    """One ``attr`` entry of a Node as wire bytes: field 10, length-delimited (tag byte 0x52), the
+    AttributeProto's bytes (``kind`` keys the cache: ``True == 1`` in Python)."""
+    body = _attr(name, value).SerializeToString()
+    return b"\x52" + _encode_varint(len(body)) + body
+
+
 def _framed_node(n: EtNode) -> bytes:
-    msg = schema.Node(
+    """The node's record. ``attr`` (field 10) is the last field of ``Node``, and protobuf writes fields
+    in number order, so the message without it followed by its entries is the message's serialization
+    (``tests/unit/lib/chakra/test_chakra_schema.py`` checks the bytes); the entries repeat a lot
+    (``is_cpu_op``, ``stream``, ``pg_name``) and are encoded once."""
+    head = schema.Node(
         id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
-        start_time_micros=n.start_us, duration_micros=n.dur_us, attr=[_attr(k, v) for k, v in n.attrs.items()],
-    )  # fmt: skip
-    return _framed(msg)
+        start_time_micros=n.start_us, duration_micros=n.dur_us,
+    ).SerializeToString()  # fmt: skip
+    body = head + b"".join([_attr_field(k, type(v), v) for k, v in n.attrs.items()])
+    return _encode_varint(len(body)) + body
 
 
 def encode_et(metadata: dict[str, Any], nodes: list[EtNode]) -> bytes:
