@@ -37,7 +37,9 @@ def _matrix(size: int) -> str:
     for sect in ("model", "parallel", "train"):
         lines.append(f"[workloads.l8b3d.{sect}]")
         for k, v in job[sect].items():
-            lines.append(f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)))
+            lines.append(
+                f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
+            )
     lines += ["[[run]]", 'workload = "l8b3d"', 'gpu = "h100"', f"nodes = {size // 8}", "gpus_per_node = 8"]
     return "\n".join(lines) + "\n"
 
@@ -76,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = e_s <= b_s and e_mib <= b_mib
             missed |= not ok
             verdict = "ok" if ok else "MISSED"
-            print(f"{size:>6} {b_s:>9.1f} {b_mib:>10.0f} {e_s:>9.1f} {e_mib:>11.0f} {et_mib:>8.1f}  {verdict}", flush=True)
+            print(
+                f"{size:>6} {b_s:>9.1f} {b_mib:>10.0f} {e_s:>9.1f} {e_mib:>11.0f} {et_mib:>8.1f}  {verdict}", flush=True
+            )
     return 1 if missed else 0
 
 

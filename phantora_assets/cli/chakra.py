@@ -52,7 +52,9 @@ def cmd_chakra(args: argparse.Namespace) -> int:
     if spec.source == "analytic":
         return _export_program(spec, needed[0], Path(args.out_dir), args.prefix or spec.run_id, args.stream_order)
     if args.stream_order != "ctrl":
-        print(f"chakra: {spec.run_id}: --stream-order applies to a simulated run (source analytic) only", file=sys.stderr)
+        print(
+            f"chakra: {spec.run_id}: --stream-order applies to a simulated run (source analytic) only", file=sys.stderr
+        )
         return 2
     try:
         summary = export_run(

@@ -196,7 +196,7 @@ def _framed_meta(metadata: dict[str, Any]) -> bytes:
 
 
 @lru_cache(maxsize=65536)
-def _attr_field(name: str, kind: type, value: Any) -> bytes:
+def _attr_field(name: str, kind: str, value: Any) -> bytes:
     """One ``attr`` entry of a Node as wire bytes: field 10, length-delimited (tag byte 0x52), the
     AttributeProto's bytes (``kind`` keys the cache: ``True == 1`` in Python)."""
     body = _attr(name, value).SerializeToString()
@@ -212,7 +212,7 @@ def _framed_node(n: EtNode) -> bytes:
         id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
         start_time_micros=n.start_us, duration_micros=n.dur_us,
     ).SerializeToString()  # fmt: skip
-    body = head + b"".join([_attr_field(k, type(v), v) for k, v in n.attrs.items()])
+    body = head + b"".join([_attr_field(k, type(v).__name__, v) for k, v in n.attrs.items()])
     return _encode_varint(len(body)) + body
 
 
@@ -243,7 +243,7 @@ class EtWriter:
         from phantora_assets.lib.store.io import atomic_path
 
         self._ctx = atomic_path(self.path)
-        self._fh = open(self._ctx.__enter__(), "wb", buffering=1 << 20)  # noqa: SIM115 (closed in __exit__)
+        self._fh = open(self._ctx.__enter__(), "wb", buffering=1 << 20)
         self._put(_framed_meta(self.metadata))
         return self
 

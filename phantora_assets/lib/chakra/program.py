@@ -103,7 +103,9 @@ class _Rank:
     sync: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS.values(), 0))
 
-    def node(self, name: str, ntype: int, span: tuple[float, float], data: list[int], ctrl: list[int], **attrs) -> EtNode:
+    def node(
+        self, name: str, ntype: int, span: tuple[float, float], data: list[int], ctrl: list[int], **attrs
+    ) -> EtNode:
         i, self.next_id = self.next_id, self.next_id + 1
         ctrl = [d for d in ctrl if d not in data]
         if self.stream_order == "data":
@@ -120,14 +122,14 @@ class _Rank:
         return [d for d in deps if d != self.sync], [d for d in deps if d == self.sync]
 
 
-def _comm_size(item: Item, n: int) -> int:
+def _comm_size(item: Collective | AllToAll, n: int) -> int:
     s = item.count * DTYPE_BYTES[item.dtype]
     if isinstance(item, AllToAll) or (isinstance(item, Collective) and item.op == "reduce_scatter"):
         return n * s
     return s
 
 
-def _rank_nodes(  # noqa: C901, PLR0912, PLR0915 (build_dag's rules in program order, a branch per item kind)
+def _rank_nodes(  # noqa: PLR0913, PLR0915 (build_dag's rules in program order, a branch per item kind; the run's tables)
     st: _Rank, stage: int, program: list[Item], iters: list[int], times: _Times, rep: int,
     comm_of: dict[tuple[int, str], int], comms: list[Communicator], pg: dict[int, str], tag_no: dict[str, int],
     gpn: int,

@@ -33,7 +33,9 @@ def _job_toml(tmp: Path) -> Path:
     for sect in ("model", "parallel", "train"):
         lines.append(f"[workloads.small3d.{sect}]")
         for k, v in job[sect].items():
-            lines.append(f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)))
+            lines.append(
+                f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
+            )
     lines += ["[[run]]", 'workload = "small3d"', 'gpu = "h100"', "nodes = 2", "gpus_per_node = 4"]
     path = tmp / "jobs.toml"
     path.write_text("\n".join(lines) + "\n")
