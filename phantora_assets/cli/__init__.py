@@ -5,7 +5,7 @@
                            [--world-size N] [--rank R]
     phantora-assets forget RUN_ID [RUN_ID ...] [--data-dir DIR]
     phantora-assets runs   [--data-dir DIR]
-    phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir DIR]
+    phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--stream-order ctrl|data] [--data-dir DIR]
     phantora-assets query  "SQL" [--format table|csv|json] [--data-dir DIR]
     phantora-assets sweep  [--layouts 2x8,4x8,16x8] [--bandwidths 100,200,400,800] [--workloads W1,W4]
                            [--gpu h100] [--out sweep.csv]
@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_id", metavar="RUN_ID")
     c.add_argument("out_dir", metavar="OUT_DIR")
     c.add_argument("--prefix", default=None, metavar="P", help="file prefix: P.<rank>.et (default: the run_id)")
+    c.add_argument(
+        "--stream-order",
+        choices=("ctrl", "data"),
+        default="ctrl",
+        help="stream order as ctrl_deps (Chakra's feeder_v3, newer ASTRA-sim; default) or as data_deps (the first "
+        "feeder, which reads data_deps only); a simulated run only (docs/CHAKRA.md)",
+    )
     c.add_argument("--data-dir", default=default_dir)
     c.set_defaults(func=cmd_chakra)
     q = sub.add_parser("query", help="run one SQL statement against the DuckDB database and print the result")

@@ -1,8 +1,11 @@
-"""``phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--data-dir D]``: a built run as Chakra ETs.
+"""``phantora-assets chakra RUN_ID OUT_DIR [--prefix P] [--stream-order ctrl|data] [--data-dir D]``: a
+built run as Chakra ETs.
 
-Writes ``OUT_DIR/P.<rank>.et`` for every rank and ``OUT_DIR/P.comm_groups.json``
-(``lib/chakra/export.py``; P defaults to the run_id), for a run of any source whose
-``validated_flows`` has been materialized (``phantora-assets build --run RUN_ID``). Exit 2 with a
+Writes ``OUT_DIR/P.<rank>.et`` for every rank and ``OUT_DIR/P.comm_groups.json`` (P defaults to the
+run_id), for a run of any source whose ``validated_flows`` has been materialized (``phantora-assets
+build --run RUN_ID``): a run of the embedded simulator (source ``analytic``) from its step program
+(``lib/chakra/program.py``: the dependencies the simulator runs, streamed rank by rank; its steady steps
+from ``steps.parquet``), any other from its timeline (``lib/chakra/export.py``). Exit 2 with a
 message naming the run or file: an unknown run_id, a run not built, a run that does not fit in GPU
 memory (it has no trace: a rebuild cannot help), or a trace that breaks a rule.
 """
@@ -46,6 +49,13 @@ def cmd_chakra(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if spec.source == "analytic":
+        return _export_program(spec, needed[0], Path(args.out_dir), args.prefix or spec.run_id, args.stream_order)
+    if args.stream_order != "ctrl":
+        print(
+            f"chakra: {spec.run_id}: --stream-order applies to a simulated run (source analytic) only", file=sys.stderr
+        )
+        return 2
     try:
         summary = export_run(
             paths.chrome_trace(spec), pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), Path(args.out_dir),
@@ -59,6 +69,27 @@ def cmd_chakra(args: argparse.Namespace) -> int:
     for f, (rank, n) in zip(summary.files, summary.nodes.items()):
         kinds = ", ".join(f"{v} {k}" for k, v in n.items())
         print(f"  {f}  rank {rank}: {kinds}")
+    print(f"  {summary.comm_groups}")
+    return 0
+
+
+def _export_program(spec, steps_path: Path, out_dir: Path, prefix: str, stream_order: str) -> int:
+    import pandas as pd
+
+    from phantora_assets.lib.chakra.program import export_program
+    from phantora_assets.lib.errors import RunMatrixError
+
+    steps = pd.read_parquet(steps_path, columns=["step", "steady"])
+    steady = sorted(int(s) for s in steps.loc[steps["steady"], "step"])
+    try:
+        summary = export_program(spec, steady, out_dir, prefix, stream_order)
+    except (RunMatrixError, ValueError) as exc:
+        print(f"chakra: {exc}", file=sys.stderr)
+        return 2
+    print(f"{spec.run_id}: steady steps {steady[0]}..{steady[-1]} ({len(steady)}) as Chakra ETs from the step program "
+          f"(stream order in {stream_order}_deps; simulated: {summary.symmetry.split(' (')[0]})")  # fmt: skip
+    for f, (rank, n) in zip(summary.files, summary.nodes.items()):
+        print(f"  {f}  rank {rank}: " + ", ".join(f"{v} {k}" for k, v in n.items()))
     print(f"  {summary.comm_groups}")
     return 0
 

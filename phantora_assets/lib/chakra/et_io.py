@@ -17,6 +17,7 @@ import gzip
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,31 @@ def _framed(message: Any) -> bytes:
     return _encode_varint(len(body)) + body
 
 
+def _framed_meta(metadata: dict[str, Any]) -> bytes:
+    return _framed(schema.GlobalMetadata(version=SCHEMA_VERSION, attr=[_attr(k, v) for k, v in metadata.items()]))
+
+
+@lru_cache(maxsize=65536)
+def _attr_field(name: str, kind: str, value: Any) -> bytes:
+    """One ``attr`` entry of a Node as wire bytes: field 10, length-delimited (tag byte 0x52), the
+    AttributeProto's bytes (``kind`` keys the cache: ``True == 1`` in Python)."""
+    body = _attr(name, value).SerializeToString()
+    return b"\x52" + _encode_varint(len(body)) + body
+
+
+def _framed_node(n: EtNode) -> bytes:
+    """The node's record. ``attr`` (field 10) is the last field of ``Node``, and protobuf writes fields
+    in number order, so the message without it followed by its entries is the message's serialization
+    (``tests/unit/lib/chakra/test_chakra_schema.py`` checks the bytes); the entries repeat a lot
+    (``is_cpu_op``, ``stream``, ``pg_name``) and are encoded once."""
+    head = schema.Node(
+        id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
+        start_time_micros=n.start_us, duration_micros=n.dur_us,
+    ).SerializeToString()  # fmt: skip
+    body = head + b"".join([_attr_field(k, type(v).__name__, v) for k, v in n.attrs.items()])
+    return _encode_varint(len(body)) + body
+
+
 def encode_et(metadata: dict[str, Any], nodes: list[EtNode]) -> bytes:
     """The bytes of an ET file: the GlobalMetadata record (version :data:`SCHEMA_VERSION`,
     ``metadata`` as attributes) then ``nodes``, each preceded by its length (module docstring).
@@ -198,15 +224,41 @@ def encode_et(metadata: dict[str, Any], nodes: list[EtNode]) -> bytes:
         TypeError: an attribute value is not a bool, int or str.
         ValueError: a node's id, times or dependencies are negative or beyond 64 bits (``uint64``).
     """
-    meta = schema.GlobalMetadata(version=SCHEMA_VERSION, attr=[_attr(k, v) for k, v in metadata.items()])
-    parts = [_framed(meta)]
-    for n in nodes:
-        msg = schema.Node(
-            id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
-            start_time_micros=n.start_us, duration_micros=n.dur_us, attr=[_attr(k, v) for k, v in n.attrs.items()],
-        )  # fmt: skip
-        parts.append(_framed(msg))
-    return b"".join(parts)
+    return b"".join([_framed_meta(metadata), *(_framed_node(n) for n in nodes)])
+
+
+class EtWriter:
+    """Write one ET file node by node (the bytes of :func:`encode_et`), holding one node at a time:
+    ``with EtWriter(path, metadata) as w: w.write(node)``. The file appears whole at ``path`` when the
+    block ends without an exception (``lib/store/io.atomic_path``), else not at all.
+
+    Raises:
+        TypeError / ValueError: as :func:`encode_et`. OutputWriteError: the file cannot be written.
+    """
+
+    def __init__(self, path: str | Path, metadata: dict[str, Any]) -> None:
+        self.path, self.metadata, self.nodes, self.bytes = Path(path), metadata, 0, 0
+
+    def __enter__(self) -> EtWriter:
+        from phantora_assets.lib.store.io import atomic_path
+
+        self._ctx = atomic_path(self.path)
+        self._fh = open(self._ctx.__enter__(), "wb", buffering=1 << 20)
+        self._put(_framed_meta(self.metadata))
+        return self
+
+    def _put(self, data: bytes) -> None:
+        self._fh.write(data)
+        self.bytes += len(data)
+
+    def write(self, node: EtNode) -> None:
+        """Append ``node`` (its record, length-prefixed)."""
+        self._put(_framed_node(node))
+        self.nodes += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._fh.close()
+        self._ctx.__exit__(*exc)
 
 
 def write_et(path: str | Path, metadata: dict[str, Any], nodes: list[EtNode]) -> int:

@@ -140,7 +140,7 @@ class OpticalRails:
 
     Use: :meth:`request` when a call is ready (returns the calls that may start now, in arrival order),
     :meth:`release` when a call ends, :meth:`wake` at every instant :meth:`next_wake` gives; each returns
-    the calls admitted. ``reconfigurations`` counts the circuit changes, ``stall_ns`` the time calls waited.
+    the calls admitted. ``reconfigurations`` counts the circuit changes.
     """
 
     def __init__(self, config: OpticalConfig, schedule: dict[int, list[str]] | None = None) -> None:
@@ -152,7 +152,6 @@ class OpticalRails:
         self.log: dict[int, list[str]] = {}  # each port's groups in admission order (the EPS run's: a schedule)
         self.wakes: list[float] = []
         self.reconfigurations = 0
-        self.stall_ns = 0.0
 
     def needs_circuit(self, call_bytes: float) -> bool:
         """Whether a call of ``call_bytes`` (its per-rank buffer) is on the circuits, not the packet network."""
@@ -201,7 +200,7 @@ class OpticalRails:
             self.wakes.append(port.ready)
 
     def _admit(self, call: int, t: float) -> list[int]:
-        group, ports, ready = self.calls[call]
+        group, ports, _ = self.calls[call]
         for p in ports:
             port = self._port(p)
             port.active += 1
@@ -209,7 +208,6 @@ class OpticalRails:
             if port.group is None:  # the first circuit: set up before the run
                 port.group = group
             self.log.setdefault(p, []).append(group)
-        self.stall_ns += t - ready
         return [call]
 
     def _serve(self, t: float) -> list[int]:

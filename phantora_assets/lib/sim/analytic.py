@@ -64,7 +64,7 @@ from phantora_assets.lib.sim.memory import estimate_memory
 from phantora_assets.lib.sim.network import FlowNetwork, Topology
 from phantora_assets.lib.sim.symmetry import AsymmetricRanks, OrbitFlows, group_ends, orbit_flows, orbits
 from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, SimulationResult, emit_raw_timeline
-from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, SendRecv
+from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, Item, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import (
@@ -129,6 +129,7 @@ class AnalyticSimulator:
         compress: bool = True,
         optical: OpticalConfig | None | str = "run",
         schedule: dict[int, list[str]] | None = None,
+        keep_schedule: bool = False,
     ) -> None:
         self.spec = spec
         self.model = WorkloadModel(spec)
@@ -159,6 +160,8 @@ class AnalyticSimulator:
         self.compress = compress and self.optical is None
         self.symmetry = ""
         self.scope = EVERY_RANK
+        self.keep_schedule = keep_schedule  # True: run() leaves the simulated DAG in ``simulated`` (lib/chakra)
+        self.simulated: tuple[SimulatedDag, IterationTimes, list[list[Item]]] | None = None
         self._flow_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._orbits: dict[int, list[int]] = {}
         self._orbit_cache: dict[tuple, OrbitFlows] = {}
@@ -302,8 +305,10 @@ class AnalyticSimulator:
         n_k = sum(len(i.kernels) for i in steady_items)
         n_db = sum(1 for i in steady_items for k in i.kernels if self.timer.lookup(k)[1])
         timeline = None
+        times = IterationTimes(list(sim_start), durations, factors, n_sim)
+        if self.keep_schedule:
+            self.simulated = (sim, times, steady_progs)
         if self.emit:
-            times = IterationTimes(list(sim_start), durations, factors, n_sim)
             keep = None if self.scope == EVERY_RANK else representatives(spec)
             timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times, keep)
         return SimulationResult(

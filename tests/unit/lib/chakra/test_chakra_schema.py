@@ -37,6 +37,32 @@ def test_the_bytes_follow_et_def_proto_field_by_field():
     assert encode_et({"rank": 1}, [HAND]).hex() == META + NODE
 
 
+def test_the_streamed_writer_writes_the_bytes_protobuf_serializes(tmp_path):
+    """EtWriter (node by node, attribute entries encoded once) against protobuf's own serialization of
+    each whole message (``SerializeToString`` with every attribute): the same bytes, True kept apart
+    from 1."""
+    from phantora_assets.lib.chakra import schema
+    from phantora_assets.lib.chakra.et_io import EtWriter, _attr, _framed
+
+    nodes = [
+        HAND,
+        EtNode(2, "b", 5, data_deps=[1], attrs={"is_cpu_op": False, "comm_src": 0, "comm_dst": 1, "pg_name": "3"}),
+        EtNode(3, "c", 4, ctrl_deps=[1, 2], dur_us=7, attrs={"is_cpu_op": True, "stream": 1, "flag": 1}),
+        EtNode(4, "", 4),
+    ]
+    with EtWriter(tmp_path / "w.0.et", {"rank": 1}) as w:
+        for n in nodes:
+            w.write(n)
+    whole = [
+        schema.Node(id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
+                    start_time_micros=n.start_us, duration_micros=n.dur_us,
+                    attr=[_attr(k, v) for k, v in n.attrs.items()])
+        for n in nodes
+    ]  # fmt: skip
+    assert (tmp_path / "w.0.et").read_bytes() == bytes.fromhex(META) + b"".join(_framed(m) for m in whole)
+    assert read_et(tmp_path / "w.0.et").nodes == nodes
+
+
 def test_the_hand_encoded_bytes_decode(tmp_path):
     et = read_et(_write(tmp_path / "t.0.et", bytes.fromhex(META + NODE)))
     assert (et.version, et.metadata, et.nodes) == ("0.0.4", {"rank": 1}, [HAND])
