@@ -86,32 +86,37 @@ class TorchOps(HfOps):
         return [ew("Mul", [t, c]), ew("Mul", [t, c]), r2_kernel("Add", t)]
 
     def _mcore_attention(self, phase: str) -> list[Kernel]:
-        """DotProductAttention (unfused): baddbmm, fp32 softmax with masked_fill_, dropout, bmm."""
-        np_, s, d = self.nh // self.tp, self.s, self.d
-        sc, sc4, mask = T(B16, np_, s, s), T(B16, 1, np_, s, s), T("b8", 1, 1, s, s)
-        f4 = T(F32, 1, np_, s, s)
+        """DotProductAttention (unfused): baddbmm, fp32 softmax with masked_fill_, dropout, bmm.
+        Megatron-core's ``DotProductAttention.forward`` (``megatron/core/transformer/
+        dot_product_attention.py``) views the query [sq, b, np, hn] as [sq, b * np, hn] and the
+        scores as [b * np, sq, sk], then [b, np, sq, sk]: per sample [s, s], never [s*b, s*b];
+        the causal mask of ``get_ltor_masks_and_position_ids`` is [1, 1, s, s] (one for the batch)."""
+        np_, d, b, n = self.nh // self.tp, self.d, self.mbs, self.seq
+        bn = b * np_
+        sc, sc4, mask = T(B16, bn, n, n), T(B16, b, np_, n, n), T("b8", 1, 1, n, n)
+        f4 = T(F32, b, np_, n, n)
         if phase == "fwd":
             return [
-                baddbmm(sc, T(B16, np_, s, d), T(B16, np_, d, s)),
+                baddbmm(sc, T(B16, bn, n, d), T(B16, bn, d, n)),
                 conv(sc4, "Float"),
                 ew("MaskedFill_", [f4, mask], out=f4),
                 ew("Softmax", [f4, -1]),
                 conv(f4, "BFloat16"),
                 ew("Dropout", [sc4, DROPOUT_P, True]),
-                bmm_kernel((np_, s, s), (np_, s, d)),
+                bmm_kernel((bn, n, n), (bn, n, d)),
             ]
         return [
-            bmm_kernel((np_, s, d), (np_, d, s)),
-            bmm_kernel((np_, s, s), (np_, s, d)),
-            ew("NativeDropoutBackward", [sc4, T("b8", 1, np_, s, s), DROPOUT_SCALE]),
+            bmm_kernel((bn, n, d), (bn, d, n)),
+            bmm_kernel((bn, n, n), (bn, n, d)),
+            ew("NativeDropoutBackward", [sc4, T("b8", b, np_, n, n), DROPOUT_SCALE]),
             conv(sc4, "Float"),
             ew("SoftmaxBackward", [f4, f4, -1]),
             ew("MaskedFill", [f4, mask]),
             conv(f4, "BFloat16"),
-            bmm_kernel((np_, s, s), (np_, s, d)),
-            ew("MulScalar", T(B16, np_, s, d)),
-            bmm_kernel((np_, d, s), (np_, s, s)),
-            ew("MulScalar", T(B16, np_, d, s)),
+            bmm_kernel((bn, n, n), (bn, n, d)),
+            ew("MulScalar", T(B16, bn, n, d)),
+            bmm_kernel((bn, d, n), (bn, n, n)),
+            ew("MulScalar", T(B16, bn, d, n)),
         ]
 
     @memo
