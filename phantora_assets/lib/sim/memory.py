@@ -1,7 +1,8 @@
 """Peak GPU memory estimate per rank: weights, gradients, optimizer state, activations.
 
 Bytes per parameter (bf16 training with Adam):
-    Megatron, distributed optimizer: bf16 weight 2 + bf16 grad buffer 2 on the rank; fp32
+    Megatron, distributed optimizer: bf16 weight 2 + grad buffer 2 (bf16; 4 with
+        ``train.grad_reduce_dtype = "fp32"``, grad_reduce_in_fp32) on the rank; fp32
         master + Adam m + v = 12, sharded over the parameter's DP group (dense: dp, experts:
         world / ep).
     DeepSpeed bf16 optimizer (ZeRO-0): bf16 weight 2 + bf16 grad 2 + fp32 grad accumulator 4
@@ -147,7 +148,10 @@ def estimate_stage_memory(model: WorkloadLayout, stage: int) -> MemoryEstimate:
     working = 0
     if spec.framework == "megatron":
         weights: float = 2 * (dense + experts)  # int here, float (per-dp share) in the ZeRO branches
-        grads: float = 2 * (dense + experts)
+        # the gradient buffer: bf16, or fp32 with grad_reduce_in_fp32 (train.grad_reduce_dtype; megatron-core
+        # param_and_grad_buffer.py ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``); the
+        # distributed optimizer's fp32 main grads are then views into it (``shard_model_grad.float()``)
+        grads: float = (4 if spec.wl.train.grad_reduce_dtype == "fp32" else 2) * (dense + experts)
         if par.zero >= 1:  # distributed optimizer: fp32 master + m + v sharded over the grad-sync group
             optim = 12 * (dense / model.grad_sync_size() + experts / par.edp)
         else:

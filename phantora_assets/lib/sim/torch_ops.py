@@ -44,6 +44,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         sp.par,
         sp.wl.train.attention,
         sp.wl.train.uncaptured_kernels,
+        sp.wl.train.grad_reduce_dtype,
         model.seq,
         model.mbs,
         model.hidden,
@@ -74,11 +75,11 @@ class TorchOps(HfOps):
         return [mat_kernel((self.s, 1, k_in), (k_in, n_out))]
 
     def _mlin_bwd(self, k_in: int, n_out: int) -> list[Kernel]:
-        """grad input, weight grad (2-D), main_grad.add_ into the bf16 grad buffer."""
+        """grad input, weight grad (2-D), main_grad.add_ into the grad buffer (bf16, or fp32)."""
         return [
             mat_kernel((self.s, 1, n_out), (n_out, k_in)),
             mat_kernel((n_out, self.s), (self.s, k_in)),
-            r2_kernel("Add_", T(B16, n_out, k_in)),
+            self.main_grad_add(n_out, k_in),
         ]
 
     def _mrope(self, heads: int) -> list[Kernel]:
@@ -193,7 +194,7 @@ class TorchOps(HfOps):
             ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]),
             mm_kernel((s, e), (e, h)),
             mm_kernel((e, s), (s, h)),
-            r2_kernel("Add_", T(B16, e, h)),
+            self.main_grad_add(e, h),
         ]
 
     @memo
@@ -216,14 +217,14 @@ class TorchOps(HfOps):
             one = [
                 mat_kernel((tok, h), (h, f)),
                 mat_kernel((h, tok), (tok, f)),
-                r2_kernel("Add_", T(B16, h, f)),
+                self.main_grad_add(h, f),
                 ew("Mul", [a, p]),
                 ew("Sum", a),
                 r2_kernel("Mul", a),
                 r2_kernel("Mul", a),
                 mat_kernel((tok, 2 * f), (2 * f, h)),
                 mat_kernel((2 * f, tok), (tok, h)),
-                r2_kernel("Add_", T(B16, 2 * f, h)),
+                self.main_grad_add(2 * f, h),
             ]
         return one * local
 
@@ -239,7 +240,7 @@ class TorchOps(HfOps):
         return [
             ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
             *dense,
-            r2_kernel("Add_", T(B16, self.v // self.tp, self.h)),
+            self.main_grad_add(self.v // self.tp, self.h),
         ]
 
     @memo
