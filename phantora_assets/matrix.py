@@ -105,6 +105,7 @@ def parse_entries(
             gpu_def=tuple(sorted(gpus[raw["gpu"]].items()))
             if isinstance(raw["gpu"], str) and raw["gpu"] in gpus
             else (),
+            matrix_dir=str(Path(folder).absolute()) if folder is not None else "",
         )
         validate(spec, label)
         if spec.run_id in seen:

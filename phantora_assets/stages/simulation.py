@@ -21,7 +21,7 @@ from typing import Any
 from phantora_assets import contracts
 from phantora_assets.checks import FITS_IN_MEMORY, invalidate_checks, read_checks
 from phantora_assets.lib.bins.width import DEFAULT_BIN_S
-from phantora_assets.lib.net.fabric import network_files
+from phantora_assets.lib.net.fabric import FILE_KEYS, network_files
 from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
@@ -233,7 +233,10 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     source, topology, import path, a bin width other than 0.1 s), the workload preset, the GPU's ``gpus.toml``
     entry, the effective network settings, the sha256 of the GPU's perf DB files and of every file the
     network reads (``fabric_file``: ``lib/net/fabric.network_files``; so editing it in place makes the run
-    stale), and a registered folder's source files (:func:`source_files`)."""
+    stale), and a registered folder's source files (:func:`source_files`). A file the topology names is
+    written as its path relative to the run-matrix file's folder (:func:`portable_files`; its bytes are in
+    the sha256): the record holds no path of this machine, and a data root moved with its matrix to
+    another machine or folder stays current."""
     folder = perfdb_folder(spec.gpu, spec.gpu_spec)
     perfdb = {
         f.name: hashlib.sha256(f.read_bytes()).hexdigest()
@@ -248,7 +251,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
             "gpus_per_node": spec.gpus_per_node,
             "source": spec.source,
             "path": spec.path,
-            "topology": numbers_by_value(dict(spec.topology)),
+            "topology": numbers_by_value(portable_files(dict(spec.topology), spec.matrix_dir)),
             **({"name": spec.name} if spec.name else {}),
             **({"rank": spec.rank} if spec.rank is not None else {}),
             **({"bin_s": spec.bin_s} if spec.bin_s != DEFAULT_BIN_S else {}),  # v1's width: as before it was a setting
@@ -257,7 +260,7 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
         },
         "workload": spec.preset,
         "gpu": spec.gpu_spec,
-        "network": numbers_by_value(spec.cluster),
+        "network": numbers_by_value(portable_files(spec.cluster, spec.matrix_dir)),
         "perf_db": perfdb,
     }
     for key, name in network_files(spec.cluster).items():  # by content: an edit in place makes the run stale
@@ -269,6 +272,26 @@ def run_spec_record(spec: RunSpec) -> RunSpecRecord:
     return RunSpecRecord(
         run_id=spec.run_id, fingerprint=hashlib.sha256(text.encode()).hexdigest()[:16], inputs=json.loads(text)
     )
+
+
+def portable_files(settings: dict[str, Any], matrix_dir: str) -> dict[str, Any]:
+    """``settings`` with every file a topology names (``lib/net/fabric.FILE_KEYS``) written relative to
+    ``matrix_dir``, the run-matrix file's folder, with ``/`` separators (``fabrics/two.toml``; an
+    absolute path written in the matrix becomes ``../..``-relative to it), so what ``run_spec.json``
+    records and fingerprints does not depend on where the matrix and its files live; a RunSpec built in
+    code (``matrix_dir`` "") keeps the path as given. The file's identity is its sha256
+    (:func:`run_spec_record`), not its path."""
+    if not matrix_dir:
+        return settings
+    out = dict(settings)
+    for key in FILE_KEYS:
+        v = out.get(key)
+        if isinstance(v, str) and v:
+            try:
+                out[key] = Path(os.path.relpath(v, matrix_dir)).as_posix()
+            except ValueError:  # another drive (Windows): no relative path, the name alone
+                out[key] = Path(v).name
+    return out
 
 
 def numbers_by_value(settings: dict[str, Any]) -> dict[str, Any]:

@@ -300,8 +300,8 @@ def test_torchtitan_pp_embedding_backward():
     """Rule torchtitan.pp_embedding_backward (fixed): stage 0 all-gathers the embedding grad."""
     # tok_embeddings RowwiseParallel(output_layouts=Shard(1)): its output gradient is all-gathered
     # back to Replicate in backward on the first pipeline stage as without PP (one per micro-batch)
-    par = {"tp": 2, "dp": 1, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
-    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 4, 4)
+    par = {"tp": 2, "dp": 2, "zero": 2, "pp": 2, "pp_schedule": "gpipe", "sequence_parallel": True}
+    assert_matches_oracle(_small("torchtitan", par, {"grad_accumulation": 2}), 8, 4)
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])

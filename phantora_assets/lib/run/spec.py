@@ -63,6 +63,10 @@ class RunSpec:
         ep_size: entry key ``ep``, an MoE run's expert_model_parallel_size (None: the workload's ``parallel.ep``).
         workload_def, gpu_def: the ``[workloads.NAME]`` / ``[gpus.NAME]`` of a user's matrix file the run
             names (None / () for a shipped workload / GPU: ``catalog.workload_specs``, ``catalog.gpu_specs``).
+        matrix_dir: the folder of the run-matrix file the entry was read from ("" for a RunSpec built in
+            code): ``run_spec.json`` names the files a topology reads relative to it (``fabric_file``), so a
+            data root and its matrix moved elsewhere stay current and hold no path of this machine. Not part
+            of the run's identity (the topology holds the resolved path).
     """
 
     workload: str
@@ -80,6 +84,7 @@ class RunSpec:
     workload_def: WorkloadSpec | None = None
     gpu_def: tuple[tuple[str, Any], ...] = ()
     reconfig: tuple[tuple[str, Any], ...] = ()
+    matrix_dir: str = field(default="", compare=False, repr=False)
 
     @property
     def run_id(self) -> str:

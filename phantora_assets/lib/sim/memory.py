@@ -1,7 +1,8 @@
 """Peak GPU memory estimate per rank: weights, gradients, optimizer state, activations.
 
 Bytes per parameter (bf16 training with Adam):
-    Megatron, distributed optimizer: bf16 weight 2 + bf16 grad buffer 2 on the rank; fp32
+    Megatron, distributed optimizer: bf16 weight 2 + grad buffer 2 (bf16; 4 with
+        ``train.grad_reduce_dtype = "fp32"``, grad_reduce_in_fp32) on the rank; fp32
         master + Adam m + v = 12, sharded over the parameter's DP group (dense: dp, experts:
         world / ep).
     DeepSpeed bf16 optimizer (ZeRO-0): bf16 weight 2 + bf16 grad 2 + fp32 grad accumulator 4
@@ -17,15 +18,23 @@ Bytes per parameter (bf16 training with Adam):
     Parameters are those of the rank's pipeline stage; the estimate is the largest stage's.
 Activations per layer (bytes; s = seq / cp tokens of one sample on the rank, b = micro_batch samples,
 tensor parallel t; after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", eq. 1: s*b*h*(34 + 5*a*s/h), generalised to SwiGLU/MoE):
-s*b*h*(10/t_sp + 24/t) + 5*a*s^2*cp*b/t + 6*s*b*f_eff/t -- every term is linear in b (the
+Transformer Models", section 4.1 and eq. 1: s*b*h*(34 + 5*a*s/h) for a GeLU MLP of width 4h,
+generalised to an MLP of width f):
+s*b*h*(10/t_sp + 8/t) + 5*a*s^2*cp*b/t + k_mlp*s*b*f_eff/t -- every term is linear in b (the
 attention scores are [b, a/t, s, s*cp]: s^2 per sample, never (s*b)^2), t_sp = t with sequence
-parallelism (torchtitan's TP always) else 1; f_eff the MLP
+parallelism (torchtitan's TP always) else 1. The paper's terms: 10 sbh not split by TP (the two
+LayerNorm inputs 4, the QKV input 2, the attention's output dropout mask 1, the MLP input 2, the
+MLP's dropout mask 1); 8 sbh split by TP in attention (Q and K 4, V 2, the output projection's
+input 2); and its MLP's 16 sbh split by TP, which are the GeLU's input [s, b, 4h] (8) and the
+second linear's input [s, b, 4h] (8): 4*s*b*f for a GeLU MLP of width f (k_mlp = 4). A SwiGLU
+MLP keeps its first linear's output [s, b, 2f] (the fused swiglu's input, 4) and the product
+[s, b, f] (the second linear's input, 2): k_mlp = 6 (was 6 on top of the GeLU's 16 sbh in
+"24/t", and 6 for GeLU too: the MLP counted twice). f_eff the MLP
 width seen per token (ffn; (topk + shared) * moe_ffn for a Megatron MoE layer; experts*ffn plus the
 repeated input for Hugging Face gpt-oss (any ZeRO stage), which runs every expert on every token). Recompute
 ``selective`` drops the attention-score term, ``full`` keeps only the layer input (2*s*h/t_sp).
 Fused attention (``train.attention = "flash"``) has no attention-score term either (it keeps the
-output and the fp32 log-sum-exp, not the [s, s] scores; the output is in the 10/t_sp + 24/t part).
+output and the fp32 log-sum-exp, not the [s, s] scores; the output is in the 8/t part).
 TorchTitan's ``selective`` is its per-op SAC policy (``activation_checkpoint.mode = "selective"``,
 ``selective_ac_option = "op"``: the layer is checkpointed and only the ops of ``_save_list`` keep
 their outputs, every second matmul among them): the layer input 2sh, the attention output 2sh
@@ -116,7 +125,10 @@ def _per_layer(model: WorkloadLayout, i: int) -> float:
     attn_scores = (
         0.0 if recompute == "selective" or flash else 5 * model.heads * model.seq * model.seq * par.cp * model.mbs / t
     )
-    return s * h * (10 / (t if sp else 1) + 24 / t) + attn_scores + 6 * s * f_eff / t + input_repeat
+    # the MLP's TP-split activations (module docstring): GeLU keeps its input and output [s, f]
+    # (Korthikanti et al. 2022 section 4.1, 16 sbh at f = 4h); SwiGLU its [s, 2f] input and [s, f] output
+    k_mlp = 4 if m.mlp == "gelu" else 6
+    return s * h * (10 / (t if sp else 1) + 8 / t) + attn_scores + k_mlp * s * f_eff / t + input_repeat
 
 
 def estimate_memory(model: WorkloadLayout) -> MemoryEstimate:
@@ -136,7 +148,10 @@ def estimate_stage_memory(model: WorkloadLayout, stage: int) -> MemoryEstimate:
     working = 0
     if spec.framework == "megatron":
         weights: float = 2 * (dense + experts)  # int here, float (per-dp share) in the ZeRO branches
-        grads: float = 2 * (dense + experts)
+        # the gradient buffer: bf16, or fp32 with grad_reduce_in_fp32 (train.grad_reduce_dtype; megatron-core
+        # param_and_grad_buffer.py ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``); the
+        # distributed optimizer's fp32 main grads are then views into it (``shard_model_grad.float()``)
+        grads: float = (4 if spec.wl.train.grad_reduce_dtype == "fp32" else 2) * (dense + experts)
         if par.zero >= 1:  # distributed optimizer: fp32 master + m + v sharded over the grad-sync group
             optim = 12 * (dense / model.grad_sync_size() + experts / par.edp)
         else:

@@ -51,19 +51,34 @@ class OptimizerOps:
     def __init__(self, model: WorkloadLayout) -> None:
         self._memo: dict[tuple, tuple[Kernel, ...]] = {}
         self.m = model
+        # Megatron's gradient buffer dtype (megatron-core param_and_grad_buffer.py: ``torch.float if
+        # grad_reduce_in_fp32 else param.dtype``; train.grad_reduce_dtype): main_grad.add_, the 1/dp
+        # scaling and the optimizer's ``.float()`` run on it
+        fp32 = model.spec.framework == "megatron" and model.spec.wl.train.grad_reduce_dtype == "fp32"
+        self.grad_dt = F32 if fp32 else B16
+
+    def main_grad_add(self, *shape: int) -> Kernel:
+        """Megatron DDP's backward hook ``param.main_grad.add_(param.grad)`` into the gradient
+        buffer: bf16 into bf16, or the bf16 gradient into the fp32 buffer (grad_reduce_in_fp32)."""
+        if self.grad_dt == B16:
+            return r2_kernel("Add_", T(B16, *shape))
+        return ew("Add_", [T(F32, *shape), T(B16, *shape)])
 
     # ================================================================== Megatron DDP / distributed optimizer
     @memo
     def megatron_grad_scale(self, bucket_numel: int) -> list[Kernel]:
-        """``bucket.grad_data *= 1/dp`` before the bucket's reduce-scatter."""
-        return [ew("Mul_", [T(B16, bucket_numel), T("f64")], out=T(B16, bucket_numel))]
+        """``bucket.grad_data *= 1/dp`` before the bucket's reduce-scatter (in the buffer's dtype)."""
+        g = T(self.grad_dt, bucket_numel)
+        return [ew("Mul_", [g, T("f64")], out=g)]
 
     def megatron_optimizer(self, groups: list[tuple[bool, list[int]]], warmup: bool) -> list[Kernel]:
         """Distributed optimizer step: main grads to fp32 per shard piece, then AdamW (foreach)
-        per param group. ``groups``: (weight decay?, shard piece sizes in buffer order)."""
+        per param group. ``groups``: (weight decay?, shard piece sizes in buffer order). With an
+        fp32 gradient buffer ``shard_model_grad.float()`` is the buffer itself (no conversion;
+        megatron-core distrib_optimizer.py ``_copy_model_grads_to_main_grads``)."""
         out: list[Kernel] = []
         for _, pieces in groups:
-            out += [conv(T(B16, n), "Float") for n in pieces]
+            out += [conv(T(self.grad_dt, n), "Float") for n in pieces if self.grad_dt != F32]
         for decay, pieces in groups:
             if not pieces:
                 continue

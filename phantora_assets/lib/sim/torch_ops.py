@@ -44,6 +44,7 @@ def torch_ops(model: WorkloadLayout) -> TorchOps:
         sp.par,
         sp.wl.train.attention,
         sp.wl.train.uncaptured_kernels,
+        sp.wl.train.grad_reduce_dtype,
         model.seq,
         model.mbs,
         model.hidden,
@@ -74,11 +75,11 @@ class TorchOps(HfOps):
         return [mat_kernel((self.s, 1, k_in), (k_in, n_out))]
 
     def _mlin_bwd(self, k_in: int, n_out: int) -> list[Kernel]:
-        """grad input, weight grad (2-D), main_grad.add_ into the bf16 grad buffer."""
+        """grad input, weight grad (2-D), main_grad.add_ into the grad buffer (bf16, or fp32)."""
         return [
             mat_kernel((self.s, 1, n_out), (n_out, k_in)),
             mat_kernel((n_out, self.s), (self.s, k_in)),
-            r2_kernel("Add_", T(B16, n_out, k_in)),
+            self.main_grad_add(n_out, k_in),
         ]
 
     def _mrope(self, heads: int) -> list[Kernel]:
@@ -86,32 +87,37 @@ class TorchOps(HfOps):
         return [ew("Mul", [t, c]), ew("Mul", [t, c]), r2_kernel("Add", t)]
 
     def _mcore_attention(self, phase: str) -> list[Kernel]:
-        """DotProductAttention (unfused): baddbmm, fp32 softmax with masked_fill_, dropout, bmm."""
-        np_, s, d = self.nh // self.tp, self.s, self.d
-        sc, sc4, mask = T(B16, np_, s, s), T(B16, 1, np_, s, s), T("b8", 1, 1, s, s)
-        f4 = T(F32, 1, np_, s, s)
+        """DotProductAttention (unfused): baddbmm, fp32 softmax with masked_fill_, dropout, bmm.
+        Megatron-core's ``DotProductAttention.forward`` (``megatron/core/transformer/
+        dot_product_attention.py``) views the query [sq, b, np, hn] as [sq, b * np, hn] and the
+        scores as [b * np, sq, sk], then [b, np, sq, sk]: per sample [s, s], never [s*b, s*b];
+        the causal mask of ``get_ltor_masks_and_position_ids`` is [1, 1, s, s] (one for the batch)."""
+        np_, d, b, n = self.nh // self.tp, self.d, self.mbs, self.seq
+        bn = b * np_
+        sc, sc4, mask = T(B16, bn, n, n), T(B16, b, np_, n, n), T("b8", 1, 1, n, n)
+        f4 = T(F32, b, np_, n, n)
         if phase == "fwd":
             return [
-                baddbmm(sc, T(B16, np_, s, d), T(B16, np_, d, s)),
+                baddbmm(sc, T(B16, bn, n, d), T(B16, bn, d, n)),
                 conv(sc4, "Float"),
                 ew("MaskedFill_", [f4, mask], out=f4),
                 ew("Softmax", [f4, -1]),
                 conv(f4, "BFloat16"),
                 ew("Dropout", [sc4, DROPOUT_P, True]),
-                bmm_kernel((np_, s, s), (np_, s, d)),
+                bmm_kernel((bn, n, n), (bn, n, d)),
             ]
         return [
-            bmm_kernel((np_, s, d), (np_, d, s)),
-            bmm_kernel((np_, s, s), (np_, s, d)),
-            ew("NativeDropoutBackward", [sc4, T("b8", 1, np_, s, s), DROPOUT_SCALE]),
+            bmm_kernel((bn, n, d), (bn, d, n)),
+            bmm_kernel((bn, n, n), (bn, n, d)),
+            ew("NativeDropoutBackward", [sc4, T("b8", b, np_, n, n), DROPOUT_SCALE]),
             conv(sc4, "Float"),
             ew("SoftmaxBackward", [f4, f4, -1]),
             ew("MaskedFill", [f4, mask]),
             conv(f4, "BFloat16"),
-            bmm_kernel((np_, s, s), (np_, s, d)),
-            ew("MulScalar", T(B16, np_, s, d)),
-            bmm_kernel((np_, d, s), (np_, s, s)),
-            ew("MulScalar", T(B16, np_, d, s)),
+            bmm_kernel((bn, n, n), (bn, n, d)),
+            ew("MulScalar", T(B16, bn, n, d)),
+            bmm_kernel((bn, d, n), (bn, n, n)),
+            ew("MulScalar", T(B16, bn, d, n)),
         ]
 
     @memo
@@ -188,7 +194,7 @@ class TorchOps(HfOps):
             ew("SoftmaxBackward", [T(F32, s, e), T(F32, s, e), -1]),
             mm_kernel((s, e), (e, h)),
             mm_kernel((e, s), (s, h)),
-            r2_kernel("Add_", T(B16, e, h)),
+            self.main_grad_add(e, h),
         ]
 
     @memo
@@ -211,14 +217,14 @@ class TorchOps(HfOps):
             one = [
                 mat_kernel((tok, h), (h, f)),
                 mat_kernel((h, tok), (tok, f)),
-                r2_kernel("Add_", T(B16, h, f)),
+                self.main_grad_add(h, f),
                 ew("Mul", [a, p]),
                 ew("Sum", a),
                 r2_kernel("Mul", a),
                 r2_kernel("Mul", a),
                 mat_kernel((tok, 2 * f), (2 * f, h)),
                 mat_kernel((2 * f, tok), (tok, h)),
-                r2_kernel("Add_", T(B16, 2 * f, h)),
+                self.main_grad_add(2 * f, h),
             ]
         return one * local
 
@@ -234,7 +240,7 @@ class TorchOps(HfOps):
         return [
             ew("NativeDropoutBackward", [t, T("b8", self.s, 1, self.h), DROPOUT_SCALE]),
             *dense,
-            r2_kernel("Add_", T(B16, self.v // self.tp, self.h)),
+            self.main_grad_add(self.v // self.tp, self.h),
         ]
 
     @memo

@@ -124,9 +124,13 @@ class HfOps(OptimizerOps):
         bf16 with attention sinks for gpt-oss), residual add. Fused attention with torchtitan's
         context parallelism (ring attention, load-balanced) is cp calls of [s/cp]^2 causal FLOP each
         (as Megatron's ``megatron_attention``)."""
-        s, h, nh, nkv, d = self.s, self.h, self.nh, self.nkv, self.d
+        h, nh, nkv, d = self.h, self.nh, self.nkv, self.d
         q, kv = nh * d, nkv * d
-        sc = T(B16, 1, nh, s, s)
+        # eager scores: [mbs, heads, seq, seq] -- quadratic in the sample's tokens, linear in the
+        # micro-batch (attention stays inside a sample; Korthikanti et al. 2022 eq. 1: 5*a*s^2*b);
+        # never [1, heads, seq*mbs, seq*mbs], which squared the micro-batch (issue 39, round 5)
+        b, n = self.mbs, self.seq
+        sc = T(B16, b, nh, n, n)
         res = T(B16, 1, self.s_sp, h)
         if phase == "fwd":
             out = self._hf_rmsnorm("fwd", weight_first=not gpt_oss)
@@ -139,32 +143,33 @@ class HfOps(OptimizerOps):
                     + self._hf_lin_fwd(q, h, gpt_oss)
                     + [r2_kernel("Add", res)]
                 )
-            out += [mat_kernel((1, nh, s, d), (1, nh, d, s)), ew("Mul", [sc, T("f64")])]
-            if gpt_oss:
-                sk = T(B16, 1, nh, s, s + 1)
-                out += [ew("Add", [sc, T(B16, 1, 1, s, s)]), ew("Softmax", [sk, -1])]
+            out += [mat_kernel((b, nh, n, d), (b, nh, d, n)), ew("Mul", [sc, T("f64")])]
+            if gpt_oss:  # the attention sinks: one more column a query row; the causal mask [b, 1, n, n]
+                sk = T(B16, b, nh, n, n + 1)
+                out += [ew("Add", [sc, T(B16, b, 1, n, n)]), ew("Softmax", [sk, -1])]
             else:
-                out += [ew("Softmax", [sc, -1], out=T(F32, 1, nh, s, s)), conv(T(F32, 1, nh, s, s), "BFloat16")]
-            out += [ew("Dropout", [sc, 0, True]), mat_kernel((1, nh, s, s), (1, nh, s, d))]
+                out += [ew("Softmax", [sc, -1], out=T(F32, b, nh, n, n)), conv(T(F32, b, nh, n, n), "BFloat16")]
+            out += [ew("Dropout", [sc, 0, True]), mat_kernel((b, nh, n, n), (b, nh, n, d))]
             return out + self._hf_lin_fwd(q, h, gpt_oss) + [r2_kernel("Add", res)]
         out = [r2_kernel("Add", res)] + self._hf_lin_bwd(q, h, gpt_oss)
-        core = [bmm_kernel((nh, s, d), (nh, d, s)), bmm_kernel((nh, s, s), (nh, s, d))]
+        bh = b * nh  # autograd's bmm over the flattened [mbs * heads] batch
+        core = [bmm_kernel((bh, n, d), (bh, d, n)), bmm_kernel((bh, n, n), (bh, n, d))]
         if self.flash:
             # torchtitan CP (torch ring attention, load-balanced): cp blocks of [s/cp]^2 causal FLOP
             core = [flash_attention(self.seq, self.seq, nh, nkv, d, "bwd", self.mbs, "sdpa")] * self.cp
         elif gpt_oss:
-            sk = T(B16, 1, nh, s, s + 1)
+            sk = T(B16, b, nh, n, n + 1)
             core += [
                 ew("SoftmaxBackward", [sk, sk, -1]),
                 ew("Sum", sk),
                 r2_kernel("Add_", sk),
-                ew("Sum", T(B16, 1, nh, s, 1)),
+                ew("Sum", T(B16, b, nh, n, 1)),
             ]
         else:
-            f4 = T(F32, 1, nh, s, s)
+            f4 = T(F32, b, nh, n, n)
             core += [conv(sc, "Float"), ew("SoftmaxBackward", [f4, f4, -1])]
         if not self.flash:
-            core += [ew("Mul", [sc, T("f64")]), bmm_kernel((nh, s, s), (nh, s, d)), bmm_kernel((nh, d, s), (nh, s, s))]
+            core += [ew("Mul", [sc, T("f64")]), bmm_kernel((bh, n, n), (bh, n, d)), bmm_kernel((bh, d, n), (bh, n, n))]
         out += core
         out += self._hf_rope(nh, gpt_oss) + self._hf_rope(nkv, gpt_oss)
         out += self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, kv, gpt_oss) + self._hf_lin_bwd(h, q, gpt_oss)

@@ -516,16 +516,6 @@ def _grad_reduce_dtype(td: dict[str, Any], fw: str, tw: str) -> None:
             "training.mixed_precision_reduce, whose only choice is 'float32' (torchtitan job_config "
             "Literal['float32']), and DDP (zero = 0) reduces the fp32 parameters' gradients"
         )
-    if fw == "megatron" and td["grad_reduce_dtype"] == "fp32":
-        # Megatron accepts it (DDPConfig grad_reduce_in_fp32 = True, --accumulate-allreduce-grads-in-fp32);
-        # the generator reduces in fp32 then, but the memory estimate (lib/sim/memory.py) counts a bf16
-        # gradient buffer: an fp32 one is 2 more bytes a parameter, so "fits in memory" would be wrong
-        raise RunMatrixError(
-            f"{tw}: grad_reduce_dtype = 'fp32' for megatron (DDPConfig grad_reduce_in_fp32, "
-            "--accumulate-allreduce-grads-in-fp32) is not modelled yet: its fp32 gradient buffer (4 bytes a "
-            "parameter) is not in the memory estimate, which counts the bf16 one (2 bytes); megatron-core's "
-            "default, bf16, is"
-        )
 
 
 def parse_workloads(tables: object, source_name: str) -> dict[str, WorkloadSpec]:

@@ -174,6 +174,31 @@ def _check_ep(spec: Any, entry: str) -> None:
     raise RunMatrixError(f"{entry}: layout {spec.layout} has {world} GPUs; {spec.workload} {why}")
 
 
+def _torchtitan_needs_a_shard(wl: WorkloadSpec, dp: int, w: str) -> None:
+    """torchtitan zero 2 / 3 needs dp_shard = dp / dp_replicate > 1 or cp > 1, else RunMatrixError
+    naming ``w`` and what torchtitan runs instead."""
+    p = wl.parallel
+    if wl.framework != "torchtitan" or p.zero < 2 or dp // p.dp_replicate > 1 or p.cp > 1:
+        return
+    # torchtitan (models/llama3/infra/parallelize.py, distributed/utils.py maybe_enable_amp @ 238fa99):
+    # FSDP is applied only when ParallelDims.fsdp_enabled = dp_shard > 1 or cp > 1. With dp_shard = 1
+    # and cp = 1 there is no sharding: dp_replicate > 1 is DDP (apply_ddp, 1-D only, else "DDP has not
+    # supported > 1D parallelism"); with TP or PP mixed precision is disabled ("Mixed precision training
+    # with TP or PP is only supported when FSDP/HSDP/CP is enabled": fp32 compute and collectives);
+    # alone, torch.autocast. None of that is the FSDP2 bf16 step modelled here (nor the zero label).
+    what = (
+        f"dp_replicate = {p.dp_replicate} is torchtitan's DDP: write zero = 0 (1-D only)"
+        if p.dp_replicate > 1
+        else "TP / PP without FSDP trains in fp32 (maybe_enable_amp disables mixed precision), not modelled"
+        if p.tp > 1 or p.pp > 1
+        else "one GPU trains under torch.autocast, not modelled"
+    )
+    raise RunMatrixError(
+        f"{w}: zero = {p.zero} with dp_shard = dp / dp_replicate = {dp // p.dp_replicate} and cp = 1 is "
+        "no FSDP in torchtitan (ParallelDims.fsdp_enabled = dp_shard > 1 or cp > 1): " + what
+    )
+
+
 def resolve(wl: WorkloadSpec, world: int, entry: str, ep_override: int | None = None) -> Parallel:
     """The sizes of workload ``wl`` on ``world`` GPUs (``ep_override``: a ``[[run]]`` entry's
     ``ep``). Raises RunMatrixError naming ``entry`` and the rule."""
@@ -214,6 +239,7 @@ def resolve(wl: WorkloadSpec, world: int, entry: str, ep_override: int | None = 
     edp = mesh // (ep * etp)
     if p.dp_replicate > 1 and dp % p.dp_replicate:
         raise RunMatrixError(f"{w}: dp_replicate = {p.dp_replicate} must divide dp = {dp} (HSDP)")
+    _torchtitan_needs_a_shard(wl, dp, w)
     if t.global_batch is not None:
         if t.global_batch % (t.micro_batch * dp):
             raise RunMatrixError(

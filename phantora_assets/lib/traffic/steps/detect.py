@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,6 +296,95 @@ def _finer_by_time(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str]
     return None
 
 
+def _parts_are_iterations(
+    part: np.ndarray, seq: np.ndarray, tok: np.ndarray, length: np.ndarray, g: int, n_seq: int
+) -> bool:
+    """Whether the parts (``part``: each call's, in time order; ``g`` parts a step from part 0; ``length``:
+    each part's, us) look like ``g`` iterations and a pass of their own in every step: every communicator
+    rank calls in every part; all parts but one issue one signature (the iterations), the other (the one
+    with the extra calls) more calls, of the kinds the iterations issue (an eval forward's TP calls, its loss
+    all-reduce), and lasts at least as long as they do (its pass adds time, within ``RULE.outlier_rel_tol``);
+    every rank's calls common to all the parts are not empty. A rank issuing
+    calls of other kinds in each part, or extra calls in a shorter part (one iteration's two phases), fails."""
+    n_steps = len(length) // g
+    if n_steps < 2 or len(part) == 0:
+        return False
+    calls: dict[int, dict[int, list[int]]] = {}
+    for p, s, t in zip(part.tolist(), seq.tolist(), tok.tolist(), strict=True):
+        calls.setdefault(p, {}).setdefault(s, []).append(t)
+    tol = RULE.outlier_rel_tol
+    for lo in range(0, n_steps * g, g):
+        parts = [calls.get(p, {}) for p in range(lo, lo + g)]
+        if any(len(c) < n_seq for c in parts):
+            return False
+        sizes = [sum(len(v) for v in c.values()) for c in parts]
+        odd = [j for j in range(g) if sizes[j] > min(sizes)]
+        if len(odd) != 1:
+            return False
+        regular = [tuple(sorted((s, tuple(v)) for s, v in parts[j].items())) for j in range(g) if j != odd[0]]
+        reg_len = [float(length[lo + j]) for j in range(g) if j != odd[0]]
+        if len(set(regular)) != 1 or float(length[lo + odd[0]]) < (1 - tol) * float(np.median(reg_len)):
+            return False
+        if max(reg_len) > (1 + 2 * tol) * min(reg_len):
+            return False
+        for s in parts[0]:
+            core = Counter(parts[0][s])
+            for c in parts[1:]:
+                core &= Counter(c[s])
+            if not core:
+                return False
+            regular_kinds = {t for j in range(g) if j != odd[0] for t in parts[j][s]}
+            if not set(parts[odd[0]][s]) <= regular_kinds:  # the pass repeats the iterations' kinds of calls
+                return False
+    return True
+
+
+def _repeats_inside(ev: _Evidence, cut: Cut) -> tuple[str, str] | None:
+    """A step holding ``g >= 2`` even repetitions of a communicator rank's whole pattern (``StepRule.
+    repeat_gap_rel_tol``): ``g`` training iterations with an evaluation pass every ``g``-th (a forward's TP
+    all-reduces and a one-element eval-loss all-reduce make the other communicators' period ``g``
+    iterations, issue 39 item 11) read as one ``g``-iteration step, or one step of ``g`` micro-batches with
+    per-micro-batch reductions; flows alone cannot tell (docs/STEPS.md), only an iteration source can.
+    Only an anchor's steady full periods are looked at: the gaps between the repetitions' first calls in
+    each step, the step's length (the next step's first call of that rank), and whether every communicator
+    rank calls in every repetition's span (an iteration) -- a rank calling twice in an iteration while
+    another calls once is one step's two parts (``test_steps_by_time``), not two iterations."""
+    cs = ev.cs
+    n_steady = cut.n_complete - cut.first_steady
+    for r in cut.anchors:
+        p, q = cut.period.get(r, 0), ev.prim.get(r, 0)
+        if q <= 0 or p < 2 * q or p % q or r not in cut.counts:
+            continue
+        g = p // q
+        n = min(cut.counts[r], n_steady)
+        if n < 3:
+            continue
+        starts = cs.call_starts(r, p, n)[:, ::q]  # (n, g): each repetition's first call, row 0 the last step
+        gaps = np.diff(starts, axis=1)
+        step = starts[:-1, 0] - starts[1:, 0]  # the steps followed by another (rows 1 .. n - 1)
+        med = float(np.median(gaps))
+        if med <= 0 or not len(step) or np.any(np.abs(gaps / med - 1) > RULE.repeat_gap_rel_tol):
+            continue
+        if g * med < RULE.repeat_span_share * float(np.median(step)):
+            continue
+        # each repetition an iteration (every communicator rank calls in every one) and one a pass longer
+        first = np.sort(starts.ravel())  # part k starts at first[k]; parts 0 .. (n - 1) g - 1 have an end
+        bounds = first - CONCURRENT_SHARE * med  # calls issued with the first: in its part
+        call_ts, seq = cs.ts_s[cs.call_rows], cs.seq_id[cs.call_rows]
+        part = np.searchsorted(bounds, call_ts, side="right") - 1
+        m = (part >= 0) & (part < len(bounds) - g) & np.isin(seq, np.asarray(ev.repeating))
+        length = np.diff(first)[: len(first) - g]
+        if not _parts_are_iterations(part[m], seq[m], cs.call_tok[m], length, g, len(ev.repeating)):
+            continue
+        return (
+            "steps ambiguous",
+            f"{cs.name(r)} repeats its calls {g} times, evenly every {med:.0f} us, in each step of "
+            f"{float(np.median(step)):.0f} us: {g} iterations with a pass of their own every {g}-th (an evaluation) "
+            f"or one step of {g} micro-batches; the trace cannot tell without run.log or ProfilerStep markers",
+        )
+    return None
+
+
 def _violation(ev: _Evidence, cut: Cut, min_repeats: int) -> tuple[str, str] | None:
     """The first invariant ``cut`` breaks, or None."""
     return _never_repeats_in_warmup(ev, cut, min_repeats) or _p2p_bytes(ev, cut)
@@ -413,10 +503,12 @@ def detect_steps(
     Raises:
         StepDetectionError: no flows, a communicator rank whose calls never repeat (``"steps never repeat"``),
             communicators that disagree on the number or the timing of steps (``"steps disagree"``), two
-            incompatible steps (``"steps ambiguous"``), a period broken inside the run (``"steps irregular"``),
-            no steady step left (``"no steady step"``), steps run.log contradicts (``"steps disagree with
-            run.log"``, also for an iteration time that is not finite and > 0) or that last a whole number of
-            compute periods (``"steps disagree with compute"``); a flows or compute table without its columns.
+            incompatible steps (``"steps ambiguous"``; also, without run.log, steps each holding ``g`` even
+            repetitions of every communicator's calls, one longer with more of them: ``_repeats_inside``),
+            a period broken inside the run (``"steps irregular"``), no steady step left (``"no steady step"``),
+            steps run.log contradicts (``"steps disagree with run.log"``, also for an iteration time that is not
+            finite and > 0) or that last a whole number of compute periods (``"steps disagree with compute"``);
+            a flows or compute table without its columns.
     """
     src = "<flows>" if source is None else str(source)
     if warmup_steps < 0:
@@ -451,6 +543,8 @@ def detect_steps(
     cut = _decide(ev, warmup_steps, min_repeats, iteration_s, iteration_resolution_s, src)
     if (slow := compute_violation(cut, compute)) is not None:
         raise step_error(src, "steps disagree with compute", slow)
+    if not run_log_decides(iteration_s) and (inside := _repeats_inside(ev, cut)) is not None:
+        raise step_error(src, *inside)  # the compute rhythm, when it refuses, names the finer reason first
 
     # ---- summary -------------------------------------------------------------------
     steps, first_steady, n_complete = cut.steps, cut.first_steady, cut.n_complete

@@ -21,7 +21,9 @@ compared without its count moves bytes within ``p2p_bytes_rel_tol`` of the media
 one timed steady step (``no steady step``); run.log's iterations, when given, agree with the steps; the
 steady steps' durations do not alternate (``steps ambiguous``: an iteration of two steps, a communicator
 issuing its calls twice an iteration, or a longer iteration every second one; the trace cannot tell;
-run.log, when given, decides).
+run.log, when given, decides); without run.log, no communicator rank repeats its whole pattern ``g >= 2``
+times evenly across most of a step (``steps ambiguous``: ``g`` iterations and an evaluation pass, or ``g``
+micro-batches; ``StepRule.repeat_gap_rel_tol``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ class StepRule:
             steps lasting a whole ``g >= 2`` compute periods within it are refused (``steps disagree with
             compute``: an occasional collective or a ``g``-iteration step).
         compute_token_rel_tol: Computation events whose durations are within this share are one token.
+        repeat_gap_rel_tol, repeat_span_share: without an iteration source (run.log, step markers), a step in
+            which a communicator rank issues its whole pattern ``g >= 2`` times, the repetitions evenly spaced
+            (every gap between their starts within ``repeat_gap_rel_tol`` of the median gap) and together
+            lasting at least ``repeat_span_share`` of the step, is ``g`` iterations with a pass of their own
+            (an evaluation every ``g``-th iteration: its forward's TP calls, its loss all-reduce) or one step
+            of ``g`` micro-batches with per-micro-batch reductions: the trace cannot tell, refused (``steps
+            ambiguous``); run.log or ProfilerStep markers decide.
         cycle_min_per_phase, cycle_separation, cycle_min_share: steady steps alternating short, long are
             refused as ambiguous: at least ``cycle_min_per_phase`` steps at each parity, every step of the
             shorter parity shorter than every step of the longer, their medians ``cycle_separation`` robust
@@ -67,6 +76,8 @@ class StepRule:
     max_repetitions: int = 64
     compute_rel_tol: float = 0.05
     compute_token_rel_tol: float = 0.01
+    repeat_gap_rel_tol: float = 0.25
+    repeat_span_share: float = 0.75
     cycle_min_per_phase: int = 6
     cycle_separation: float = 4.0
     cycle_min_share: float = 0.02

@@ -5,6 +5,7 @@ in a run-matrix file is read from that file's folder, not the working directory.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,29 @@ def test_a_number_written_as_int_or_float_is_the_same_run(tmp_path):
     write_record(paths.partition_dir(two.run_id) / "run_spec.json", run_spec_record(two))
     assert stale_reason(two_f, paths) is None
     assert stale_reason(other, paths) is not None
+
+
+def test_the_record_holds_the_fabric_path_relative_to_the_matrix_and_moves_with_it(tmp_path):
+    """run_spec.json held the resolved absolute path of ``fabric_file`` (in the entry's topology and in the
+    network): a data root and its matrix moved to another folder or machine went stale, and the record
+    named a path of the machine that built it. It holds the path relative to the matrix file's folder and
+    the file's sha256: the same record from either place, and no absolute path in it."""
+    recs = []
+    for where in ("machine_a", "machine_b/deeper"):
+        matrix = _matrix(tmp_path / where / "study", "fabrics/two.toml")
+        (matrix.parent / "fabrics").mkdir()
+        (matrix.parent / "fabrics" / "two.toml").write_text(_fabric(400))
+        (spec,) = load_run_matrix(matrix)
+        assert spec.cluster["fabric_file"] == str(matrix.parent / "fabrics" / "two.toml")  # read from there
+        recs.append(run_spec_record(spec))
+    assert recs[0] == recs[1]
+    assert recs[0].inputs["entry"]["topology"]["fabric_file"] == "fabrics/two.toml"
+    assert recs[0].inputs["network"]["fabric_file"] == "fabrics/two.toml"
+    assert recs[0].inputs["fabric_file"] == "sha256:" + hashlib.sha256(_fabric(400).encode()).hexdigest()
+    assert str(tmp_path) not in json.dumps(recs[0].inputs)
+    # written absolute in the matrix: still recorded relative to the matrix's folder
+    (tmp_path / "shared.toml").write_text(_fabric(400))
+    (spec,) = load_run_matrix(_matrix(tmp_path / "c", str(tmp_path / "shared.toml")))
+    rec = run_spec_record(spec)
+    assert rec.inputs["network"]["fabric_file"] == "../shared.toml"
+    assert str(tmp_path) not in json.dumps(rec.inputs)

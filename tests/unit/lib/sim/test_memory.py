@@ -43,3 +43,38 @@ def test_activations_scale_with_the_micro_batch(recompute: str) -> None:
     one = estimate_memory(_model(1, recompute)).activations_bytes
     four = estimate_memory(_model(4, recompute)).activations_bytes
     assert abs(four - 4 * one) <= 4  # int truncation of the per-component bytes
+
+
+def _gpt(mlp: str, tp: int, sp: bool, mbs: int):
+    """A Megatron GPT block (full multi-head attention, LayerNorm, ffn = 4h, eager attention) on 8 GPUs."""
+    h = 1024
+    table = {
+        "framework": "megatron",
+        "model": {"kind": "dense", "layers": 2, "hidden": h, "ffn_hidden": 4 * h, "heads": 16, "vocab": 1024},
+        "parallel": {"tp": tp, "pp": 1, "dp": "rest", "zero": 1, "sequence_parallel": sp},
+        "train": {"seq_len": 512, "micro_batch": mbs, "global_batch": 8 * mbs, "attention": "eager"},
+    }
+    table["model"] |= {"mlp": mlp, "norm": "layernorm"} if mlp == "gelu" else {"mlp": mlp}
+    return workload_model(run_spec_of(table, nodes=1, gpus_per_node=8, gpu="h100", name="gpt"))
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (2, False), (4, False), (2, True), (4, True)])
+@pytest.mark.parametrize("mbs", [1, 2])
+def test_gelu_layer_is_korthikanti_eq_1(tp: int, sp: bool, mbs: int) -> None:
+    """Korthikanti et al. 2022 derive their eq. 1 for exactly this block (GPT, GeLU MLP of width 4h):
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes a layer with TP, s*b*h/t*(34 + 5*a*s/h) with SP as well
+    (section 4.2.2). The estimate counted the GeLU MLP as a SwiGLU (6 s b f) on top of the paper's
+    MLP share of the 24/t: 48/t per s*b*h where 24/t are."""
+    s, h, a = 512, 1024, 16
+    expected = s * mbs * h * ((34 if sp else 10 * tp + 24) + 5 * a * s / h) / tp
+    assert _per_layer(_gpt("gelu", tp, sp, mbs), 0) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_swiglu_layer_counts_its_mlp_once(tp: int) -> None:
+    """The same block with Megatron's SwiGLU MLP (``--swiglu``: fc1 [h -> 2f], the fused
+    ``bias_swiglu`` keeps its [s, b, 2f] input, fc2 its [s, b, f] input): the paper's 10 + 8/t
+    (attention) per s*b*h, the scores, and 6*s*b*f/t for the MLP -- not the GeLU's 16/t as well."""
+    s, h, a, f = 512, 1024, 16, 4 * 1024
+    expected = s * h * (10 + 8 / tp) + 5 * a * s * s / tp + 6 * s * f / tp
+    assert _per_layer(_gpt("swiglu", tp, False, 1), 0) == pytest.approx(expected, rel=1e-12)

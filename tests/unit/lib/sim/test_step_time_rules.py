@@ -26,11 +26,13 @@ def _step_ms(framework: str, micro_batch: int, accumulation: int) -> float:
     table = {
         "framework": framework,
         "model": {"kind": "dense", "layers": 2, "hidden": 1024, "ffn_hidden": 2816, "heads": 8, "kv_heads": 8},
-        "parallel": {"dp": 1, "zero": 1 if framework == "megatron" else 3},
+        # torchtitan: FSDP needs dp_shard > 1 (one GPU is no FSDP: the schema refuses it)
+        "parallel": {"dp": 1, "zero": 1} if framework == "megatron" else {"dp": 2, "zero": 3},
         "train": {"seq_len": 4096, "micro_batch": micro_batch, "grad_accumulation": accumulation},
     }
     table["model"]["vocab"] = 32000
-    spec = _api().run_spec_of(table, nodes=1, gpus_per_node=1, gpu="h100", name="batching")
+    gpus = table["parallel"]["dp"]
+    spec = _api().run_spec_of(table, nodes=1, gpus_per_node=gpus, gpu="h100", name="batching")
     return AnalyticSimulator(spec, emit=False).run().step_ns / 1e6
 
 

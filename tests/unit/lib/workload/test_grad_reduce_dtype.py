@@ -75,7 +75,6 @@ def test_the_defaults_are_the_frameworks():
     [
         ("torchtitan", {"dp": 4, "zero": 3}, "bf16", "torchtitan reduces gradients in fp32 only"),
         ("torchtitan", {"dp": 4, "zero": 0}, "bf16", "mixed_precision_reduce"),
-        ("megatron", {"dp": 4, "zero": 1}, "fp32", "not in the memory estimate"),
         ("deepspeed", {"dp": 4, "zero": 1}, "fp16", "grad_reduce_dtype must be one of bf16 | fp32"),
     ],
 )
@@ -117,8 +116,8 @@ def test_deepspeed_gradient_bytes_follow_the_dtype_by_closed_form(zero, dtype):
 
 
 def test_the_oracle_reduces_megatron_gradients_in_the_stated_dtype():
-    """Megatron-core with grad_reduce_in_fp32 (the oracle's side of a key the schema does not take yet):
-    the same reduce-scatter elements as bf16, each 4 bytes; the parameter all-gathers stay bf16."""
+    """Megatron-core with grad_reduce_in_fp32 (the oracle's side): the same reduce-scatter elements as
+    bf16, each 4 bytes; the parameter all-gathers stay bf16."""
     model = {"kind": "dense", "layers": LAYERS, "hidden": H, "ffn_hidden": F, "heads": HEADS, "kv_heads": KV}
     table = {
         "framework": "megatron",
@@ -138,3 +137,64 @@ def test_the_oracle_reduces_megatron_gradients_in_the_stated_dtype():
     # bucket padded to lcm(4, 128) = 128, each rank receiving a quarter
     P = _llama_params()
     assert sum(c.count * k for c, k in fp32.items() if c.op == "reduce_scatter") == _ceil_to(P, 128) // 4
+
+
+def _megatron(dtype: str, zero: int = 1) -> dict:
+    model = {"kind": "dense", "layers": LAYERS, "hidden": H, "ffn_hidden": F, "heads": HEADS, "kv_heads": KV}
+    train = {"seq_len": 256, "grad_accumulation": 1, "grad_reduce_dtype": dtype}
+    return {
+        "framework": "megatron",
+        "model": {**model, "vocab": V},
+        "parallel": {"dp": 4, "zero": zero},
+        "train": train,
+    }
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_fp32_gradient_reduction_bytes_by_closed_form(zero):
+    """Megatron-core, grad_reduce_in_fp32 (was refused): the gradient buffer is fp32
+    (param_and_grad_buffer.py ``torch.float if grad_reduce_in_fp32 else param.dtype``), so the
+    distributed optimizer reduce-scatters ceil_to(P, lcm(dp, 128)) / dp elements of 4 bytes to each rank
+    and all-gathers the bf16 parameters (2 bytes); DDP (zero 0) all-reduces the padded buffer in fp32."""
+    P, dp = _llama_params(), 4
+    padded = _ceil_to(P, 128)
+    got = _bytes_by_op(_megatron("fp32", zero), dp)
+    if zero == 1:
+        assert got == {("reduce_scatter", "F32"): 4 * padded // dp, ("all_gather", "Bf16"): 2 * padded // dp}
+    else:
+        assert got == {("all_reduce", "F32"): 4 * padded}
+    assert predict(_megatron("fp32", zero), dp, 1).payload_bytes(("dp", tuple(range(dp)))) == sum(got.values())
+
+
+def test_megatron_fp32_gradient_buffer_is_in_the_memory_estimate():
+    """The fp32 buffer is 4 bytes a parameter on every rank (2 for bf16); weights and the sharded fp32
+    optimizer state (the main grads are views into the fp32 buffer: distrib_optimizer.py
+    ``shard_model_grad.float()`` returns the buffer itself) do not change."""
+    from phantora_assets.lib.sim.memory import estimate_memory
+    from phantora_assets.lib.sim.workloads import workload_model
+
+    P = _llama_params()
+    est = {d: estimate_memory(workload_model(run_spec_of(_megatron(d), 4, 1, "h100"))) for d in ("bf16", "fp32")}
+    assert est["bf16"].gradients_bytes == 2 * P
+    assert est["fp32"].gradients_bytes == 4 * P
+    assert est["fp32"].optimizer_bytes == est["bf16"].optimizer_bytes
+    assert est["fp32"].weights_bytes == est["bf16"].weights_bytes
+
+
+def test_megatron_fp32_gradient_buffer_compute():
+    """The DDP backward hook ``main_grad.add_(grad)`` reads the bf16 gradient (2 bytes) and the fp32
+    buffer (4) and writes the buffer (4): 10 bytes an element, where bf16 into bf16 moves 4 (Phantora's
+    estimator draws same-sized same-dtype tensors from one cache: read 2 once, write 2); the 1/dp scaling of a
+    bucket reads and writes fp32; the optimizer's ``.float()`` of an fp32 main grad is no kernel."""
+    from phantora_assets.lib.sim.torch_ops import torch_ops
+    from phantora_assets.lib.sim.workloads import workload_model
+
+    ops = {d: torch_ops(workload_model(run_spec_of(_megatron(d), 4, 1, "h100"))) for d in ("bf16", "fp32")}
+    adds = {d: [k for k in o.megatron_mlp("bwd") if k.op == "Add_"] for d, o in ops.items()}
+    n = [H * F, 2 * F * H]  # fc2 [h, f], fc1 [2f, h] (SwiGLU)
+    assert [k.bytes for k in adds["bf16"]] == [4 * x for x in n]
+    assert [k.bytes for k in adds["fp32"]] == [10 * x for x in n]
+    assert [k.bytes for k in ops["fp32"].megatron_grad_scale(1024)] == [8 * 1024 + 8]
+    groups = [(True, [100, 200]), (False, [50])]
+    assert [k.op for k in ops["bf16"].megatron_optimizer(groups, False)][:3] == ["ConvDType"] * 3
+    assert "ConvDType" not in [k.op for k in ops["fp32"].megatron_optimizer(groups, False)]

@@ -302,3 +302,28 @@ def test_parallelism_shows_every_dimension_and_ep_only_for_an_moe():
     for name, wl in shipped_workloads().items():  # every shipped kind on 8 GPUs: ep iff an MoE
         label = run_spec_of(wl.table(), 1, 8, "h100", name).parallelism
         assert ("ep=" in label) == (wl.model.kind == "moe" and wl.framework == "megatron"), (name, label)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "gpus", "words"),
+    [
+        ({"dp": 4, "dp_replicate": 4, "zero": 3}, 4, "dp_replicate = 4 is torchtitan's DDP: write zero = 0"),
+        ({"tp": 2, "dp": 1, "zero": 2}, 2, "TP / PP without FSDP trains in fp32"),
+        ({"pp": 2, "dp": "rest", "zero": 3}, 2, "TP / PP without FSDP trains in fp32"),
+        ({"dp": 1, "zero": 3}, 1, "one GPU trains under torch.autocast"),
+    ],
+)
+def test_torchtitan_zero_without_a_shard_is_refused(parallel, gpus, words):
+    """torchtitan applies FSDP only when ParallelDims.fsdp_enabled (dp_shard > 1 or cp > 1; parallelize.py,
+    maybe_enable_amp @ 238fa99): with dp_shard = 1 and cp = 1 a zero = 2/3 job was simulated as FSDP2 in bf16
+    and labelled ``zero=3`` in runs' parallelism column and runs.csv, where torchtitan runs DDP, or TP / PP
+    in fp32, or one GPU under autocast. Refused, naming the entry and the rule; dp_shard 2 and cp 2 are FSDP."""
+    table = copy.deepcopy(LLAMA) | {"framework": "torchtitan"}
+    table["model"]["layers"] = 4
+    table["parallel"] = {"sequence_parallel": True, **parallel} if parallel.get("tp", 1) > 1 else parallel
+    with pytest.raises(RunMatrixError, match=r"workload job: zero = ") as err:
+        run_spec_of(table, nodes=1, gpus_per_node=gpus, gpu="h100", name="job")
+    assert "no FSDP in torchtitan (ParallelDims.fsdp_enabled = dp_shard > 1 or cp > 1)" in str(err.value)
+    assert words in str(err.value)
+    table["parallel"] = {"dp": 2, "zero": 3}  # dp_shard 2: FSDP, labelled zero=3
+    assert run_spec_of(table, nodes=1, gpus_per_node=2, gpu="h100", name="job").parallelism == "dp=2,zero=3"

@@ -1,8 +1,9 @@
 """docs/STEPS.md's "refuse ambiguous data with a reason (StepDetectionError), never a wrong number, never
 another exception" on a bad run.log or compute table, and on an eval iteration every k-th with collectives of
-its own (the compute rhythm refuses the k-iteration steps). The strict xfails are what the rule does not yet
-decide: an eval kernel every k-th iteration makes the compute period k iterations too, and a few irregular
-calls on a communicator of their own read as a period (benchmarks/steps_fuzz.py seeds beyond 300-599)."""
+its own (the compute rhythm refuses the k-iteration steps of an idle stall; with an eval kernel, or flows only,
+the k repetitions of every communicator's calls with one longer make the steps ambiguous; run.log refuses them).
+The strict xfail is what the rule does not yet decide: a few irregular calls on a communicator of their own read
+as a period (benchmarks/steps_fuzz.py seeds beyond 300-599)."""
 
 from __future__ import annotations
 
@@ -68,27 +69,39 @@ def _eval_every_k_run(k: int, eval_extra: float, eval_compute: bool, n_iter: int
     return fb.frame(), pd.DataFrame(rows, columns=["host", "ts_us", "dur_us"])
 
 
-@pytest.mark.parametrize(
-    "eval_compute",
-    [
-        pytest.param(
-            True,
-            id="eval-kernel",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an eval kernel every k-th iteration makes the compute period k iterations too: the "
-                "compute rhythm cannot tell these k-iteration steps (run.log refuses them)",
-            ),
-        ),
-        pytest.param(False, id="idle-stall"),
-    ],
-)
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_eval_every_k_with_collectives_and_compute_is_refused(k: int, eval_compute: bool) -> None:
-    flows, compute = _eval_every_k_run(k, 0.3, eval_compute)
+def test_eval_every_k_with_collectives_and_an_idle_stall_is_refused_by_compute(k: int) -> None:
+    flows, compute = _eval_every_k_run(k, 0.3, False)
     with pytest.raises(StepDetectionError) as e:
         detect_steps(flows, compute=compute)
     assert e.value.rule == "steps disagree with compute"
+
+
+@pytest.mark.parametrize("with_compute", [True, False])
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_eval_every_k_is_refused_not_read_as_k_iteration_steps(k: int, with_compute: bool) -> None:
+    """Issue 39 item 11: an eval pass every k-th iteration (a forward's TP all-reduces and a 1-element
+    eval-loss all-reduce) with an eval kernel (the compute period k iterations too), or with no compute
+    table, was read as k-iteration steps with every check passing (10 steps of 23000 us at k = 2, true 20
+    of 10000 us). Every communicator calls in each of the k iterations, one of which issues more calls of
+    the same kinds and lasts longer: k iterations and a pass, or one step of k micro-batches; without
+    run.log or step markers the trace cannot tell, refused naming the communicator that repeats."""
+    flows, compute = _eval_every_k_run(k, 0.3, True)
+    with pytest.raises(StepDetectionError) as e:
+        detect_steps(flows, compute=compute if with_compute else None)
+    assert e.value.rule == "steps ambiguous"
+    assert f"repeats its calls {k} times" in str(e.value) and "run.log or ProfilerStep markers" in str(e.value)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_eval_every_k_with_its_run_log_is_refused_by_the_log(k: int) -> None:
+    """With run.log's n_iter iterations the k-iteration steps disagree with it (refused by the log, as before)."""
+    from fixtures.step_runs import iteration_lengths
+
+    flows, compute = _eval_every_k_run(k, 0.3, True)
+    with pytest.raises(StepDetectionError) as e:
+        detect_steps(flows, compute=compute, iteration_s=[x / 1e6 for x in iteration_lengths(N_ITER)])
+    assert e.value.rule == "steps disagree with run.log"
 
 
 def test_occasional_collective_without_longer_iteration_is_refused_by_compute() -> None:
