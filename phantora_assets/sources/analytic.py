@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -29,9 +30,10 @@ from phantora_assets.lib.sim.workload_types import Compute
 from phantora_assets.lib.sim.workloads import workload_model
 from phantora_assets.lib.store.io import atomic_write_text
 from phantora_assets.lib.store.parquet import write_parquet_frames
+from phantora_assets.lib.workload.collectives import EVERY_RANK
 from phantora_assets.outcomes import Outcome, StageResult, record
 from phantora_assets.paths import DataPaths
-from phantora_assets.records import RunLogRecord, SimulationRecord, write_record
+from phantora_assets.records import RunLogRecord, SimulationRecord, read_record_or_none, write_record
 from phantora_assets.sources.base import SourceContext
 
 NAME = "analytic"
@@ -138,7 +140,8 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         peak_memory_gib=mem["peak_gib"],
         card_gib=mem["card_gib"],
         flops_per_step=model_flops_per_step(spec),
-        timeline_scope=result.scope,
+        # the default left out of the file (msgspec omits a default by identity, not by value)
+        **({} if result.scope == EVERY_RANK else {"timeline_scope": result.scope}),
     )
     pdir = paths.partition_dir(spec.run_id)
     write_record(pdir / "simulation.json", sim)
@@ -239,6 +242,25 @@ def flow_tables(spec: RunSpec, paths: DataPaths) -> ct.ParsedTrace:
     """The run's flows and compute read from its raw timeline table (``lib/phantora/raw_tables.py``):
     what its Chrome trace parses to, without parsing it (``validated_flows``' input)."""
     return read_raw_timeline(paths.table(spec.run_id, "raw_timeline"), compute_events=True)
+
+
+def profiler_steps(paths: DataPaths, spec: RunSpec) -> tuple[list[float], float] | None:
+    """The simulated iterations as the run's step marks (starts and the last end, us of the raw timeline) when
+    its raw timeline is of scope ``one rank a stage`` (``simulation.json``), else None.
+
+    The step detector cuts a step at its first collective of any rank (``lib/traffic/steps``); a timeline that
+    holds one rank a stage lacks the other ranks' host-local calls, so its cut would fall later than the full
+    timeline's. The simulator knows its iterations: such a run's steps are they, exactly.
+
+    Raises:
+        RecordError: ``simulation.json`` is malformed (names it).
+    """
+    rec = read_record_or_none(paths.partition_dir(spec.run_id) / "simulation.json", SimulationRecord)
+    if rec is None or rec.timeline_scope == EVERY_RANK:
+        return None
+    ends = np.cumsum(np.asarray(rec.iteration_ns, dtype=np.float64)) / 1000.0
+    starts = np.concatenate([[0.0], ends[:-1]])
+    return starts.tolist(), float(ends[-1])
 
 
 def chrome_trace(spec: RunSpec, paths: DataPaths, ctx: SourceContext) -> StageResult:

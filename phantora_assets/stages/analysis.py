@@ -21,10 +21,12 @@ from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, plots
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic import anatomy
+from phantora_assets.lib.workload.collectives import EVERY_RANK
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import WINDOW_S
 from phantora_assets.stages.flows import read_trace_summary
+from phantora_assets.stages.simulation import timeline_scope_of
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"
 RUN_PLOTS = ("pair_heatmap", "timeseries", "step_anatomy", "link_utilisation")
@@ -46,7 +48,10 @@ def published_runs() -> pd.DataFrame:
 
 
 def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
-    """Compute vs exposed communication per (step, host) and the spans of the chosen steady step."""
+    """Compute vs exposed communication per (step, host) and the spans of the chosen steady step: every host,
+    or for a run whose raw timeline is of scope ``one rank a stage`` (``simulation.json``) the hosts of each
+    pipeline stage's first rank, the only hosts whose compute the timeline holds (the others' rows would
+    read as all communication and idle)."""
     pdir = paths.partition_dir(spec.run_id)
     folder = paths.run_folder(spec)
     reset_checks(folder, "step_anatomy", (ANATOMY_ADDS_UP,))
@@ -55,7 +60,11 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     flows = pd.read_parquet(pdir / "flows.parquet", columns=["ts_us", "dur_us", "src_node", "dst_node"])
     events = pdir / "compute_events.parquet"  # written with flows.parquet by validated_flows
     compute = pd.read_parquet(events) if events.exists() else anatomy.read_compute_events(paths.chrome_trace(spec))
-    hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
+    scope = timeline_scope_of(spec, paths)
+    if scope == EVERY_RANK:
+        hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
+    else:  # the compute of one rank a stage: the hosts of those ranks, the only ones whose compute is known
+        hosts = anatomy.hosts_of(flows.iloc[:0], compute)
     intervals = anatomy.host_intervals(flows, compute, hosts)
     table = anatomy.step_anatomy(steps, flows, compute, hosts, intervals)
     chosen = int(summary.chosen_step)
@@ -63,7 +72,7 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     write_parquet(table, pdir / "step_anatomy.parquet")
     write_parquet(spans, pdir / "step_spans.parquet")
     steady = table[table["timed"]]  # times: the steady steps whose end is their own (not cut by the trace's end)
-    meta: dict[str, Any] = {"rows": len(table), "hosts": len(hosts), "chosen_step": chosen}
+    meta: dict[str, Any] = {"rows": len(table), "hosts": len(hosts), "chosen_step": chosen, "timeline_scope": scope}
     if len(steady):
         meta.update(
             {

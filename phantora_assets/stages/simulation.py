@@ -26,6 +26,7 @@ from phantora_assets.lib.phantora.perfdb import load_perfdb, perfdb_folder
 from phantora_assets.lib.run.catalog import gpu_specs
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store.io import remove_output, same_path
+from phantora_assets.lib.workload.collectives import EVERY_RANK
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.records import (
@@ -33,6 +34,7 @@ from phantora_assets.records import (
     RecordError,
     RunLogRecord,
     RunSpecRecord,
+    SimulationRecord,
     read_record_or_none,
     write_record,
 )
@@ -391,3 +393,14 @@ def build_reason_or_record_error(spec: RunSpec, paths: DataPaths) -> str | None:
         return build_reason(spec, paths)
     except RecordError as exc:
         return f"stale: {exc}"
+
+
+def timeline_scope_of(spec: RunSpec, paths: DataPaths) -> str:
+    """What the run's raw timeline holds (``lib/workload/collectives.TIMELINE_SCOPES``): ``simulation.json``'s
+    ``timeline_scope`` for an analytic run, ``every rank`` for any other source (it has no such record).
+
+    Raises:
+        RecordError: ``simulation.json`` is malformed (names it).
+    """
+    rec = read_record_or_none(paths.partition_dir(spec.run_id) / "simulation.json", SimulationRecord)
+    return EVERY_RANK if rec is None else rec.timeline_scope

@@ -8,6 +8,7 @@ folder's ``checks.txt`` is written by ``phantora_assets.checks``.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ class CheckOutcome:
     observed: dict[str, Any] = field(default_factory=dict)
     expected: dict[str, Any] = field(default_factory=dict)
     message: str = ""
+
+
+#: Communicators a passing ring rule's message names one by one; beyond, it counts them per group size.
+LISTED_COMMUNICATORS = 16
 
 
 def _listing(items: list[str]) -> str:
@@ -162,6 +167,15 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
     return CheckOutcome(STEPS_MATCH, False, desc, observed, expected, msg)
 
 
+def _group_sizes(sizes: dict[str, int]) -> str:
+    """A passing ring rule's group sizes: each communicator's, or (more than :data:`LISTED_COMMUNICATORS`:
+    thousands at frontier scale) how many communicators have each size."""
+    if len(sizes) <= LISTED_COMMUNICATORS:
+        return ", ".join(f"{c}: n={n}" for c, n in sorted(sizes.items())) or "none needed"
+    per = Counter(sizes.values())
+    return ", ".join(f"{per[n]} communicators of n={n}" for n in sorted(per))
+
+
 # --------------------------------------------------------------------------------------
 def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
     """Rule 3: every flow's bytes fit the ring rule, with one group size n per communicator.
@@ -249,7 +263,7 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
     }
     expected = {"bad_communicators": [], "group_size_per_communicator": "exactly one n"}
     if not problems:
-        gs = ", ".join(f"{c}: n={n}" for c, n in sorted(sizes.items())) or "none needed"
+        gs = _group_sizes(sizes)
         msg = (
             f"All {n_flows} flows on {observed['communicators']} communicators match the ring rule (group sizes {gs})."
         )
