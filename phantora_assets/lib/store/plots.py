@@ -63,15 +63,43 @@ def pair_matrix(flows: pd.DataFrame, steps: pd.DataFrame, n_nodes: int) -> np.nd
     return m
 
 
+#: Most hosts a pair heatmap shows one by one; a larger run's hosts are summed in consecutive blocks, at most
+#: :data:`HEATMAP_BLOCKS` of them a side (2,048 hosts: 64 blocks of 32; a 2,048-pixel side would be unreadable).
+MAX_HEATMAP_HOSTS = 128
+HEATMAP_BLOCKS = 64
+
+
+def host_blocks(matrix: np.ndarray) -> tuple[np.ndarray, int]:
+    """``matrix`` (hosts x hosts) summed over consecutive blocks of ``k`` hosts (the last block may be short),
+    and ``k``: 1 (the matrix itself) up to :data:`MAX_HEATMAP_HOSTS` hosts, else ``ceil(n /
+    HEATMAP_BLOCKS)``."""
+    n = matrix.shape[0]
+    if n <= MAX_HEATMAP_HOSTS:
+        return matrix, 1
+    k = -(-n // HEATMAP_BLOCKS)
+    m = -(-n // k)
+    padded = np.zeros((m * k, m * k), dtype=np.float64)
+    padded[:n, :n] = matrix
+    return padded.reshape(m, k, m, k).sum(axis=(1, 3)), k
+
+
 def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> bytes:
-    """Heatmap of ``matrix`` (bytes per step, src rows x dst columns), cells labelled in GB."""
+    """Heatmap of ``matrix`` (bytes per step, src rows x dst columns), cells labelled in GB; more than
+    :data:`MAX_HEATMAP_HOSTS` hosts are shown as blocks of consecutive hosts (:func:`host_blocks`), the title
+    saying how many a block."""
     with kept_figure("pair_heatmap", _HEATMAP_AXES) as (fig, (ax,)):
-        n = matrix.shape[0]
-        gb = matrix / 1e9
+        n_hosts = matrix.shape[0]
+        blocks, k = host_blocks(matrix)
+        n = blocks.shape[0]
+        gb = blocks / 1e9
+
+        def label(i: int) -> str:
+            return _host(i) if k == 1 else f"{_host(i * k)}..{min((i + 1) * k, n_hosts)}"
+
         ax.imshow(gb, cmap="viridis", vmin=0, vmax=max(float(gb.max()), 1e-9), interpolation="nearest")
         ticks = range(n) if n <= _MAX_TICKS else np.linspace(0, n - 1, _MAX_TICKS).round().astype(int)
-        ax.set_xticks(ticks, [_host(i) for i in ticks], rotation=30 if n > 4 else 0)
-        ax.set_yticks(ticks, [_host(i) for i in ticks])
+        ax.set_xticks(ticks, [label(i) for i in ticks], rotation=30 if n > 4 else 0)
+        ax.set_yticks(ticks, [label(i) for i in ticks])
         ax.set_xlabel("destination")
         ax.set_ylabel("source")
         if n <= 8:
@@ -88,7 +116,8 @@ def pair_heatmap(matrix: np.ndarray, run_id: str, path: Path | None = None) -> b
                             fontsize=9,
                             color="black" if gb[i, j] > 0.6 * top else "white",
                         )
-        ax.set_title(f"{run_id}\nnetwork GB per steady step, by pair (total {gb.sum():.2f} GB)", fontsize=10)
+        by = "by pair" if k == 1 else f"by pair of blocks of {k} hosts ({n_hosts} hosts)"
+        ax.set_title(f"{run_id}\nnetwork GB per steady step, {by} (total {gb.sum():.2f} GB)", fontsize=10)
         return save_png(fig, path)
 
 

@@ -73,3 +73,21 @@ def test_link_utilisation_from_the_file_by_row_group_is_the_whole_tables_plot(tm
     assert built.per_link.sum() > 0
     whole = plots.link_utilisation(built.table, "r")
     assert plots.link_utilisation(tmp_path / "lb.parquet", "r") == whole
+
+
+def test_pair_heatmap_sums_blocks_of_hosts_past_128():
+    # 2,048 hosts of 1 byte a pair: 64 blocks of 32 hosts, 32 x 32 = 1,024 bytes a block pair
+    blocks, k = plots.host_blocks(np.ones((2048, 2048)))
+    assert (k, blocks.shape) == (32, (64, 64)) and (blocks == 1024.0).all()
+    # 130 hosts: blocks of ceil(130 / 64) = 3 hosts, 44 of them, the last holding host-130 alone
+    m = np.zeros((130, 130))
+    m[129, 0] = 7.0  # host-130 -> host-1
+    m[5, 6] = 2.0  # host-6 -> host-7: block 1 -> block 2
+    blocks, k = plots.host_blocks(m)
+    assert (k, blocks.shape) == (3, (44, 44))
+    assert blocks[43, 0] == 7.0 and blocks[1, 2] == 2.0 and blocks.sum() == 9.0
+    # up to 128 hosts: the matrix itself
+    same, k = plots.host_blocks(np.eye(128))
+    assert k == 1 and same.shape == (128, 128)
+    png = plots.pair_heatmap(np.ones((2048, 2048)), "big")
+    assert png_size(png)[0] > 0
