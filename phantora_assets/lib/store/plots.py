@@ -307,13 +307,23 @@ def step_anatomy_chart(
             row = anatomy_row[anatomy_row["host"] == host]
             if len(row):
                 r = row.iloc[0]
+                # three lines a host up to 4 lanes; beyond, one short line (three overlapped the next host's)
+                if len(hosts) <= 4:
+                    words = (
+                        f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
+                        f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
+                        f"  idle {r.idle_us / 1000:.1f} ms"
+                    )
+                else:
+                    words = (
+                        f"compute {r.compute_us / 1000:.1f}, exposed {r.exposed_comm_us / 1000:.1f}, "
+                        f"idle {r.idle_us / 1000:.1f} ms"
+                    )
                 fig.text(
                     0.73,
                     0.83 - (i + 0.5) * 0.72 / max(len(hosts), 1),
-                    f"{host}: compute {r.compute_us / 1000:.1f} ms\n"
-                    f"  network {r.comm_us / 1000:.1f} ms (exposed {r.exposed_comm_us / 1000:.1f})\n"
-                    f"  idle {r.idle_us / 1000:.1f} ms",
-                    fontsize=8,
+                    words,
+                    fontsize=8 if len(hosts) <= 4 else 7,
                     va="center",
                 )
         ax.set_yticks(yticks, ylabels, fontsize=8)
