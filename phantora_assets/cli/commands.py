@@ -145,9 +145,10 @@ def check_status(spec: RunSpec, paths: DataPaths) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from phantora_assets.imported_runs import matrix_for
-    from phantora_assets.lib.sim.analytic import trace_bound_rule
+    from phantora_assets.lib.sim.analytic import timeline_scope, trace_bound_rule
     from phantora_assets.lib.sim.memory import estimate_memory
     from phantora_assets.lib.sim.workloads import WorkloadModel
+    from phantora_assets.lib.workload.collectives import EVERY_RANK
 
     paths = DataPaths(Path(args.data_dir))
     specs = matrix_for(paths.root)
@@ -166,6 +167,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         fits = "yes" if mem["fits"] else "NO"
         if mem["fits"] and spec.source == "analytic" and (why := trace_bound_rule(spec)) is not None:
             fits, built = "NO", f"refused at build: {why}"  # the simulator's own rule (lib/sim/analytic)
+        elif mem["fits"] and spec.source == "analytic" and timeline_scope(spec)[0] != EVERY_RANK:
+            built += f" (timeline: {timeline_scope(spec)[0]}, docs/WORKLOADS.md 'Scale')"
         print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}")
     return 0
 

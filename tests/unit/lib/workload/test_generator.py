@@ -308,6 +308,12 @@ model = {kind = "dense", layers = 32, hidden = 1024, ffn_hidden = 4096, heads = 
 parallel = {zero = 3}
 train = {seq_len = 1024, grad_accumulation = 8, iterations = 20}
 
+[workloads.wide1]
+framework = "deepspeed"
+model = {kind = "dense", layers = 32, hidden = 1024, ffn_hidden = 4096, heads = 16, kv_heads = 4, vocab = 32000}
+parallel = {zero = 1}
+train = {seq_len = 1024, grad_accumulation = 8, iterations = 20}
+
 [workloads.narrow]
 framework = "deepspeed"
 model = {kind = "dense", layers = 2, hidden = 1024, ffn_hidden = 4096, heads = 16, kv_heads = 4, vocab = 32000}
@@ -316,6 +322,12 @@ train = {seq_len = 1024, grad_accumulation = 1, iterations = 3}
 
 [[run]]
 workload = "wide"
+gpu = "h100"
+nodes = 64
+gpus_per_node = 8
+
+[[run]]
+workload = "wide1"
 gpu = "h100"
 nodes = 64
 gpus_per_node = 8
@@ -330,6 +342,11 @@ gpus_per_node = 2
     monkeypatch.setenv("PHANTORA_ASSETS_RUN_MATRIX", str(matrix))
     monkeypatch.delenv("PHANTORA_ASSETS_IMPORT_DIR", raising=False)
     assert main(["runs", "--data-dir", str(tmp_path / "data")]) == 0
-    wide, narrow = [line for line in capsys.readouterr().out.splitlines() if "_wide_" in line or "_narrow_" in line]
+    out = capsys.readouterr().out.splitlines()
+    (wide,) = [line for line in out if "_wide_" in line]
+    (wide1,) = [line for line in out if "_wide1_" in line]
+    (narrow,) = [line for line in out if "_narrow_" in line]
     assert " NO " in wide and "refused at build: the trace would hold about" in wide and "3,800,000" in wide
-    assert " yes " in narrow and "refused" not in narrow
+    # ZeRO-1: past the bound with every rank (10.8 M events), within it with one rank a stage (62 k)
+    assert " yes " in wide1 and "refused" not in wide1 and "(timeline: one rank a stage" in wide1
+    assert " yes " in narrow and "refused" not in narrow and "timeline" not in narrow
