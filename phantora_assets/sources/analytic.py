@@ -193,13 +193,22 @@ def trace_hosts(spec: RunSpec) -> list[str]:
 def write_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Convert the raw timeline into ``timeline.json.gz`` (Phantora visualizer schema): every event, or for a run
     of more than :data:`CHROME_TRACE_MAX_EVENTS` events the events of :func:`trace_hosts` (a flow when either
-    end is on one of them); the metadata's ``trace_holds`` says which, ``events_in_run`` how many there are."""
+    end is on one of them); the metadata's ``trace_holds`` says which (and the raw timeline's scope when it is
+    one rank a stage), ``events_in_run`` how many there are."""
     out = paths.chrome_trace(spec)
     table = paths.table(spec.run_id, "raw_timeline")
     total = pq.ParquetFile(table).metadata.num_rows
+    rec = read_record_or_none(paths.partition_dir(spec.run_id) / "simulation.json", SimulationRecord)
+    scoped = rec is not None and rec.timeline_scope != EVERY_RANK
     if total <= CHROME_TRACE_MAX_EVENTS:
         stats = ct.write_chrome_trace(table, out)
-        return StageResult(out, {**{k: int(v) for k, v in stats.items()}, "trace_holds": "every event"})
+        holds = (
+            "every event of the raw timeline, whose scope is one rank a stage (every network flow, the compute of "
+            "each pipeline stage's first rank: docs/WORKLOADS.md 'Scale')"
+            if scoped
+            else "every event"
+        )
+        return StageResult(out, {**{k: int(v) for k, v in stats.items()}, "trace_holds": holds})
     hosts = trace_hosts(spec)
     fd, name = tempfile.mkstemp(
         prefix=f".trace_view.p{os.getpid()}.", suffix=".tmp", dir=table.parent
@@ -212,6 +221,8 @@ def write_trace(spec: RunSpec, paths: DataPaths) -> StageResult:
     finally:
         view.unlink(missing_ok=True)
     holds = f"every event of hosts {', '.join(hosts)} (the first rank of each pipeline stage)"
+    if scoped:
+        holds += " in the raw timeline of scope one rank a stage (their hosts' other ranks' compute is not in it)"
     return StageResult(out, {**{k: int(v) for k, v in stats.items()}, "trace_holds": holds, "events_in_run": total})
 
 

@@ -20,6 +20,7 @@ from phantora_assets.definitions import build_defs
 from phantora_assets.lib.workload.collectives import ONE_RANK_A_STAGE, trace_events_per_step
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
+from phantora_assets.sources import analytic as analytic_source
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 MATRIX = """
@@ -85,3 +86,7 @@ def test_a_scoped_run_builds_with_the_full_runs_traffic_and_its_stage_hosts_anat
     assert (anat["compute_us"] > 0).all()
     total = anat["compute_us"] + anat["exposed_comm_us"] + anat["idle_us"]
     assert total.to_numpy() == pytest.approx(anat["duration_us"].to_numpy(), rel=1e-9)
+    # the Perfetto view says what the timeline holds
+    holds = analytic_source.write_trace(spec, DataPaths(tmp_path / "scoped")).metadata["trace_holds"]
+    assert "one rank a stage" in holds
+    assert analytic_source.write_trace(spec, DataPaths(tmp_path / "full")).metadata["trace_holds"] == "every event"
