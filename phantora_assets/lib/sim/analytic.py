@@ -101,9 +101,9 @@ def timeline_scope(spec: RunSpec, iterations: int | None = None, warmup: bool = 
 
 def trace_bound_rule(spec: RunSpec, iterations: int | None = None, warmup: bool = True) -> str | None:
     """Why the analytic simulator refuses ``spec`` before simulating (its trace, even of scope one rank a
-    stage, would hold more than :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.
-    trace_events``: the first iteration with its init broadcasts and the steady ones), or None. ``phantora-assets runs`` states the same rule, so a run
-    it shows as fitting is not refused at build."""
+    stage, would hold more than :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.trace_events``,
+    the first iteration with its init broadcasts and the steady ones), or None. ``phantora-assets runs``
+    states the same rule, so a run it shows as fitting is not refused at build."""
     iterations = int(iterations or spec.wl.train.iterations)
     scope, events = timeline_scope(spec, iterations, warmup)
     if events <= MAX_TRACE_EVENTS:

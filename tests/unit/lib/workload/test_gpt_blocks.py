@@ -272,8 +272,8 @@ EXAMPLE = Path(__file__).resolve().parents[4] / "docs" / "examples" / "opus_smal
 
 def test_opus_small_example_is_the_study_job():
     from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS
-    from phantora_assets.lib.workload.collectives import trace_events
     from phantora_assets.lib.sim.memory import estimate_memory
+    from phantora_assets.lib.workload.collectives import trace_events
 
     (spec,) = load_run_matrix(EXAMPLE)
     p, m = spec.par, spec.wl.model
