@@ -71,7 +71,7 @@ from phantora_assets.lib.workload.collectives import (
     EVERY_RANK,
     ONE_RANK_A_STAGE,
     representatives,
-    trace_events_per_step,
+    trace_events,
 )
 from phantora_assets.lib.workload.dag import build_dag, stage_rank_range
 from phantora_assets.lib.workload.placement import GROUP_OF_KIND
@@ -87,24 +87,25 @@ WARMUP_COMPUTE_FACTOR = 1.2
 STEP_JITTER = 0.001
 
 
-def timeline_scope(spec: RunSpec, iterations: int | None = None) -> tuple[str, int]:
-    """What the run's raw timeline holds and how many events (``lib/workload/collectives.TIMELINE_SCOPES``):
+def timeline_scope(spec: RunSpec, iterations: int | None = None, warmup: bool = True) -> tuple[str, int]:
+    """What the run's raw timeline holds and how many events (``lib/workload/collectives.TIMELINE_SCOPES``,
+    ``trace_events``: the init and warm-up iteration counted as run, ``warmup`` as :class:`AnalyticSimulator`'s):
     every rank when that is within :data:`MAX_TRACE_EVENTS`, else one rank a stage (every network flow,
     the compute of each stage's first rank)."""
     iterations = int(iterations or spec.wl.train.iterations)
-    events = trace_events_per_step(spec) * iterations
+    events = trace_events(spec, EVERY_RANK, iterations, warmup)
     if events <= MAX_TRACE_EVENTS:
         return EVERY_RANK, events
-    return ONE_RANK_A_STAGE, trace_events_per_step(spec, ONE_RANK_A_STAGE) * iterations
+    return ONE_RANK_A_STAGE, trace_events(spec, ONE_RANK_A_STAGE, iterations, warmup)
 
 
-def trace_bound_rule(spec: RunSpec, iterations: int | None = None) -> str | None:
+def trace_bound_rule(spec: RunSpec, iterations: int | None = None, warmup: bool = True) -> str | None:
     """Why the analytic simulator refuses ``spec`` before simulating (its trace, even of scope one rank a
-    stage, would hold more than :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.
-    trace_events_per_step`` x iterations), or None. ``phantora-assets runs`` states the same rule, so a run
-    it shows as fitting is not refused at build."""
+    stage, would hold more than :data:`MAX_TRACE_EVENTS` events: ``lib/workload/collectives.trace_events``,
+    the first iteration with its init broadcasts and the steady ones), or None. ``phantora-assets runs``
+    states the same rule, so a run it shows as fitting is not refused at build."""
     iterations = int(iterations or spec.wl.train.iterations)
-    scope, events = timeline_scope(spec, iterations)
+    scope, events = timeline_scope(spec, iterations, warmup)
     if events <= MAX_TRACE_EVENTS:
         return None
     return (
@@ -240,9 +241,9 @@ class AnalyticSimulator:
         memory = estimate_memory(model)
         if not memory.fits:
             return SimulationResult(spec, memory, None)
-        if self.emit and (why := trace_bound_rule(spec, self.iterations)) is not None:
+        if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
-        self.scope = timeline_scope(spec, self.iterations)[0] if self.emit else EVERY_RANK
+        self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)

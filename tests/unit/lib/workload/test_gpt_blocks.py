@@ -271,8 +271,9 @@ EXAMPLE = Path(__file__).resolve().parents[4] / "docs" / "examples" / "opus_smal
 
 
 def test_opus_small_example_is_the_study_job():
-    from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS, trace_events_per_step
+    from phantora_assets.lib.sim.analytic import MAX_TRACE_EVENTS
     from phantora_assets.lib.sim.memory import estimate_memory
+    from phantora_assets.lib.workload.collectives import trace_events
 
     (spec,) = load_run_matrix(EXAMPLE)
     p, m = spec.par, spec.wl.model
@@ -287,4 +288,4 @@ def test_opus_small_example_is_the_study_job():
     model = workload_model(spec)
     assert model.total_params == gpt_params(96, 8192, 28672, 32000) == 71_394_410_496
     assert estimate_memory(model).fits
-    assert trace_events_per_step(spec) * spec.wl.train.iterations <= MAX_TRACE_EVENTS
+    assert trace_events(spec) <= MAX_TRACE_EVENTS
