@@ -49,6 +49,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 MODES = ("on_demand", "provisioned")
 #: The default size, bytes, up to which a call is a control collective on the packet network (module docstring).
 PACKET_BYTES = 4096
@@ -117,13 +119,15 @@ def _delay_ok(d: object) -> bool:
 
 
 def reconfig_tail(table: dict[str, Any]) -> str:
-    """The run id's tail of a run on a reconfigured network: ``_ocs_<mode>_<delay>ms`` (``2.5`` -> ``2p5``);
+    """The run id's tail of a run on a reconfigured network: ``_ocs_<mode>_<delay>ms`` (``2.5`` -> ``2p5``,
+    ``0.00001`` -> ``0p00001``: positional digits);
     "" when the run's own network is the EPS (no ``mode``), so the same job with and without the optical
     switch are two runs."""
     if not table.get("mode"):
         return ""
     d = table["delay_ms"]
-    text = str(int(d)) if float(d).is_integer() else repr(float(d)).replace(".", "p")
+    # positional digits (was repr: 1e-05 ms gave "1e-05", a '-' in a run id)
+    text = str(int(d)) if float(d).is_integer() else np.format_float_positional(float(d), trim="-").replace(".", "p")
     return f"_ocs_{table['mode']}_{text}ms"
 
 

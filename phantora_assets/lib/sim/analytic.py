@@ -30,7 +30,8 @@ Timing model (documented, per GPU model, never per run):
   stream of every rank is idle. Every steady iteration therefore starts from the same state, so
   the warm-up and the first steady iteration are simulated and the later ones are that steady
   iteration replicated with their own jitter factor (all event times of the step scaled by it);
-  ``replicate=False`` simulates every iteration (the tests check both agree within 0.5 %).
+  ``replicate=False`` simulates every iteration (the tests check both agree within 0.5 %), as a run on a
+  reconfigured optical network always does (its delays are no compute: a replica would scale them).
 * warm-up step: compute x 1.2; every step gets a deterministic +-0.1 % compute jitter seeded by
   the job (``RunSpec.job_key``: the run id without its fabric, optical or name tails; Phantora's steps
   differ by ~0.1 %).
@@ -167,6 +168,11 @@ class AnalyticSimulator:
         # one rank a stage, checked (lib/sim/symmetry.py); False: every rank. Optical rails run every rank: the
         # circuit states of a stage's ranks' NICs need not be alike (docs/SIMULATOR.md)
         self.compress = compress and self.optical is None
+        # a reconfigured network simulates every iteration: a replicated step scales every event time by its
+        # jitter factor, the reconfiguration delays too (a fixed time of the switch, not compute: 2 D read
+        # 2 D x f_k / f_1), so an _ocs_ run's steps would differ from its EPS twin's by more than the delays
+        if self.optical is not None and self.optical.mode != "eps":
+            self.replicate = False
         self.symmetry = ""
         self.scope = EVERY_RANK
         self.keep_schedule = keep_schedule  # True: run() leaves the simulated DAG in ``simulated`` (lib/chakra)

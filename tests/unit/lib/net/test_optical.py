@@ -163,7 +163,8 @@ def test_jitter_follows_the_job_not_its_name_or_optical_tail():
     """Runs of one job differing only in ``name`` or in an optical network that takes no call (every call a
     control collective: ``packet_bytes`` above any call) are the same simulation: their steps are equal to
     the ns, jitter included (the seed was the run id, so each got its own 0.1 % jitter). A shipped run's
-    seed key is its run id (outputs unchanged)."""
+    seed key is its run id (outputs unchanged). The reconfigured run simulates every iteration (its later ones
+    are no replicas), so it is the EPS simulated so."""
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
     from phantora_assets.matrix import load_run_matrix, parse_entries
 
@@ -172,9 +173,13 @@ def test_jitter_follows_the_job_not_its_name_or_optical_tail():
     no_circuit = {"mode": "on_demand", "delay_ms": 10, "packet_bytes": 2**62}
     eps, named, ocs = parse_entries([base, {**base, "name": "twin"}, {**base, "reconfig": no_circuit}])
     assert len({eps.run_id, named.run_id, ocs.run_id}) == 3
-    steps = [AnalyticSimulator(s, emit=False).run().iteration_ns for s in (eps, named, ocs)]
+    steps = [AnalyticSimulator(s, emit=False).run().iteration_ns for s in (eps, named)]
     assert len(set(steps[0][1:])) > 1  # jittered steady steps
-    assert steps[1] == steps[0] and steps[2] == steps[0]
+    assert steps[1] == steps[0]
+    # a reconfigured network simulates every iteration (no replica scaling its delays): as the EPS does so
+    every = AnalyticSimulator(eps, emit=False, replicate=False).run().iteration_ns
+    assert AnalyticSimulator(ocs, emit=False).run().iteration_ns == every
+    assert every[:2] == steps[0][:2]
     assert all(s.job_key == s.run_id for s in load_run_matrix())
 
 
@@ -227,3 +232,29 @@ def test_arbitrary_optical_rules(tmp_path):
         parse_entries([{**base, "topology": _arbitrary_file(tmp_path, {"sw-0": False}), "reconfig": rc}])
     (spec,) = parse_entries([{**base, "topology": _arbitrary_file(tmp_path, {"sw-1": True}), "reconfig": rc}])
     assert spec.run_id == "phantora_h100_W1_2x2_arbitrary_ocs_on_demand_10ms"
+
+
+def test_every_run_id_shape_passes_the_contracts(tmp_path):
+    """A simulated run's id with a topology tail, an ``_ocs_`` tail and a ``name`` suffix, in every combination,
+    matches the published tables' run_id rule (``contracts._RUN_ID``: was without the last two, so a run with
+    ``name`` or ``reconfig.mode`` failed ``windows_contract`` in a real build); a delay's digits are positional
+    (``1e-05`` ms made a '-' in the id)."""
+    import pandas as pd
+
+    from phantora_assets.contracts import _RUN_ID
+    from phantora_assets.matrix import parse_entries
+
+    rail = {"topology": "RailOptimized", "nic_bw_gbps": 400}
+    base = {"workload": "W1", "gpu": "h100", "nodes": 2, "gpus_per_node": 2}
+    entries = [
+        {**base, **extra, **({"name": name} if name else {}), **({"reconfig": rc} if rc else {})}
+        for extra in ({}, {"topology": rail})
+        for name in ("", "nopxn", "a_2x2")
+        for rc in ({}, {"mode": "on_demand", "delay_ms": 10}, {"mode": "provisioned", "delay_ms": 0.00001})
+        if extra or not rc  # reconfig needs the rails
+    ]
+    ids = [s.run_id for s in parse_entries(entries)]
+    assert "phantora_h100_W1_2x2_railoptimized_ocs_provisioned_0p00001ms_a_2x2" in ids
+    assert "phantora_h100_W1_2x2_nopxn" in ids and len(set(ids)) == len(entries) == 12
+    assert _RUN_ID(pd.Series(ids)).check_passed
+    assert not _RUN_ID(pd.Series(["phantora_h100_W1_2x2_railoptimized_ocs_eager_1ms-x"])).check_passed
