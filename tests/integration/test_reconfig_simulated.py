@@ -144,3 +144,24 @@ def test_reconfigured_run_is_its_eps_twin_plus_the_delays(built):
     it = {r: json.loads((paths.partition_dir(r) / "simulation.json").read_text())["iteration_ns"] for r in (EPS, OCS)}
     # the warm-up and the first steady iteration are simulated in both (the later EPS ones are replicas)
     assert [o - e for o, e in zip(it[OCS][:2], it[EPS][:2])] == [20_000_000, 20_000_000]
+
+
+def test_arbitrary_file_with_an_optical_switch_is_the_rail(tmp_path):
+    """Issue 38 item 1's Arbitrary case: the 4 NICs on one switch marked ``optical = true`` at 400 Gbps are
+    RailOptimized's rail 0 (one NIC a host): the same simulated sweep, to the ns."""
+    fabric = '[[switch]]\nname = "ocs"\noptical = true\n' + "".join(
+        f'[[nic]]\nhost = {h}\nnic = 0\nswitch = "ocs"\ngbps = 400\n' for h in range(1, 5)
+    )
+    (tmp_path / "fabric.toml").write_text(fabric)
+    topo = f'{{ topology = "Arbitrary", fabric_file = "{tmp_path / "fabric.toml"}" }}'
+    first_run = MATRIX.split("[[run]]")[1]
+    rail = MATRIX.split("[[run]]")[0] + "[[run]]" + first_run
+    arbitrary = rail.replace('{ topology = "RailOptimized", nic_bw_gbps = 400 }', topo)
+    (tmp_path / "rail.toml").write_text(rail)
+    (tmp_path / "arbitrary.toml").write_text(arbitrary)
+    (r,) = load_run_matrix(tmp_path / "rail.toml")
+    (a,) = load_run_matrix(tmp_path / "arbitrary.toml")
+    cols = ["delay_ms", "mode", "step_time_s", "stall_s", "utilisation"]
+    got = simulated_sweep(a, [0, 10])[0]
+    pd.testing.assert_frame_equal(got[cols], simulated_sweep(r, [0, 10])[0][cols])
+    assert got.loc[(got["delay_ms"] == 10) & (got["mode"] == "on_demand"), "stall_s"].item() == pytest.approx(0.02)

@@ -446,7 +446,7 @@ class AnalyticSimulator:
                 start[m] = t
                 heapq.heappush(heap, (t, m, 1))
 
-        optical_ep = self.topology.optical_endpoints if rails is not None else None
+        optical_ep: np.ndarray = self.topology.optical_endpoints if rails is not None else np.zeros(0, dtype=bool)
 
         def circuit_ports(n: int, e_src: np.ndarray, e_dst: np.ndarray) -> tuple[int, ...]:
             """The NIC ports of a call's network flows on optical switches (every NIC's on a rail fabric)."""
