@@ -18,9 +18,12 @@ from phantora_assets.sources import SOURCE_NAMES
 
 #: A simulated or imported Phantora run, or a profiled run named by its import (lib/run/spec.PROFILED_SOURCES).
 # phantora_<gpu>_<workload>_<layout>, then _<topology type in lower case> on a topology other than
-# presets.toml's (lib/run/spec.RunSpec.run_id); a workload is W1..W5 or a user's [workloads.NAME]
+# presets.toml's, _ocs_<mode>_<delay>ms on a reconfigured network (lib/net/optical.reconfig_tail) and
+# _<name> (the entry's name, lib/run/spec._SUFFIX) (lib/run/spec.RunSpec.run_id); a workload is W1..W5 or a
+# user's [workloads.NAME]. (Was without the last two: a run with name or reconfig.mode failed windows_contract.)
 _RUN_ID = Check.str_matches(
     r"^(phantora_[a-z0-9_]+_[A-Za-z0-9_]+_\d+x\d+(_(fattree|railoptimized|multiplane|arbitrary))?"
+    r"(_ocs_(on_demand|provisioned)_\d+(p\d+)?ms)?(_[a-z0-9][a-z0-9_]{0,39})?"
     r"|(?!phantora_)[a-z0-9][a-z0-9_]*)$"
 )
 

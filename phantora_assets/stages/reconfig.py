@@ -224,10 +224,11 @@ def database_tables() -> list[database.Table]:
                 "delay_ms": "reconfiguration delay: 0, 1, 5, 10, 50, 100, 250, 500, 750, 1000 ms",
                 "mode": "on_demand (each transition stalls the delay) | provisioned (max(0, delay - window))",
                 "step_time_s": "formula: the run's step time (median of the typical timed steady steps) with the "
-                "steps' stalls; simulated: the median simulated steady iteration",
+                "steps' stalls; simulated: the simulated steady iteration (lib/net/reconfig_sim.py)",
                 "stall_s": "formula: mean over timed steady steps of the stall of the step's most stalled NIC; "
                 "simulated: the step time minus the EPS run's",
-                "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), over the timed steady steps",
+                "utilisation": "T_compute / (T_compute + T_non-overlapped comm + T_stall), T_compute the hosts' mean "
+                "compute (step_anatomy.compute_us); formula: over the timed steady steps; simulated: of the step",
             },
             optional=True,
         ),

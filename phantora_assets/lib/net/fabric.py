@@ -78,6 +78,8 @@ __all__ = [
 
 #: Topology types built here (``TwoLayerMultiPath`` is ``lib/sim/network.Topology``).
 FABRIC_TYPES = ("FatTree", "RailOptimized", "MultiPlane", "Arbitrary")
+#: Fabrics whose every rail switch is optical when a run asks for reconfig (docs/FABRIC.md).
+RAIL_TYPES = ("RailOptimized", "MultiPlane")
 #: Shortest paths kept per endpoint pair.
 MAX_PATHS = 4096
 _GBPS = 1 / 8  # Gbps -> bytes per ns
@@ -135,6 +137,8 @@ class Fabric:
         link_class: class of every link; ``cap``: bytes per ns of every link.
         loopback_bw: bytes per ns inside a scale-up domain; ``ecmp``: :data:`ECMP_MODES`.
         pxn: a flow between hosts leaves through the NIC on the destination GPU's rail (module docstring).
+        optical_endpoints: bool a endpoint: its NIC's port is on an optical circuit switch (every NIC of
+            ``RailOptimized`` and ``MultiPlane``; on ``Arbitrary`` those on ``optical = true`` switches).
     """
 
     def __init__(  # noqa: PLR0913 (a graph and its layout, keyword-only)
@@ -178,6 +182,12 @@ class Fabric:
         for e, node in enumerate(ep):
             if not self._out[node]:
                 raise ValueError(f"{kind}: endpoint {b.names[node]} (endpoint {e}) is attached to no switch")
+        # the endpoints whose port is on an optical circuit switch (lib/net/optical.py, with a run's reconfig):
+        # every NIC of a rail fabric (its rail switches), the NICs on an Arbitrary file's optical = true switches
+        self.optical_endpoints = np.array(
+            [kind in RAIL_TYPES or any(b.names[int(self._ldst[lk])] in b.optical for lk in self._out[n]) for n in ep],
+            dtype=bool,
+        )
 
     def host_bw(self) -> float:
         """A host's network bandwidth, bytes per second: the sum of its NICs' ``host_up`` links (every

@@ -24,6 +24,7 @@ class Builder:
     dst: list[int] = field(default_factory=list)
     cap: list[float] = field(default_factory=list)
     cls: list[str] = field(default_factory=list)
+    optical: set[str] = field(default_factory=set)  # an Arbitrary file's optical circuit switches (by name)
 
     def node(self, name: str) -> int:
         if name not in self.index:
@@ -54,6 +55,7 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
 
         [[switch]]
         name = "tor-1"                 # a string, unique; not of the form host-k
+        optical = true                 # optional (default false): an optical circuit switch (below)
         [[link]]                       # full duplex between two different switches; two [[link]]s
         a = "tor-1"                    # of one pair are two parallel cables (ECMP between them)
         b = "core-1"
@@ -74,6 +76,14 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     reaches every other through switches (one connected fabric: a host never forwards, so a NIC on a
     switch island is refused with the NICs that host-1's first NIC cannot reach).
 
+    ``optical = true`` marks a switch as an optical circuit switch: with the run's ``reconfig``
+    (docs/FABRIC.md, "The optical rail in the simulator") the port of every NIC on it holds a circuit for
+    one parallelism group at a time (``lib/net/optical.py``), as every NIC's port does on a rail fabric;
+    NICs on the other switches need no circuit. Without ``reconfig`` the key changes nothing (the EPS).
+    The circuit model covers a NIC's own port only, so an optical switch must never be crossed between two
+    other switches: one on a shortest path between the switches of two NICs, neither of them on it, is
+    refused (its switch-to-switch circuits are not modelled).
+
     Raises:
         ValueError: the file, the entry and the rule.
     """
@@ -82,6 +92,7 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
         doc = tomllib.loads(p.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"Arbitrary fabric file {p}: {e}") from e
+    doc_switches = doc.get("switch", [])
     if set(doc) - {"switch", "link", "nic"}:
         raise ValueError(f"{p}: unknown tables {sorted(set(doc) - {'switch', 'link', 'nic'})} (switch, link, nic)")
 
@@ -103,6 +114,14 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     def integer(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
+    switch_rows = doc.get("switch", [])
+    if isinstance(switch_rows, list):  # "optical" is optional: rows() checks the keys of the rest
+        for i, r in enumerate(switch_rows):
+            if isinstance(r, dict) and "optical" in r and not isinstance(r["optical"], bool):
+                raise ValueError(f"{p}: [[switch]] #{i + 1}: optical must be true or false, got {r['optical']!r}")
+        doc["switch"] = [
+            {k: v for k, v in r.items() if k != "optical"} if isinstance(r, dict) else r for r in switch_rows
+        ]
     switch_rows = rows("switch", {"name"})
     for i, r in enumerate(switch_rows):
         if not isinstance(r["name"], str) or not r["name"] or r["name"].startswith("host-"):
@@ -157,7 +176,16 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
             f"{p}: the fabric is not connected: {_listed(islands)} cannot be reached from host-1's nic 0 through "
             "switches (every NIC must reach every other; a host never forwards)"
         )
-    b = Builder()
+    optical = {
+        str(r["name"]) for r in (doc_switches if isinstance(doc_switches, list) else []) if r.get("optical") is True
+    }
+    if optical and (crossed := _crossed_optical(optical, nic_rows, link_rows)):
+        raise ValueError(
+            f"{p}: optical switch {crossed[0]!r} is on a shortest path between {crossed[1]!r} and {crossed[2]!r}, "
+            "the switches of two NICs neither on it: a circuit between two switches is not modelled (only a NIC's "
+            "own port on an optical switch; docs/FABRIC.md)"
+        )
+    b = Builder(optical=optical)
     for h in range(n_hosts):
         for i in range(nics):
             b.node(nic_name(h, i, nics))
@@ -167,6 +195,42 @@ def load_arbitrary(path: str | Path, n_hosts: int) -> tuple[Builder, int]:  # no
     for i, r in enumerate(link_rows):
         b.duplex(r["a"], r["b"], bw(r, f"[[link]] #{i + 1}"), "fabric", "fabric")
     return b, nics
+
+
+def _crossed_optical(
+    optical: set[str], nic_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]]
+) -> tuple[str, str, str] | None:
+    """An optical switch X on a shortest path (hops, as ``Fabric.paths`` routes) between two switches S, T of
+    NICs, X not S nor T: ``(X, S, T)`` (the first by name), else None. d(S, X) + d(X, T) = d(S, T) by
+    breadth-first search from each of those switches and from X."""
+    adj: dict[str, set[str]] = {}
+    for r in link_rows:
+        adj.setdefault(r["a"], set()).add(r["b"])
+        adj.setdefault(r["b"], set()).add(r["a"])
+
+    def dist(src: str) -> dict[str, int]:
+        d, frontier = {src: 0}, [src]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in sorted(adj.get(u, ())):
+                    if v not in d:
+                        d[v] = d[u] + 1
+                        nxt.append(v)
+            frontier = nxt
+        return d
+
+    ends = sorted({str(r["switch"]) for r in nic_rows})
+    from_end = {s: dist(s) for s in ends}
+    for x in sorted(optical):
+        dx = dist(x)
+        for s in ends:
+            for t in ends:
+                if x in (s, t) or s >= t or t not in from_end[s] or s not in dx or t not in dx:
+                    continue
+                if dx[s] + dx[t] == from_end[s][t]:
+                    return x, s, t
+    return None
 
 
 def _unreachable(nic_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]]) -> list[str]:

@@ -9,6 +9,9 @@ until the port has been reconfigured, which takes the delay ``D``.
 Rules (:class:`OpticalRails`; the analytic simulator calls it when a collective is ready to start, when
 one ends and at the instants a reconfiguration completes):
 
+* **Where.** Every NIC's port on ``RailOptimized`` and ``MultiPlane``; on ``Arbitrary`` the ports of the NICs on
+  switches the file marks ``optical = true`` (``Fabric.optical_endpoints``; a call's flows from and to the
+  other NICs need no circuit).
 * **What needs a circuit.** A call's network flows: those between two scale-up domains (NVLink traffic is
   the simulator's loopback and never needs one). A call of at most ``packet_bytes`` bytes (default
   :data:`PACKET_BYTES` = 4096, the size the simulator already times at 0 us:
@@ -46,13 +49,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 MODES = ("on_demand", "provisioned")
 #: The default size, bytes, up to which a call is a control collective on the packet network (module docstring).
 PACKET_BYTES = 4096
 #: The ``reconfig`` table of a ``[[run]]`` entry: its keys and their defaults (docs/FABRIC.md).
 RECONFIG_KEYS: dict[str, Any] = {"mode": "", "delay_ms": None, "packet_bytes": PACKET_BYTES, "sweep_delays_ms": []}
 #: Topologies whose rails can be optical (a rail switch a NIC index).
-OPTICAL_TOPOLOGIES = ("RailOptimized", "MultiPlane")
+OPTICAL_TOPOLOGIES = ("RailOptimized", "MultiPlane", "Arbitrary")
 MAX_DELAY_MS = 1_000_000
 
 
@@ -65,8 +70,12 @@ class OpticalConfig:
     packet_bytes: int = PACKET_BYTES
 
 
-def reconfig_rule(table: object, topology: str, source: str) -> str | None:  # noqa: PLR0911 (one return per rule broken, each its message)
-    """What is wrong with a ``[[run]]`` entry's ``reconfig`` table (None when it is allowed)."""
+def reconfig_rule(  # noqa: PLR0911 (one return per rule broken, each its message)
+    table: object, topology: str, source: str, optical_nics: int | None = None
+) -> str | None:
+    """What is wrong with a ``[[run]]`` entry's ``reconfig`` table (None when it is allowed). ``optical_nics``:
+    the NICs on an ``Arbitrary`` file's ``optical = true`` switches (``Fabric.optical_endpoints``; None: not
+    counted); an Arbitrary run with none is refused (no port would ever switch)."""
     if not isinstance(table, dict):
         return f"reconfig must be a table ({{ mode = 'provisioned', delay_ms = 10 }}), got {table!r}"
     extra = sorted(set(table) - set(RECONFIG_KEYS))
@@ -76,6 +85,11 @@ def reconfig_rule(table: object, topology: str, source: str) -> str | None:  # n
         return None
     if topology not in OPTICAL_TOPOLOGIES:
         return f"reconfig needs optical rails: topology {' or '.join(OPTICAL_TOPOLOGIES)}, not {topology}"
+    if topology == "Arbitrary" and optical_nics == 0:
+        return (
+            "reconfig on an Arbitrary fabric needs optical switches: mark the NICs' switches optical = true in "
+            "the fabric file (no NIC of this run is on one)"
+        )
     if source != "analytic":
         return f"reconfig is simulated by the analytic simulator only (source = 'analytic'), not {source!r}"
     mode, delay = table.get("mode", ""), table.get("delay_ms")
@@ -105,13 +119,15 @@ def _delay_ok(d: object) -> bool:
 
 
 def reconfig_tail(table: dict[str, Any]) -> str:
-    """The run id's tail of a run on a reconfigured network: ``_ocs_<mode>_<delay>ms`` (``2.5`` -> ``2p5``);
+    """The run id's tail of a run on a reconfigured network: ``_ocs_<mode>_<delay>ms`` (``2.5`` -> ``2p5``,
+    ``0.00001`` -> ``0p00001``: positional digits);
     "" when the run's own network is the EPS (no ``mode``), so the same job with and without the optical
     switch are two runs."""
     if not table.get("mode"):
         return ""
     d = table["delay_ms"]
-    text = str(int(d)) if float(d).is_integer() else repr(float(d)).replace(".", "p")
+    # positional digits (was repr: 1e-05 ms gave "1e-05", a '-' in a run id)
+    text = str(int(d)) if float(d).is_integer() else np.format_float_positional(float(d), trim="-").replace(".", "p")
     return f"_ocs_{table['mode']}_{text}ms"
 
 

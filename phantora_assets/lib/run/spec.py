@@ -101,6 +101,16 @@ class RunSpec:
         return f"{self.workload}_{self.layout}{self.topology_tail}{ocs}{suffix}"
 
     @property
+    def job_key(self) -> str:
+        """``phantora_<gpu>_<workload>_<layout>``: the job (what runs on which GPUs), without its fabric
+        (``topology_tail``), its optical network (the ``_ocs_...`` tail) or its label (``name``). The analytic
+        simulator's step jitter is seeded by it (``lib/sim/keys.seed_of``), so runs of one job that differ only
+        in fabric, reconfiguration or name get the same compute and jitter, and their steps differ by what the
+        network does and nothing else. Equal to ``run_id`` for a run on the preset topology without ``name``
+        or ``reconfig.mode`` (every shipped run: their seeds, and outputs, are unchanged)."""
+        return f"phantora_{self.gpu}_{self.workload}_{self.layout}"
+
+    @property
     def topology_tail(self) -> str:  # "" on presets.toml's topology, else _<type in lower case>
         return topology_tail(dict(self.topology), presets()["cluster"]["topology"])
 
@@ -264,5 +274,11 @@ def validate(spec: RunSpec, entry: str) -> None:
     if spec.path.encode("utf-8", "replace").decode() != spec.path:  # a file name's undecodable bytes
         raise RunMatrixError(f"{entry}: path {spec.path!r} is not UTF-8 text (the registry and records are): rename it")
     _check_topology(spec, entry)
-    if spec.reconfig and (why := reconfig_rule(dict(spec.reconfig), str(spec.cluster.get("topology")), spec.source)):
+    kind = str(spec.cluster.get("topology"))
+    optical_nics = None
+    if spec.reconfig and kind == "Arbitrary":  # the file says which switches are optical (built: _check_topology)
+        from phantora_assets.lib.net.fabric import build_fabric
+
+        optical_nics = int(build_fabric(spec.cluster, spec.n_nodes, spec.gpus_per_node).optical_endpoints.sum())
+    if spec.reconfig and (why := reconfig_rule(dict(spec.reconfig), kind, spec.source, optical_nics)):
         raise RunMatrixError(f"{entry}: {why} (docs/FABRIC.md, 'The optical rail in the simulator')")

@@ -30,9 +30,11 @@ Timing model (documented, per GPU model, never per run):
   stream of every rank is idle. Every steady iteration therefore starts from the same state, so
   the warm-up and the first steady iteration are simulated and the later ones are that steady
   iteration replicated with their own jitter factor (all event times of the step scaled by it);
-  ``replicate=False`` simulates every iteration (the tests check both agree within 0.5 %).
+  ``replicate=False`` simulates every iteration (the tests check both agree within 0.5 %), as a run on a
+  reconfigured optical network always does (its delays are no compute: a replica would scale them).
 * warm-up step: compute x 1.2; every step gets a deterministic +-0.1 % compute jitter seeded by
-  run_id (Phantora's steps differ by ~0.1 %).
+  the job (``RunSpec.job_key``: the run id without its fabric, optical or name tails; Phantora's steps
+  differ by ~0.1 %).
 
 Exposed communication of a step = step time minus the compute stream's busy time on rank 0.
 
@@ -137,7 +139,10 @@ class AnalyticSimulator:
         self.iterations = int(iterations or spec.wl.train.iterations)
         self.G = spec.gpus_per_node
         self.world = spec.world_size
-        self.rng = np.random.default_rng(seed_of(spec.run_id, "analytic"))
+        # seeded by the job, not the run id: the same job on another fabric, optical network or name gets the
+        # same jitter, so comparing them is exact (RunSpec.job_key; was spec.run_id: an _ocs_ run's steps
+        # differed from its EPS twin's by up to 0.1 % of jitter)
+        self.rng = np.random.default_rng(seed_of(spec.job_key, "analytic"))
         if perfdb_dir == "default":
             perfdb_dir = perfdb_folder(spec.gpu, spec.gpu_spec)
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
@@ -152,13 +157,23 @@ class AnalyticSimulator:
         self.warmup = warmup  # False: every iteration is a steady step (no init, no warm-up step)
         # the optical rails (lib/net/optical.py): "run" = the run's own reconfig table (None: the EPS, as before)
         self.optical: OpticalConfig | None = run_config(dict(spec.reconfig)) if isinstance(optical, str) else optical
-        if self.optical is not None and not isinstance(self.topology, Fabric):
-            raise ValueError(f"{spec.run_id}: optical rails need a rail fabric, not {spec.cluster['topology']}")
+        if self.optical is not None and (
+            not isinstance(self.topology, Fabric) or not self.topology.optical_endpoints.any()
+        ):
+            raise ValueError(
+                f"{spec.run_id}: optical rails need a rail fabric or an Arbitrary file with optical = true switches "
+                f"under NICs, not {spec.cluster['topology']} without"
+            )
         self.schedule = schedule  # a provisioned run's ports' sequences of groups (the EPS run's log)
         self.rails: OpticalRails | None = None
         # one rank a stage, checked (lib/sim/symmetry.py); False: every rank. Optical rails run every rank: the
         # circuit states of a stage's ranks' NICs need not be alike (docs/SIMULATOR.md)
         self.compress = compress and self.optical is None
+        # a reconfigured network simulates every iteration: a replicated step scales every event time by its
+        # jitter factor, the reconfiguration delays too (a fixed time of the switch, not compute: 2 D read
+        # 2 D x f_k / f_1), so an _ocs_ run's steps would differ from its EPS twin's by more than the delays
+        if self.optical is not None and self.optical.mode != "eps":
+            self.replicate = False
         self.symmetry = ""
         self.scope = EVERY_RANK
         self.keep_schedule = keep_schedule  # True: run() leaves the simulated DAG in ``simulated`` (lib/chakra)
@@ -432,9 +447,13 @@ class AnalyticSimulator:
                 start[m] = t
                 heapq.heappush(heap, (t, m, 1))
 
+        optical_ep: np.ndarray = self.topology.optical_endpoints if rails is not None else np.zeros(0, dtype=bool)
+
         def circuit_ports(n: int, e_src: np.ndarray, e_dst: np.ndarray) -> tuple[int, ...]:
+            """The NIC ports of a call's network flows on optical switches (every NIC's on a rail fabric)."""
             net_ = e_src != e_dst
-            return tuple(sorted(set(e_src[net_].tolist()) | set(e_dst[net_].tolist())))
+            ends = set(e_src[net_].tolist()) | set(e_dst[net_].tolist())
+            return tuple(sorted(e for e in ends if optical_ep[e]))
 
         for n in range(n_nodes):
             if deps_left[n] == 0:

@@ -29,8 +29,8 @@ T_CALL = B / 50.0  # ns
 D = 5e6  # 5 ms
 
 
-def _sim(optical: OpticalConfig | None, schedule=None) -> AnalyticSimulator:
-    cluster = {**presets()["cluster"], "topology": "RailOptimized", "nic_bw_gbps": 400}
+def _sim(optical: OpticalConfig | None, schedule=None, topology: dict | None = None) -> AnalyticSimulator:
+    cluster = {**presets()["cluster"], **(topology or {"topology": "RailOptimized", "nic_bw_gbps": 400})}
     sim = object.__new__(AnalyticSimulator)  # the event loop alone: no workload model
     sim.topology = build_fabric(cluster, 2, 2)
     sim.world, sim.G = 4, 2
@@ -157,3 +157,104 @@ def test_run_matrix_entry_asks_for_a_reconfigured_run_of_its_own():
         parse_entries([{**base, "topology": {}, "reconfig": {"mode": "on_demand", "delay_ms": 1}}])
     with pytest.raises(RunMatrixError, match="reconfig must be a table"):
         parse_entries([{**base, "reconfig": 5}])
+
+
+def test_jitter_follows_the_job_not_its_name_or_optical_tail():
+    """Runs of one job differing only in ``name`` or in an optical network that takes no call (every call a
+    control collective: ``packet_bytes`` above any call) are the same simulation: their steps are equal to
+    the ns, jitter included (the seed was the run id, so each got its own 0.1 % jitter). A shipped run's
+    seed key is its run id (outputs unchanged). The reconfigured run simulates every iteration (its later ones
+    are no replicas), so it is the EPS simulated so."""
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
+    from phantora_assets.matrix import load_run_matrix, parse_entries
+
+    rail = {"topology": "RailOptimized", "nic_bw_gbps": 400}
+    base = {"workload": "W1", "gpu": "h100", "nodes": 2, "gpus_per_node": 2, "topology": rail}
+    no_circuit = {"mode": "on_demand", "delay_ms": 10, "packet_bytes": 2**62}
+    eps, named, ocs = parse_entries([base, {**base, "name": "twin"}, {**base, "reconfig": no_circuit}])
+    assert len({eps.run_id, named.run_id, ocs.run_id}) == 3
+    steps = [AnalyticSimulator(s, emit=False).run().iteration_ns for s in (eps, named)]
+    assert len(set(steps[0][1:])) > 1  # jittered steady steps
+    assert steps[1] == steps[0]
+    # a reconfigured network simulates every iteration (no replica scaling its delays): as the EPS does so
+    every = AnalyticSimulator(eps, emit=False, replicate=False).run().iteration_ns
+    assert AnalyticSimulator(ocs, emit=False).run().iteration_ns == every
+    assert every[:2] == steps[0][:2]
+    assert all(s.job_key == s.run_id for s in load_run_matrix())
+
+
+def _arbitrary_file(tmp_path, optical: dict[str, object], core: str = "core", nic_switch=("sw-0", "sw-1")) -> dict:
+    """2 hosts x 2 NICs at 400 Gbps: NIC i of both hosts on switch ``nic_switch[i]``, each 400 Gbps to ``core``;
+    ``optical``: switch name -> its ``optical`` value."""
+    names = sorted({*nic_switch, core})
+    toml = lambda v: str(v).lower() if isinstance(v, bool) else f'"{v}"'
+    text = "".join(
+        f'[[switch]]\nname = "{n}"\n' + (f"optical = {toml(optical[n])}\n" if n in optical else "") for n in names
+    )
+    text += "".join(f'[[link]]\na = "{sw}"\nb = "{core}"\ngbps = 400\n' for sw in sorted(set(nic_switch)))
+    text += "".join(
+        f'[[nic]]\nhost = {h}\nnic = {i}\nswitch = "{nic_switch[i]}"\ngbps = 400\n' for h in (1, 2) for i in (0, 1)
+    )
+    (tmp_path / "fabric.toml").write_text(text)
+    return {"topology": "Arbitrary", "fabric_file": str(tmp_path / "fabric.toml")}
+
+
+def test_arbitrary_file_marks_switches_optical(tmp_path):
+    """Issue 38 item 1's Arbitrary case: the chain runs between NIC 0 of both hosts (switch sw-0). With sw-0
+    ``optical = true`` its ports hold circuits: on demand adds (K-1) D, as on a rail fabric; with only sw-1
+    optical (the chain's NICs on a packet switch) nothing waits: the EPS time, exactly."""
+    k = 4
+    topo = _arbitrary_file(tmp_path, {"sw-0": True})
+    assert build_fabric({**presets()["cluster"], **topo}, 2, 2).optical_endpoints.tolist() == [True, False, True, False]
+    assert _end(_sim(OpticalConfig("on_demand", D), topology=topo), k, 0) == pytest.approx(
+        k * T_CALL + (k - 1) * D, rel=1e-9
+    )
+    assert _end(_sim(None, topology=topo), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
+    other = _arbitrary_file(tmp_path, {"sw-0": False, "sw-1": True})
+    assert _end(_sim(OpticalConfig("on_demand", D), topology=other), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
+
+
+def test_arbitrary_optical_rules(tmp_path):
+    """A non-boolean ``optical`` and an optical switch crossed between two other switches are refused with the
+    file and the rule; a run's reconfig on an Arbitrary file with no optical switch under a NIC is refused by
+    the schema; with one it is accepted and gets its ``_ocs_`` tail."""
+    from phantora_assets.lib.errors import RunMatrixError
+    from phantora_assets.matrix import parse_entries
+
+    cluster = presets()["cluster"]
+    with pytest.raises(ValueError, match="optical must be true or false"):
+        build_fabric({**cluster, **_arbitrary_file(tmp_path, {"sw-0": "yes"})}, 2, 2)
+    with pytest.raises(ValueError, match="optical switch 'core' is on a shortest path between 'sw-0' and 'sw-1'"):
+        build_fabric({**cluster, **_arbitrary_file(tmp_path, {"core": True})}, 2, 2)
+    base = {"workload": "W1", "gpu": "h100", "nodes": 2, "gpus_per_node": 2}
+    rc = {"mode": "on_demand", "delay_ms": 10}
+    with pytest.raises(RunMatrixError, match="needs optical switches"):
+        parse_entries([{**base, "topology": _arbitrary_file(tmp_path, {"sw-0": False}), "reconfig": rc}])
+    (spec,) = parse_entries([{**base, "topology": _arbitrary_file(tmp_path, {"sw-1": True}), "reconfig": rc}])
+    assert spec.run_id == "phantora_h100_W1_2x2_arbitrary_ocs_on_demand_10ms"
+
+
+def test_every_run_id_shape_passes_the_contracts(tmp_path):
+    """A simulated run's id with a topology tail, an ``_ocs_`` tail and a ``name`` suffix, in every combination,
+    matches the published tables' run_id rule (``contracts._RUN_ID``: was without the last two, so a run with
+    ``name`` or ``reconfig.mode`` failed ``windows_contract`` in a real build); a delay's digits are positional
+    (``1e-05`` ms made a '-' in the id)."""
+    import pandas as pd
+
+    from phantora_assets.contracts import _RUN_ID
+    from phantora_assets.matrix import parse_entries
+
+    rail = {"topology": "RailOptimized", "nic_bw_gbps": 400}
+    base = {"workload": "W1", "gpu": "h100", "nodes": 2, "gpus_per_node": 2}
+    entries = [
+        {**base, **extra, **({"name": name} if name else {}), **({"reconfig": rc} if rc else {})}
+        for extra in ({}, {"topology": rail})
+        for name in ("", "nopxn", "a_2x2")
+        for rc in ({}, {"mode": "on_demand", "delay_ms": 10}, {"mode": "provisioned", "delay_ms": 0.00001})
+        if extra or not rc  # reconfig needs the rails
+    ]
+    ids = [s.run_id for s in parse_entries(entries)]
+    assert "phantora_h100_W1_2x2_railoptimized_ocs_provisioned_0p00001ms_a_2x2" in ids
+    assert "phantora_h100_W1_2x2_nopxn" in ids and len(set(ids)) == len(entries) == 12
+    assert _RUN_ID(pd.Series(ids)).check_passed
+    assert not _RUN_ID(pd.Series(["phantora_h100_W1_2x2_railoptimized_ocs_eager_1ms-x"])).check_passed
