@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+from fixtures.memory import peak_gib
 
 from phantora_assets.assets import RUN_ASSET_NAMES
 from phantora_assets.assets.common import NOT_APPLICABLE_ASSETS
@@ -19,9 +20,9 @@ from phantora_assets.matrix import load_run_matrix
 from phantora_assets.resources import AnalyticSimulatorResource
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-OOM = "phantora_l40s_W5_2x1"  # estimate 49.70 GiB > L40S 46.00 GiB
+OOM = "phantora_l40s_W5_2x1"  # estimated peak above the L40S card (46.00 GiB)
 FITS = "phantora_l40s_W1_2x1"
-REASON = "phantora_l40s_W5_2x1 does not fit in GPU memory (49.70 GiB > 46.00 GiB)"
+REASON = f"phantora_l40s_W5_2x1 does not fit in GPU memory ({peak_gib(OOM)} GiB > 46.00 GiB)"
 Status = dg._core.storage.asset_check_execution_record.AssetCheckExecutionRecordStatus
 
 

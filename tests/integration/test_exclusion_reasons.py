@@ -8,6 +8,7 @@ import duckdb
 import pandas as pd
 import pytest
 from fixtures.builds import FITS, NOT_BUILT, OOM
+from fixtures.memory import peak_gib
 
 from phantora_assets.cli import main
 
@@ -51,8 +52,9 @@ def test_chakra_of_a_run_that_does_not_fit_says_so(small_build, tmp_path, capsys
     assert main(["chakra", OOM, str(tmp_path / "et"), "--data-dir", str(small_build)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        f"chakra: {OOM}: does not fit: estimated peak 50.53 GiB > card 40.00 GiB (fits_in_memory failed): a run "
-        "that does not fit in GPU memory is not simulated, so it has no trace to export, and a rebuild gives the same"
+        f"chakra: {OOM}: does not fit: estimated peak {peak_gib(OOM)} GiB > card 40.00 GiB (fits_in_memory failed): "
+        "a run that does not fit in GPU memory is not simulated, so it has no trace to export, "
+        "and a rebuild gives the same"
     )
     assert "build --run" not in err and not (tmp_path / "et").exists()
 

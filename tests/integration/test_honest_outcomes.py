@@ -19,6 +19,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 from fixtures.materialize import ephemeral_with_runs
+from fixtures.memory import peak_gib
 from fixtures.run_folders import write_run_folder
 
 from phantora_assets import checks
@@ -36,7 +37,7 @@ from phantora_assets.resources import AnalyticSimulatorResource
 from phantora_assets.stages.dataset import export_dataset
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-OOM = "phantora_l40s_W5_2x1"  # estimate 49.70 GiB > L40S 46.00 GiB
+OOM = "phantora_l40s_W5_2x1"  # estimated peak above the L40S card (46.00 GiB)
 FITS = "phantora_l40s_W1_2x1"
 #: The steps Dagster skips below chrome_trace in the non-fitting run.
 SKIPPED = [n for n in RUN_ASSET_NAMES if n not in ("raw_timeline", "chrome_trace")]
@@ -108,15 +109,16 @@ def _applicable(mats: dict[str, dict]) -> set[str]:
 def test_not_fitting_run_records_the_estimate_on_raw_timeline(runs):
     mats = _materialized(runs.res[OOM])
     assert _applicable(mats) == {"raw_timeline"}
-    reason = "phantora_l40s_W5_2x1 does not fit in GPU memory (49.70 GiB > 46.00 GiB)"
+    reason = f"phantora_l40s_W5_2x1 does not fit in GPU memory ({peak_gib(OOM)} GiB > 46.00 GiB)"
     assert {k: v for k, v in mats.items() if k != "raw_timeline"} == {
         n: {"status": "not_applicable", "reason": reason} for n in RUN_ASSET_NAMES if n != "raw_timeline"
     }
     meta = mats["raw_timeline"]
     assert meta["fits_in_memory"] is False
-    assert meta["peak_memory_gib"] == pytest.approx(49.70)
+    assert meta["peak_memory_gib"] == pytest.approx(float(peak_gib(OOM)), abs=0.005)
+    assert float(peak_gib(OOM)) > 46.0
     assert meta["card_gib"] == pytest.approx(46.0)
-    assert meta["outcome"].startswith("does not fit: estimated peak 49.70 GiB > card 46.00 GiB")
+    assert meta["outcome"].startswith(f"does not fit: estimated peak {peak_gib(OOM)} GiB > card 46.00 GiB")
     assert "not applicable" in meta["outcome"]
 
 
@@ -135,7 +137,7 @@ def test_downstream_steps_are_skipped_not_failed(runs):
     oom = runs.res[OOM]
     assert _steps(oom, "STEP_SUCCESS") == {"raw_timeline", "chrome_trace"}  # chrome_trace ran, yielded nothing
     assert _steps(oom, "STEP_SKIPPED") == set(SKIPPED)
-    assert "not applicable: phantora_l40s_W5_2x1 does not fit in GPU memory (49.70 GiB > 46.00 GiB)" in _user_logs(
+    assert f"not applicable: {OOM} does not fit in GPU memory ({peak_gib(OOM)} GiB > 46.00 GiB)" in _user_logs(
         runs.instance, oom
     )
     # Dagster's "Blocking asset check ... emitted no result" lines for the skipped steps are quieted
@@ -147,7 +149,7 @@ def test_fitting_run_materializes_every_asset(runs):
     mats = _materialized(ok)
     assert set(mats) == set(RUN_ASSET_NAMES)
     assert mats["raw_timeline"]["fits_in_memory"] is True
-    assert mats["raw_timeline"]["outcome"].startswith("fits: estimated peak 16.55 GiB <= card 46.00 GiB")
+    assert mats["raw_timeline"]["outcome"].startswith(f"fits: estimated peak {peak_gib(FITS)} GiB <= card 46.00 GiB")
     assert not _steps(ok, "STEP_SKIPPED")
     assert all(e.passed for e in ok.get_asset_check_evaluations())
     assert not [m for m in _user_logs(runs.instance, ok) if m.startswith("not applicable")]
@@ -159,7 +161,7 @@ def test_run_folders_record_the_same_outcomes_and_the_dataset_excludes_the_run(r
     oom = read_checks(paths.run_folder(by_id[OOM]))
     assert list(oom) == ["fits_in_memory", "perfdb_complete"]  # nothing below raw_timeline ran
     assert oom["fits_in_memory"]["status"] == "failed"
-    assert oom["fits_in_memory"]["message"] == "does not fit: estimated peak 49.70 GiB > card 46.00 GiB"
+    assert oom["fits_in_memory"]["message"] == f"does not fit: estimated peak {peak_gib(OOM)} GiB > card 46.00 GiB"
     assert not paths.chrome_trace(by_id[OOM]).exists()
     assert all(v["status"] == "passed" for v in read_checks(paths.run_folder(by_id[FITS])).values())
     assert checks.blocking_failures(paths.run_folder(by_id[OOM]))["flows_exist"]["status"] == checks.NOT_EVALUATED
