@@ -199,7 +199,7 @@ def _detect_steps(
             iteration_s=iteration_s or None,
             iteration_resolution_s=resolution_s,
         )
-    return steps_from_spans(flows, spans[0], spans[1], source=str(src))
+    return steps_from_spans(flows, spans[0], spans[1], source=str(src), compute=compute)
 
 
 def _refuse_flows_longer_than_the_window(flows, src: Path) -> None:

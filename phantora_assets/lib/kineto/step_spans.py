@@ -8,7 +8,10 @@ Rules (each a documented choice):
   issued them);
 * the first ``warmup_steps`` (1) steps are warm-up; the rest are steady, and all of them are timed
   (every step has a marked end): **step time** = the median ``duration_us`` of the typical steady steps
-  (``lib/traffic/steps/evidence.typical_step_us``, the run's one definition of a step time);
+  (``lib/traffic/steps/evidence.typical_step_us``, the run's one definition of a step time); a steady step
+  more than ``RULE.outlier_rel_tol`` off it is an outlier (an eval pass, a checkpoint, a straggler), kept
+  and named in ``steps.outlier`` as the communicator rule names it (``evidence.outliers``; was never
+  flagged, so one checkpoint step refused a marked run at ``steady_steps_stable``);
 * ``network_bytes_per_step`` = the lower median of the steady steps' network bytes (as
   :func:`~phantora_assets.lib.traffic.steps.detect_steps`); ``periods``: calls per steady step of
   each communicator (the most over its ranks).
@@ -28,7 +31,7 @@ import pandas as pd
 from phantora_assets.lib.columns import STEP_COLUMNS
 from phantora_assets.lib.errors import StepDetectionError
 from phantora_assets.lib.traffic.steps import StepResult
-from phantora_assets.lib.traffic.steps.evidence import typical_step_us
+from phantora_assets.lib.traffic.steps.evidence import outliers, typical_step_us
 
 
 def steps_from_spans(
@@ -38,8 +41,10 @@ def steps_from_spans(
     *,
     warmup_steps: int = 1,
     source: str | Path | None = None,
+    compute: pd.DataFrame | None = None,
 ) -> StepResult:
     """Cut ``flows`` (``FLOW_COLUMNS``) at the step starts ``starts_us`` (ascending, us of the trace).
+    ``compute`` (``host``, ``ts_us``, ``dur_us``, optional) names why an outlier step is longer.
 
     Raises:
         StepDetectionError: rule ``no steady step``: fewer than ``warmup_steps + 1`` starts, starts
@@ -75,6 +80,8 @@ def steps_from_spans(
         }
     ).astype(STEP_COLUMNS)
     steady = [int(k) for k in range(warmup_steps, n)]
+    step_us = typical_step_us(steps["duration_us"].to_numpy()[steady])[0]
+    steps["outlier"] = outliers(steps, steady, step_us, compute)
     net_steady = np.sort(steps["network_bytes"].to_numpy()[steady])
     out = flows.copy()
     out["step"] = np.where(step >= warmup_steps, step, -1).astype(np.int64)
@@ -89,7 +96,7 @@ def steps_from_spans(
         steps=steps,
         # the run's one step time (lib/traffic/steps): the median of the typical timed steady steps (was the
         # median of all of them: a checkpoint or eval step among few moved it)
-        step_time_us=typical_step_us(steps["duration_us"].to_numpy()[steady])[0],
+        step_time_us=step_us,
         periods=dict(sorted(periods.items())),
         steady_steps=steady,
         timed_steps=steady,

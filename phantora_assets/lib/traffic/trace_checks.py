@@ -18,7 +18,7 @@ import pandas as pd
 from .binning import exact_sum
 from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
 from .rule_names import FLOWS_EXIST, RING_BYTES_MATCH, STEADY_STEPS_STABLE, STEPS_MATCH, STEPS_MATCH_RUN_LOG
-from .steps import StepResult
+from .steps import RULE, StepResult
 
 #: How many individual violations a message lists before summarising the rest.
 MAX_LISTED = 5
@@ -49,6 +49,17 @@ class CheckOutcome:
 
 #: Communicators a passing ring rule's message names one by one; beyond, it counts them per group size.
 LISTED_COMMUNICATORS = 16
+#: Point-to-point ops. Their sizes follow no ring formula: an MoE all-to-all is issued as a send to every
+#: peer (Phantora's grouped NcclSend, ``lib/kineto/collectives.py``), its sizes the tokens routed to each
+#: peer, which vary step to step: Megatron-LM ``megatron/core/transformer/moe/token_dispatcher.py``
+#: (``MoEAlltoAllTokenDispatcher``: ``all_to_all(ep_group, tokens, self.output_splits, self.input_splits)``,
+#: the splits counted from the router's ``routing_map`` every forward), torchtitan
+#: ``torchtitan/distributed/expert_parallel.py`` (``input_splits = num_tokens_per_expert.view(ep_degree,
+#: -1).sum(dim=1)``, then ``all_to_all_single_autograd``). Ring ops (all-reduce, all-gather, reduce-scatter)
+#: and broadcasts move sizes fixed by the model (parameter, gradient and activation shapes).
+P2P_OPS = ("send", "recv")
+#: ``steps_match``'s count of a routed send/recv (:func:`routed_p2p`): compared by number, not size.
+ROUTED = -1
 
 
 def _listing(items: list[str]) -> str:
@@ -98,10 +109,30 @@ def flows_exist(flows: pd.DataFrame) -> CheckOutcome:
 
 
 # --------------------------------------------------------------------------------------
-def _step_signatures(step_result: StepResult) -> pd.Series:
+def routed_p2p(step_result: StepResult) -> set[tuple[str, str, str]]:
+    """``(comm_id, op, dtype)`` of the send/recv whose element counts differ between steady steps (the
+    multiset of counts a step issues is not the same in every steady step): sizes routing decides (an MoE
+    all-to-all, :data:`P2P_OPS`), compared by number of calls in ``steps_match`` and by bytes within
+    ``RULE.p2p_bytes_rel_tol`` in ``steady_steps_stable`` (the step rule's own tolerance, ``steps/rule.py``).
+    Ring ops and broadcasts are never routed: their sizes are the model's."""
+    f = step_result.flows
+    keys = ["comm_id", "op", "dtype"]
+    f = f.loc[f["step"].isin(step_result.steady_steps) & f["op"].isin(P2P_OPS), ["step", *keys, "count"]]
+    if f.empty:
+        return set()
+    per = f.groupby(["step", *keys, "count"]).size().rename("n").reset_index()
+    per["sig"] = list(zip(per["count"], per["n"], strict=True))
+    sigs = per.groupby([*keys, "step"])["sig"].agg(lambda x: tuple(sorted(x)))
+    distinct = sigs.groupby(level=[0, 1, 2]).nunique()
+    return {(str(c), str(o), str(d)) for (c, o, d), n in distinct.items() if n > 1}
+
+
+def _step_signatures(step_result: StepResult, routed: set[tuple[str, str, str]]) -> pd.Series:
     keys = ["step", "comm_id", "op", "count", "dtype"]
     f = step_result.flows
     f = f.loc[f["step"].isin(step_result.steady_steps), keys]  # only the keys: not a copy of every column
+    if routed:
+        f = f.assign(count=np.where(_routed_mask(f, routed), ROUTED, f["count"].to_numpy()))
     return f.groupby(keys).size()
 
 
@@ -109,14 +140,17 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
     """Rule 2: every steady step issues the same collectives.
 
     A step's signature is, per communicator, the number of flows of each
-    (op, count, dtype); the reference is the signature most steady steps share.
+    (op, count, dtype); the reference is the signature most steady steps share. A send/recv whose
+    counts routing varies (:func:`routed_p2p`: an MoE all-to-all's parts) counts by (op, dtype) alone;
+    its bytes are ``steady_steps_stable``'s.
     """
     desc = (
         "Every steady step issues the same collectives: per communicator, the same "
         "operations with the same element counts and dtypes, the same number of times."
     )
     steady = list(step_result.steady_steps)
-    sig = _step_signatures(step_result)
+    routed = routed_p2p(step_result)
+    sig = _step_signatures(step_result, routed)
     per_step: dict[int, tuple] = {}
     for k in steady:
         part = sig.xs(k, level="step") if k in sig.index.get_level_values("step") else sig.iloc[:0]
@@ -146,14 +180,16 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
             a, b = got.get(key, 0), ref.get(key, 0)
             if a != b:
                 comm, op, count, dtype = key
+                size = "of routed counts" if int(count) == ROUTED else f"count={count}"
                 problems.append(
-                    f"step {k}, communicator {comm}: {op} count={count} {dtype} has {a} flows, the other steps have {b}"
+                    f"step {k}, communicator {comm}: {op} {size} {dtype} has {a} flows, the other steps have {b}"
                 )
     observed = {
         "steady_steps": len(steady),
         "distinct_signatures": len(uniq),
         "mismatched_steps": bad_steps,
         "collectives_per_step": int(sum(ref.values())),
+        "routed_p2p": [list(k) for k in sorted(routed)],
     }
     expected = {"distinct_signatures": 1, "mismatched_steps": []}
     if not bad_steps:
@@ -162,6 +198,12 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
             f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
             f"({sum(ref.values())} flows) on {n_comm} communicators."
         )
+        if routed:
+            comms = sorted({c for c, _, _ in routed})
+            msg += (
+                f" The send/recv sizes of {len(comms)} communicator(s) vary with routing (an all-to-all's splits: "
+                f"{_listing(comms)}); compared by number of calls, their bytes by steady_steps_stable."
+            )
         return CheckOutcome(STEPS_MATCH, True, desc, observed, expected, msg)
     msg = f"{len(bad_steps)} of {len(steady)} steady steps differ from the others: " + _listing(problems) + "."
     return CheckOutcome(STEPS_MATCH, False, desc, observed, expected, msg)
@@ -274,17 +316,23 @@ def ring_bytes_match(flows: pd.DataFrame) -> CheckOutcome:
 
 
 # --------------------------------------------------------------------------------------
-def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> CheckOutcome:
+def steady_steps_stable(step_result: StepResult, rel_tol: float = RULE.outlier_rel_tol) -> CheckOutcome:
     """Rule 4: steady steps carry identical network bytes and nearly equal durations.
 
-    Bytes are compared over all steady steps. Durations are compared over the timed steps
-    (``step_result.timed_steps``: the steady steps except the last, whose end is its last
-    flow's end rather than the next step's start) not flagged as outliers (``steps.outlier``: more
-    than 10 % off the median, kept as steps by the step rule), relative to their median
-    (``step_time_us``); the largest relative deviation must be <= ``rel_tol``.
+    Bytes are compared over all steady steps. A send/recv whose sizes routing varies (:func:`routed_p2p`:
+    an MoE all-to-all's parts) is the one exception, as in the step rule (``steps/rule.py``): every other
+    flow's network bytes (the sizes the model fixes) are identical in every steady step, and each such
+    communicator's bytes (all its flows) stay within ``RULE.p2p_bytes_rel_tol`` of its median steady step's.
+    Durations are compared over the timed steps (``step_result.timed_steps``: the steady steps except the
+    last, whose end is its last flow's end rather than the next step's start) not flagged as outliers
+    (``steps.outlier``: more than ``RULE.outlier_rel_tol`` off the median, kept as steps by the step rule),
+    relative to their median (``step_time_us``); the largest relative deviation must be <= ``rel_tol``,
+    by default the step rule's own ``RULE.outlier_rel_tol`` (10 %: iteration jitter up to it is a typical
+    step, the step rule's ``evidence.typical_step_us``; was 5 %, which refused what the step rule accepts).
     """
     desc = (
-        f"Steady steps carry identical network bytes and their durations stay within "
+        f"Steady steps carry identical network bytes (send/recv sizes routing varies: within "
+        f"{RULE.p2p_bytes_rel_tol:.0%} of the median step) and their durations stay within "
         f"{rel_tol:.1%} of the median step time."
     )
     steps = step_result.steps.set_index("step")
@@ -303,7 +351,13 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
         )
     net = steps.loc[steady, "network_bytes"].astype("int64")
     ref_bytes = int(step_result.network_bytes_per_step)
-    odd_bytes = net[net != ref_bytes]
+    routed = routed_p2p(step_result)
+    fixed, ref_fixed, spread = net, ref_bytes, _routed_spread(step_result, routed) if routed else {}
+    if routed:
+        routed_net = _routed_network_bytes(step_result, routed).reindex(steady, fill_value=0)
+        fixed = net - routed_net
+        ref_fixed = int(np.sort(fixed.to_numpy())[(len(fixed) - 1) // 2])
+    odd_bytes = fixed[fixed != ref_fixed]
     durs = steps.loc[timed, "duration_us"].astype("float64")
     med = float(step_result.step_time_us)
     dev = (durs - med).abs() / med if med > 0 else pd.Series(np.inf, index=durs.index)
@@ -322,18 +376,40 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
         "steps_out_of_tolerance": [int(k) for k in slow.index],
     }
     expected = {"network_bytes_per_step": ref_bytes, "max_rel_deviation": f"<= {rel_tol}"}
+    if routed:
+        observed["fixed_network_bytes_per_step"] = ref_fixed
+        observed["routed_max_rel_deviation"] = {c: round(d, 6) for c, (d, _, _) in sorted(spread.items())}
+        expected["routed_max_rel_deviation"] = f"<= {RULE.p2p_bytes_rel_tol}"
     problems: list[str] = []
+    what = " of fixed-size collectives" if routed else ""
     for k, b in odd_bytes.items():
         problems.append(
-            f"step {k} carries {int(b)} network bytes, the median steady step {ref_bytes} ({int(b) - ref_bytes:+d})"
+            f"step {k} carries {int(b)} network bytes{what}, the median steady step {ref_fixed} "
+            f"({int(b) - ref_fixed:+d})"
         )
+    for c, (d, k, b) in sorted(spread.items()):
+        if d > RULE.p2p_bytes_rel_tol:
+            problems.append(
+                f"communicator {c}, whose send/recv sizes vary with routing, moves {b} bytes in step {k}, {d:.0%} off "
+                f"its median steady step (tolerance {RULE.p2p_bytes_rel_tol:.0%}, the step rule's)"
+            )
     for k, d in slow.items():
         problems.append(
             f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median {med:.1f} us (tolerance {rel_tol:.1%})"
         )
     if not problems:
+        if routed:
+            worst_c = max(spread, key=lambda c: spread[c][0])
+            carry = (
+                f"carry {ref_fixed} network bytes of fixed-size collectives; the send/recv of {len(spread)} "
+                f"communicator(s) vary with routing, at most {spread[worst_c][0]:.1%} off their median step "
+                f"(tolerance {RULE.p2p_bytes_rel_tol:.0%}), so steps carry {int(net.min())}..{int(net.max())} "
+                f"network bytes, the median step {ref_bytes}"
+            )
+        else:
+            carry = f"carry {ref_bytes} network bytes"
         msg = (
-            f"All {len(steady)} steady steps carry {ref_bytes} network bytes; the {len(timed)} "
+            f"All {len(steady)} steady steps {carry}; the {len(timed)} "
             f"timed steps stay within {max_dev:.2%} of the median {med:.1f} us "
             f"(tolerance {rel_tol:.1%})."
         )
@@ -342,8 +418,44 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = 0.05) -> Check
     return CheckOutcome(STEADY_STEPS_STABLE, False, desc, observed, expected, msg)
 
 
+def _routed_mask(f: pd.DataFrame, routed: set[tuple[str, str, str]]) -> np.ndarray:
+    key = pd.Series(list(zip(f["comm_id"].astype(str), f["op"].astype(str), f["dtype"].astype(str), strict=True)))
+    return key.isin(routed).to_numpy()
+
+
+def _routed_network_bytes(step_result: StepResult, routed: set[tuple[str, str, str]]) -> pd.Series:
+    """Network bytes of the routed send/recv (:func:`routed_p2p`) per steady step."""
+    f = step_result.flows
+    f = f.loc[
+        f["step"].isin(step_result.steady_steps), ["step", "comm_id", "op", "dtype", "bytes", "src_node", "dst_node"]
+    ]
+    keep = _routed_mask(f, routed) & (f["src_node"].to_numpy() != f["dst_node"].to_numpy())
+    return f.loc[keep].groupby("step")["bytes"].sum().astype("int64")
+
+
+def _routed_spread(step_result: StepResult, routed: set[tuple[str, str, str]]) -> dict[str, tuple[float, int, int]]:
+    """Per communicator with routed send/recv: ``(largest relative deviation of a steady step's bytes from
+    the median steady step's, that step, its bytes)``; all its flows, as the step rule's ``detect._p2p_bytes``."""
+    comms = sorted({c for c, _, _ in routed})
+    f = step_result.flows
+    f = f.loc[
+        f["step"].isin(step_result.steady_steps) & f["comm_id"].astype(str).isin(comms), ["comm_id", "step", "bytes"]
+    ]
+    per = f.groupby([f["comm_id"].astype(str), "step"])["bytes"].sum().unstack(fill_value=0)
+    per = per.reindex(columns=list(step_result.steady_steps), fill_value=0)
+    out: dict[str, tuple[float, int, int]] = {}
+    for c, row in per.iterrows():
+        med = float(row.median())
+        dev = (row - med).abs() / (med if med > 0 else 1.0)
+        k = int(dev.idxmax())
+        out[str(c)] = (float(dev[k]), k, int(row[k]))
+    return out
+
+
 # --------------------------------------------------------------------------------------
-def run_trace_checks(flows: pd.DataFrame, step_result: StepResult, rel_tol: float = 0.05) -> list[CheckOutcome]:
+def run_trace_checks(
+    flows: pd.DataFrame, step_result: StepResult, rel_tol: float = RULE.outlier_rel_tol
+) -> list[CheckOutcome]:
     """The four trace rules, in DATASET.md order."""
     return [
         flows_exist(flows),
