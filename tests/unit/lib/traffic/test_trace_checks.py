@@ -167,7 +167,7 @@ def test_stable_fails_on_ten_percent_slower_step():
 
 
 def test_stable_passes_simulator_jitter():
-    # 4.4 % jitter (the worst published config) passes the 5 % default; build_run alternates it, which
+    # 4.4 % jitter (the worst published config) passes the 10 % default; build_run alternates it, which
     # without the iteration marks the simulator writes (run_log.json) is refused as ambiguous
     marks = [x / 1e6 for x in iteration_lengths(jitter=0.044 * T)]
     sr = detect_steps(build_run(jitter=0.044 * T), iteration_s=marks)
