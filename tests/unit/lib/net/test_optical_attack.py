@@ -1,0 +1,123 @@
+"""Issue 38 attacked: the optical rail's schema and closed forms on hand-built DAGs (review findings).
+
+The DAG harness is ``test_optical.py``'s: two hosts of two GPUs on RailOptimized (a NIC a GPU, 400 Gb/s =
+50 bytes/ns), rank 0 and rank 2 on rail 0 (NIC 0 of each host), rank 1 and rank 3 on rail 1. A call of
+B bytes alone on its link takes T = B / 50 ns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from phantora_assets.lib.net.optical import OpticalConfig, reconfig_rule
+from phantora_assets.lib.sim.workload_types import Communicator, Compute, SendRecv
+from tests.unit.lib.net.test_optical import B, T_CALL, _sim
+
+D = 5e6  # 5 ms
+RAIL = "RailOptimized"
+
+
+def _dag(nodes: list[tuple], comms: list[Communicator]):
+    """``nodes``: (kind, comm index or -1, pairs or compute ns, group kind, deps) with kind 'call' | 'compute'."""
+    kind, dur, who, what, dependents, deps_left = [], [], [], [], [[] for _ in nodes], []
+    for i, (k, c, arg, grp, deps) in enumerate(nodes):
+        if k == "compute":
+            kind.append(0)
+            dur.append(float(arg))
+            who.append(0)
+            what.append(Compute("c", 0.0, 0.0, "fwd"))
+        else:
+            kind.append(1)
+            dur.append(0.0)
+            who.append(c)
+            what.append(SendRecv(grp, arg, B // 2, "Bf16", f"t{i}"))
+        deps_left.append(len(deps))
+        for d in deps:
+            dependents[d].append(i)
+    return kind, dur, who, what, dependents, deps_left, comms
+
+
+def _run(optical, nodes, comms, schedule=None):
+    sim = _sim(optical, schedule)
+    start, end, *_ = sim._event_loop(*_dag(nodes, comms))
+    assert sim.unfinished == 0
+    return sim, np.asarray(start), np.asarray(end)
+
+
+# ------------------------------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize("mode", [0, False, 0.0])
+def test_a_falsy_non_string_mode_is_refused_not_read_as_the_eps(mode):
+    """``reconfig = { mode = false, delay_ms = 10 }`` (or 0) was accepted, and the run was the EPS with no
+    ``_ocs_`` tail: a misspelt mode silently turned into another network. Rule: ``mode`` is one of the mode
+    names (a string)."""
+    why = reconfig_rule({"mode": mode, "delay_ms": 10}, RAIL, "analytic")
+    assert why is not None and "reconfig.mode must be one of" in why
+
+
+@pytest.mark.parametrize("table", [{"packet_bytes": 0}, {"sweep_delays_ms": []}, {"packet_bytes": 64, "sweep_delays_ms": []}])
+def test_a_reconfig_table_that_asks_for_nothing_is_refused(table):
+    """No ``mode`` (no reconfigured run) and no delay to sweep: the table changes nothing, yet it was accepted
+    (``packet_bytes`` then applies to no simulation). Correct or loud: refused, saying what it needs."""
+    why = reconfig_rule(table, RAIL, "analytic")
+    assert why is not None and "asks for nothing" in why
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1, -1e-9, "10", True, None])
+def test_bad_delays_are_refused(bad):
+    """Probe (passes): NaN, inf, negative, a string, a boolean delay are refused with the rule."""
+    assert reconfig_rule({"mode": "on_demand", "delay_ms": bad}, RAIL, "analytic") is not None
+
+
+@pytest.mark.parametrize(
+    "sweep", [[1, 1], [0.5], [-1], [math.nan], "0,10", [True], [10**7]]
+)
+def test_bad_sweeps_are_refused(sweep):
+    """Probe (passes): duplicates, fractions, negatives, NaN, a string, booleans and delays beyond the bound."""
+    assert reconfig_rule({"sweep_delays_ms": sweep}, RAIL, "analytic") is not None
+
+
+# ---------------------------------------------------------------------------------------------- delay 0
+
+
+def test_zero_delay_is_not_the_eps_when_groups_overlap_on_a_port():
+    """A dp call 0 -> 2 and a pp call 2 -> 0, both ready at 0 (opposite directions: no shared link). On the EPS
+    both run at once: T. On optical rails a port serves one group at a time, so at D = 0 the pp call waits for
+    the dp call to drain: 2 T. The sweep's 0 ms row is the EPS (reconfig_sim: ``step = eps_step`` at d = 0),
+    so a run ``reconfig = { mode = "on_demand", delay_ms = 0 }`` gives another number than the sweep's row of
+    the same delay and mode. Rule chosen: the 0 ms point is the EPS, so a mode with delay 0 is refused (the
+    same entry without ``mode`` is that run)."""
+    comms = [Communicator("dp0", "dp", (0, 2)), Communicator("pp0", "pp", (0, 2))]
+    nodes = [("call", 0, ((0, 1),), "dp", []), ("call", 1, ((1, 0),), "pp", [])]
+    _, _, e_eps = _run(None, nodes, comms)
+    _, _, e_zero = _run(OpticalConfig("on_demand", 0.0), nodes, comms)
+    assert e_eps.max() == pytest.approx(T_CALL, rel=1e-9)
+    assert e_zero.max() == pytest.approx(2 * T_CALL, rel=1e-9)  # the model's D = 0: groups serialised
+    why = reconfig_rule({"mode": "on_demand", "delay_ms": 0}, RAIL, "analytic")
+    assert why is not None and "EPS" in why
+
+
+# ------------------------------------------------------------------------------------------------ probes
+
+
+def test_two_rails_switch_in_parallel():
+    """Probe (passes): a call over both rails (pairs 0 -> 2 on rail 0 and 1 -> 3 on rail 1), alternating dp and
+    pp: the four ports switch at once, so each change costs D, not D per rail: K T + (K - 1) D."""
+    comms = [Communicator("dp0", "dp", (0, 1, 2, 3)), Communicator("pp0", "pp", (0, 1, 2, 3))]
+    k = 4
+    nodes = [("call", i % 2, ((0, 2), (1, 3)), ("dp", "pp")[i % 2], [i - 1] if i else []) for i in range(k)]
+    _, _, end = _run(OpticalConfig("on_demand", D), nodes, comms)
+    assert end.max() == pytest.approx(k * T_CALL + (k - 1) * D, rel=1e-9)
+
+
+def test_delay_longer_than_the_step():
+    """Probe (passes): D = 1 s against calls of 1 ms: on demand K T + (K - 1) D, nothing capped."""
+    comms = [Communicator("dp0", "dp", (0, 2)), Communicator("pp0", "pp", (0, 2))]
+    k, big = 4, 1e9
+    nodes = [("call", i % 2, ((0, 1),), ("dp", "pp")[i % 2], [i - 1] if i else []) for i in range(k)]
+    _, _, end = _run(OpticalConfig("on_demand", big), nodes, comms)
+    assert end.max() == pytest.approx(k * T_CALL + (k - 1) * big, rel=1e-12)
