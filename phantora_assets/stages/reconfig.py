@@ -152,13 +152,24 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     phases = reconfig.nic_phases(flows, k, spec.run_id)
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
-    sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
     rc = dict(spec.reconfig)
+    if optical.run_config(rc) is None:
+        sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
+    else:
+        # the formula adds each transition's stall to an unreconfigured run's steps; this run's trace is already
+        # the reconfigured network's (its windows and steps hold the delays), so its rows counted every delay
+        # twice (a tiny DP x PP job at 10 ms on demand: EPS + 4 D at delay_ms = 10, the run itself EPS + 2 D,
+        # and its 0 ms row the 10 ms network's step): none written, the job's EPS run has them
+        sweep = pd.DataFrame({c: pd.Series(dtype=t) for c, t in reconfig.SWEEP_COLUMNS.items()})
+        meta["formula"] = (
+            "skipped: the run's own network is reconfigured (reconfig.mode): the formula adds stalls to an "
+            "unreconfigured run's trace; the same entry without reconfig.mode has its rows"
+        )
     if rc.get("sweep_delays_ms"):  # the re-timed sweep (lib/net/reconfig_sim.py): opt-in, a simulation a point
         simulated, cost = reconfig_sim.simulated_sweep(
             spec, rc["sweep_delays_ms"], int(rc.get("packet_bytes", optical.PACKET_BYTES))
         )
-        sweep = pd.concat([sweep, simulated], ignore_index=True)
+        sweep = pd.concat([sweep, simulated], ignore_index=True) if len(sweep) else simulated
         meta |= {"simulated_runs": int(cost["simulations"]), "simulated_sweep_wall_s": round(cost["wall_s"], 1)}
     for name, df, columns in (
         ("nic_phases", phases, reconfig.PHASE_COLUMNS),
@@ -169,17 +180,19 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
         written.add(paths.table(spec.run_id, name))
     png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
-    reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
+    if len(sweep):
+        reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
+    else:  # a reconfigured run without a simulated sweep: no sweep to draw (nor a stale one of an earlier build)
+        png["reconfig_sweep"].unlink(missing_ok=True)
     formula = sweep[sweep["method"] == "formula"]
     at = lambda d, m: float(formula.loc[(formula["delay_ms"] == d) & (formula["mode"] == m), "utilisation"].iloc[0])
-    meta |= {
-        "phases": len(phases),
-        "transitions": len(trans),
-        "transitions_per_step": len(trans) / max(len(times), 1),
-        "utilisation_0ms": at(0, "on_demand"),
-        "utilisation_10ms_on_demand": at(10, "on_demand"),
-        "utilisation_10ms_provisioned": at(10, "provisioned"),
-    }
+    meta |= {"phases": len(phases), "transitions": len(trans), "transitions_per_step": len(trans) / max(len(times), 1)}
+    if len(formula):
+        meta |= {
+            "utilisation_0ms": at(0, "on_demand"),
+            "utilisation_10ms_on_demand": at(10, "on_demand"),
+            "utilisation_10ms_provisioned": at(10, "provisioned"),
+        }
     return StageResult(paths.table(spec.run_id, "reconfig_sweep"), meta)
 
 
