@@ -133,7 +133,8 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     pdir = paths.partition_dir(spec.run_id)
     cols = ["flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "op", "comm_id", "comm_rank"]
     have = set(pq.ParquetFile(pdir / "flows.parquet").schema_arrow.names)
-    flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
+    extra = [c for c in ("group", "count", "dtype_bytes") if c in have]  # count x dtype_bytes: a call's size
+    flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + extra)
     steps = pd.read_parquet(pdir / "steps.parquet")
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
     if "timed" not in steps.columns:
@@ -149,10 +150,11 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     if "group" not in have:
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
         return StageResult(paths.table(spec.run_id, "nic_pairs"), {**meta, "skipped": why})
-    phases = reconfig.nic_phases(flows, k, spec.run_id)
+    rc = dict(spec.reconfig)
+    # control collectives (calls of <= packet_bytes) on the packet network, as the simulator runs them
+    phases = reconfig.nic_phases(flows, k, spec.run_id, int(rc.get("packet_bytes", optical.PACKET_BYTES)))
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
-    rc = dict(spec.reconfig)
     if optical.run_config(rc) is None:
         sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
     else:

@@ -121,3 +121,47 @@ def test_delay_longer_than_the_step():
     nodes = [("call", i % 2, ((0, 1),), ("dp", "pp")[i % 2], [i - 1] if i else []) for i in range(k)]
     _, _, end = _run(OpticalConfig("on_demand", big), nodes, comms)
     assert end.max() == pytest.approx(k * T_CALL + (k - 1) * big, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------- formula vs simulated
+
+
+def _flows(rows):
+    """Flows between host 0 and host 1 (one NIC a host): (ts_us, dur_us, group, count, dtype_bytes)."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "step": [1] * len(rows),
+            "ts_us": [r[0] for r in rows],
+            "dur_us": [r[1] for r in rows],
+            "src_node": [0] * len(rows),
+            "src_nic": [0] * len(rows),
+            "dst_node": [1] * len(rows),
+            "dst_nic": [0] * len(rows),
+            "group": [r[2] for r in rows],
+            "network": [True] * len(rows),
+            "bytes": [r[3] * r[4] for r in rows],
+            "count": [r[3] for r in rows],
+            "dtype_bytes": [r[4] for r in rows],
+        }
+    )
+
+
+def test_formula_leaves_control_scalars_on_the_packet_network_as_the_simulator_does():
+    """A dp all-reduce [0, 100] us, at its end the step's 4-byte gradient-norm all-reduce over pp (0 us), then
+    the next step's pipeline send at 300 us. The simulator runs calls of <= packet_bytes (4096) on the packet
+    network: the port's pp circuit is first needed at 300 us, so the dp -> pp window is 200 us and provisioned
+    stalls max(0, D - 200 us). The formula took the scalar as the pp phase's start: window 0, a full D (a tiny
+    DP x PP job's formula row at 10 ms provisioned read 19.48 ms beside the simulated 18.01 ms: its dp -> pp
+    windows 0 on hosts 1-2, 1.05 ms to the first send). With the packet network's rule the formula's phases are
+    the circuits' and the window is 200 us; ``packet_bytes = 0`` keeps every call on the circuits (window 0)."""
+    from phantora_assets.lib.net.reconfig import nic_phases, transition_windows
+
+    flows = _flows([(0.0, 100.0, "dp", 50_000_000, 2), (100.0, 0.0, "pp", 1, 4), (300.0, 100.0, "pp", 1_000_000, 2)])
+    default = transition_windows(nic_phases(flows, 1, "r"), {1}, "r")
+    # both ends of the link (host-1 and host-2: hosts are numbered from 1)
+    assert default[["nic", "from_group", "to_group"]].values.tolist() == [["host-1", "dp", "pp"], ["host-2", "dp", "pp"]]
+    assert default["window_s"].tolist() == pytest.approx([200e-6, 200e-6], rel=1e-9)
+    strict = transition_windows(nic_phases(flows, 1, "r", packet_bytes=0), {1}, "r")
+    assert strict["window_s"].tolist() == [0.0, 0.0]
