@@ -16,19 +16,25 @@ import duckdb
 import pandas as pd
 import pytest
 
+from phantora_assets.checks import read_checks
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
 from tests.integration.test_reconfig_simulated import EPS, MATRIX
 
 _HEAD, _EPS_ENTRY, _OWN = MATRIX.split("[[run]]")  # workloads, the EPS run (sweep 0, 10, 50), an on-demand run
 OWN_RECONFIG = 'reconfig = { mode = "on_demand", delay_ms = 10 }'
-RUNS = _HEAD + "[[run]]" + _EPS_ENTRY + "".join(
-    "[[run]]" + _OWN.replace(OWN_RECONFIG, rc)
-    for rc in (
-        OWN_RECONFIG,
-        'reconfig = { mode = "provisioned", delay_ms = 10 }',
-        'reconfig = { mode = "provisioned", delay_ms = 50 }',
-        'reconfig = { mode = "on_demand", delay_ms = 10, sweep_delays_ms = [0, 10] }\nname = "withsweep"',
+RUNS = (
+    _HEAD
+    + "[[run]]"
+    + _EPS_ENTRY
+    + "".join(
+        "[[run]]" + _OWN.replace(OWN_RECONFIG, rc)
+        for rc in (
+            OWN_RECONFIG,
+            'reconfig = { mode = "provisioned", delay_ms = 10 }',
+            'reconfig = { mode = "provisioned", delay_ms = 50 }',
+            'reconfig = { mode = "on_demand", delay_ms = 10, sweep_delays_ms = [0, 10] }\nname = "withsweep"',
+        )
     )
 )
 OD10, PV10, PV50 = (EPS + t for t in ("_ocs_on_demand_10ms", "_ocs_provisioned_10ms", "_ocs_provisioned_50ms"))
@@ -85,6 +91,9 @@ def test_a_reconfigured_runs_sweep_has_no_formula_rows(built):
     simulated rows (asked with ``sweep_delays_ms``) are the job's, equal to the EPS run's; the asset's metadata
     says why and reports no 0 ms utilisation of a network that is not the EPS."""
     specs, paths = built
+    for s in specs:  # the build's asset checks
+        bad = {k: v["status"] for k, v in read_checks(paths.run_folder(s)).items() if v["status"] == "failed"}
+        assert bad == {}, s.run_id
     sweep = _sweep(paths)
     by = sweep.groupby(["run_id", "method"]).size().to_dict()
     assert by.get((OD10, "formula"), 0) == 0 and by.get((PV10, "formula"), 0) == 0

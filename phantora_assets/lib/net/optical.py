@@ -92,6 +92,23 @@ def reconfig_rule(  # noqa: PLR0911 (one return per rule broken, each its messag
         )
     if source != "analytic":
         return f"reconfig is simulated by the analytic simulator only (source = 'analytic'), not {source!r}"
+    if (why := _mode_rule(table)) is not None:
+        return why
+    pb = table.get("packet_bytes", PACKET_BYTES)
+    if isinstance(pb, bool) or not isinstance(pb, int) or pb < 0:
+        return f"reconfig.packet_bytes must be an integer >= 0 (bytes), got {pb!r}"
+    sw = table.get("sweep_delays_ms", [])
+    if (
+        not isinstance(sw, (list, tuple))
+        or not all(_delay_ok(d) and isinstance(d, int) for d in sw)
+        or len(set(sw)) != len(sw)
+    ):
+        return f"reconfig.sweep_delays_ms must be a list of distinct integers from 0 to {MAX_DELAY_MS} (ms), got {sw!r}"
+    return None
+
+
+def _mode_rule(table: dict) -> str | None:
+    """``reconfig_rule``'s part on ``mode`` and ``delay_ms`` (and a table that asks for nothing)."""
     mode, delay = table.get("mode", ""), table.get("delay_ms")
     if not isinstance(mode, str):  # was: 0 or false passed as "no mode", the run silently the EPS
         return f"reconfig.mode must be one of {', '.join(MODES)}, got {mode!r}"
@@ -117,16 +134,6 @@ def reconfig_rule(  # noqa: PLR0911 (one return per rule broken, each its messag
             f"reconfig asks for nothing: {table!r} has no mode (a reconfigured run: mode and delay_ms) and no "
             "delay to sweep (sweep_delays_ms = [0, 1, 10, ...])"
         )
-    pb = table.get("packet_bytes", PACKET_BYTES)
-    if isinstance(pb, bool) or not isinstance(pb, int) or pb < 0:
-        return f"reconfig.packet_bytes must be an integer >= 0 (bytes), got {pb!r}"
-    sw = table.get("sweep_delays_ms", [])
-    if (
-        not isinstance(sw, (list, tuple))
-        or not all(_delay_ok(d) and isinstance(d, int) for d in sw)
-        or len(set(sw)) != len(sw)
-    ):
-        return f"reconfig.sweep_delays_ms must be a list of distinct integers from 0 to {MAX_DELAY_MS} (ms), got {sw!r}"
     return None
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from phantora_assets.lib.net.optical import OpticalConfig, reconfig_rule
 from phantora_assets.lib.sim.workload_types import Communicator, Compute, SendRecv
-from tests.unit.lib.net.test_optical import B, T_CALL, _sim
+from tests.unit.lib.net.test_optical import T_CALL, B, _sim
 
 D = 5e6  # 5 ms
 RAIL = "RailOptimized"
@@ -59,7 +59,9 @@ def test_a_falsy_non_string_mode_is_refused_not_read_as_the_eps(mode):
     assert why is not None and "reconfig.mode must be one of" in why
 
 
-@pytest.mark.parametrize("table", [{"packet_bytes": 0}, {"sweep_delays_ms": []}, {"packet_bytes": 64, "sweep_delays_ms": []}])
+@pytest.mark.parametrize(
+    "table", [{"packet_bytes": 0}, {"sweep_delays_ms": []}, {"packet_bytes": 64, "sweep_delays_ms": []}]
+)
 def test_a_reconfig_table_that_asks_for_nothing_is_refused(table):
     """No ``mode`` (no reconfigured run) and no delay to sweep: the table changes nothing, yet it was accepted
     (``packet_bytes`` then applies to no simulation). Correct or loud: refused, saying what it needs."""
@@ -73,9 +75,7 @@ def test_bad_delays_are_refused(bad):
     assert reconfig_rule({"mode": "on_demand", "delay_ms": bad}, RAIL, "analytic") is not None
 
 
-@pytest.mark.parametrize(
-    "sweep", [[1, 1], [0.5], [-1], [math.nan], "0,10", [True], [10**7]]
-)
+@pytest.mark.parametrize("sweep", [[1, 1], [0.5], [-1], [math.nan], "0,10", [True], [10**7]])
 def test_bad_sweeps_are_refused(sweep):
     """Probe (passes): duplicates, fractions, negatives, NaN, a string, booleans and delays beyond the bound."""
     assert reconfig_rule({"sweep_delays_ms": sweep}, RAIL, "analytic") is not None
@@ -161,7 +161,41 @@ def test_formula_leaves_control_scalars_on_the_packet_network_as_the_simulator_d
     flows = _flows([(0.0, 100.0, "dp", 50_000_000, 2), (100.0, 0.0, "pp", 1, 4), (300.0, 100.0, "pp", 1_000_000, 2)])
     default = transition_windows(nic_phases(flows, 1, "r"), {1}, "r")
     # both ends of the link (host-1 and host-2: hosts are numbered from 1)
-    assert default[["nic", "from_group", "to_group"]].values.tolist() == [["host-1", "dp", "pp"], ["host-2", "dp", "pp"]]
+    assert default[["nic", "from_group", "to_group"]].values.tolist() == [
+        ["host-1", "dp", "pp"],
+        ["host-2", "dp", "pp"],
+    ]
     assert default["window_s"].tolist() == pytest.approx([200e-6, 200e-6], rel=1e-9)
     strict = transition_windows(nic_phases(flows, 1, "r", packet_bytes=0), {1}, "r")
     assert strict["window_s"].tolist() == [0.0, 0.0]
+
+
+def test_provisioned_can_exceed_on_demand_when_the_order_differs_from_the_eps_schedule():
+    """Probe (passes; docs/FABRIC.md "Modes" says so): rail 0 carries A1 (dp) at 0, A2 (dp) after A1 and 3 T
+    of compute, and B1 (pp) after C (pp on rail 1, after Q0, dp on rail 1). On the EPS rail 0's order is A1,
+    B1 (at 2 T), A2 (at 4 T): the schedule dp, pp, dp. Re-timed with D = 5 T, C waits for rail 1's switch, so
+    B1 comes at 7 T, after A2. On demand: A2 runs on the dp circuit at 4 T, B1 switches at 7 T: ends 13 T.
+    Provisioned: rail 0 switches to pp when A1 ends (1 T, up at 6 T), A2 must switch back (up at 11 T, ends
+    12 T), B1 switches again (up at 17 T): ends 18 T, 5 T above on demand (a mispredicted switch costs D)."""
+    comms = [
+        Communicator("dp0", "dp", (0, 2)),
+        Communicator("pp0", "pp", (0, 2)),
+        Communicator("dp1", "dp", (1, 3)),
+        Communicator("pp1", "pp", (1, 3)),
+    ]
+    p2p = ((0, 1),)
+    nodes = [
+        ("call", 0, p2p, "dp", []),  # A1, rail 0
+        ("compute", -1, 3 * T_CALL, "", [0]),
+        ("call", 0, p2p, "dp", [1]),  # A2, rail 0
+        ("call", 2, p2p, "dp", []),  # Q0, rail 1
+        ("call", 3, p2p, "pp", [3]),  # C, rail 1
+        ("call", 1, p2p, "pp", [4]),  # B1, rail 0
+    ]
+    eps, _, _ = _run(OpticalConfig("eps", 0.0), nodes, comms)
+    assert eps.rails.log[0] == ["dp", "pp", "dp"]
+    d = 5 * T_CALL
+    _, _, od = _run(OpticalConfig("on_demand", d), nodes, comms)
+    _, _, pv = _run(OpticalConfig("provisioned", d), nodes, comms, eps.rails.log)
+    assert od.max() == pytest.approx(13 * T_CALL, rel=1e-9)
+    assert pv.max() == pytest.approx(18 * T_CALL, rel=1e-9)
