@@ -15,11 +15,11 @@ import dagster as dg
 import duckdb
 import pandas as pd
 import pytest
+from fixtures.reconfig_job import EPS, MATRIX
 
 from phantora_assets.checks import read_checks
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
-from tests.integration.test_reconfig_simulated import EPS, MATRIX
 
 _HEAD, _EPS_ENTRY, _OWN = MATRIX.split("[[run]]")  # workloads, the EPS run (sweep 0, 10, 50), an on-demand run
 OWN_RECONFIG = 'reconfig = { mode = "on_demand", delay_ms = 10 }'

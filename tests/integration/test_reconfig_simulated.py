@@ -25,59 +25,12 @@ import json
 import duckdb
 import pandas as pd
 import pytest
+from fixtures.reconfig_job import EPS, MATRIX, OCS
 
 from phantora_assets.checks import read_checks
 from phantora_assets.lib.net.reconfig_sim import simulated_sweep
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
-
-MATRIX = """
-[workloads.tiny_dp_pp]
-framework = "megatron"
-[workloads.tiny_dp_pp.model]
-name = "tiny-gpt"
-kind = "dense"
-layers = 4
-hidden = 1024
-ffn_hidden = 4096
-heads = 16
-kv_heads = 16
-vocab = 32000
-mlp = "gelu"
-norm = "layernorm"
-[workloads.tiny_dp_pp.parallel]
-tp = 1
-pp = 2
-dp = 2
-zero = 0
-overlap_grad_reduce = false
-pp_schedule = "1f1b"
-[workloads.tiny_dp_pp.train]
-seq_len = 1024
-micro_batch = 1
-global_batch = 8
-attention = "flash"
-recompute = "none"
-iterations = 3
-
-[[run]]
-workload = "tiny_dp_pp"
-gpu = "h100"
-nodes = 4
-gpus_per_node = 1
-topology = { topology = "RailOptimized", nic_bw_gbps = 400 }
-reconfig = { sweep_delays_ms = [0, 10, 50] }
-
-[[run]]
-workload = "tiny_dp_pp"
-gpu = "h100"
-nodes = 4
-gpus_per_node = 1
-topology = { topology = "RailOptimized", nic_bw_gbps = 400 }
-reconfig = { mode = "on_demand", delay_ms = 10 }
-"""
-EPS = "phantora_h100_tiny_dp_pp_4x1_railoptimized"
-OCS = EPS + "_ocs_on_demand_10ms"
 
 
 @pytest.fixture(scope="module")

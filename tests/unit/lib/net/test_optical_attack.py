@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 import pytest
+from fixtures.optical_rails import T_CALL, B, rail_sim
 
 from phantora_assets.lib.net.optical import OpticalConfig, reconfig_rule
 from phantora_assets.lib.sim.workload_types import Communicator, Compute, SendRecv
-from tests.unit.lib.net.test_optical import T_CALL, B, _sim
 
 D = 5e6  # 5 ms
 RAIL = "RailOptimized"
@@ -41,7 +41,7 @@ def _dag(nodes: list[tuple], comms: list[Communicator]):
 
 
 def _run(optical, nodes, comms, schedule=None):
-    sim = _sim(optical, schedule)
+    sim = rail_sim(optical, schedule)
     start, end, *_ = sim._event_loop(*_dag(nodes, comms))
     assert sim.unfinished == 0
     return sim, np.asarray(start), np.asarray(end)
