@@ -133,7 +133,8 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     pdir = paths.partition_dir(spec.run_id)
     cols = ["flow_id", "ts_us", "dur_us", "src_node", "dst_node", "bytes", "step", "op", "comm_id", "comm_rank"]
     have = set(pq.ParquetFile(pdir / "flows.parquet").schema_arrow.names)
-    flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + (["group"] if "group" in have else []))
+    extra = [c for c in ("group", "count", "dtype_bytes") if c in have]  # count x dtype_bytes: a call's size
+    flows = pd.read_parquet(pdir / "flows.parquet", columns=cols + ["stream"] + extra)
     steps = pd.read_parquet(pdir / "steps.parquet")
     steady = set(steps.loc[steps["steady"].to_numpy(bool), "step"].astype(int).tolist())
     if "timed" not in steps.columns:
@@ -149,16 +150,28 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     if "group" not in have:
         why = "flows.parquet carries no group column (the parallelism group of each flow): no phases, no sweep"
         return StageResult(paths.table(spec.run_id, "nic_pairs"), {**meta, "skipped": why})
-    phases = reconfig.nic_phases(flows, k, spec.run_id)
+    rc = dict(spec.reconfig)
+    # control collectives (calls of <= packet_bytes) on the packet network, as the simulator runs them
+    phases = reconfig.nic_phases(flows, k, spec.run_id, int(rc.get("packet_bytes", optical.PACKET_BYTES)))
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
-    sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
-    rc = dict(spec.reconfig)
+    if optical.run_config(rc) is None:
+        sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
+    else:
+        # the formula adds each transition's stall to an unreconfigured run's steps; this run's trace is already
+        # the reconfigured network's (its windows and steps hold the delays), so its rows counted every delay
+        # twice (a tiny DP x PP job at 10 ms on demand: EPS + 4 D at delay_ms = 10, the run itself EPS + 2 D,
+        # and its 0 ms row the 10 ms network's step): none written, the job's EPS run has them
+        sweep = pd.DataFrame({c: pd.Series(dtype=t) for c, t in reconfig.SWEEP_COLUMNS.items()})
+        meta["formula"] = (
+            "skipped: the run's own network is reconfigured (reconfig.mode): the formula adds stalls to an "
+            "unreconfigured run's trace; the same entry without reconfig.mode has its rows"
+        )
     if rc.get("sweep_delays_ms"):  # the re-timed sweep (lib/net/reconfig_sim.py): opt-in, a simulation a point
         simulated, cost = reconfig_sim.simulated_sweep(
             spec, rc["sweep_delays_ms"], int(rc.get("packet_bytes", optical.PACKET_BYTES))
         )
-        sweep = pd.concat([sweep, simulated], ignore_index=True)
+        sweep = pd.concat([sweep, simulated], ignore_index=True) if len(sweep) else simulated
         meta |= {"simulated_runs": int(cost["simulations"]), "simulated_sweep_wall_s": round(cost["wall_s"], 1)}
     for name, df, columns in (
         ("nic_phases", phases, reconfig.PHASE_COLUMNS),
@@ -169,17 +182,19 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
         written.add(paths.table(spec.run_id, name))
     png = {name: paths.plots_dir(spec) / f"{name}.png" for name in PLOTS}
     reconfig_plots.windows_cdf_plot(trans, spec.run_id, png["reconfig_windows"])
-    reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
+    if len(sweep):
+        reconfig_plots.sweep_plot(sweep, spec.run_id, png["reconfig_sweep"])
+    else:  # a reconfigured run without a simulated sweep: no sweep to draw (nor a stale one of an earlier build)
+        png["reconfig_sweep"].unlink(missing_ok=True)
     formula = sweep[sweep["method"] == "formula"]
     at = lambda d, m: float(formula.loc[(formula["delay_ms"] == d) & (formula["mode"] == m), "utilisation"].iloc[0])
-    meta |= {
-        "phases": len(phases),
-        "transitions": len(trans),
-        "transitions_per_step": len(trans) / max(len(times), 1),
-        "utilisation_0ms": at(0, "on_demand"),
-        "utilisation_10ms_on_demand": at(10, "on_demand"),
-        "utilisation_10ms_provisioned": at(10, "provisioned"),
-    }
+    meta |= {"phases": len(phases), "transitions": len(trans), "transitions_per_step": len(trans) / max(len(times), 1)}
+    if len(formula):
+        meta |= {
+            "utilisation_0ms": at(0, "on_demand"),
+            "utilisation_10ms_on_demand": at(10, "on_demand"),
+            "utilisation_10ms_provisioned": at(10, "provisioned"),
+        }
     return StageResult(paths.table(spec.run_id, "reconfig_sweep"), meta)
 
 

@@ -25,59 +25,12 @@ import json
 import duckdb
 import pandas as pd
 import pytest
+from fixtures.reconfig_job import EPS, MATRIX, OCS
 
 from phantora_assets.checks import read_checks
 from phantora_assets.lib.net.reconfig_sim import simulated_sweep
 from phantora_assets.matrix import load_run_matrix
 from phantora_assets.paths import DataPaths
-
-MATRIX = """
-[workloads.tiny_dp_pp]
-framework = "megatron"
-[workloads.tiny_dp_pp.model]
-name = "tiny-gpt"
-kind = "dense"
-layers = 4
-hidden = 1024
-ffn_hidden = 4096
-heads = 16
-kv_heads = 16
-vocab = 32000
-mlp = "gelu"
-norm = "layernorm"
-[workloads.tiny_dp_pp.parallel]
-tp = 1
-pp = 2
-dp = 2
-zero = 0
-overlap_grad_reduce = false
-pp_schedule = "1f1b"
-[workloads.tiny_dp_pp.train]
-seq_len = 1024
-micro_batch = 1
-global_batch = 8
-attention = "flash"
-recompute = "none"
-iterations = 3
-
-[[run]]
-workload = "tiny_dp_pp"
-gpu = "h100"
-nodes = 4
-gpus_per_node = 1
-topology = { topology = "RailOptimized", nic_bw_gbps = 400 }
-reconfig = { sweep_delays_ms = [0, 10, 50] }
-
-[[run]]
-workload = "tiny_dp_pp"
-gpu = "h100"
-nodes = 4
-gpus_per_node = 1
-topology = { topology = "RailOptimized", nic_bw_gbps = 400 }
-reconfig = { mode = "on_demand", delay_ms = 10 }
-"""
-EPS = "phantora_h100_tiny_dp_pp_4x1_railoptimized"
-OCS = EPS + "_ocs_on_demand_10ms"
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +61,11 @@ def test_build_is_green_and_duckdb_has_both_methods(built):
         bad = {k: v["status"] for k, v in read_checks(paths.run_folder(s)).items() if v["status"] == "failed"}
         assert bad == {}, s.run_id
     counts = _sweep(paths).groupby(["run_id", "method"]).size().to_dict()
-    # formula: 10 delays x 2 modes for every run; simulated: 3 delays x 2 modes for the run that asks
-    assert counts == {(EPS, "formula"): 20, (EPS, "simulated"): 6, (OCS, "formula"): 20}
-    for s in specs:
-        assert (paths.plots_dir(s) / "reconfig_sweep.png").stat().st_size > 1000
+    # formula: 10 delays x 2 modes for the EPS run (none for the reconfigured run: its trace already holds the
+    # delays, test_reconfig_attack); simulated: 3 delays x 2 modes for the run that asks
+    assert counts == {(EPS, "formula"): 20, (EPS, "simulated"): 6}
+    assert (paths.plots_dir(specs[0]) / "reconfig_sweep.png").stat().st_size > 1000
+    assert not (paths.plots_dir(specs[1]) / "reconfig_sweep.png").exists()  # no sweep to draw
 
 
 def test_simulated_rows_are_the_closed_forms_and_the_direct_call(built):

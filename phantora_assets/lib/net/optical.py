@@ -92,15 +92,8 @@ def reconfig_rule(  # noqa: PLR0911 (one return per rule broken, each its messag
         )
     if source != "analytic":
         return f"reconfig is simulated by the analytic simulator only (source = 'analytic'), not {source!r}"
-    mode, delay = table.get("mode", ""), table.get("delay_ms")
-    if mode == "" and delay is not None:
-        return "reconfig.delay_ms needs reconfig.mode (the run's own network is reconfigured)"
-    if mode != "" and delay is None:
-        return "reconfig.mode needs reconfig.delay_ms (the run's own network's reconfiguration delay)"
-    if mode and mode not in MODES:
-        return f"reconfig.mode must be one of {', '.join(MODES)}, got {mode!r}"
-    if delay is not None and not _delay_ok(delay):
-        return f"reconfig.delay_ms must be a number from 0 to {MAX_DELAY_MS}, got {delay!r}"
+    if (why := _mode_rule(table)) is not None:
+        return why
     pb = table.get("packet_bytes", PACKET_BYTES)
     if isinstance(pb, bool) or not isinstance(pb, int) or pb < 0:
         return f"reconfig.packet_bytes must be an integer >= 0 (bytes), got {pb!r}"
@@ -111,6 +104,36 @@ def reconfig_rule(  # noqa: PLR0911 (one return per rule broken, each its messag
         or len(set(sw)) != len(sw)
     ):
         return f"reconfig.sweep_delays_ms must be a list of distinct integers from 0 to {MAX_DELAY_MS} (ms), got {sw!r}"
+    return None
+
+
+def _mode_rule(table: dict) -> str | None:
+    """``reconfig_rule``'s part on ``mode`` and ``delay_ms`` (and a table that asks for nothing)."""
+    mode, delay = table.get("mode", ""), table.get("delay_ms")
+    if not isinstance(mode, str):  # was: 0 or false passed as "no mode", the run silently the EPS
+        return f"reconfig.mode must be one of {', '.join(MODES)}, got {mode!r}"
+    if mode == "" and delay is not None:
+        return "reconfig.delay_ms needs reconfig.mode (the run's own network is reconfigured)"
+    if mode != "" and delay is None:
+        return "reconfig.mode needs reconfig.delay_ms (the run's own network's reconfiguration delay)"
+    if mode and mode not in MODES:
+        return f"reconfig.mode must be one of {', '.join(MODES)}, got {mode!r}"
+    if delay is not None and not _delay_ok(delay):
+        return f"reconfig.delay_ms must be a number from 0 to {MAX_DELAY_MS}, got {delay!r}"
+    if mode and delay == 0:
+        # the 0 ms point is the EPS (the study's 0 ms run; the sweep's 0 ms rows, reconfig_sim): an optical
+        # network with no delay still serves one group a port at a time (groups overlapping on a NIC are
+        # serialised), another number than the 0 ms rows of the same mode
+        return (
+            "reconfig.delay_ms = 0 with a mode: the 0 ms point is the EPS reference (the sweep's 0 ms rows); "
+            "that run is the same entry without reconfig (an optical network needs delay_ms > 0)"
+        )
+    if not mode and not table.get("sweep_delays_ms"):
+        # was accepted: packet_bytes alone or an empty sweep changed nothing (no reconfigured run, no sweep)
+        return (
+            f"reconfig asks for nothing: {table!r} has no mode (a reconfigured run: mode and delay_ms) and no "
+            "delay to sweep (sweep_delays_ms = [0, 1, 10, ...])"
+        )
     return None
 
 

@@ -13,6 +13,8 @@ start at one instant (a step's zero-length scalar all-reduces: the loss over DP,
 DP and over PP) have no order in the trace, so none is taken from the rows: the current phase's group
 continues first, then the instant's other groups in :data:`GROUPS` order (was: sent before received,
 then row order, which read the same three flows as dp -> pp -> dp -> pp or as dp -> pp by row order).
+The flows of a call of at most ``packet_bytes`` are in no phase (control collectives on the packet network:
+the simulator's rule, ``lib/net/optical.py``).
 
 Transitions. Between two consecutive phases of a NIC, ``from_group -> to_group``, the **window** is the
 time with no flow of any group on the NIC: ``max(0, next start - busy end)``, ``busy end`` the latest end
@@ -50,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from phantora_assets.lib.net.fabric import nic_name
+from phantora_assets.lib.net.optical import PACKET_BYTES
 from phantora_assets.lib.traffic.steps.evidence import typical_step_us
 
 GROUPS = ("tp", "cp", "ep", "dp", "pp", "other")
@@ -91,13 +94,21 @@ SWEEP_COLUMNS: dict[str, str] = {
 }
 
 
-def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataFrame:
+def nic_phases(
+    flows: pd.DataFrame, nics_per_host: int, run_id: str, packet_bytes: int | None = PACKET_BYTES
+) -> pd.DataFrame:
     """Every NIC's phases (module docstring): ``PHASE_COLUMNS``, sorted by (nic, phase).
 
     Args:
         flows: :data:`NIC_FLOW_COLUMNS`; ``network`` False rows (inside a scale-up domain) and rows with
             ``src_node == dst_node`` are on no NIC and skipped.
         nics_per_host: NICs per host (names the NICs, :func:`lib.net.fabric.nic_name`).
+        packet_bytes: the flows of a call of at most this many bytes (``count`` x ``dtype_bytes``, its
+            per-rank buffer) are control collectives on the packet network beside the optical one and in no
+            phase, the simulator's rule (``lib/net/optical.py``, ``reconfig.packet_bytes``, default 4096; was
+            every flow: a step's 4-byte gradient norm over pp started the pp phase at the DP all-reduce's end,
+            a window of 0 where the pp circuit is first needed at the next pipeline send). 0 or None: every
+            call is on the circuits; flows without ``count`` / ``dtype_bytes`` are kept.
 
     Raises:
         ValueError: a ``group`` outside :data:`GROUPS`, or a column of :data:`NIC_FLOW_COLUMNS` missing.
@@ -105,7 +116,11 @@ def nic_phases(flows: pd.DataFrame, nics_per_host: int, run_id: str) -> pd.DataF
     missing = sorted(set(NIC_FLOW_COLUMNS) - set(flows.columns))
     if missing:
         raise ValueError(f"flows lack the columns {missing} the phases are made from")
-    f = flows[flows["network"].to_numpy(bool) & (flows["src_node"].to_numpy() != flows["dst_node"].to_numpy())]
+    keep = flows["network"].to_numpy(bool) & (flows["src_node"].to_numpy() != flows["dst_node"].to_numpy())
+    if packet_bytes and {"count", "dtype_bytes"} <= set(flows.columns):
+        call_bytes = flows["count"].to_numpy(np.float64) * flows["dtype_bytes"].to_numpy(np.float64)
+        keep &= ~(call_bytes <= packet_bytes)  # NaN (a flow of no call size) stays on the circuits
+    f = flows[keep]
     bad = sorted(set(f["group"].astype(str)) - set(GROUPS))
     if bad:
         raise ValueError(f"flows carry groups {bad} outside {', '.join(GROUPS)}")

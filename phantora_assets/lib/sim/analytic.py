@@ -145,6 +145,7 @@ class AnalyticSimulator:
         self.rng = np.random.default_rng(seed_of(spec.job_key, "analytic"))
         if perfdb_dir == "default":
             perfdb_dir = perfdb_folder(spec.gpu, spec.gpu_spec)
+        self._perfdb_dir = perfdb_dir
         self.timer = KernelTimer(spec.gpu_spec, perfdb_dir)
         # the network of the run's netconfig.toml (lib/phantora/netconfig.py writes the same dict to config/)
         if spec.cluster["topology"] == "TwoLayerMultiPath":
@@ -259,6 +260,8 @@ class AnalyticSimulator:
         if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
         self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
+        if self.optical is not None and self.optical.mode == "provisioned" and self.schedule is None:
+            self.schedule = self._eps_schedule()
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)
@@ -340,6 +343,25 @@ class AnalyticSimulator:
             self.symmetry,
             self.scope,
         )
+
+    def _eps_schedule(self) -> dict[int, list[str]]:
+        """A provisioned run's schedule when none is given: each port's sequence of groups in the same job on
+        the EPS (lib/net/optical.py "Modes"), simulated as this run is (every rank, every iteration, the same
+        seed). Was none: a run's own ``reconfig = { mode = "provisioned" }`` network never provisioned and
+        was its on-demand twin (EPS + 2 D on a DP x PP job whose sweep's provisioned row hides 2 ms of it)."""
+        assert self.optical is not None
+        eps = AnalyticSimulator(
+            self.spec,
+            iterations=self.iterations,
+            perfdb_dir=self._perfdb_dir,
+            emit=False,
+            replicate=self.replicate,
+            warmup=self.warmup,
+            compress=False,
+            optical=OpticalConfig("eps", 0.0, self.optical.packet_bytes),
+        )
+        eps.run()
+        return eps.rails.log if eps.rails is not None else {}
 
     def _simulate(
         self, comm_list, warm_progs, steady_progs, base, factors, n_sim: int, representatives: bool

@@ -17,26 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixtures.optical_rails import T_CALL, B, D, rail_sim
 
 from phantora_assets.lib.net.fabric import build_fabric
 from phantora_assets.lib.net.optical import OpticalConfig, reconfig_rule, reconfig_tail
 from phantora_assets.lib.run.catalog import presets
 from phantora_assets.lib.sim.analytic import AnalyticSimulator
 from phantora_assets.lib.sim.workload_types import Communicator, Compute, SendRecv
-
-B = 50_000_000  # bytes a call: 1 ms at 50 bytes/ns
-T_CALL = B / 50.0  # ns
-D = 5e6  # 5 ms
-
-
-def _sim(optical: OpticalConfig | None, schedule=None, topology: dict | None = None) -> AnalyticSimulator:
-    cluster = {**presets()["cluster"], **(topology or {"topology": "RailOptimized", "nic_bw_gbps": 400})}
-    sim = object.__new__(AnalyticSimulator)  # the event loop alone: no workload model
-    sim.topology = build_fabric(cluster, 2, 2)
-    sim.world, sim.G = 4, 2
-    sim._flow_cache, sim._orbits, sim._orbit_cache = {}, {}, {}
-    sim.optical, sim.schedule = optical, schedule
-    return sim
 
 
 def _chain(k_calls: int, compute_ns: float, small: int = 0):
@@ -73,21 +60,21 @@ def _end(sim: AnalyticSimulator, k_calls: int, compute_ns: float, small: int = 0
 
 @pytest.mark.parametrize("k_calls", [2, 4, 6])
 def test_eps_chain_is_calls_back_to_back(k_calls):
-    assert _end(_sim(None), k_calls, 0) == pytest.approx(k_calls * T_CALL, rel=1e-9)
+    assert _end(rail_sim(None), k_calls, 0) == pytest.approx(k_calls * T_CALL, rel=1e-9)
 
 
 @pytest.mark.parametrize("k_calls", [2, 4, 6])
 def test_on_demand_adds_one_delay_per_change_of_group(k_calls):
-    got = _end(_sim(OpticalConfig("on_demand", D)), k_calls, 0)
+    got = _end(rail_sim(OpticalConfig("on_demand", D)), k_calls, 0)
     assert got == pytest.approx(k_calls * T_CALL + (k_calls - 1) * D, rel=1e-9)
     # two groups alternating: each [dp, pp] pair after the first adds 2 D
-    assert _end(_sim(OpticalConfig("on_demand", D)), 6, 0) - _end(_sim(OpticalConfig("on_demand", D)), 4, 0) == (
-        pytest.approx(2 * T_CALL + 2 * D, rel=1e-9)
-    )
+    assert _end(rail_sim(OpticalConfig("on_demand", D)), 6, 0) - _end(
+        rail_sim(OpticalConfig("on_demand", D)), 4, 0
+    ) == (pytest.approx(2 * T_CALL + 2 * D, rel=1e-9))
 
 
 def _schedule(k_calls, compute_ns, small=0):
-    eps = _sim(OpticalConfig("eps", 0.0))
+    eps = rail_sim(OpticalConfig("eps", 0.0))
     _end(eps, k_calls, compute_ns, small)
     return eps.rails.log
 
@@ -96,16 +83,16 @@ def _schedule(k_calls, compute_ns, small=0):
 def test_provisioned_hides_the_delay_behind_enough_compute(compute_ns):
     k = 6
     eps = k * T_CALL + (k - 1) * compute_ns
-    sim = _sim(OpticalConfig("provisioned", D), _schedule(k, compute_ns))
+    sim = rail_sim(OpticalConfig("provisioned", D), _schedule(k, compute_ns))
     assert _end(sim, k, compute_ns) == pytest.approx(eps, rel=1e-9)
     assert sim.rails.reconfigurations == 2 * (k - 1)  # both ends of the rail change
-    on_demand = _end(_sim(OpticalConfig("on_demand", D)), k, compute_ns)
+    on_demand = _end(rail_sim(OpticalConfig("on_demand", D)), k, compute_ns)
     assert on_demand == pytest.approx(eps + (k - 1) * D, rel=1e-9)
 
 
 def test_provisioned_stalls_what_the_compute_does_not_hide():
     k, c = 4, 2e6
-    sim = _sim(OpticalConfig("provisioned", D), _schedule(k, c))
+    sim = rail_sim(OpticalConfig("provisioned", D), _schedule(k, c))
     assert _end(sim, k, c) == pytest.approx(k * T_CALL + (k - 1) * c + (k - 1) * (D - c), rel=1e-9)
 
 
@@ -113,10 +100,10 @@ def test_control_scalars_on_the_packet_network_by_default():
     """A 4-byte dp call after each pp call: on the packet network (<= packet_bytes) it changes nothing;
     with packet_bytes = 0 it needs the dp circuit: pp -> dp -> (next) dp costs one change more a pp call."""
     k = 4
-    plain = _end(_sim(OpticalConfig("on_demand", D)), k, 0)
-    assert _end(_sim(OpticalConfig("on_demand", D)), k, 0, small=4) == pytest.approx(plain, rel=1e-9)
+    plain = _end(rail_sim(OpticalConfig("on_demand", D)), k, 0)
+    assert _end(rail_sim(OpticalConfig("on_demand", D)), k, 0, small=4) == pytest.approx(plain, rel=1e-9)
     # packet_bytes = 0: dp, pp, [dp scalar], dp, pp, [dp scalar]: changes dp->pp, pp->dp, (dp), dp->pp, pp->dp
-    strict = _end(_sim(OpticalConfig("on_demand", D, packet_bytes=0)), k, 0, small=4)
+    strict = _end(rail_sim(OpticalConfig("on_demand", D, packet_bytes=0)), k, 0, small=4)
     assert strict == pytest.approx(k * T_CALL + 4 * D, rel=1e-9)
 
 
@@ -206,12 +193,12 @@ def test_arbitrary_file_marks_switches_optical(tmp_path):
     k = 4
     topo = _arbitrary_file(tmp_path, {"sw-0": True})
     assert build_fabric({**presets()["cluster"], **topo}, 2, 2).optical_endpoints.tolist() == [True, False, True, False]
-    assert _end(_sim(OpticalConfig("on_demand", D), topology=topo), k, 0) == pytest.approx(
+    assert _end(rail_sim(OpticalConfig("on_demand", D), topology=topo), k, 0) == pytest.approx(
         k * T_CALL + (k - 1) * D, rel=1e-9
     )
-    assert _end(_sim(None, topology=topo), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
+    assert _end(rail_sim(None, topology=topo), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
     other = _arbitrary_file(tmp_path, {"sw-0": False, "sw-1": True})
-    assert _end(_sim(OpticalConfig("on_demand", D), topology=other), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
+    assert _end(rail_sim(OpticalConfig("on_demand", D), topology=other), k, 0) == pytest.approx(k * T_CALL, rel=1e-9)
 
 
 def test_arbitrary_optical_rules(tmp_path):
