@@ -88,8 +88,9 @@ class SimulationRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
             very compute, itself included (``lib/workload/collectives.compute_hosts``); ``step_anatomy`` reports
             these hosts and no other, and ``reconfig`` weighs their compute by the counts. Empty: no host's.
 
-    Every field but ``timeline_scope`` and ``compute_hosts`` is required: a ``simulation.json`` written before these fields existed is refused
-    (:class:`RecordError` naming the file and the missing field), never read as nulls.
+    Every field but ``timeline_scope`` and ``compute_hosts`` is required: a ``simulation.json`` written before
+    these fields existed is refused (:class:`RecordError` naming the file and the missing field), never read as
+    nulls; a scoped one without ``compute_hosts`` is refused where it is read (``stages/simulation.compute_hosts_of``).
     """
 
     step_ms: float

@@ -142,11 +142,9 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         flops_per_step=model_flops_per_step(spec),
         # the default left out of the file (msgspec omits a default by identity, not by value)
         **({} if result.scope == EVERY_RANK else {"timeline_scope": result.scope}),
-        **(
-            {}
-            if result.compute_hosts is None
-            else {"compute_hosts": {f"host-{h + 1}": n for h, n in result.compute_hosts.items()}}
-        ),
+        compute_hosts=None  # every rank: left out (None is the default, by identity)
+        if result.compute_hosts is None
+        else {f"host-{h + 1}": n for h, n in result.compute_hosts.items()},
     )
     pdir = paths.partition_dir(spec.run_id)
     write_record(pdir / "simulation.json", sim)

@@ -184,7 +184,7 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
     weights = compute_hosts_of(spec, paths)
     counts = {"phases": len(phases), "transitions": len(trans), "transitions_per_step": len(trans) / max(len(timed), 1)}
-    if (why := sweep_rule(spec, weights)) is not None:  # the phases and windows need no compute; the sweep does
+    if (no_sweep := sweep_rule(spec, weights)) is not None:  # the phases and windows need no compute; the sweep does
         for name, df, columns in (
             ("nic_phases", phases, reconfig.PHASE_COLUMNS),
             ("transition_windows", trans, reconfig.TRANSITION_COLUMNS),
@@ -193,7 +193,7 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
             written.add(paths.table(spec.run_id, name))
         reconfig_plots.windows_cdf_plot(trans, spec.run_id, paths.plots_dir(spec) / "reconfig_windows.png")
         (paths.plots_dir(spec) / "reconfig_sweep.png").unlink(missing_ok=True)  # an earlier build's, not this one's
-        return StageResult(paths.table(spec.run_id, "transition_windows"), {**meta, **counts, "skipped": why})
+        return StageResult(paths.table(spec.run_id, "transition_windows"), {**meta, **counts, "skipped": no_sweep})
     times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), weights)
     sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
     rc = dict(spec.reconfig)

@@ -327,12 +327,9 @@ class AnalyticSimulator:
         times = IterationTimes(list(sim_start), durations, factors, n_sim)
         if self.keep_schedule:
             self.simulated = (sim, times, steady_progs)
-        hosts = None
+        keep = None if self.scope == EVERY_RANK else representatives(spec)  # every rank without emit
         if self.emit:
-            keep = None if self.scope == EVERY_RANK else representatives(spec)
             timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times, keep)
-            # the hosts whose compute that timeline holds whole (step_anatomy reports those only)
-            hosts = None if keep is None else compute_hosts(spec, alike)
         return SimulationResult(
             spec,
             memory,
@@ -345,7 +342,8 @@ class AnalyticSimulator:
             n_db,
             self.symmetry,
             self.scope,
-            hosts,
+            # the hosts whose compute a scoped timeline holds whole (step_anatomy reports those only)
+            None if keep is None else compute_hosts(spec, alike),
         )
 
     def _simulate(
