@@ -83,9 +83,14 @@ class SimulationRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
         timeline_scope: what ``raw_timeline.parquet`` holds (``lib/workload/collectives.TIMELINE_SCOPES``):
             ``every rank`` (left out of the file), or ``one rank a stage`` (every network flow, the compute of
             each pipeline stage's first rank) for a run past the trace bound.
+        compute_hosts: scope ``one rank a stage`` only (left out for ``every rank``): the hosts (``host-k``, in
+            host order) whose compute the timeline holds whole, each with how many of the run's hosts have that
+            very compute, itself included (``lib/workload/collectives.compute_hosts``); ``step_anatomy`` reports
+            these hosts and no other, and ``reconfig`` weighs their compute by the counts. Empty: no host's.
 
-    Every field but ``timeline_scope`` is required: a ``simulation.json`` written before these fields existed is refused
-    (:class:`RecordError` naming the file and the missing field), never read as nulls.
+    Every field but ``timeline_scope`` and ``compute_hosts`` is required: a ``simulation.json`` written before
+    these fields existed is refused (:class:`RecordError` naming the file and the missing field), never read as
+    nulls; a scoped one without ``compute_hosts`` is refused where it is read (``stages/simulation.compute_hosts_of``).
     """
 
     step_ms: float
@@ -99,6 +104,7 @@ class SimulationRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     card_gib: float
     flops_per_step: float
     timeline_scope: str = "every rank"
+    compute_hosts: dict[str, int] | None = None
 
 
 class ImportRecord(msgspec.Struct, kw_only=True):

@@ -142,6 +142,9 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
         flops_per_step=model_flops_per_step(spec),
         # the default left out of the file (msgspec omits a default by identity, not by value)
         **({} if result.scope == EVERY_RANK else {"timeline_scope": result.scope}),
+        compute_hosts=None  # every rank: left out (None is the default, by identity)
+        if result.compute_hosts is None
+        else {f"host-{h + 1}": n for h, n in result.compute_hosts.items()},
     )
     pdir = paths.partition_dir(spec.run_id)
     write_record(pdir / "simulation.json", sim)
@@ -161,8 +164,10 @@ def simulate_run(spec: RunSpec, paths: DataPaths, perfdb_status: str = "unknown"
     sim_meta = {
         k: v
         for k, v in msgspec.to_builtins(sim).items()
-        if k not in ("iteration_ns", "peak_memory_gib", "card_gib", "flops_per_step")
+        if k not in ("iteration_ns", "peak_memory_gib", "card_gib", "flops_per_step", "compute_hosts")
     }
+    if sim.compute_hosts is not None:  # a scoped run: the hosts step_anatomy reports
+        sim_meta["compute_hosts"] = ", ".join(sim.compute_hosts) or "none"
     meta.update(
         {
             "status": "simulated",

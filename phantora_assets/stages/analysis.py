@@ -21,12 +21,11 @@ from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.store import bin_table, plots
 from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.lib.traffic import anatomy
-from phantora_assets.lib.workload.collectives import EVERY_RANK
 from phantora_assets.outcomes import Outcome, StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.common import WINDOW_S
 from phantora_assets.stages.flows import read_trace_summary
-from phantora_assets.stages.simulation import timeline_scope_of
+from phantora_assets.stages.simulation import compute_hosts_of, timeline_scope_of
 
 PUBLISHED_RUNS = Path(__file__).resolve().parent.parent / "published_runs.csv"
 RUN_PLOTS = ("pair_heatmap", "timeseries", "step_anatomy", "link_utilisation")
@@ -47,11 +46,25 @@ def published_runs() -> pd.DataFrame:
     return pd.read_csv(PUBLISHED_RUNS)
 
 
+#: Why a run's step_anatomy has no rows: its raw timeline holds no host's compute whole.
+NO_COMPUTE_HOST = (
+    "the raw timeline is of scope one rank a stage and holds no host's compute whole (simulation.json "
+    "compute_hosts is empty: each host has a GPU that is not its stage's first rank and, the ranks of a stage "
+    "not running alike or that first rank on another host, whose compute is not in it; docs/WORKLOADS.md "
+    "'Scale'): no (step, host) rows"
+)
+
+
 def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     """Compute vs exposed communication per (step, host) and the spans of the chosen steady step: every host,
-    or for a run whose raw timeline is of scope ``one rank a stage`` (``simulation.json``) the hosts of each
-    pipeline stage's first rank, the only hosts whose compute the timeline holds (the others' rows would
-    read as all communication and idle)."""
+    or for a run whose raw timeline is of scope ``one rank a stage`` (``simulation.json``) exactly the hosts
+    whose compute it holds whole (``compute_hosts``, ``lib/workload/collectives.compute_hosts``): a host with a
+    GPU whose compute is not in the timeline would read a C short of its own. None such: no rows, and the
+    metadata's ``skipped`` says why (:data:`NO_COMPUTE_HOST`; the check passes, nothing to add up).
+
+    Raises:
+        RecordError: ``simulation.json`` is malformed, or scoped without ``compute_hosts`` (rebuild raw_timeline).
+    """
     pdir = paths.partition_dir(spec.run_id)
     folder = paths.run_folder(spec)
     reset_checks(folder, "step_anatomy", (ANATOMY_ADDS_UP,))
@@ -61,10 +74,11 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     events = pdir / "compute_events.parquet"  # written with flows.parquet by validated_flows
     compute = pd.read_parquet(events) if events.exists() else anatomy.read_compute_events(paths.chrome_trace(spec))
     scope = timeline_scope_of(spec, paths)
-    if scope == EVERY_RANK:
+    whole = compute_hosts_of(spec, paths)
+    if whole is None:
         hosts = anatomy.hosts_of(flows, compute, spec.n_nodes)
-    else:  # the compute of one rank a stage: the hosts of those ranks, the only ones whose compute is known
-        hosts = anatomy.hosts_of(flows.iloc[:0], compute)
+    else:  # one rank a stage: the hosts whose compute the timeline holds whole (host order)
+        hosts = sorted(whole, key=anatomy.node_of)
     intervals = anatomy.host_intervals(flows, compute, hosts)
     table = anatomy.step_anatomy(steps, flows, compute, hosts, intervals)
     chosen = int(summary.chosen_step)
@@ -73,6 +87,8 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
     write_parquet(spans, pdir / "step_spans.parquet")
     steady = table[table["timed"]]  # times: the steady steps whose end is their own (not cut by the trace's end)
     meta: dict[str, Any] = {"rows": len(table), "hosts": len(hosts), "chosen_step": chosen, "timeline_scope": scope}
+    if whole is not None:
+        meta["compute_hosts"] = ", ".join(hosts) or "none"
     if len(steady):
         meta.update(
             {
@@ -83,7 +99,11 @@ def step_anatomy_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
                 "exposed_comm_share": round(float((steady["exposed_comm_us"] / steady["duration_us"]).mean()), 4),
             }
         )
-    outcome = anatomy_outcome(table, len(hosts))
+    if hosts:
+        outcome = anatomy_outcome(table, len(hosts))
+    else:
+        meta["skipped"] = NO_COMPUTE_HOST
+        outcome = Outcome(ANATOMY_ADDS_UP, True, NO_COMPUTE_HOST, {"rows": 0, "max_residual_us": 0.0})
     record_check(folder, "step_anatomy", outcome.name, outcome.passed, outcome.message)
     return StageResult(pdir / "step_anatomy.parquet", meta, [outcome])
 

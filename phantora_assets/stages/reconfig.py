@@ -30,6 +30,7 @@ from phantora_assets.lib.store.parquet import write_parquet
 from phantora_assets.outcomes import StageResult
 from phantora_assets.paths import DataPaths
 from phantora_assets.stages.links import known_members, run_topology
+from phantora_assets.stages.simulation import compute_hosts_of
 
 #: nic_pairs rows: the NIC pair's traffic per steady step.
 NIC_PAIR_COLUMNS: dict[str, str] = {
@@ -97,22 +98,52 @@ def nic_pair_table(flows: pd.DataFrame, steady: set[int], k: int, run_id: str) -
     )
 
 
-def steady_step_times(anatomy: pd.DataFrame) -> pd.DataFrame:
+def steady_step_times(anatomy: pd.DataFrame, weights: dict[str, int] | None = None) -> pd.DataFrame:
     """Per timed steady step (``step_anatomy``'s ``timed``: not the last step a trace's end cuts short, whose
     time lacks what follows its last flow): ``step``, ``step_time_s`` (the step's ``duration_us`` in s) and
-    ``compute_s`` (the mean over hosts of ``step_anatomy``'s ``compute_us``).
+    ``compute_s`` (the mean over the run's hosts of ``step_anatomy``'s ``compute_us``). ``weights`` None: the
+    anatomy's hosts are every host, the plain mean; else (a timeline of scope one rank a stage) each reported
+    host's compute counts for the hosts that have that very compute (``simulation.json`` ``compute_hosts``),
+    ``sum(w c) / sum(w)``: the mean over every host when the weights sum to the run's hosts (the caller checks).
 
     Raises:
         ValueError: ``anatomy`` has no ``timed`` column (built before it: rebuild ``validated_flows`` and
-            ``step_anatomy``).
+            ``step_anatomy``), or a reported host has no weight.
     """
     if "timed" not in anatomy.columns:
         raise ValueError(
             "step_anatomy.parquet has no 'timed' column (built before it): rebuild validated_flows and step_anatomy"
         )
     a = anatomy[anatomy["timed"].to_numpy(bool)]
-    g = a.groupby("step", sort=True).agg(t=("duration_us", "first"), c=("compute_us", "mean")).reset_index()
+    if weights is not None:
+        missing = sorted(set(a["host"]) - set(weights))
+        if missing:
+            raise ValueError(f"step_anatomy reports hosts simulation.json's compute_hosts does not: {missing[:5]}")
+        w = a["host"].map(weights).to_numpy(np.float64)
+        a = a.assign(compute_us=a["compute_us"].to_numpy(np.float64) * w, w=w)
+        g = a.groupby("step", sort=True).agg(t=("duration_us", "first"), c=("compute_us", "sum"), w=("w", "sum"))
+        g = g.reset_index()
+        g["c"] = g["c"] / g["w"]
+    else:
+        g = a.groupby("step", sort=True).agg(t=("duration_us", "first"), c=("compute_us", "mean")).reset_index()
     return pd.DataFrame({"step": g["step"].to_numpy(np.int64), "step_time_s": g["t"] / 1e6, "compute_s": g["c"] / 1e6})
+
+
+def sweep_rule(spec: RunSpec, weights: dict[str, int] | None) -> str | None:
+    """Why the delay sweep cannot be computed for ``spec`` (its utilisation needs the mean compute over every
+    host, ``step_anatomy``'s), or None: ``weights`` (``simulation.json`` ``compute_hosts``; None: every host in
+    the anatomy) stand for fewer hosts than the run has, so that mean is not known (a raw timeline of scope one
+    rank a stage without every host's compute: docs/WORKLOADS.md "Scale"). Never a mean over some hosts."""
+    if weights is None:
+        return None
+    known = sum(weights.values())
+    if known == spec.n_nodes:
+        return None
+    return (
+        f"the raw timeline (scope one rank a stage) holds the compute of {known} of the run's {spec.n_nodes} "
+        f"hosts (simulation.json compute_hosts: {', '.join(weights) or 'none'}), so the hosts' mean compute the "
+        "utilisation needs is not known: no reconfig_sweep (docs/WORKLOADS.md 'Scale')"
+    )
 
 
 def reconfig_stage(spec: RunSpec, paths: DataPaths) -> StageResult:
@@ -154,7 +185,19 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
     # control collectives (calls of <= packet_bytes) on the packet network, as the simulator runs them
     phases = reconfig.nic_phases(flows, k, spec.run_id, int(rc.get("packet_bytes", optical.PACKET_BYTES)))
     trans = reconfig.transition_windows(phases, timed, spec.run_id)
-    times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"))
+    weights = compute_hosts_of(spec, paths)
+    counts = {"phases": len(phases), "transitions": len(trans), "transitions_per_step": len(trans) / max(len(timed), 1)}
+    if (no_sweep := sweep_rule(spec, weights)) is not None:  # the phases and windows need no compute; the sweep does
+        for name, df, columns in (
+            ("nic_phases", phases, reconfig.PHASE_COLUMNS),
+            ("transition_windows", trans, reconfig.TRANSITION_COLUMNS),
+        ):
+            write_parquet(df, paths.table(spec.run_id, name), columns=columns)
+            written.add(paths.table(spec.run_id, name))
+        reconfig_plots.windows_cdf_plot(trans, spec.run_id, paths.plots_dir(spec) / "reconfig_windows.png")
+        (paths.plots_dir(spec) / "reconfig_sweep.png").unlink(missing_ok=True)  # an earlier build's, not this one's
+        return StageResult(paths.table(spec.run_id, "transition_windows"), {**meta, **counts, "skipped": no_sweep})
+    times = steady_step_times(pd.read_parquet(pdir / "step_anatomy.parquet"), weights)
     if optical.run_config(rc) is None:
         sweep = reconfig.reconfig_sweep(trans, times, spec.run_id)
     else:
@@ -188,7 +231,7 @@ def _reconfig_tables(spec: RunSpec, paths: DataPaths, written: set[Path]) -> Sta
         png["reconfig_sweep"].unlink(missing_ok=True)
     formula = sweep[sweep["method"] == "formula"]
     at = lambda d, m: float(formula.loc[(formula["delay_ms"] == d) & (formula["mode"] == m), "utilisation"].iloc[0])
-    meta |= {"phases": len(phases), "transitions": len(trans), "transitions_per_step": len(trans) / max(len(times), 1)}
+    meta |= counts
     if len(formula):
         meta |= {
             "utilisation_0ms": at(0, "on_demand"),

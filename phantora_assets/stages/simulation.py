@@ -404,3 +404,26 @@ def timeline_scope_of(spec: RunSpec, paths: DataPaths) -> str:
     """
     rec = read_record_or_none(paths.partition_dir(spec.run_id) / "simulation.json", SimulationRecord)
     return EVERY_RANK if rec is None else rec.timeline_scope
+
+
+def compute_hosts_of(spec: RunSpec, paths: DataPaths) -> dict[str, int] | None:
+    """The hosts whose compute the run's raw timeline holds whole (``host-k`` -> how many of the run's hosts
+    have that compute, itself included: ``lib/workload/collectives.compute_hosts``), from ``simulation.json``;
+    None when it holds every host's (scope ``every rank``, or a source with no such record). Empty: none.
+
+    Raises:
+        RecordError: ``simulation.json`` is malformed, or of scope ``one rank a stage`` without
+            ``compute_hosts`` (written before the field: rebuild raw_timeline).
+    """
+    path = paths.partition_dir(spec.run_id) / "simulation.json"
+    rec = read_record_or_none(path, SimulationRecord)
+    if rec is None or rec.timeline_scope == EVERY_RANK:
+        return None
+    if rec.compute_hosts is None:
+        raise RecordError(
+            path,
+            "scoped timeline without compute_hosts",
+            f"timeline_scope {rec.timeline_scope!r} needs the hosts whose compute it holds whole (written since "
+            "issue 37): rebuild raw_timeline",
+        )
+    return dict(rec.compute_hosts)

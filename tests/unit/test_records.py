@@ -106,3 +106,29 @@ def test_simulation_record_from_before_its_fields_is_refused(tmp_path):
     )
     with pytest.raises(RecordError, match="simulation.json: invalid SimulationRecord record.*missing required field"):
         read_record(path, SimulationRecord)
+
+
+def test_a_scoped_simulation_record_without_its_whole_hosts_is_refused(tmp_path):
+    """Issue 37: step_anatomy of a timeline of scope one rank a stage reports the hosts simulation.json's
+    compute_hosts names; a record written before the field is refused (rebuild raw_timeline), never read as
+    the hosts of the stages' first ranks. An every-rank record has no such field: every host."""
+    from phantora_assets.lib.workload.collectives import run_spec_of
+    from phantora_assets.stages.simulation import compute_hosts_of
+
+    model = {"kind": "dense", "layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 2, "vocab": 1000}
+    table = {"framework": "megatron", "model": model, "parallel": {"tp": 1}, "train": {"seq_len": 256}}
+    table["train"] |= {"micro_batch": 1, "grad_accumulation": 1}
+    spec = run_spec_of(table, 2, 2, "h100", "w")
+    paths = DataPaths(tmp_path)
+    path = paths.partition_dir(spec.run_id) / "simulation.json"
+    path.parent.mkdir(parents=True)
+    fields = dict(step_ms=1.0, compute_ms_per_step=1.0, exposed_comm_ms_per_step=0.0, perf_db_fraction=0.0)
+    fields |= dict(kernels_per_step=1, kernels_from_perf_db=0, iteration_ns=[1], peak_memory_gib=1.0, card_gib=80.0)
+    fields |= dict(flops_per_step=1.0)
+    write_record(path, SimulationRecord(**fields))
+    assert "compute_hosts" not in path.read_text() and compute_hosts_of(spec, paths) is None
+    write_record(path, SimulationRecord(**fields, timeline_scope="one rank a stage", compute_hosts={}))
+    assert json.loads(path.read_text())["compute_hosts"] == {} and compute_hosts_of(spec, paths) == {}
+    write_record(path, SimulationRecord(**fields, timeline_scope="one rank a stage"))
+    with pytest.raises(RecordError, match="scoped timeline without compute_hosts.*rebuild raw_timeline"):
+        compute_hosts_of(spec, paths)

@@ -72,6 +72,7 @@ from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import (
     EVERY_RANK,
     ONE_RANK_A_STAGE,
+    compute_hosts,
     representatives,
     trace_events,
 )
@@ -287,9 +288,11 @@ class AnalyticSimulator:
 
         # ---- the DAG (lib/workload/dag.py) of one rank a stage, checked (lib/sim/symmetry.py), else of every rank
         sim = None
+        alike = self.world == n_stages  # every rank of a stage runs as its first rank does (checked, or one rank)
         if self.compress and self.world > n_stages:  # a stage of more than one rank
             try:
                 sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, True)
+                alike = True
                 self.symmetry = (
                     f"one rank a stage: {n_stages} of {self.world} ranks simulated, the others checked equal"
                 )
@@ -327,8 +330,8 @@ class AnalyticSimulator:
         times = IterationTimes(list(sim_start), durations, factors, n_sim)
         if self.keep_schedule:
             self.simulated = (sim, times, steady_progs)
+        keep = None if self.scope == EVERY_RANK else representatives(spec)  # every rank without emit
         if self.emit:
-            keep = None if self.scope == EVERY_RANK else representatives(spec)
             timeline = emit_raw_timeline(spec, self._flows_arrays, sim, times, keep)
         return SimulationResult(
             spec,
@@ -342,6 +345,8 @@ class AnalyticSimulator:
             n_db,
             self.symmetry,
             self.scope,
+            # the hosts whose compute a scoped timeline holds whole (step_anatomy reports those only)
+            None if keep is None else compute_hosts(spec, alike),
         )
 
     def _eps_schedule(self) -> dict[int, list[str]]:

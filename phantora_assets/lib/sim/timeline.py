@@ -57,6 +57,9 @@ class SimulationResult:
         symmetry: which DAG was simulated: one rank a stage (the others checked equal) or every
             rank, and why (``lib/sim/symmetry.py``).
         scope: what ``timeline`` holds (``lib/workload/collectives.TIMELINE_SCOPES``).
+        compute_hosts: scope ``one rank a stage``: the hosts (node, 0-based) whose compute the timeline holds
+            whole, each with how many hosts have that compute (``lib/workload/collectives.compute_hosts``);
+            None for scope ``every rank`` (every host).
     """
 
     spec: RunSpec
@@ -70,6 +73,7 @@ class SimulationResult:
     kernels_from_db: int = 0
     symmetry: str = ""
     scope: str = "every rank"
+    compute_hosts: dict[int, int] | None = None
 
     @cached_property
     def raw(self) -> pd.DataFrame:

@@ -346,6 +346,7 @@ def step_anatomy_chart(
         ax.set_ylim(-0.6, len(hosts) - 0.4)
         ax.set_xlabel("ms from the step start")
         shown = "" if len(hosts) == len(every) else f"; the {len(hosts)} of {len(every)} hosts most exposed"
+        shown = shown if hosts else "; no host (step_anatomy has no rows: its metadata says why)"
         fig.suptitle(
             f"{run_id}: anatomy of steady step {step} ({duration_us / 1000:.1f} ms){shown}", fontsize=10, y=0.97
         )

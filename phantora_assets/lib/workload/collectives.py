@@ -28,7 +28,7 @@ from phantora_assets.lib.sim.keys import comm_id_bytes
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel, workload_model
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES
-from phantora_assets.lib.workload.dag import stage_representatives
+from phantora_assets.lib.workload.dag import stage_rank_range, stage_representatives
 from phantora_assets.lib.workload.placement import GROUP_OF_KIND
 from phantora_assets.lib.workload.spec import WorkloadSpec, parse_workload
 
@@ -199,6 +199,58 @@ def representatives(spec: RunSpec) -> frozenset[int]:
     pipeline stage (``lib/workload/dag.stage_representatives``)."""
     model = WorkloadModel(spec)
     return frozenset(stage_representatives(model, len(model.stage_programs())))
+
+
+def compute_hosts(spec: RunSpec, alike: bool) -> dict[int, int]:
+    """The hosts whose compute a timeline of scope :data:`ONE_RANK_A_STAGE` holds whole, each with how many of
+    the run's hosts have that very compute: node (0-based) -> count (itself included), in node order.
+
+    ``step_anatomy``'s C of a host is the union of the compute intervals of its GPUs (``lib/traffic/anatomy``).
+    The timeline holds the compute of the :func:`representatives` (each stage's first rank) only, so host ``h``
+    (ranks ``h G .. h G + G - 1``) has its whole C there exactly when every rank ``r`` on it is
+
+    * a representative (its own events are in the timeline), or
+    * ``alike`` (the simulator ran one rank a stage and the check held, ``lib/sim/symmetry.py``: every rank of
+      a stage has its representative's compute intervals to the ns) and the representative of ``r``'s stage is
+      on ``h`` too (then ``r``'s intervals are already in ``h``'s union).
+
+    With the ranks of a stage not alike (the simulator fell back to every rank) a non-representative rank's
+    compute is its own and not in the timeline: only a host of representatives only is whole. The counts: with
+    ``alike``, a host's C is the union of the representative intervals of the stages it holds ranks of, so every
+    host holding ranks of the same stages has the same C; a whole host stands for those hosts (two whole hosts
+    never share that set: each holds the representative of each of its stages, and a representative is on one
+    host). Without ``alike`` a whole host stands for itself. The counts sum to ``spec.n_nodes`` exactly when
+    every host's C is a reported one's (what the hosts' mean compute of ``reconfig`` needs).
+
+    The kept ranks stay one a stage (not every rank of a host of each stage, which would make a host whole in
+    every case): at Llama 3 405B on 2,048 GPUs (TP 8, PP 16) that multiplies the timeline's compute by 8,
+    3.86 M events, past ``MAX_TRACE_EVENTS`` (docs/WORKLOADS.md "Scale"). Every host-aligned layout (a stage's
+    ranks a whole number of hosts: pp outermost, ``lib/workload/placement.rank_coords``) run alike has the first
+    host of each stage whole, standing for that stage's hosts.
+    """
+    model = WorkloadModel(spec)
+    n_stages = len(model.stage_programs())
+    g = spec.gpus_per_node
+    stage_of = [0] * spec.world_size
+    rep_host = []
+    for st in range(n_stages):
+        ranks = stage_rank_range(model, st, n_stages)
+        for r in ranks:
+            stage_of[r] = st
+        rep_host.append(ranks[0] // g)
+    reps = set(stage_representatives(model, n_stages))
+    stages_on = [frozenset(stage_of[r] for r in range(h * g, (h + 1) * g)) for h in range(spec.n_nodes)]
+    whole = [
+        h
+        for h in range(spec.n_nodes)
+        if all(r in reps or (alike and rep_host[stage_of[r]] == h) for r in range(h * g, (h + 1) * g))
+    ]
+    if not alike:
+        return {h: 1 for h in whole}
+    hosts_with: dict[frozenset[int], int] = {}
+    for stages in stages_on:
+        hosts_with[stages] = hosts_with.get(stages, 0) + 1
+    return {h: hosts_with[stages_on[h]] for h in whole}
 
 
 @functools.lru_cache(maxsize=64)  # a spec is frozen; 16,384 GPUs take seconds to count

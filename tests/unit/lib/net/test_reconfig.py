@@ -280,6 +280,33 @@ def test_the_step_cut_by_the_trace_end_is_no_step_time():
         steady_step_times(anat.drop(columns="timed"))
 
 
+def test_a_scoped_runs_hosts_compute_is_weighed_by_the_hosts_they_stand_for():
+    """Issue 37: a timeline of scope one rank a stage holds the compute of some hosts whole, each standing for
+    the hosts with that very compute (simulation.json compute_hosts). 4 hosts, host-1 (6 ms) for hosts 1-3,
+    host-4 (10 ms) for itself: the hosts' mean is (3 x 6 + 10) / 4 = 7 ms, not the reported hosts' 8 ms. Counts
+    short of the run's hosts: no sweep, and the rule says why."""
+    from phantora_assets.lib.workload.collectives import run_spec_of
+    from phantora_assets.stages.reconfig import steady_step_times, sweep_rule
+
+    rows = [(1, True, True, h, node, 20e3, c) for h, node, c in (("host-1", 0, 6e3), ("host-4", 3, 10e3))]
+    anat = pd.DataFrame(rows, columns=["step", "steady", "timed", "host", "node", "duration_us", "compute_us"])
+    assert steady_step_times(anat)["compute_s"].tolist() == [pytest.approx(0.008)]
+    assert steady_step_times(anat, {"host-1": 3, "host-4": 1})["compute_s"].tolist() == [pytest.approx(0.007)]
+    with pytest.raises(ValueError, match="compute_hosts does not"):
+        steady_step_times(anat, {"host-1": 3})
+    model = {"kind": "dense", "layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 2, "vocab": 1000}
+    table = {
+        "framework": "megatron",
+        "model": model,
+        "parallel": {"tp": 1, "pp": 2},
+        "train": {"seq_len": 256, "micro_batch": 1, "grad_accumulation": 2},
+    }
+    spec = run_spec_of(table, 4, 2, "h100", "w")
+    assert sweep_rule(spec, None) is None and sweep_rule(spec, {"host-1": 2, "host-3": 2}) is None
+    why = sweep_rule(spec, {"host-1": 1})
+    assert why is not None and "holds the compute of 1 of the run's 4 hosts" in why
+
+
 def test_the_sweeps_step_time_at_no_delay_is_the_runs_step_time():
     """Issue 39 item 18: a run had three step times; the sweep's was the mean of the timed steps. Four
     timed steps of 10 ms and a checkpoint step of 30 ms: the run's step time (runs.step_time_s, the

@@ -18,6 +18,7 @@ from phantora_assets.lib.sim.analytic import AnalyticSimulator, timeline_scope
 from phantora_assets.lib.workload.collectives import (
     EVERY_RANK,
     ONE_RANK_A_STAGE,
+    compute_hosts,
     run_spec_of,
     trace_events,
     trace_events_per_step,
@@ -144,19 +145,11 @@ TWO_STAGE_HOSTS = {
     "parallel": {"tp": 1, "pp": 2},
     "train": {"seq_len": 256, "micro_batch": 1, "grad_accumulation": 3, "iterations": 3},
 }
+FOUR_STAGES = {**TWO_STAGE_HOSTS, "parallel": {"tp": 1, "pp": 4}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (issue 37): step_anatomy of a scoped run reports the hosts of the stages' first ranks, but host-2 "
-    "also holds rank 2 of stage 0 (first rank 0 on host-1) and, the ranks of a stage differing here (the simulator "
-    "fell back to every rank), host-1's rank 1 differs from rank 0: their compute is not in the scoped timeline",
-)
-def test_the_hosts_step_anatomy_reports_hold_every_ranks_compute():
-    # PP 2 x DP 3 on 3 hosts of 2 GPUs (Megatron: pp outermost): stage 0 = ranks 0-2, stage 1 = ranks 3-5; first
-    # ranks 0 (host-1) and 3 (host-2). step_anatomy's C is the union over the host's GPUs (lib/traffic/anatomy.py):
-    # each host it reports must have the full timeline's union.
-    spec = run_spec_of(TWO_STAGE_HOSTS, 3, 2, "h100", "twostage")
+def _scoped(spec):
+    """(the full raw timeline, the result of the run with the bound one event below it: one rank a stage)."""
     full = _raw(spec)
     patch = pytest.MonkeyPatch()
     patch.setattr(analytic, "MAX_TRACE_EVENTS", len(full) - 1)
@@ -165,7 +158,70 @@ def test_the_hosts_step_anatomy_reports_hold_every_ranks_compute():
     finally:
         patch.undo()
     assert result.timeline is not None and result.scope == ONE_RANK_A_STAGE
+    return full, result
+
+
+def test_the_hosts_step_anatomy_reports_hold_every_ranks_compute():
+    # PP 2 x DP 3 on 3 hosts of 2 GPUs (Megatron: pp outermost): stage 0 = ranks 0-2, stage 1 = ranks 3-5; first
+    # ranks 0 (host-1) and 3 (host-2). The ranks of a stage differ here (the simulator falls back to every rank: a
+    # pipeline pair inside host-2, the others across hosts), so each host has a rank that is no first rank and
+    # runs its own compute (host-1: rank 1; host-2: rank 2, of stage 0 besides; host-3: ranks 4, 5): no host's
+    # compute is whole in the scoped timeline. step_anatomy's C is the union over the host's GPUs
+    # (lib/traffic/anatomy.py): the hosts of the first ranks, which it reported before, read another C.
+    spec = run_spec_of(TWO_STAGE_HOSTS, 3, 2, "h100", "twostage")
+    full, result = _scoped(spec)
     scoped = result.timeline.frame()
-    reported = sorted(set(scoped.loc[scoped["kind"] == "computation", "src_host"]))  # what step_anatomy reports
-    assert reported == ["host-1", "host-2"]
-    assert [_busy_ns(scoped, h) for h in reported] == [_busy_ns(full, h) for h in reported]
+    assert result.symmetry.startswith("every rank (the ranks of a stage differ")
+    assert result.compute_hosts == {}
+    first_hosts = ["host-1", "host-2"]  # the hosts of the first ranks: what was reported
+    assert sorted(set(scoped.loc[scoped["kind"] == "computation", "src_host"])) == first_hosts
+    assert [_busy_ns(scoped, h) for h in first_hosts] != [_busy_ns(full, h) for h in first_hosts]
+
+
+@pytest.mark.parametrize(
+    ("table", "nodes", "gpus", "alike", "expected"),
+    [
+        # TP 2 x DP 2 x PP 2 on 4 hosts of 2 (JOB): stage 0 = ranks 0-3 (hosts 1-2), stage 1 = ranks 4-7
+        # (hosts 3-4), run alike: host-1 (ranks 0, 1 of stage 0, first rank 0) stands for hosts 1-2, host-3 for 3-4
+        (JOB, 4, 2, True, {0: 2, 2: 2}),
+        # PP 4 x DP 2 on 2 hosts of 4: stages {0, 1}, {2, 3}, {4, 5}, {6, 7}; host-1 holds two stages and both
+        # their first ranks (0, 2), host-2 those of stages 2 and 3 (4, 6): every host whole, each itself
+        (FOUR_STAGES, 2, 4, True, {0: 1, 1: 1}),
+        # PP 2 x DP 3 on 6 hosts of 1 GPU, the ranks of a stage not alike: the first ranks' hosts (ranks 0, 3)
+        # are whole, each standing for itself only (the other hosts' compute is their own)
+        (TWO_STAGE_HOSTS, 6, 1, False, {0: 1, 3: 1}),
+    ],
+    ids=["tp2-dp2-pp2-4x2", "pp4-dp2-2x4", "pp2-dp3-6x1"],
+)
+def test_the_whole_hosts_hold_their_hosts_compute_and_stand_for_the_hosts_counted(table, nodes, gpus, alike, expected):
+    spec = run_spec_of(table, nodes, gpus, "h100", "whole")
+    full, result = _scoped(spec)
+    scoped = result.timeline.frame()
+    assert result.symmetry.startswith("one rank a stage" if alike else "every rank (the ranks of a stage differ")
+    assert result.compute_hosts == expected
+    for h in expected:  # step_anatomy's C of a reported host is the full timeline's
+        assert _busy_ns(scoped, f"host-{h + 1}") == _busy_ns(full, f"host-{h + 1}")
+    if sum(expected.values()) == nodes:  # the counts: every host's C is a reported host's, that many times
+        reported = sorted(b for h, n in expected.items() for b in [_busy_ns(scoped, f"host-{h + 1}")] * n)
+        assert reported == sorted(_busy_ns(full, f"host-{h + 1}") for h in range(nodes))
+
+
+@pytest.mark.parametrize(
+    ("table", "nodes", "gpus", "alike", "expected"),
+    [
+        # (a) PP 2 x DP 3 on 3 hosts of 2, alike: host-1 = ranks 0, 1 (stage 0, its first rank 0 there) is whole;
+        # host-2 = ranks 2 (stage 0, first rank on host-1) and 3 (stage 1's first): not; host-3 = 4, 5 (stage 1,
+        # first rank on host-2): not. Only host-1's set of stages {0}: it stands for itself
+        (TWO_STAGE_HOSTS, 3, 2, True, {0: 1}),
+        # (b) the same, not alike: every host has a rank that is no first rank
+        (TWO_STAGE_HOSTS, 3, 2, False, {}),
+        (JOB, 4, 2, False, {}),  # hosts 1, 3 hold the first ranks 0, 4 and ranks 1, 5 of their own
+        (FOUR_STAGES, 2, 4, False, {}),  # host-1 holds ranks 1, 3, host-2 ranks 5, 7: no first ranks
+        (TWO_STAGE_HOSTS, 6, 1, True, {0: 3, 3: 3}),  # one GPU a host, alike: hosts 1-3 have stage 0's compute
+        # one stage (PP 1, DP 4 on 2 hosts of 2): the first rank 0 is on host-1, whose rank 1 is alike; host-2 too
+        ({**TWO_STAGE_HOSTS, "parallel": {"tp": 1, "pp": 1}}, 2, 2, True, {0: 2}),
+    ],
+    ids=["a-pp2-dp3-3x2-alike", "b-pp2-dp3-3x2", "tp2-dp2-pp2-4x2", "pp4-dp2-2x4", "pp2-dp3-6x1-alike", "pp1-2x2"],
+)
+def test_the_whole_hosts_from_the_layout(table, nodes, gpus, alike, expected):
+    assert compute_hosts(run_spec_of(table, nodes, gpus, "h100", "rule"), alike) == expected
