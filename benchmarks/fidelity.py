@@ -201,7 +201,7 @@ def print_full_depth(max_gpus: int | None = None, only: set[str] | None = None) 
     )
 
     def show(r: dict) -> None:
-        sim = f"{r['simulated_s']:9.3f}s" if r["simulated_s"] is not None else f"{'-':>10s}"
+        sim = f"{r['simulated_s']:9.4f}s" if r["simulated_s"] is not None else f"{'-':>10s}"
         err = f"{r['error']:+7.1%}" if r["error"] is not None else f"{'-':>7s}"
         floor = f"{r['floor_s']:9.3f}s" if r["floor_s"] is not None else f"{'-':>10s}"
         wall = f"{r['wall_s']:7.1f}s" if r["wall_s"] is not None else f"{'-':>8s}"
