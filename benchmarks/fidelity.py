@@ -5,7 +5,8 @@ Usage::
     python benchmarks/fidelity.py          # the per-row table and the summary; exit 1 off target
     python benchmarks/fidelity.py --fit    # also: the L40S roofline constants refitted from perfdb/l40s
     python benchmarks/fidelity.py --full-depth [--max-gpus N]
-                                           # also: published full-depth jobs (benchmarks/published_throughput.csv)
+                                           # also: published full-depth jobs (benchmarks/published_throughput.csv),
+                                           # all 16 (1,536-6,144 GPUs too); --max-gpus N skips rows above N
     python benchmarks/fidelity.py --only tt_llama3_8b_fsdp8_h100,mlm_gpt_1p7b_h100
                                            # just these full-depth rows (no W1-W5 table)
 
@@ -23,7 +24,9 @@ The constants are per GPU model (``phantora_assets/gpus.toml``, sources document
 full-depth jobs (``benchmarks/published_throughput.csv``: source URL and figure per row). Each row
 becomes a ``[workloads.*]`` table and is simulated with the analytic simulator; the published step
 time is derived from the published figure (:func:`published_step_s`). Target: median |error| <=
-10 %, max <= 20 %, no per-run constant.
+10 %, max <= 20 %, no per-run constant. Every row is simulated by default, Megatron-LM's of 1,536-6,144
+GPUs too: each runs one rank a pipeline stage (``SimulationResult.symmetry``), the platform's network
+being symmetric (``published_clusters.toml``: ``ecmp``); about 15 s to a few minutes a row.
 """
 
 from __future__ import annotations
@@ -142,10 +145,12 @@ def published_run_spec(run_spec_of, row: dict):
     return spec
 
 
-def full_depth_rows(max_gpus: int, only: set[str] | None = None) -> list[dict]:
+def full_depth_rows(max_gpus: int | None = None, only: set[str] | None = None, on_row=None) -> list[dict]:
     """One dict per published full-depth row: published and simulated step time and error
-    (``simulated_s`` None, with ``why``, where the row was not simulated); ``only``: just the
-    rows of these run ids (``--only``)."""
+    (``simulated_s`` None, with ``why``, where the row was not simulated), the simulator's wall
+    seconds (``wall_s``) and which DAG it ran (``symmetry``); ``max_gpus``: skip rows of more GPUs
+    (None: none skipped); ``only``: just the rows of these run ids (``--only``); ``on_row``: called
+    with each dict as soon as its row is done."""
     import importlib
 
     run_spec_of = None
@@ -162,15 +167,17 @@ def full_depth_rows(max_gpus: int, only: set[str] | None = None) -> list[dict]:
         pub = published_step_s(r)
         rec = {"run_id": r["run_id"], "gpus": int(r["gpus"]), "gpu": r["gpu"], "published_s": pub}
         rec["floor_s"] = gemm_floor_s(r)
-        rec |= {"simulated_s": None, "error": None, "why": ""}
+        rec |= {"simulated_s": None, "error": None, "why": "", "wall_s": None, "symmetry": ""}
         if run_spec_of is None:
             rec["why"] = "workload schema not landed (phantora_assets.lib.workload.collectives)"
-        elif int(r["gpus"]) > max_gpus:
+        elif max_gpus is not None and int(r["gpus"]) > max_gpus:
             rec["why"] = f"more than --max-gpus {max_gpus}"
         else:
             try:
                 spec = published_run_spec(run_spec_of, r)
+                t0 = time.perf_counter()
                 res = AnalyticSimulator(spec, emit=False).run()
+                rec["wall_s"], rec["symmetry"] = time.perf_counter() - t0, res.symmetry
                 if not res.fits:  # refused by the memory estimate: no step time to compare
                     peak = res.memory.as_dict()["peak_gib"]
                     rec["why"] = f"does not fit (estimate {peak:.1f} GiB > {spec.gpu_spec['memory_gb']} GB)"
@@ -180,23 +187,32 @@ def full_depth_rows(max_gpus: int, only: set[str] | None = None) -> list[dict]:
             except Exception as e:  # reported in the table, never hidden
                 rec["why"] = f"{type(e).__name__}: {e}"[:100]
         out.append(rec)
+        if on_row is not None:
+            on_row(rec)
     return out
 
 
-def print_full_depth(max_gpus: int, only: set[str] | None = None) -> bool:
-    rows = full_depth_rows(max_gpus, only)
+def print_full_depth(max_gpus: int | None = None, only: set[str] | None = None) -> bool:
     print(f"\nFull-depth published jobs ({THROUGHPUT.relative_to(ROOT)}):")
     print(
         f"{'run_id':32s} {'GPUs':>5s} {'gpu':>15s} {'published':>10s} {'GEMM floor':>10s} {'simulated':>10s} "
-        f"{'error':>7s}"
+        f"{'error':>7s} {'sim wall':>8s}  DAG",
+        flush=True,
     )
-    for r in rows:
-        sim = f"{r['simulated_s']:9.3f}s" if r["simulated_s"] is not None else f"{'-':>10s}"
+
+    def show(r: dict) -> None:
+        sim = f"{r['simulated_s']:9.4f}s" if r["simulated_s"] is not None else f"{'-':>10s}"
         err = f"{r['error']:+7.1%}" if r["error"] is not None else f"{'-':>7s}"
         floor = f"{r['floor_s']:9.3f}s" if r["floor_s"] is not None else f"{'-':>10s}"
+        wall = f"{r['wall_s']:7.1f}s" if r["wall_s"] is not None else f"{'-':>8s}"
+        dag = r["symmetry"].split(":")[0]  # "one rank a stage" or "every rank"
         print(
-            f"{r['run_id']:32s} {r['gpus']:5d} {r['gpu']:>15s} {r['published_s']:9.3f}s {floor} {sim} {err}  {r['why']}"
+            f"{r['run_id']:32s} {r['gpus']:5d} {r['gpu']:>15s} {r['published_s']:9.3f}s {floor} {sim} {err} {wall}  "
+            f"{dag}{r['why']}",
+            flush=True,
         )
+
+    rows = full_depth_rows(max_gpus, only, on_row=show)
     errs = np.abs([r["error"] for r in rows if r["error"] is not None])
     if not len(errs):
         print("no row simulated")
@@ -306,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="also refit the L40S roofline constants from perfdb/l40s")
     ap.add_argument("--full-depth", action="store_true", help="also the published full-depth jobs (issue 26)")
-    ap.add_argument("--max-gpus", type=int, default=400, help="simulate full-depth rows up to this many GPUs")
+    ap.add_argument(
+        "--max-gpus", type=int, default=None, help="simulate only full-depth rows up to this many GPUs (default: all)"
+    )
     ap.add_argument(
         "--only",
         default="",

@@ -52,3 +52,54 @@ def test_rows_are_valid_workloads():
     for r in ROWS:
         spec = fidelity.published_run_spec(col.run_spec_of, r)
         assert spec.gpu == r["gpu"] and spec.n_nodes * spec.gpus_per_node == int(r["gpus"])
+
+
+def _small_megatron_row(**over) -> dict:
+    """mlm_gpt_119b_h100's layout (TP 8 with SP and --tp-comm-overlap, PP 4 1F1B, H100 hosts of 8) at DP 4
+    and 8 layers of a small GPT: 128 GPUs, two racks a pipeline stage on the published platform."""
+    row = dict(next(r for r in ROWS if r["run_id"] == "mlm_gpt_119b_h100"))
+    row |= {"layers": "8", "hidden": "1024", "ffn_hidden": "2816", "heads": "8", "kv_heads": "8", "vocab": "32768"}
+    row |= {"dp": "4", "gpus": "128", "global_batch": "16", "seq_len": "1024"}
+    return row | over
+
+
+def test_published_h100_platform_runs_one_rank_a_stage():
+    """The Megatron rows of 1,536-6,144 GPUs ran every rank (beyond 3,000 s): presets.toml's ecmp = "hash"
+    gives each connection its own spine, so each communicator of a stage had its own collisions and the
+    symmetry check (lib/sim/symmetry.py) failed. The published H100 platform routes adaptively
+    (InfiniBand; published_clusters.toml ecmp = "split"): one rank a stage, and the step is the one
+    simulating every rank gives, to the nanosecond."""
+    col = importlib.import_module("phantora_assets.lib.workload.collectives")
+    from phantora_assets.lib.sim.analytic import AnalyticSimulator
+
+    spec = fidelity.published_run_spec(col.run_spec_of, _small_megatron_row())
+    assert spec.cluster["ecmp"] == "split"
+    fast = AnalyticSimulator(spec, emit=False).run()
+    assert fast.symmetry.startswith("one rank a stage: 4 of 128 ranks"), fast.symmetry
+    every = AnalyticSimulator(spec, emit=False, compress=False).run()
+    assert every.symmetry == "every rank"
+    assert fast.iteration_ns == every.iteration_ns
+
+
+def test_full_depth_simulates_every_row_by_default(monkeypatch):
+    """--full-depth skipped the rows above 400 GPUs (the --max-gpus default): now no row is skipped unless asked."""
+    handed: list[str] = []
+
+    class Stub:
+        def __init__(self, spec, emit):
+            handed.append(spec.run_id)
+
+        def run(self):
+            return type("R", (), {"fits": True, "step_ns": 1e9, "symmetry": "one rank a stage: stub"})()
+
+    monkeypatch.setattr(fidelity, "AnalyticSimulator", Stub)
+    rows = fidelity.full_depth_rows()
+    assert len(handed) == len(ROWS) == 16
+    assert [r["run_id"] for r in rows] == [r["run_id"] for r in ROWS]
+    assert all(r["why"] == "" and r["simulated_s"] == 1.0 for r in rows)
+    assert [r["run_id"] for r in fidelity.full_depth_rows(max_gpus=800) if r["why"]] == [
+        "mlm_gpt_119b_h100",
+        "mlm_gpt_177b_h100",
+        "mlm_gpt_314b_h100",
+        "mlm_gpt_462b_h100",
+    ]
