@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             largest.append((token, max(x.mib for x in est.values()), max(measured.values())))
             part = paths.partition_dir(spec.run_id)
 
-            def rows(name: str) -> int:
+            def rows(name: str, part: Path = part) -> int:
                 f = part / f"{name}.parquet"
                 return pq.ParquetFile(f).metadata.num_rows if f.exists() else -1
 

@@ -70,6 +70,11 @@ STAGES = (
     "run_plots",
 )
 
+#: Rows of the Chrome trace's text assembled at once (``lib/phantora/trace_writer.CHUNK_ROWS``) and the most
+#: events an analytic run's trace holds whole (``sources/analytic.CHROME_TRACE_MAX_EVENTS``); a test checks both.
+CHROME_CHUNK_ROWS = 65_536
+CHROME_TRACE_MAX_EVENTS = 2_000_000
+
 _DTYPE_BYTES = {"int64": 8, "float64": 8, "bool": 1, "str": 8}
 
 
@@ -129,6 +134,12 @@ class JobSize:
             return self.bins * self.links
         if name == "host_cells":
             return self.hosts * self.hosts
+        if name == "one":
+            return 1
+        if name == "chunk_events":  # the Chrome trace's text is assembled a chunk at a time
+            return min(self.events, CHROME_CHUNK_ROWS)
+        if name == "trace_events":  # past its bound the Chrome trace holds some hosts' events only
+            return min(self.events, CHROME_TRACE_MAX_EVENTS)
         return int(getattr(self, name))
 
 
@@ -142,6 +153,11 @@ class Term:
     what: str
 
 
+def _fixed(mib: int, what: str) -> Term:
+    """A stage's working set that does not grow with the job (a figure's canvas, Arrow's kernels and pool)."""
+    return Term("one", mib << 20, 1.0, what)
+
+
 def _pair_term(copies: float, what: str) -> Term:
     return Term("pair_rows", CELL, copies, what)  # SPARSE_ROW replaces CELL for a sparse table (estimate)
 
@@ -150,23 +166,43 @@ def _pair_term(copies: float, what: str) -> Term:
 #: rounded up (``benchmarks/stage_memory.py``; docs/BENCHMARKS.md "Host memory per stage").
 STAGE_TERMS: dict[str, tuple[Term, ...]] = {
     "raw_timeline": (
-        Term("events", RAW_ROW, 12.0, "the simulated DAG, the rows as Python lists, the frame and its Arrow copy"),
+        _fixed(64, "the fabric, kernel tables"),
+        Term("events", RAW_ROW, 13.0, "the simulated DAG, the rows as Python lists, the frame and its Arrow copy"),
     ),
-    "chrome_trace": (Term("events", RAW_ROW, 8.0, "the raw timeline table read back and the JSON text"),),
-    "validated_flows": (Term("events", RAW_ROW, 6.0, "the raw timeline decoded into flows and compute events"),),
+    "chrome_trace": (
+        _fixed(64, "Arrow's string kernels, the gzip stream"),
+        Term("chunk_events", RAW_ROW, 28.0, "one chunk of the JSON text (trace_writer.CHUNK_ROWS rows)"),
+        Term("trace_events", RAW_ROW, 3.0, "the integer columns of the rows written"),
+    ),
+    "validated_flows": (
+        _fixed(64, "the step detector's tables"),
+        Term("events", RAW_ROW, 6.0, "the raw timeline decoded into flows and compute events"),
+    ),
     "binned_flows": (
+        _fixed(64, "the placement's tables"),
         Term("step_network_flows", STEP_FLOW_ROW, 8.0, "the step's flows and their placement"),
         _pair_term(3.0, "the per-pair bin table and its write"),
     ),
     "link_bins": (
-        Term("step_network_flows", STEP_FLOW_ROW, 8.0, "the step's flows and their routes"),
+        _fixed(64, "the routes' tables"),
+        Term("step_network_flows", STEP_FLOW_ROW, 16.0, "the step's flows, their NICs and routes"),
         Term("link_cells", CELL, 3.0, "the (bins, links) matrix and its write"),
     ),
-    "window_features": (_pair_term(4.0, "the per-pair bins read back, per-window sums"),),
-    "run_summary": (Term("network_flows", FLOW_ROW, 2.0, "the flows table"),),
-    "step_anatomy": (Term("compute_events", RAW_ROW, 3.0, "the compute events and the steps' flows"),),
-    "reconfig": (Term("network_flows", FLOW_ROW, 4.0, "the flows by NIC pair, phases and windows"),),
+    "window_features": (
+        _fixed(64, "the feature registry's frames"),
+        _pair_term(4.0, "the per-pair bins read back, per-window sums"),
+    ),
+    "run_summary": (_fixed(32, "the summary row"), Term("network_flows", FLOW_ROW, 1.0, "the flows table")),
+    "step_anatomy": (
+        _fixed(64, "the chart"),
+        Term("compute_events", RAW_ROW, 3.0, "the compute events and the steps' flows"),
+    ),
+    "reconfig": (
+        _fixed(128, "the CDF and sweep figures"),
+        Term("network_flows", FLOW_ROW, 5.0, "the flows by NIC pair, phases and windows"),
+    ),
     "run_plots": (
+        _fixed(160, "the figures' canvases"),
         _pair_term(5.0, "the per-pair bins and the time series"),
         Term("host_cells", CELL, 4.0, "the host-pair heatmap"),
         Term("link_cells", CELL, 2.0, "the link utilisation"),
@@ -261,8 +297,8 @@ def _step_flows(spec: RunSpec, scope: str, warmup: bool) -> tuple[int, int, int,
     compute = flows = network = 0
     keys: list[np.ndarray] = []
     seen_p2p: set[str] = set()
-    per_comm: dict[tuple, tuple[int, int]] = {}  # (shape, comm name) -> (flows, network flows)
-    seen_keys: set[tuple] = set()
+    kept: dict[tuple[str, int], list] = {}  # (kind, stage) -> the communicators the scope holds
+    per_group: dict[tuple, tuple[int, int]] = {}  # (shape, kind, stage) -> (flows, network flows) over them
     for stage, program in enumerate(programs):
         ranks_here = len(model.stage_ranks(stage)) if scope == EVERY_RANK else 1
         for item in program:
@@ -273,22 +309,28 @@ def _step_flows(spec: RunSpec, scope: str, warmup: bool) -> tuple[int, int, int,
                 if item.tag in seen_p2p:
                     continue
                 seen_p2p.add(item.tag)
-            shape = _shape(item)
-            for comm in stage_communicators(model, item.kind, stage):
-                if scope != EVERY_RANK and not scope_keeps(comm.ranks, G):
-                    continue
-                key = (shape, comm.name)
-                hit = per_comm.get(key)
-                if hit is None:
+            gk = (_shape(item), item.kind, stage)
+            hit = per_group.get(gk)
+            if hit is None:
+                comms = kept.get((item.kind, stage))
+                if comms is None:
+                    comms = kept[(item.kind, stage)] = [
+                        c
+                        for c in stage_communicators(model, item.kind, stage)
+                        if scope == EVERY_RANK or scope_keeps(c.ranks, G)
+                    ]
+                n_flows = n_net = 0
+                for comm in comms:
                     src, dst = _flow_ends(item, np.asarray(comm.ranks, dtype=np.int64))
                     hs, hd = src // G, dst // G
                     cross = hs != hd
-                    hit = per_comm[key] = (len(src), int(cross.sum()))
-                    if key not in seen_keys and hit[1]:
-                        seen_keys.add(key)
+                    n_flows += len(src)
+                    n_net += int(cross.sum())
+                    if cross.any():
                         keys.append(np.unique(hs[cross] * H + hd[cross]))
-                flows += hit[0]
-                network += hit[1]
+                hit = per_group[gk] = (n_flows, n_net)
+            flows += hit[0]
+            network += hit[1]
     uniq = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
     return compute, flows, network, uniq
 

@@ -39,6 +39,10 @@ def test_stage_names_and_window_are_the_pipelines():
 
     assert sm.STAGES == tuple(RUN_ASSET_NAMES) and set(sm.STAGE_TERMS) == set(sm.STAGES)
     assert sm.WINDOW_S == WINDOW_S
+    from phantora_assets.lib.phantora.trace_writer import CHUNK_ROWS
+    from phantora_assets.sources.analytic import CHROME_TRACE_MAX_EVENTS
+
+    assert (sm.CHROME_CHUNK_ROWS, sm.CHROME_TRACE_MAX_EVENTS) == (CHUNK_ROWS, CHROME_TRACE_MAX_EVENTS)
 
 
 def test_job_size_of_a_small_run_is_counted_from_its_layout(spec):
@@ -56,7 +60,7 @@ def test_job_size_of_a_small_run_is_counted_from_its_layout(spec):
     assert size.scope == EVERY_RANK
     # the binned_flows terms: rows x the row bytes of their contract x the stated copies
     est = {e.stage: e for e in sm.estimate_stages(size)}["binned_flows"]
-    want = sm.BASELINE_MIB + (4 * len(dp_calls) * 40 * 8.0 + 1800 * 12 * 8 * 3.0) / 2**20
+    want = sm.BASELINE_MIB + 64 + (4 * len(dp_calls) * 40 * 8.0 + 1800 * 12 * 8 * 3.0) / 2**20
     assert est.mib == pytest.approx(want)
 
 
@@ -83,7 +87,7 @@ def test_sparse_pairs_are_the_hosts_a_layout_connects(monkeypatch, spec):
     size = sm.job_size(spec)
     assert size.sparse and size.pair_rows == 1800 * 4
     est = {e.stage: e for e in sm.estimate_stages(size)}["window_features"]
-    assert est.mib == pytest.approx(sm.BASELINE_MIB + 1800 * 4 * 24 * 4.0 / 2**20)  # 24 B a sparse row
+    assert est.mib == pytest.approx(sm.BASELINE_MIB + 64 + 1800 * 4 * 24 * 4.0 / 2**20)  # 24 B a sparse row
 
 
 def test_max_host_gib_setting(monkeypatch):
