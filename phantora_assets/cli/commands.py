@@ -144,10 +144,16 @@ def check_status(spec: RunSpec, paths: DataPaths) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    """The run matrix, a line a run: its GPU memory estimate against the card, the largest per-run stage's
+    host memory estimate (``lib/stage_memory``, counted before simulating; ``-`` where it does not apply), and
+    whether it fits: ``NO`` with ``refused at build: <rule>`` for a run the build refuses before simulating (the
+    trace bound, ``lib/sim/analytic.trace_bound_rule``; the host-memory bound,
+    ``lib/stage_memory.host_memory_rule``), so a run shown as fitting is not refused at build."""
     from phantora_assets.imported_runs import matrix_for
     from phantora_assets.lib.sim.analytic import timeline_scope, trace_bound_rule
     from phantora_assets.lib.sim.memory import estimate_memory
     from phantora_assets.lib.sim.workloads import WorkloadModel
+    from phantora_assets.lib.stage_memory import applies, host_memory_rule, job_size, largest_stage
     from phantora_assets.lib.workload.collectives import EVERY_RANK
 
     paths = DataPaths(Path(args.data_dir))
@@ -156,20 +162,25 @@ def cmd_runs(args: argparse.Namespace) -> int:
     w_par = max([12, *(len(s.parallelism) for s in specs)])
     w_model = max([10, *(len(s.model_name) for s in specs)])
     cols = f"{'run_id':{w_id}s} {'source':9s} {'model':{w_model}s} {'parallelism':{w_par}s}"
-    print(f"{cols} {'memory GiB':>11s} {'fits':5s} built")
+    print(f"{cols} {'memory GiB':>11s} {'host GiB':>8s} {'fits':5s} built")
     for spec in specs:
         built = check_status(spec, paths)
         head = f"{spec.run_id:{w_id}s} {spec.source:9s} {spec.model_name:{w_model}s} {spec.parallelism:{w_par}s}"
         if not spec.workload:  # a profiled run: no memory model (it ran on real GPUs)
-            print(f"{head} {'profiled':>11s} {'yes':5s} {built}")
+            print(f"{head} {'profiled':>11s} {'-':>8s} {'yes':5s} {built}")
             continue
         mem = estimate_memory(WorkloadModel(spec)).as_dict()
         fits = "yes" if mem["fits"] else "NO"
+        host = "-"
         if mem["fits"] and spec.source == "analytic" and (why := trace_bound_rule(spec)) is not None:
             fits, built = "NO", f"refused at build: {why}"  # the simulator's own rule (lib/sim/analytic)
-        elif mem["fits"] and spec.source == "analytic" and timeline_scope(spec)[0] != EVERY_RANK:
-            built += f" (timeline: {timeline_scope(spec)[0]}, docs/WORKLOADS.md 'Scale')"
-        print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {fits:5s} {built}")
+        elif mem["fits"] and applies(spec):
+            host = f"{largest_stage(job_size(spec)).mib / 1024:8.2f}"
+            if (why := host_memory_rule(spec)) is not None:  # the simulator's rule too, before simulating
+                fits, built = "NO", f"refused at build: {why}"
+            elif timeline_scope(spec)[0] != EVERY_RANK:
+                built += f" (timeline: {timeline_scope(spec)[0]}, docs/WORKLOADS.md 'Scale')"
+        print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {host:>8s} {fits:5s} {built}")
     return 0
 
 

@@ -94,13 +94,16 @@ def test_a_leaf_spine_job_above_the_bound_goes_through_every_asset_sparse(tmp_pa
     assert {p.name for p in plots.glob("*.png")} >= {"timeseries.png", "pair_heatmap.png"}
 
 
-def test_a_sparse_table_above_its_own_bound_is_refused_at_binned_flows(tmp_path, monkeypatch):
+def test_a_sparse_table_above_its_own_bound_is_refused_before_simulating(tmp_path, monkeypatch):
+    """The binned stages' bound (bins x the node pairs that carry flows) is known from the layout's
+    collectives (``lib/stage_memory.host_memory_rule``): the run is refused at raw_timeline, before it is
+    simulated, with binned_flows' rule (was: simulated, then refused at binned_flows after `runs` said it fits)."""
     spec = RunSpec("W4", "a100_40g", 16, 1)
     env = {bin_table.MAX_CELLS_ENV: "1000", bin_table.MAX_SPARSE_ROWS_ENV: "1000"}
     res, _ = _built(tmp_path / "data", spec, env, monkeypatch)
     assert not res.success
     failures = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert [e.step_key for e in failures] == ["binned_flows"]
+    assert [e.step_key for e in failures] == ["raw_timeline"]
     err = failures[0].event_specific_data.error
     text = err.message + (err.cause.message if err.cause is not None else "")
-    assert "bin table too large: 1800 bins x 16 node pairs that carry flows = up to 28,800 rows" in text
+    assert "binned_flows: bin table too large: 1800 bins x 16 node pairs that carry flows = up to 28,800 rows" in text

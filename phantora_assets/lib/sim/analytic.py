@@ -68,6 +68,7 @@ from phantora_assets.lib.sim.symmetry import AsymmetricRanks, OrbitFlows, group_
 from phantora_assets.lib.sim.timeline import IterationTimes, SimulatedDag, SimulationResult, emit_raw_timeline
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, Item, SendRecv
 from phantora_assets.lib.sim.workloads import WorkloadModel
+from phantora_assets.lib.stage_memory import host_memory_rule
 from phantora_assets.lib.traffic.ring import DTYPE_BYTES, ring_flows
 from phantora_assets.lib.workload.collectives import (
     EVERY_RANK,
@@ -260,6 +261,8 @@ class AnalyticSimulator:
             return SimulationResult(spec, memory, None)
         if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
+        if self.emit and (why := host_memory_rule(spec, self.iterations, self.warmup)) is not None:
+            raise RunMatrixError(f"{spec.run_id}: {why}")  # every stage's host memory (lib/stage_memory)
         self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
         if self.optical is not None and self.optical.mode == "provisioned" and self.schedule is None:
             self.schedule = self._eps_schedule()
