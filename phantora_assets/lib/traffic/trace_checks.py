@@ -19,6 +19,7 @@ from .binning import exact_sum
 from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
 from .rule_names import FLOWS_EXIST, RING_BYTES_MATCH, STEADY_STEPS_STABLE, STEPS_MATCH, STEPS_MATCH_RUN_LOG
 from .steps import RULE, StepResult
+from .steps.evidence import typical_step_us
 
 #: How many individual violations a message lists before summarising the rest.
 MAX_LISTED = 5
@@ -396,6 +397,19 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = RULE.outlier_r
     for k, d in slow.items():
         problems.append(
             f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median {med:.1f} us (tolerance {rel_tol:.1%})"
+        )
+    # the step rule's own condition (steps/detect._step_time, "no typical step"): outliers are the exception,
+    # so most timed steps must be typical; ProfilerStep#N steps (lib/kineto/step_spans.py) flag outliers but
+    # never refused this (a marked run slowing from 10 to 18 ms a step, 5 of its 9 steps outliers, passed)
+    all_timed = [k for k in step_result.timed_steps if k in steps.index]
+    _, n_typical = typical_step_us(steps.loc[all_timed, "duration_us"].to_numpy(dtype=np.float64))
+    observed["typical_timed_steps"] = int(n_typical)
+    expected["typical_timed_steps"] = f"> {len(all_timed) / 2:g}"
+    if all_timed and 2 * n_typical <= len(all_timed):
+        problems.append(
+            f"no typical step: {n_typical} of the {len(all_timed)} timed steady steps lie within "
+            f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers (the step rule's "
+            f"'steps irregular'); the step time is undecidable"
         )
     if not problems:
         if routed:
