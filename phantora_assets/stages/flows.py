@@ -107,9 +107,7 @@ def validate_flows(spec: RunSpec, paths: DataPaths, trace_path: Path | None = No
     outcomes.append(_cross_check_outcome(spec, paths, result, groups))
 
     is_net = (result.flows["src_node"] != result.flows["dst_node"]).to_numpy()
-    steady = result.steps[result.steps["steady"]]
-    timed = steady[steady["step"].isin(getattr(result, "timed_steps", steady["step"]))]
-    chosen = int(timed.iloc[(timed["duration_us"] - result.step_time_us).abs().argsort(kind="stable").iloc[0]]["step"])
+    chosen = chosen_step(result)
     step_flows = result.step_flows(chosen, network_only=True)
     pdir = paths.partition_dir(spec.run_id)
     frames = _network_frames(result.flows, is_net, groups)
@@ -243,6 +241,29 @@ def _cross_check_outcome(
     meta = jsonable(cc.metadata())
     meta["breakdown_md"] = cc.markdown()
     return Outcome(name, cc.passed, cc.message, meta, severity="warn")
+
+
+def chosen_step(result: steps.StepResult) -> int:
+    """The steady step the 180 s build repeats (``trace_summary.json`` ``chosen_step``): one that carries the
+    run's ``network_bytes_per_step`` (runs.csv ``inter_node_bytes_per_step``), timed and not an outlier when
+    one such is, the nearest the step time, the first of equals. Where every steady step carries the same
+    bytes, that is the timed step nearest the step time. Where an MoE all-to-all's routed sizes vary them
+    (``trace_checks.routed_p2p``) it is the (lower) median step: the series then repeats the bytes runs.csv
+    states (was the step nearest the step time whatever it carried: a routed Kineto MoE run's series
+    repeated 220,528 B a step beside runs.csv's 216,432 B)."""
+    st = result.steps[result.steps["steady"]]
+    st = st[st["network_bytes"].to_numpy(dtype=np.int64) == int(result.network_bytes_per_step)]
+    timed = set(getattr(result, "timed_steps", st["step"]))
+    outlier = st["outlier"].to_numpy() != "" if "outlier" in st.columns else np.zeros(len(st), dtype=bool)
+    key = pd.DataFrame(
+        {
+            "untimed": ~st["step"].isin(timed).to_numpy(),
+            "outlier": outlier,
+            "off": np.abs(st["duration_us"].to_numpy(dtype=np.float64) - float(result.step_time_us)),
+            "step": st["step"].to_numpy(dtype=np.int64),
+        }
+    )
+    return int(key.sort_values(["untimed", "outlier", "off", "step"], kind="mergesort")["step"].iloc[0])
 
 
 def read_trace_summary(paths: DataPaths, run_id: str) -> TraceSummary:

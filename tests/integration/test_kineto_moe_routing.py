@@ -54,3 +54,17 @@ def test_the_routed_jittered_profile_enters_the_dataset_at_its_markers(built):
     assert runs.loc[RUN, "step_time_s"] == pytest.approx(float(np.median(durations)) / 1e6, abs=1e-6)
     summary = json.loads((paths.partition_dir(RUN) / "trace_summary.json").read_text())
     assert summary["chosen_step"] in steady["step"].tolist()
+
+
+def test_the_180_s_series_repeats_the_step_runs_csv_states(built):
+    """The series repeats ``chosen_step``'s network flows (``step_flows.parquet``); with routed sizes the steps
+    differ, and the repeated one carries runs.csv's ``inter_node_bytes_per_step``, the median hand count (was
+    the step nearest the step time: step 9, 220,528 B beside runs.csv's 216,432 B for seed 1)."""
+    data, prof = built
+    paths = DataPaths(data)
+    median = sorted(prof.net_per_step[1:])[(STEPS - 2) // 2]
+    step_flows = pd.read_parquet(paths.partition_dir(RUN) / "step_flows.parquet")
+    assert int(step_flows["bytes"].sum()) == median
+    summary = json.loads((paths.partition_dir(RUN) / "trace_summary.json").read_text())
+    steps = pd.read_parquet(paths.partition_dir(RUN) / "steps.parquet").set_index("step")
+    assert int(steps.loc[summary["chosen_step"], "network_bytes"]) == median

@@ -19,6 +19,7 @@ from .binning import exact_sum
 from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
 from .rule_names import FLOWS_EXIST, RING_BYTES_MATCH, STEADY_STEPS_STABLE, STEPS_MATCH, STEPS_MATCH_RUN_LOG
 from .steps import RULE, StepResult
+from .steps.evidence import typical_step_us
 
 #: How many individual violations a message lists before summarising the rest.
 MAX_LISTED = 5
@@ -128,11 +129,19 @@ def routed_p2p(step_result: StepResult) -> set[tuple[str, str, str]]:
 
 
 def _step_signatures(step_result: StepResult, routed: set[tuple[str, str, str]]) -> pd.Series:
+    """Per (step, comm_id, op, count, dtype): the number of flows; a routed send/recv's (count ``ROUTED``): the
+    number of its calls, one per (communicator rank, start), since a peer routed no token receives no flow (a
+    0-byte part is none: ``lib/kineto/collectives.py``), so its flows number fewer in such a step (was: a step
+    in which one rank routed nothing to one peer, 22 flows beside 24, refused an MoE run)."""
     keys = ["step", "comm_id", "op", "count", "dtype"]
     f = step_result.flows
-    f = f.loc[f["step"].isin(step_result.steady_steps), keys]  # only the keys: not a copy of every column
+    cols = [*keys, "comm_rank", "ts_us"] if routed else keys
+    f = f.loc[f["step"].isin(step_result.steady_steps), cols]  # only the keys: not a copy of every column
     if routed:
-        f = f.assign(count=np.where(_routed_mask(f, routed), ROUTED, f["count"].to_numpy()))
+        m = _routed_mask(f, routed)
+        f = f.assign(count=np.where(m, ROUTED, f["count"].to_numpy()))
+        calls = f.loc[m].drop_duplicates(["step", "comm_id", "op", "dtype", "comm_rank", "ts_us"])
+        f = pd.concat([f.loc[~m], calls])[keys]
     return f.groupby(keys).size()
 
 
@@ -180,9 +189,9 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
             a, b = got.get(key, 0), ref.get(key, 0)
             if a != b:
                 comm, op, count, dtype = key
-                size = "of routed counts" if int(count) == ROUTED else f"count={count}"
+                size, what = ("of routed counts", "calls") if int(count) == ROUTED else (f"count={count}", "flows")
                 problems.append(
-                    f"step {k}, communicator {comm}: {op} {size} {dtype} has {a} flows, the other steps have {b}"
+                    f"step {k}, communicator {comm}: {op} {size} {dtype} has {a} {what}, the other steps have {b}"
                 )
     observed = {
         "steady_steps": len(steady),
@@ -196,7 +205,7 @@ def steps_match(step_result: StepResult) -> CheckOutcome:
         n_comm = len({key[0] for key in ref})
         msg = (
             f"All {len(steady)} steady steps issue the same {len(ref)} kinds of collective "
-            f"({sum(ref.values())} flows) on {n_comm} communicators."
+            f"({sum(ref.values())} {'flows and routed calls' if routed else 'flows'}) on {n_comm} communicators."
         )
         if routed:
             comms = sorted({c for c, _, _ in routed})
@@ -396,6 +405,19 @@ def steady_steps_stable(step_result: StepResult, rel_tol: float = RULE.outlier_r
     for k, d in slow.items():
         problems.append(
             f"step {k} lasts {durs[k]:.1f} us, {d:.1%} away from the median {med:.1f} us (tolerance {rel_tol:.1%})"
+        )
+    # the step rule's own condition (steps/detect._step_time, "no typical step"): outliers are the exception,
+    # so most timed steps must be typical; ProfilerStep#N steps (lib/kineto/step_spans.py) flag outliers but
+    # never refused this (a marked run slowing from 10 to 18 ms a step, 5 of its 9 steps outliers, passed)
+    all_timed = [k for k in step_result.timed_steps if k in steps.index]
+    _, n_typical = typical_step_us(steps.loc[all_timed, "duration_us"].to_numpy(dtype=np.float64))
+    observed["typical_timed_steps"] = int(n_typical)
+    expected["typical_timed_steps"] = f"> {len(all_timed) / 2:g}"
+    if all_timed and 2 * n_typical <= len(all_timed):
+        problems.append(
+            f"no typical step: {n_typical} of the {len(all_timed)} timed steady steps lie within "
+            f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers (the step rule's "
+            f"'steps irregular'); the step time is undecidable"
         )
     if not problems:
         if routed:
