@@ -254,18 +254,25 @@ class AnalyticSimulator:
         return total
 
     # --------------------------------------------------------------- main loop
+    def _admit(self) -> None:
+        """The rules a fitting run meets before it is simulated, and what they decide: the trace bound and every
+        stage's host memory (``lib/stage_memory``) when a timeline is emitted (``RunMatrixError`` naming the
+        rule otherwise), the timeline scope, and a provisioned optical run's EPS schedule."""
+        spec = self.spec
+        if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
+            raise RunMatrixError(f"{spec.run_id}: {why}")
+        if self.emit and (why := host_memory_rule(spec, self.iterations, self.warmup)) is not None:
+            raise RunMatrixError(f"{spec.run_id}: {why}")
+        self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
+        if self.optical is not None and self.optical.mode == "provisioned" and self.schedule is None:
+            self.schedule = self._eps_schedule()
+
     def run(self) -> SimulationResult:
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
             return SimulationResult(spec, memory, None)
-        if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
-            raise RunMatrixError(f"{spec.run_id}: {why}")
-        if self.emit and (why := host_memory_rule(spec, self.iterations, self.warmup)) is not None:
-            raise RunMatrixError(f"{spec.run_id}: {why}")  # every stage's host memory (lib/stage_memory)
-        self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
-        if self.optical is not None and self.optical.mode == "provisioned" and self.schedule is None:
-            self.schedule = self._eps_schedule()
+        self._admit()
         comm_list = [c for cs in model.comms.values() for c in cs]
         stages = model.stage_programs(warmup=False)
         warm_stages = model.stage_programs(warmup=True)
