@@ -47,6 +47,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from phantora_assets.lib.run.spec import RunSpec
+from phantora_assets.lib.sim.kernels import T
+from phantora_assets.lib.sim.optimizer_ops import B16, r2_kernel
 from phantora_assets.lib.sim.torch_ops import torch_ops
 from phantora_assets.lib.sim.workload_layout import WorkloadLayout, ceil_to
 from phantora_assets.lib.sim.workload_types import (
@@ -175,13 +177,21 @@ class WorkloadModel(WorkloadLayout):
         layer_fwd = [(label[m], k) for m, k in self._hf_layer_kernels("fwd")]
         layer_bwd = [(label[m], k) for m, k in reversed(self._hf_layer_kernels("bwd"))]
         for mb in range(micro_batches):
+            # BF16_Optimizer keeps the bf16 .grad tensors (zeroed, never None) from the first backward on, so
+            # every later backward accumulates into them: AccumulateGrad's in-place add per parameter
+            # (bf16_accumulate_grad_kernels); ZeRO-1/2 (reduce_scatter) clear the grads to None instead
+            acc = self.bf16_accumulate_grad_kernels() if not reduce_scatter and not (warmup and mb == 0) else {}
             items.append(compute("embedding.fwd", "fwd", ops.hf_rotary(gpt_oss=go)))
             for i in range(self.layers):
                 items += [compute(f"layers.{i}.{m}.fwd", "fwd", k) for m, k in layer_fwd]
             items.append(compute("output_layer.fwd", "fwd", ops.hf_head("fwd", go)))
-            items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd", go)))
+            items.append(compute("output_layer.bwd", "bwd", ops.hf_head("bwd", go) + acc.get("head", [])))
             for i in reversed(range(self.layers)):
-                items += [compute(f"layers.{i}.{m}.bwd", "bwd", k) for m, k in layer_bwd]
+                items += [
+                    compute(f"layers.{i}.{m}.bwd", "bwd", k + acc.get(f"layers.{i}.{m}", [])) for m, k in layer_bwd
+                ]
+            if acc.get("embedding"):
+                items.append(compute("embedding.bwd", "bwd", acc["embedding"]))
             if every_backward and mb < micro_batches - 1:
                 reduce_buckets(f"mb{mb}.")  # ZeRO-2: this micro-batch's gradients to their owners
         items.append(compute("bf16_optimizer.update_hp_grads", "opt", ops.bf16_update_hp_grads()))
@@ -201,6 +211,40 @@ class WorkloadModel(WorkloadLayout):
                 n = base if k < shards - 1 else partition - base * (shards - 1)
                 items.append(Collective("dp", "all_gather", n, "Bf16", f"bf16_optimizer.all_gather{k}"))
         return items
+
+    def bf16_accumulate_grad_kernels(self) -> dict[str, list]:
+        """AccumulateGrad of DeepSpeed's bf16 optimizer at ZeRO stage 0, per backward item: each parameter's
+        new bf16 gradient added in place into its existing ``.grad`` (autograd's ``variable_grad += new_grad``
+        when the parameter already has a gradient: torch/csrc/autograd/functions/accumulate_grad.h), the
+        perf-DB key ``Add_`` of two bf16 tensors of the parameter's shape.
+
+        Why the gradients exist: ``BF16_Optimizer.backward`` / ``backward_prologue`` call ``clear_lp_grads()``,
+        whose default ``set_to_none=False`` zeroes every ``param.grad`` with ``torch._foreach_zero_`` and keeps
+        it, and ``DeepSpeedEngine._take_model_step`` skips ``zero_grad`` for bf16 without ZeRO ("TODO: Temporary
+        until bf16_optimizer and zero_optimizer are integrated": ``pass``); DeepSpeed ``runtime/bf16_optimizer.py``,
+        ``runtime/engine.py``. So the first backward of a run steals the gradients and every later one adds
+        (``_foreach_zero_`` itself is not a call Phantora intercepts). The L40S perf DB Phantora recorded for
+        W1-W5 holds these keys, among them ``Add_`` of two bf16 [128256, 4096] (3.1 ms), a shape only the
+        Hugging Face Llama-3-8B of W4 has in bf16 (W1 shards its vocabulary over TP = 2).
+
+        Keys: ``"head"`` (output layer, final norm: ``output_layer.bwd``), ``"layers.{i}.attention"`` (input norm,
+        attention), ``"layers.{i}.mlp"`` / ``"layers.{i}.mlp.experts"`` (post-attention norm, MLP or router and
+        experts), ``"embedding"`` (the embedding's gradient, the last of the backward). Each a list of kernels
+        of one rank."""
+        out: dict[str, list] = {}
+        gpt_oss = self.spec.wl.model.arch == "gpt_oss"
+        mlp = "mlp.experts" if gpt_oss else "mlp"
+        for p in self.params:
+            m = p.module
+            if m.startswith("layers."):
+                i, sub = m.split(".")[1], m.split(".", 2)[2]
+                key = f"layers.{i}.attention" if sub in ("self_attn", "input_layernorm") else f"layers.{i}.{mlp}"
+            elif m == "embedding":
+                key = "embedding"
+            else:
+                key = "head"
+            out.setdefault(key, []).append(r2_kernel("Add_", T(B16, *self.param_shape(p))))
+        return out
 
     def _hf_layer_kernels(self, phase: str) -> list[tuple[str, list]]:
         """(module of a decoder layer, its kernels in ``phase``) in forward order, for the Hugging

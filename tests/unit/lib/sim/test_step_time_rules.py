@@ -187,3 +187,66 @@ def test_sdpa_attention_runs_at_the_gpus_sdpa_efficiency():
     mg = [k for k in _kernels(_tt_spec(False, framework="megatron")) if k.op.startswith("FlashAttention")]
     assert tt and {k.engine for k in tt} == {"sdpa"}
     assert mg and {k.engine for k in mg} == {""}
+
+
+def _w4_programs(run_id: str = "phantora_l40s_W4_2x1"):
+    from phantora_assets.lib.sim.workloads import WorkloadModel
+    from phantora_assets.matrix import load_run_matrix
+
+    spec = {s.run_id: s for s in load_run_matrix()}[run_id]
+    model = WorkloadModel(spec)
+    return spec, model, model.stage_programs(False)[0], model.stage_programs(True)[0]
+
+
+def test_deepspeed_bf16_zero0_accumulates_into_kept_bf16_grads():
+    # rule deepspeed.bf16_accumulate_grad: DeepSpeed's BF16_Optimizer zeroes the bf16 .grad tensors and keeps
+    # them (clear_lp_grads(set_to_none=False); engine._take_model_step skips zero_grad for bf16 without ZeRO),
+    # so every backward after the first adds each parameter's new gradient into its .grad in place (autograd
+    # AccumulateGrad: variable_grad += new_grad), an Add_ of two bf16 tensors of the parameter's shape. The
+    # shipped W4 (Llama-3-8B, 4 layers) has 2 x 4 x 9 + 3 = 39 parameters; the perf DB Phantora recorded holds
+    # Add_ of two bf16 [128256, 4096] (the untied embedding and LM head: no other shipped model has that
+    # bf16 shape). Before the rule the step had no such Add_ (W4 on L40S 213.6 ms against the published 234.9).
+    import csv
+    import json
+
+    from phantora_assets.lib.sim.workload_types import Compute
+
+    spec, model, steady, warm = _w4_programs()
+
+    def adds(program):
+        out = []
+        for item in program:
+            if isinstance(item, Compute):
+                out += [k.key for k in item.kernels if k.key.startswith('{"Add_":{"R":[2,[["bf16"')]
+        return out
+
+    got = adds(steady)
+    assert len(got) == 4 * 9 + 3  # per layer 2 norms + q k v o + gate up down; final norm, embedding, LM head
+    vocab = '{"Add_":{"R":[2,[["bf16",[128256,4096]]]]}}'
+    assert got.count(vocab) == 2
+    assert adds(warm) == []  # the first backward of the run steals the gradients: nothing to add to
+    # every key is one Phantora recorded on the L40S: the added time is the perf DB's, summed from the CSV
+    with (ROOT / "perfdb" / "l40s" / "compute.csv").open(newline="") as fh:
+        db = {r["key"]: int(r["nanos"]) for r in csv.DictReader(fh)}
+    assert all(k in db for k in got), [k for k in got if k not in db]
+    shapes = [[128256, 4096]] * 2 + [[4096]] * 9 + [[4096, 4096]] * 8 + [[1024, 4096]] * 8
+    shapes += [[14336, 4096]] * 8 + [[4096, 14336]] * 4
+    want = sum(db[json.dumps({"Add_": {"R": [2, [["bf16", s]]]}}, separators=(",", ":"))] for s in shapes)
+    assert sorted(got) == sorted(json.dumps({"Add_": {"R": [2, [["bf16", s]]]}}, separators=(",", ":")) for s in shapes)
+    assert 10.0e6 < want < 12.0e6  # about 10.8 ms of the L40S's step
+
+
+def test_deepspeed_zero12_sets_grads_to_none_no_accumulation():
+    # ZeRO-1/2 (stage_1_and_2.py) free each gradient after reducing it: no Add_ into kept bf16 grads
+    from phantora_assets.lib.sim.workloads import WorkloadModel
+
+    table = {
+        "framework": "deepspeed",
+        "model": {"kind": "dense", "layers": 2, "hidden": 1024, "ffn_hidden": 2816, "heads": 8, "kv_heads": 8},
+        "parallel": {"dp": 2, "zero": 2},
+        "train": {"seq_len": 1024, "micro_batch": 1, "grad_accumulation": 1},
+    }
+    table["model"]["vocab"] = 32000
+    spec = _api().run_spec_of(table, nodes=1, gpus_per_node=2, gpu="l40s", name="zero2")
+    keys = [k.key for item in WorkloadModel(spec).stage_programs(False)[0] for k in getattr(item, "kernels", ())]
+    assert '{"Add_":{"R":[2,[["bf16",[32000,1024]]]]}}' not in keys
