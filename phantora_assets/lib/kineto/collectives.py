@@ -25,6 +25,10 @@ Ranks``), hop i from group rank i to (i+1) mod n, on the hosts those ranks live 
   (section 4, send/recv). A send and its peer's matching recv are one flow: the group's sequence
   (of its lowest present rank, below) gives each once.
 
+Point-to-point flows (call ``NcclSend``) are named in the raw timeline by the collective that issued them,
+``ring.P2P_NAME_ALL_TO_ALL`` or ``ring.P2P_NAME_SEND_RECV`` (Phantora's own traces cannot tell and name them
+``NcclSend``): only an all-to-all's sizes may vary with routing (``trace_checks.routed_p2p``).
+
 Not network flows: ``wait``, ``barrier`` (the NCCL barrier's traffic is the 1-element all-reduce it
 issues), any op on a group of one rank, and flows of 0 bytes; collectives inside one host give
 loopback flows (src host = dst host), which are not network traffic, as in Phantora's traces.
@@ -49,6 +53,7 @@ import pandas as pd
 from phantora_assets.lib.columns import RAW_TIMELINE_COLUMNS
 from phantora_assets.lib.errors import TraceFormatError
 from phantora_assets.lib.kineto.reader import Collective, RankTrace
+from phantora_assets.lib.traffic.ring import P2P_NAME_ALL_TO_ALL, P2P_NAME_SEND_RECV
 
 #: PyTorch ScalarType name -> (bytes per element, Phantora dtype name or None: written as U8 bytes).
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -293,10 +298,14 @@ def raw_timeline(ranks: list[RankTrace], gpus_per_node: int, t0_us: float) -> pd
             if len(per) > 1 and OPS.get(c.name) == "all_to_all":
                 check_all_to_all(per, c.group, rt.path)
             start, end = ns(c.ts_us), ns(c.ts_us) + max(0, round(c.dur_us * 1000))
+            # a point-to-point flow is named by the collective that issued it (ring.P2P_NAME_*): only an
+            # all-to-all's parts may vary with routing (trace_checks.routed_p2p), a send/recv's sizes are fixed
+            p2p_name = P2P_NAME_ALL_TO_ALL if OPS.get(c.name) == "all_to_all" else P2P_NAME_SEND_RECV
             for f in flows_of(c, rt.path, per, rt.rank):
                 op = "Sum" if f.call in ("NcclAllReduce", "NcclReduceScatter") else ""
+                name = p2p_name if f.call == "NcclSend" else f.call
                 rows.append(
-                    ("communication", f.call, start, end, host(f.src), host(f.dst), f.bytes, f.call, f.count,
+                    ("communication", name, start, end, host(f.src), host(f.dst), f.bytes, f.call, f.count,
                      f.dtype, op, f.root, cid, f.comm_rank, f.src % gpus_per_node, c.stream, 0, "")
                 )  # fmt: skip
     parts = [pd.DataFrame.from_records(rows, columns=cols)]

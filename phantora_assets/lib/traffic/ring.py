@@ -41,6 +41,14 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+#: A flow's ``name`` when its source tells which collective issued a point-to-point transfer (the Kineto
+#: reader, ``lib/kineto/collectives.py``: the ``Collective name`` of the record): an all-to-all's parts, whose
+#: sizes routing varies (``trace_checks.routed_p2p``), or a send/recv's, whose sizes are fixed (a pipeline
+#: message: Megatron-LM ``megatron/core/pipeline_parallel/p2p_communication.py``, ``_communicate``: ``if not
+#: config.variable_seq_lengths: recv_prev_shape = tensor_shape``, the one ``tensor_shape`` the schedule passes
+#: for the run). Phantora's own traces name every such flow ``NcclSend`` (a grouped send cannot tell).
+P2P_NAME_ALL_TO_ALL = "all_to_all"
+P2P_NAME_SEND_RECV = "send_recv"
 
 
 def hop_bytes(op: str, count: int, dtype_bytes: int, n: int) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .binning import exact_sum
-from .ring import DTYPE_BYTES, RING_OPS, group_sizes_for
+from .ring import DTYPE_BYTES, P2P_NAME_SEND_RECV, RING_OPS, group_sizes_for
 from .rule_names import FLOWS_EXIST, RING_BYTES_MATCH, STEADY_STEPS_STABLE, STEPS_MATCH, STEPS_MATCH_RUN_LOG
 from .steps import RULE, StepResult
 from .steps.evidence import typical_step_us
@@ -115,10 +115,16 @@ def routed_p2p(step_result: StepResult) -> set[tuple[str, str, str]]:
     multiset of counts a step issues is not the same in every steady step): sizes routing decides (an MoE
     all-to-all, :data:`P2P_OPS`), compared by number of calls in ``steps_match`` and by bytes within
     ``RULE.p2p_bytes_rel_tol`` in ``steady_steps_stable`` (the step rule's own tolerance, ``steps/rule.py``).
-    Ring ops and broadcasts are never routed: their sizes are the model's."""
+    Ring ops and broadcasts are never routed: their sizes are the model's; nor a send/recv whose source names
+    it issued by a send/recv (``name`` :data:`~.ring.P2P_NAME_SEND_RECV`, the Kineto reader: a pipeline
+    message, whose shape is fixed for the run, ``ring.P2P_NAME_SEND_RECV``); Phantora's ``NcclSend`` flows
+    cannot tell, and may vary (docs/STEPS.md)."""
     f = step_result.flows
     keys = ["comm_id", "op", "dtype"]
-    f = f.loc[f["step"].isin(step_result.steady_steps) & f["op"].isin(P2P_OPS), ["step", *keys, "count"]]
+    p2p = f["op"].isin(P2P_OPS)
+    if "name" in f.columns:
+        p2p &= f["name"].astype(str).to_numpy() != P2P_NAME_SEND_RECV
+    f = f.loc[f["step"].isin(step_result.steady_steps) & p2p, ["step", *keys, "count"]]
     if f.empty:
         return set()
     per = f.groupby(["step", *keys, "count"]).size().rename("n").reset_index()

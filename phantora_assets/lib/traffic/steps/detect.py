@@ -31,6 +31,7 @@ from phantora_assets.lib.traffic.steps.cut import (
 from phantora_assets.lib.traffic.steps.evidence import (
     compute_violation,
     duration_cycle,
+    duration_period,
     outliers,
     run_log_decides,
     run_log_violation,
@@ -396,7 +397,8 @@ def _step_time(durations: np.ndarray, src: str, logged: bool) -> float:
 
     Raises:
         StepDetectionError: ``"steps irregular"`` when as many are outliers as typical (no step time the
-            evidence states), ``"steps ambiguous"`` when the durations alternate (``duration_cycle``) and no
+            evidence states), ``"steps ambiguous"`` when the durations alternate (``duration_cycle``) or differ
+            every k-th step within the typical ones (``duration_period``) and no
             run.log (``logged``: its iterations, which decide, said whether a step is an iteration).
     """
     step_time, n_typical = typical_step_us(durations)
@@ -407,7 +409,7 @@ def _step_time(durations: np.ndarray, src: str, logged: bool) -> float:
             f"no typical step: {n_typical} of the {len(durations)} timed steady steps lie within "
             f"{2 * RULE.outlier_rel_tol:.0%} of each other, the others as many outliers; the step time is undecidable",
         )
-    if not logged and (cycle := duration_cycle(durations)) is not None:
+    if not logged and (cycle := duration_cycle(durations) or duration_period(durations)) is not None:
         raise step_error(src, "steps ambiguous", cycle)
     return step_time
 

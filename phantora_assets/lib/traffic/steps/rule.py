@@ -65,6 +65,11 @@ class StepRule:
             refused as ambiguous: at least ``cycle_min_per_phase`` steps at each parity, every step of the
             shorter parity shorter than every step of the longer, their medians ``cycle_separation`` robust
             spreads and ``cycle_min_share`` of the step time apart (``evidence.duration_cycle``).
+        period_min_per_phase, period_max, period_alpha: without run.log, steady steps whose durations differ
+            every ``k``-th step (``k = 2 ..`` up to ``period_max``, at least ``period_min_per_phase`` steps at
+            each phase), overlapping under jitter, are refused as ambiguous when the phases' Kruskal-Wallis
+            p-value is below ``period_alpha`` over the ``k`` tried and the longest phase's steps are typical
+            (``evidence.duration_period``: an eval pass every ``k``-th iteration within the jitter's reach).
     """
 
     min_repeats: int = 3
@@ -81,6 +86,9 @@ class StepRule:
     cycle_min_per_phase: int = 6
     cycle_separation: float = 4.0
     cycle_min_share: float = 0.02
+    period_min_per_phase: int = 6
+    period_max: int = 10
+    period_alpha: float = 1e-3
 
 
 RULE = StepRule()

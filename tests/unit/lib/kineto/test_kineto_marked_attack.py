@@ -115,19 +115,14 @@ def test_a_routed_all_to_all_missing_in_one_step_is_refused(tmp_path):
     assert "has 4 calls, the other steps have 8" in checks["steps_match"].message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (issue 39): a pipeline send/recv whose size changes is taken for an MoE all-to-all's routing "
-    "(trace_checks.routed_p2p keys on op = send/recv only); the flows carry no peer rank nor the collective "
-    "that issued them, and an all-to-all of EP = 2 is a pair of sends like a pipeline's, so the rule needs the "
-    "issuing collective carried through the raw timeline (Kineto knows it; Phantora's grouped NcclSend does not)",
-)
 def test_a_pipeline_send_that_changes_size_is_not_taken_for_routing(tmp_path):
     """PP = 2 x DP = 2 on 2 hosts: stage 0 (ranks 0, 1) sends 4096 BFloat16 activations to stage 1 (ranks 2, 3)
     and receives as many gradients, every step; in step 5 the sends carry 3276 elements. A pipeline message is
     micro-batch x sequence x hidden (Megatron-LM ``core/pipeline_parallel/p2p_communication.py``: the
     ``tensor_shape`` the schedule passes, fixed for the run unless ``variable_seq_lengths``): not routed, so the
-    run is refused by ``steps_match`` (it passed, 'vary with routing (an all-to-all's splits ...)')."""
+    run is refused by ``steps_match`` (it passed, 'vary with routing (an all-to-all's splits ...)'). The Kineto
+    reader names each point-to-point flow by the collective that issued it (``ring.P2P_NAME_SEND_RECV`` here),
+    and only an all-to-all's parts are routed (``trace_checks.routed_p2p``)."""
 
     def colls(rank):
         stage, pp, pg = rank // 2, (rank % 2, rank % 2 + 2), {"Process Group Name": f"pp{rank % 2}"}
@@ -144,3 +139,27 @@ def test_a_pipeline_send_that_changes_size_is_not_taken_for_routing(tmp_path):
     sr, checks = _marked(tmp_path, {r: rank_trace(r, 4, colls(r), steps=10, step_us=10_000.0) for r in range(4)})
     assert not checks["steps_match"].passed
     assert "step 5" in checks["steps_match"].message
+    assert checks["steps_match"].observed["routed_p2p"] == []
+
+
+def test_an_ep2_all_to_all_that_changes_size_is_routing(tmp_path):
+    """The control: the same 2-rank groups issuing an all-to-all (EP = 2: one send to the one peer, the same
+    flows as a pipeline pair) whose size changes in step 5 (3276 rows of 1 element instead of 4096, routing)
+    is an MoE dispatch, named ``all_to_all`` by the reader: routed, accepted."""
+
+    def colls(rank):
+        ep, pg = (rank % 2, rank % 2 + 2), {"Process Group Name": f"ep{rank % 2}"}
+        dp = (0, 1) if rank < 2 else (2, 3)
+
+        def step(s):
+            n = 3276 if s == 5 else 4096
+            a2a = Coll("all_to_all_single", 2 * n, 2 * n, "BFloat16", ep, extra=pg, in_split=(n, n), out_split=(n, n))
+            ar = Coll("allreduce", 1000, 1000, "BFloat16", dp, extra={"Process Group Name": f"dp{rank // 2}"})
+            return [a2a, ar]
+
+        return step
+
+    sr, checks = _marked(tmp_path, {r: rank_trace(r, 4, colls(r), steps=10, step_us=10_000.0) for r in range(4)})
+    assert set(sr.flows.loc[sr.flows["op"].isin(["send", "recv"]), "name"]) == {"all_to_all"}
+    assert checks["steps_match"].passed, checks["steps_match"].message
+    assert len(checks["steps_match"].observed["routed_p2p"]) > 0
