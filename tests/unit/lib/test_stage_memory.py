@@ -162,3 +162,54 @@ def test_runs_shows_the_host_estimate_and_refuses_what_the_build_refuses(tmp_pat
     assert f" {top.mib / 1024:.2f} NO " in line and f"refused at build: host memory: the {top.stage} stage" in line
     with pytest.raises(RunMatrixError, match="host memory"):
         AnalyticSimulator(spec).run()
+
+
+#: Megatron TP 4 inside each host of 4, PP 2, DP 4 on 8 hosts, on the default TwoLayerMultiPath (hash ECMP): the
+#: pipeline sends of a stage's ranks cross different spines, so the ranks of a stage differ and the simulator falls
+#: back to every rank (lib/sim/symmetry.py), whatever its timeline holds.
+FALLBACK_JOB = {
+    "framework": "megatron",
+    "model": {
+        "kind": "dense",
+        "layers": 16,
+        "hidden": 256,
+        "ffn_hidden": 512,
+        "heads": 8,
+        "kv_heads": 4,
+        "vocab": 1000,
+    },
+    "parallel": {"tp": 4, "pp": 2, "dp": 4, "sequence_parallel": True},
+    "train": {"seq_len": 256, "micro_batch": 1, "grad_accumulation": 32, "iterations": 3},
+}
+
+
+def test_a_scoped_run_simulated_every_rank_counts_and_bounds_the_dag_of_every_rank(monkeypatch):
+    """Finding (issue 37 attack): a run whose timeline holds one rank a stage was estimated from the rows it
+    emits, but when the ranks of a stage differ the simulator holds the DAG of every rank: TP 4 PP 2 DP 16 on
+    32 x 4 at the bound lowered to one rank a stage, raw_timeline estimated 394 MiB (the largest stage 497),
+    measured 521 MiB peak RSS from a 130 MiB interpreter (391 MiB over the baseline against the 138 the estimate
+    allowed): no upper bound, and unbounded at scale. The DAG of every rank is now a term of its own, and the
+    fallback is refused, naming the rule, when it passes the bound."""
+    import phantora_assets.lib.sim.analytic as analytic
+    from phantora_assets.lib.workload.collectives import ONE_RANK_A_STAGE, run_spec_of
+
+    monkeypatch.delenv(sm.MAX_HOST_GIB_ENV, raising=False)
+    spec = run_spec_of(FALLBACK_JOB, 8, 4, "h100", "fallback")
+    full = AnalyticSimulator(spec).run()  # every rank, within the bound: the independent count of its rows
+    assert full.timeline is not None and full.symmetry.startswith("every rank (the ranks of a stage differ")
+    rows = len(full.timeline.frame())
+    monkeypatch.setattr(analytic, "MAX_TRACE_EVENTS", rows - 1)
+    expected = sm.job_size(spec)  # as runs counts it: one rank a stage expected
+    size = sm.job_size(spec, every_rank=True)  # the fallback
+    assert expected.scope == size.scope == ONE_RANK_A_STAGE and expected.dag_events == 0
+    assert size.dag_events == rows and size.events < rows // 10
+    raw = {e.stage: e for e in sm.estimate_stages(size)}["raw_timeline"]
+    # the measured 134 B a row of every rank (391 MiB / 2,927,736 rows) on top of the emitted rows' terms
+    assert raw.mib >= sm.BASELINE_MIB + 64 + (size.events * sm.RAW_ROW * 13 + rows * 134) / 2**20
+    low, high = sm.largest_stage(expected).mib, sm.largest_stage(size).mib
+    assert high > low and sm.largest_stage(size).stage == "raw_timeline"
+    # a bound between the two: runs says it fits and says it is refused if the ranks differ; the build refuses
+    monkeypatch.setenv(sm.MAX_HOST_GIB_ENV, str((low + high) / 2 / 1024))
+    assert sm.host_memory_rule(spec) is None and sm.host_memory_rule(spec, every_rank=True) is not None
+    with pytest.raises(RunMatrixError, match=r"the ranks of a stage differ \(.*host memory: the raw_timeline stage"):
+        AnalyticSimulator(spec).run()
