@@ -117,6 +117,10 @@ class JobSize:
             every rank while the timeline holds one rank a stage (optical rails, one rank a stage being every
             rank, or the ranks of a stage found to differ: :func:`job_size` ``every_rank``), else 0: the
             simulated DAG the emitted rows (``events``) do not count.
+        sweep_events: raw timeline rows of every rank over the warm-up and one steady iteration when the run
+            asks for the re-timed reconfiguration sweep (``reconfig.sweep_delays_ms``), else 0: the DAG each of
+            the ``reconfig`` stage's simulations holds (``lib/net/reconfig_sim.py``: every rank, two
+            iterations, the EPS run's kept beside the current one's).
     """
 
     hosts: int
@@ -132,6 +136,7 @@ class JobSize:
     pair_rows: int
     links: int
     dag_events: int = 0
+    sweep_events: int = 0
 
     def rows(self, name: str) -> int:
         """The quantity a term of :data:`STAGE_TERMS` names."""
@@ -209,6 +214,10 @@ STAGE_TERMS: dict[str, tuple[Term, ...]] = {
     "reconfig": (
         _fixed(128, "the CDF and sweep figures"),
         Term("network_flows", FLOW_ROW, 5.0, "the flows by NIC pair, phases and windows"),
+        # the re-timed sweep: the EPS run's DAG and the current point's, every rank, two iterations; measured
+        # 306 MiB over 975,928 such rows (329 B a row for the two; Megatron TP 4 PP 2 DP 8 on 16 x 4 rails,
+        # delays 0 and 1 ms, docs/BENCHMARKS.md "Host memory per stage"), counted as 2 DAGs of 2 rows each
+        Term("sweep_events", RAW_ROW, 4.0, "the sweep's simulated DAGs of every rank (reconfig.sweep_delays_ms)"),
     ),
     "run_plots": (
         _fixed(160, "the figures' canvases"),
@@ -391,6 +400,9 @@ def job_size(
     dag_events = 0
     if every_rank and scope != EVERY_RANK:
         dag_events = trace_events(spec, EVERY_RANK, n, warmup)
+    sweep_events = 0
+    if dict(spec.reconfig).get("sweep_delays_ms"):  # reconfig_sim: min(iterations, 2), the warm-up included
+        sweep_events = trace_events(spec, EVERY_RANK, min(int(spec.wl.train.iterations), 2), True)
     s_comp, s_flows, s_net, s_keys = _step_flows(spec, scope, False)
     if warmup and n >= 1:
         w_comp, w_flows, w_net, _ = _step_flows(spec, scope, True)
@@ -415,6 +427,7 @@ def job_size(
         pair_rows=pair_rows,
         links=_link_count(spec),
         dag_events=dag_events,
+        sweep_events=sweep_events,
     )
 
 

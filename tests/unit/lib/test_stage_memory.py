@@ -213,3 +213,30 @@ def test_a_scoped_run_simulated_every_rank_counts_and_bounds_the_dag_of_every_ra
     assert sm.host_memory_rule(spec) is None and sm.host_memory_rule(spec, every_rank=True) is not None
     with pytest.raises(RunMatrixError, match=r"the ranks of a stage differ \(.*host memory: the raw_timeline stage"):
         AnalyticSimulator(spec).run()
+
+
+def test_the_reconfig_stage_counts_the_simulations_of_its_sweep():
+    """Finding (issue 37 attack): ``reconfig.sweep_delays_ms`` re-simulates the run in the reconfig stage, every
+    rank, two iterations, the EPS run's DAG kept beside each point's (lib/net/reconfig_sim.py), and the stage's
+    estimate counted its flows only: TP 4 PP 2 DP 8 on 16 x 4 rails, delays 0 and 1 ms, reconfig estimated at
+    393 MiB (137 over the baseline) where the sweep alone took 306 MiB over the interpreter. Behind a timeline
+    of one rank a stage nothing bounded it. Independent count: the rows of the run simulated every rank for
+    the sweep's two iterations."""
+    import dataclasses
+
+    from phantora_assets.lib.workload.collectives import run_spec_of
+
+    job = {**FALLBACK_JOB, "parallel": {"tp": 4, "pp": 2, "dp": 2, "sequence_parallel": True}}
+    job = {**job, "train": {**job["train"], "grad_accumulation": 4}}
+    spec = run_spec_of(job, 4, 4, "h100", "sweep")
+    rails = (("topology", "RailOptimized"), ("nic_bw_gbps", 400))
+    spec = dataclasses.replace(spec, topology=rails, reconfig=(("sweep_delays_ms", (0, 1)),))
+    two = AnalyticSimulator(spec, iterations=2, compress=False).run()
+    assert two.timeline is not None
+    rows = len(two.timeline.frame())
+    size = sm.job_size(spec)
+    assert size.sweep_events == rows
+    assert sm.job_size(dataclasses.replace(spec, reconfig=())).sweep_events == 0
+    est = {e.stage: e for e in sm.estimate_stages(size)}["reconfig"]
+    flows_only = sm.BASELINE_MIB + 128 + size.network_flows * sm.FLOW_ROW * 5.0 / 2**20
+    assert est.mib >= flows_only + rows * 329 / 2**20  # the measured 329 B a row for the EPS and a point's DAGs
