@@ -24,7 +24,11 @@ the run's step programs and network before anything is simulated (:func:`job_siz
 :func:`host_memory_rule` refuses a run whose largest stage's estimate exceeds the host-RAM bound
 (:func:`max_host_gib`: ``$PHANTORA_ASSETS_MAX_HOST_GIB``, default :data:`MAX_HOST_GIB`) before it is simulated
 (``lib/sim/analytic.AnalyticSimulator.run``); ``phantora-assets runs`` shows the same estimate and the same
-rule, so a run it shows as fitting is not refused at build. It also states the binned stages' own bound
+rule, so a run it shows as fitting is not refused at build, with one stated exception: a run whose timeline
+holds one rank a stage is counted with the simulation of one rank a stage, and when the ranks of a stage are
+found to differ (``lib/sim/symmetry.py``, known only by simulating) the simulator checks the DAG of every rank
+it falls back to (``dag_events``) and refuses the run there if it passes the bound; ``runs`` says so beside the
+scope. It also states the binned stages' own bound
 (``bin_table.sparse_rows_rule``, checked again by ``binned_flows`` from the step's flows), from the host pairs
 the layout's collectives connect. The estimate covers runs of the analytic simulator (:func:`applies`): a
 Phantora or imported run's trace is not counted from a step program. No Dagster import, no I/O.
