@@ -148,7 +148,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     host memory estimate (``lib/stage_memory``, counted before simulating; ``-`` where it does not apply), and
     whether it fits: ``NO`` with ``refused at build: <rule>`` for a run the build refuses before simulating (the
     trace bound, ``lib/sim/analytic.trace_bound_rule``; the host-memory bound,
-    ``lib/stage_memory.host_memory_rule``), so a run shown as fitting is not refused at build."""
+    ``lib/stage_memory.host_memory_rule``), so a run shown as fitting is not refused at build; a run whose
+    timeline holds one rank a stage says when the simulation of every rank it falls back to if the ranks of a
+    stage differ (``lib/sim/symmetry.py``, known only by simulating) would be refused."""
     from phantora_assets.imported_runs import matrix_for
     from phantora_assets.lib.sim.analytic import timeline_scope, trace_bound_rule
     from phantora_assets.lib.sim.memory import estimate_memory
@@ -180,6 +182,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 fits, built = "NO", f"refused at build: {why}"
             elif timeline_scope(spec)[0] != EVERY_RANK:
                 built += f" (timeline: {timeline_scope(spec)[0]}, docs/WORKLOADS.md 'Scale')"
+                if (why := host_memory_rule(spec, every_rank=True)) is not None:  # the fallback's DAG of every rank
+                    built += f" (refused at build if the ranks of a stage differ: {why})"
         print(f"{head} {mem['peak_gib']:5.1f}/{mem['card_gib']:<5.0f} {host:>8s} {fits:5s} {built}")
     return 0
 

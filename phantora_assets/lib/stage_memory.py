@@ -24,7 +24,11 @@ the run's step programs and network before anything is simulated (:func:`job_siz
 :func:`host_memory_rule` refuses a run whose largest stage's estimate exceeds the host-RAM bound
 (:func:`max_host_gib`: ``$PHANTORA_ASSETS_MAX_HOST_GIB``, default :data:`MAX_HOST_GIB`) before it is simulated
 (``lib/sim/analytic.AnalyticSimulator.run``); ``phantora-assets runs`` shows the same estimate and the same
-rule, so a run it shows as fitting is not refused at build. It also states the binned stages' own bound
+rule, so a run it shows as fitting is not refused at build, with one stated exception: a run whose timeline
+holds one rank a stage is counted with the simulation of one rank a stage, and when the ranks of a stage are
+found to differ (``lib/sim/symmetry.py``, known only by simulating) the simulator checks the DAG of every rank
+it falls back to (``dag_events``) and refuses the run there if it passes the bound; ``runs`` says so beside the
+scope. It also states the binned stages' own bound
 (``bin_table.sparse_rows_rule``, checked again by ``binned_flows`` from the step's flows), from the host pairs
 the layout's collectives connect. The estimate covers runs of the analytic simulator (:func:`applies`): a
 Phantora or imported run's trace is not counted from a step program. No Dagster import, no I/O.
@@ -44,7 +48,7 @@ from phantora_assets.lib.sim.workload_types import AllToAll, Collective, SendRec
 from phantora_assets.lib.sim.workloads import WorkloadModel
 from phantora_assets.lib.store import bin_table
 from phantora_assets.lib.traffic.ring import RING_OPS
-from phantora_assets.lib.workload.collectives import EVERY_RANK, scope_keeps, stage_communicators
+from phantora_assets.lib.workload.collectives import EVERY_RANK, scope_keeps, stage_communicators, trace_events
 
 #: The host-RAM bound of one stage, GiB: the machine class this project targets, a 2-core host on which the
 #: 16,384-GPU Llama 3 405B job goes through every stage within 4 GiB peak RSS (issue 37 "Done when").
@@ -113,6 +117,14 @@ class JobSize:
         sparse: the per-pair table is built sparse (``bin_table.is_sparse``).
         pair_rows: rows of the per-pair table: bins x hosts (hosts - 1) dense, bins x pairs sparse.
         links: directed links of the run's network (``lib/net/routes.link_table``).
+        dag_events: raw timeline rows of every rank (every iteration) when the simulator holds the DAG of
+            every rank while the timeline holds one rank a stage (optical rails, one rank a stage being every
+            rank, or the ranks of a stage found to differ: :func:`job_size` ``every_rank``), else 0: the
+            simulated DAG the emitted rows (``events``) do not count.
+        sweep_events: raw timeline rows of every rank over the warm-up and one steady iteration when the run
+            asks for the re-timed reconfiguration sweep (``reconfig.sweep_delays_ms``), else 0: the DAG each of
+            the ``reconfig`` stage's simulations holds (``lib/net/reconfig_sim.py``: every rank, two
+            iterations, the EPS run's kept beside the current one's).
     """
 
     hosts: int
@@ -127,6 +139,8 @@ class JobSize:
     sparse: bool
     pair_rows: int
     links: int
+    dag_events: int = 0
+    sweep_events: int = 0
 
     def rows(self, name: str) -> int:
         """The quantity a term of :data:`STAGE_TERMS` names."""
@@ -168,6 +182,10 @@ STAGE_TERMS: dict[str, tuple[Term, ...]] = {
     "raw_timeline": (
         _fixed(64, "the fabric, kernel tables"),
         Term("events", RAW_ROW, 13.0, "the simulated DAG, the rows as Python lists, the frame and its Arrow copy"),
+        # the DAG of every rank behind a timeline of one rank a stage: measured 391 MiB over 2,927,736 rows of
+        # every rank (134 B a row, 0.9 RAW_ROW; Megatron TP 4 PP 2 DP 16 on 32 x 4, the ranks of a stage differ
+        # under hash ECMP; docs/BENCHMARKS.md "Host memory per stage"), rounded up to 2 rows
+        Term("dag_events", RAW_ROW, 2.0, "the simulated DAG of every rank (the timeline holds one rank a stage)"),
     ),
     "chrome_trace": (
         _fixed(64, "Arrow's string kernels, the gzip stream"),
@@ -200,6 +218,10 @@ STAGE_TERMS: dict[str, tuple[Term, ...]] = {
     "reconfig": (
         _fixed(128, "the CDF and sweep figures"),
         Term("network_flows", FLOW_ROW, 5.0, "the flows by NIC pair, phases and windows"),
+        # the re-timed sweep: the EPS run's DAG and the current point's, every rank, two iterations; measured
+        # 306 MiB over 975,928 such rows (329 B a row for the two; Megatron TP 4 PP 2 DP 8 on 16 x 4 rails,
+        # delays 0 and 1 ms, docs/BENCHMARKS.md "Host memory per stage"), counted as 2 DAGs of 2 rows each
+        Term("sweep_events", RAW_ROW, 4.0, "the sweep's simulated DAGs of every rank (reconfig.sweep_delays_ms)"),
     ),
     "run_plots": (
         _fixed(160, "the figures' canvases"),
@@ -352,9 +374,23 @@ def _link_count(spec: RunSpec) -> int:
     return int(Topology.from_netconfig(netconfig_for(spec)).n_links)
 
 
-def job_size(spec: RunSpec, iterations: int | None = None, warmup: bool = True) -> JobSize:
+def simulates_every_rank(spec: RunSpec) -> bool:
+    """Whether the analytic simulator runs ``spec`` with the DAG of every rank before any check
+    (``AnalyticSimulator``: optical rails, ``reconfig.mode``, are never simulated one rank a stage; a run of one
+    rank a stage has no other)."""
+    from phantora_assets.lib.net.optical import run_config
+
+    return run_config(dict(spec.reconfig)) is not None or spec.world_size == spec.par.pp
+
+
+def job_size(
+    spec: RunSpec, iterations: int | None = None, warmup: bool = True, every_rank: bool | None = None
+) -> JobSize:
     """The sizes of ``spec``'s tables (:class:`JobSize`), counted from its step programs, its layout's
     communicators and its network; nothing simulated. ``iterations``/``warmup`` as ``AnalyticSimulator``'s.
+    ``every_rank``: whether the simulator holds the DAG of every rank (None: :func:`simulates_every_rank`;
+    True: also what a run whose ranks of a stage differ falls back to); with a timeline of one rank a stage,
+    that DAG's rows are ``dag_events``.
 
     Raises:
         RunMatrixError: the network of the run cannot be built (its topology's own rule).
@@ -363,6 +399,14 @@ def job_size(spec: RunSpec, iterations: int | None = None, warmup: bool = True) 
 
     n = int(iterations or spec.wl.train.iterations)
     scope = timeline_scope(spec, n, warmup)[0]
+    if every_rank is None:
+        every_rank = simulates_every_rank(spec)
+    dag_events = 0
+    if every_rank and scope != EVERY_RANK:
+        dag_events = trace_events(spec, EVERY_RANK, n, warmup)
+    sweep_events = 0
+    if dict(spec.reconfig).get("sweep_delays_ms"):  # reconfig_sim: min(iterations, 2), the warm-up included
+        sweep_events = trace_events(spec, EVERY_RANK, min(int(spec.wl.train.iterations), 2), True)
     s_comp, s_flows, s_net, s_keys = _step_flows(spec, scope, False)
     if warmup and n >= 1:
         w_comp, w_flows, w_net, _ = _step_flows(spec, scope, True)
@@ -386,18 +430,24 @@ def job_size(spec: RunSpec, iterations: int | None = None, warmup: bool = True) 
         sparse=sparse,
         pair_rows=pair_rows,
         links=_link_count(spec),
+        dag_events=dag_events,
+        sweep_events=sweep_events,
     )
 
 
-def host_memory_rule(spec: RunSpec, iterations: int | None = None, warmup: bool = True) -> str | None:
+def host_memory_rule(
+    spec: RunSpec, iterations: int | None = None, warmup: bool = True, every_rank: bool | None = None
+) -> str | None:
     """Why ``spec`` is refused before simulating for host memory, or None: its largest stage's estimate
     (:func:`largest_stage`) exceeds :func:`max_host_gib`, or its sparse per-pair table would exceed
     ``bin_table.max_sparse_rows`` (``bin_table.sparse_rows_rule`` over the host pairs its collectives connect,
     the rule ``binned_flows`` checks again from the step's flows). A run the estimate does not cover
-    (:func:`applies`) is never refused here. The message names the stage, the estimate and the bound."""
+    (:func:`applies`) is never refused here. The message names the stage, the estimate and the bound.
+    ``every_rank`` as :func:`job_size`'s (True: the simulation of every rank a run whose ranks of a stage differ
+    falls back to, checked by the simulator when it does)."""
     if not applies(spec):
         return None
-    size = job_size(spec, iterations, warmup)
+    size = job_size(spec, iterations, warmup, every_rank)
     if size.sparse and (why := bin_table.sparse_rows_rule(size.bins, size.pairs)) is not None:
         return f"binned_flows: bin table too large: {why}"
     top, bound = largest_stage(size), max_host_gib()

@@ -261,11 +261,25 @@ class AnalyticSimulator:
         spec = self.spec
         if self.emit and (why := trace_bound_rule(spec, self.iterations, self.warmup)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
-        if self.emit and (why := host_memory_rule(spec, self.iterations, self.warmup)) is not None:
+        every_rank = not self.compress or self.world == self.spec.par.pp
+        if self.emit and (why := host_memory_rule(spec, self.iterations, self.warmup, every_rank)) is not None:
             raise RunMatrixError(f"{spec.run_id}: {why}")
         self.scope = timeline_scope(spec, self.iterations, self.warmup)[0] if self.emit else EVERY_RANK
         if self.optical is not None and self.optical.mode == "provisioned" and self.schedule is None:
             self.schedule = self._eps_schedule()
+
+    def _admit_every_rank(self, why: AsymmetricRanks) -> None:
+        """The host-memory rule of the simulation of every rank a run falls back to when the ranks of a stage
+        differ (``why``): behind a timeline of one rank a stage its DAG is a term of its own (``lib/stage_memory``
+        ``dag_events``), not known before the check; ``RunMatrixError`` naming the rule rather than a build past
+        the bound."""
+        spec = self.spec
+        if not self.emit or self.scope == EVERY_RANK:
+            return
+        if (bound := host_memory_rule(spec, self.iterations, self.warmup, True)) is not None:
+            raise RunMatrixError(
+                f"{spec.run_id}: the ranks of a stage differ ({why}), so every rank is simulated: {bound}"
+            ) from None
 
     def run(self) -> SimulationResult:
         spec, model = self.spec, self.model
@@ -308,6 +322,7 @@ class AnalyticSimulator:
                 )
             except AsymmetricRanks as why:
                 self.symmetry = f"every rank (the ranks of a stage differ: {why})"
+                self._admit_every_rank(why)
         if sim is None:
             sim = self._simulate(comm_list, warm_progs, steady_progs, base, factors, n_sim, False)
             if self.optical is not None:
