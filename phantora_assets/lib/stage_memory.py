@@ -154,6 +154,10 @@ class JobSize:
             return min(self.events, CHROME_CHUNK_ROWS)
         if name == "trace_events":  # past its bound the Chrome trace holds some hosts' events only
             return min(self.events, CHROME_TRACE_MAX_EVENTS)
+        if name == "every_rank_events":  # the rows of a timeline of every rank
+            return self.events if self.scope == EVERY_RANK else 0
+        if name == "scoped_events":  # the rows of a timeline of one rank a stage
+            return 0 if self.scope == EVERY_RANK else self.events
         return int(getattr(self, name))
 
 
@@ -181,7 +185,13 @@ def _pair_term(copies: float, what: str) -> Term:
 STAGE_TERMS: dict[str, tuple[Term, ...]] = {
     "raw_timeline": (
         _fixed(64, "the fabric, kernel tables"),
-        Term("events", RAW_ROW, 13.0, "the simulated DAG, the rows as Python lists, the frame and its Arrow copy"),
+        # a row of a timeline of every rank: opus_small 1,273 MiB over the interpreter for 2,089,540 rows (4.2
+        # RAW_ROW), the shipped W5 32x8 at most 5.2 (its whole build: 870 MiB over 784,000 rows): 6. A row of a
+        # timeline of one rank a stage costs more, the compressed simulator's state outgrowing the rows it emits:
+        # Llama 3 405B on 2,048 GPUs 3,311 MiB over 1,815,327 rows (11.6 RAW_ROW): 13 (docs/BENCHMARKS.md "Host
+        # memory per stage")
+        Term("every_rank_events", RAW_ROW, 6.0, "the simulated DAG, the rows as Python lists, the frame, Arrow"),
+        Term("scoped_events", RAW_ROW, 13.0, "the compressed simulation, the rows, the frame and its Arrow copy"),
         # the DAG of every rank behind a timeline of one rank a stage: measured 391 MiB over 2,927,736 rows of
         # every rank (134 B a row, 0.9 RAW_ROW; Megatron TP 4 PP 2 DP 16 on 32 x 4, the ranks of a stage differ
         # under hash ECMP; docs/BENCHMARKS.md "Host memory per stage"), rounded up to 2 rows

@@ -242,15 +242,6 @@ def test_the_reconfig_stage_counts_the_simulations_of_its_sweep():
     assert est.mib >= flows_only + rows * 329 / 2**20  # the measured 329 B a row for the EPS and a point's DAGs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "OPEN (issue 37): raw_timeline's 13 copies a row are the frontier job's (one rank a stage, where the "
-        "compressed simulator's state outgrows the rows it emits); at every-rank scope a row costs about 4 "
-        "(opus_small: 2,089,540 rows, 1,273 MiB measured over the interpreter for the simulation and the Parquet "
-        "write, estimated 4,002), so the documented example is refused at the default 4 GiB bound"
-    ),
-)
 def test_the_documented_opus_example_is_not_refused_at_the_default_bound(monkeypatch):
     """docs/examples/opus_small.toml says to build it (docs/FABRIC.md gives its measured windows); its
     raw_timeline (the simulation of every rank and the write of its 2,089,540 rows) peaked at 1,501 MiB from a
