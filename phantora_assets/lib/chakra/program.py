@@ -4,7 +4,11 @@
 traces, imports) have no program and keep the timeline export of :mod:`.export`. The run is simulated
 again without emitting events (``AnalyticSimulator(emit=False, keep_schedule=True)``: the build's own
 simulation, so every time is the build's), and each rank's ET is written node by node while the
-rank's program is walked (``et_io.EtWriter``): one rank's nodes at a time, never the world's.
+rank's program is walked (``et_io.EtWriter``): one rank's nodes at a time, never the world's. Ranks
+alike (``_Template``: the same program, groups, pair sides and DAG-list lengths) are walked once: the
+first is encoded with its own attributes and times as slots, the others are those bytes with theirs
+filled in, byte for byte what their own walk writes (``share=False`` walks every rank; the unit
+tests hold the two to the same sha256).
 
 The dependencies are those the simulator runs (``lib/workload/dag.build_dag``), projected on one rank:
 
@@ -403,6 +407,8 @@ def export_program(
         ValueError: the run does not fit in GPU memory, no step is given, a step is beyond the run's
             iterations, ``stream_order`` is not ``ctrl`` / ``data``, or a rank is on two
             communicators of one kind (the projection needs one).
+
+    ``share=False`` walks and encodes every rank node by node (the same bytes, slower: the tests' reference).
         RunMatrixError: the simulator refuses the run (its trace bound).
     """
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
