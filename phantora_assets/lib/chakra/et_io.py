@@ -203,16 +203,34 @@ def _attr_field(name: str, kind: str, value: Any) -> bytes:
     return b"\x52" + _encode_varint(len(body)) + body
 
 
+def node_head(n: EtNode) -> bytes:
+    """The node's message without its ``attr`` entries (fields 1-7; :func:`_framed_node`)."""
+    return schema.Node(
+        id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
+        start_time_micros=n.start_us, duration_micros=n.dur_us,
+    ).SerializeToString()  # fmt: skip
+
+
+def attr_field(name: str, value: Any) -> bytes:
+    """One ``attr`` entry of a Node as wire bytes (:func:`_framed_node`)."""
+    return _attr_field(name, type(value).__name__, value)
+
+
+#: The varints of record lengths below 2**14 (two bytes at most), looked up rather than encoded.
+_SHORT_VARINTS = [_encode_varint(i) for i in range(1 << 14)]
+
+
+def length_prefix(size: int) -> bytes:
+    """The base-128 varint of a record's length (the framing of the module docstring)."""
+    return _SHORT_VARINTS[size] if size < 1 << 14 else _encode_varint(size)
+
+
 def _framed_node(n: EtNode) -> bytes:
     """The node's record. ``attr`` (field 10) is the last field of ``Node``, and protobuf writes fields
     in number order, so the message without it followed by its entries is the message's serialization
     (``tests/unit/lib/chakra/test_chakra_schema.py`` checks the bytes); the entries repeat a lot
     (``is_cpu_op``, ``stream``, ``pg_name``) and are encoded once."""
-    head = schema.Node(
-        id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
-        start_time_micros=n.start_us, duration_micros=n.dur_us,
-    ).SerializeToString()  # fmt: skip
-    body = head + b"".join([_attr_field(k, type(v).__name__, v) for k, v in n.attrs.items()])
+    body = node_head(n) + b"".join([_attr_field(k, type(v).__name__, v) for k, v in n.attrs.items()])
     return _encode_varint(len(body)) + body
 
 
@@ -255,6 +273,11 @@ class EtWriter:
         """Append ``node`` (its record, length-prefixed)."""
         self._put(_framed_node(node))
         self.nodes += 1
+
+    def write_records(self, data: bytes, nodes: int) -> None:
+        """Append ``nodes`` node records already framed (:func:`framed_node` bytes, joined)."""
+        self._put(data)
+        self.nodes += nodes
 
     def __exit__(self, *exc: Any) -> None:
         self._fh.close()

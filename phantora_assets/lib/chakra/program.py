@@ -4,7 +4,11 @@
 traces, imports) have no program and keep the timeline export of :mod:`.export`. The run is simulated
 again without emitting events (``AnalyticSimulator(emit=False, keep_schedule=True)``: the build's own
 simulation, so every time is the build's), and each rank's ET is written node by node while the
-rank's program is walked (``et_io.EtWriter``): one rank's nodes at a time, never the world's.
+rank's program is walked (``et_io.EtWriter``): one rank's nodes at a time, never the world's. Ranks
+alike (``_Template``: the same program, groups, pair sides and DAG-list lengths) are walked once: the
+first is encoded with its own attributes and times as slots, the others are those bytes with theirs
+filled in, byte for byte what their own walk writes (``share=False`` walks every rank; the unit
+tests hold the two to the same sha256).
 
 The dependencies are those the simulator runs (``lib/workload/dag.build_dag``), projected on one rank:
 
@@ -41,6 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from phantora_assets.lib.chakra.et_io import (
     COMM_COLL_NODE,
     COMM_RECV_NODE,
@@ -49,6 +55,9 @@ from phantora_assets.lib.chakra.et_io import (
     OP_COMM_TYPES,
     EtNode,
     EtWriter,
+    attr_field,
+    length_prefix,
+    node_head,
 )
 from phantora_assets.lib.chakra.export import SOURCE_NAME, ExportSummary
 from phantora_assets.lib.run.spec import RunSpec
@@ -82,12 +91,37 @@ class _Times:
     def source(self, it: int) -> int:
         return it if it < self.n_sim else 1
 
-    def span(self, it: int, n: int) -> tuple[float, float]:
+    def span(self, it: int, n: int) -> _Span:
         s, e = float(self.dag.start[n]), float(self.dag.end[n])
         if it < self.n_sim:
-            return s, e
+            return _Span((s, e), (it, n))
         scale = self.f[it] / self.f[1]
-        return self.t0[it] + (s - self.t0[1]) * scale, self.t0[it] + (e - self.t0[1]) * scale
+        return _Span((self.t0[it] + (s - self.t0[1]) * scale, self.t0[it] + (e - self.t0[1]) * scale), (it, n))
+
+    def spans_us(self, its: np.ndarray, ns: np.ndarray, w0: float) -> tuple[np.ndarray, np.ndarray]:
+        """``start_micros`` and ``duration_micros`` of nodes ``ns`` of iterations ``its`` as :meth:`_Rank.node`
+        makes them from :meth:`span`, element-wise in float64 (the same operations, so the same values)."""
+        s, e = np.asarray(self.dag.start, dtype=np.float64)[ns], np.asarray(self.dag.end, dtype=np.float64)[ns]
+        rep = its >= self.n_sim
+        if rep.any():
+            t0, f = np.asarray(self.t0, dtype=np.float64), np.asarray(self.f, dtype=np.float64)
+            scale = f[its[rep]] / f[1]
+            base = t0[its[rep]]
+            s[rep], e[rep] = base + (s[rep] - t0[1]) * scale, base + (e[rep] - t0[1]) * scale
+        start = np.maximum(np.rint((s - w0) / 1000), 0).astype(np.int64)
+        dur = np.maximum(np.rint((e - s) / 1000), 0).astype(np.int64)
+        return start, dur
+
+
+class _Span(tuple):
+    """A node's (start, end) ns and where :meth:`_Times.span` took it from (``ref``: iteration, DAG node)."""
+
+    ref: tuple[int, int]
+
+    def __new__(cls, span: tuple[float, float], ref: tuple[int, int]) -> _Span:
+        out = super().__new__(cls, span)
+        out.ref = ref
+        return out
 
 
 @dataclass
@@ -102,6 +136,7 @@ class _Rank:
     stream_last: dict[int, list[int]] = field(default_factory=dict)
     sync: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS.values(), 0))
+    refs: list[tuple[int, int] | None] | None = None  # per node, its span's (iteration, DAG node) (_Template)
 
     def node(
         self, name: str, ntype: int, span: tuple[float, float], data: list[int], ctrl: list[int], **attrs
@@ -115,6 +150,8 @@ class _Rank:
         if ntype in KINDS and not attrs.get("is_cpu_op"):
             self.counts[KINDS[ntype]] += 1
         attrs.setdefault("is_cpu_op", False)
+        if self.refs is not None:
+            self.refs.append(span.ref if isinstance(span, _Span) else None)
         return EtNode(i, name, ntype, sorted(set(ctrl)), sorted(set(data)), start, dur, attrs)
 
     def split(self, deps: list[int]) -> tuple[list[int], list[int]]:
@@ -212,6 +249,145 @@ def _rank_nodes(  # noqa: PLR0913, PLR0915 (build_dag's rules in program order, 
         st.sync, st.frontier, st.stream_last = node.id, [node.id], {}
 
 
+#: The attributes of a node that name the rank's own GPU or communicators (``_Template``).
+_PATCHED = ("stream", "pg_name", "comm_src", "comm_dst")
+#: Templates kept per stage (a run whose ranks all differ in time walks each rank; this bounds memory).
+_MAX_TEMPLATES = 16
+
+
+class _Template:
+    """One rank's ET nodes as wire bytes with what is the rank's own left as slots, so the file of any
+    rank of its class (:func:`_class_key`) is these bytes with the slots filled for that rank.
+
+    Two ranks of a class walk :func:`_rank_nodes` alike step for step: the same program, the same
+    items skipped (a communicator of one, or none), the same sides of every send / receive pair, the
+    same group sizes and as many DAG nodes in each list the walk reads by position; so their nodes
+    have the same ids, names, types, dependencies, ``comm_type``, ``comm_size``, ``comm_tag`` and
+    ``is_cpu_op``, and differ only in the times (node k takes the span of the DAG node at the
+    template's position in the rank's lists), in ``stream`` (the GPU and communicator), ``pg_name``
+    and the members ``comm_src`` / ``comm_dst`` (``c.ranks[i]``), which map one to one from the
+    template's rank to the other through its communicator of each kind. Protobuf writes a message's
+    fields in number order and omits a proto3 scalar at 0: a node's record is its fields 1-5, then
+    ``start_time_micros`` (6) and ``duration_micros`` (7) when not 0, then its ``attr`` entries (10).
+    """
+
+    def __init__(self, rank: int, nodes: list[EtNode], refs: list, idx: np.ndarray, counts: dict[str, int]) -> None:
+        self.rank, self.counts, self.n = rank, counts, len(nodes)
+        pos = {int(n): p for p, n in enumerate(idx)}
+        self.consts: list[bytes] = []
+        slot_of: dict[tuple[str, object, object], int] = {}
+        timed_it: list[int] = []
+        timed_pos: list[int] = []
+        segs: list[list[int] | bytes] = []  # per node: table indices, or the framed record when fixed
+        for node, ref in zip(nodes, refs):
+            parts: list = []
+            if ref is None:
+                parts.append(node_head(node))
+            else:
+                head = EtNode(node.id, node.name, node.type, node.ctrl_deps, node.data_deps, 0, 0)
+                parts += [node_head(head), ("#time", len(timed_it))]
+                timed_it.append(ref[0])
+                timed_pos.append(pos[ref[1]])
+            for k, v in node.attrs.items():
+                if k in _PATCHED:
+                    parts.append((k, v, node.attrs.get("pg_name") if k in ("comm_src", "comm_dst") else None))
+                elif isinstance(parts[-1], bytes):
+                    parts[-1] += attr_field(k, v)
+                else:
+                    parts.append(attr_field(k, v))
+            if len(parts) == 1:
+                segs.append(length_prefix(len(parts[0])) + parts[0])
+                continue
+            ids: list[int] = []
+            for p in parts:
+                if isinstance(p, bytes):
+                    ids.append(len(self.consts))
+                    self.consts.append(p)
+                elif p[0] == "#time":
+                    ids.append(-1 - p[1])
+                else:
+                    ids.append(-1 - len(nodes) - slot_of.setdefault(p, len(slot_of)))
+            segs.append(ids)
+        self.slots = list(slot_of)
+        self.its, self.pos = np.asarray(timed_it, dtype=np.int64), np.asarray(timed_pos, dtype=np.int64)
+        # table = consts + the rank's time fields (one a timed node) + its filled slots
+        c, t = len(self.consts), len(timed_it)
+        self.segs = [
+            s
+            if isinstance(s, bytes)
+            else tuple(i if i >= 0 else c - 1 - i if -1 - i < len(nodes) else c + t - 1 - i - len(nodes) for i in s)
+            for s in segs
+        ]
+
+    def encode(self, maps: dict[str, dict], idx: np.ndarray, times: _Times, w0: float) -> bytes:
+        """The node records of a rank of the class: ``idx`` the rank's DAG nodes in the walk's lists
+        (:func:`_class_key`); ``maps`` takes each slot's template value to the rank's (``stream`` and
+        ``pg_name`` by value, ``comm_src`` / ``comm_dst`` by (pg_name, rank))."""
+        start, dur = times.spans_us(self.its, idx[self.pos], w0)
+        tfields = [
+            (b"\x30" + length_prefix(a) if a else b"") + (b"\x38" + length_prefix(d) if d else b"")
+            for a, d in zip(start.tolist(), dur.tolist())
+        ]
+        filled = [attr_field(k, maps[k][v] if pg_t is None else maps[k][(pg_t, v)]) for k, v, pg_t in self.slots]
+        table = self.consts + tfields + filled
+        out: list[bytes] = []
+        put = out.append
+        for s in self.segs:
+            if isinstance(s, bytes):
+                put(s)
+            else:
+                body = b"".join([table[i] for i in s])
+                put(length_prefix(len(body)))
+                put(body)
+        return b"".join(out)
+
+
+def _maps(t: int, r: int, kinds: list[str], comm_of: dict, comms: list[Communicator], pg: dict[int, str], gpn: int):
+    """The slot maps (``_Template.encode``) from template rank ``t`` to rank ``r`` of its class."""
+    dt, dr = (t % gpn) << 32, (r % gpn) << 32
+    stream = {dt | COMPUTE_STREAM_ID: dr | COMPUTE_STREAM_ID}
+    pgs: dict[str, str] = {}
+    members: dict[tuple[str, int], int] = {}
+    for kind in kinds:
+        ct, cr = comm_of.get((t, kind)), comm_of.get((r, kind))
+        if ct is None or cr is None:
+            continue
+        stream[dt | (13 + ct)] = dr | (13 + cr)
+        pgs[pg[ct]] = pg[cr]
+        members.update({(pg[ct], a): b for a, b in zip(comms[ct].ranks, comms[cr].ranks)})
+    return {"stream": stream, "pg_name": pgs, "comm_src": members, "comm_dst": members}
+
+
+def _class_key(
+    r: int, rep: int, program: list[Item], kinds: list[str], srcs: list[int], times: _Times, comm_of: dict,
+    comms: list[Communicator],
+) -> tuple[tuple, np.ndarray]:  # fmt: skip
+    """Rank ``r``'s class (``_Template``) and its DAG nodes in the lists :func:`_rank_nodes` reads.
+
+    The class: per kind of call, the group size (None: not on the rank) and, for a kind with send /
+    receive pairs, the rank's place in the group; and the length of every list of ``rep``'s times the
+    walk reads by position (per simulated iteration, the compute nodes and each (kind, tag)'s calls)."""
+    pairs = {x.kind for x in program if isinstance(x, SendRecv)}
+    shape: list = []
+    for kind in kinds:
+        ci = comm_of.get((r, kind))
+        if ci is None:
+            shape.append(None)
+        else:
+            ranks = list(comms[ci].ranks)
+            shape.append((len(ranks), ranks.index(r) if kind in pairs else -1))
+    tags = sorted({(x.kind, x.tag) for x in program if not isinstance(x, Compute)})
+    idx: list[int] = []
+    lens: list[int] = []
+    for src in srcs:
+        for part in [times.compute.get((src, rep), [])] + [
+            times.calls.get((src, comm_of.get((rep, kind), -1), tag), []) for kind, tag in tags
+        ]:
+            idx += part
+            lens.append(len(part))
+    return (tuple(shape), tuple(lens)), np.asarray(idx, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class ProgramExport(ExportSummary):
     """:class:`ExportSummary` plus the simulated duration (ns) of each exported step and the symmetry
@@ -222,7 +398,7 @@ class ProgramExport(ExportSummary):
 
 
 def export_program(
-    spec: RunSpec, steady_steps: list[int], out_dir: Path, prefix: str, stream_order: str = "ctrl"
+    spec: RunSpec, steady_steps: list[int], out_dir: Path, prefix: str, stream_order: str = "ctrl", share: bool = True
 ) -> ProgramExport:
     """Write the ETs of ``spec``'s iterations ``steady_steps`` (the run's steady steps: iteration k is
     step k) and ``<prefix>.comm_groups.json`` under ``out_dir`` (module docstring).
@@ -231,6 +407,8 @@ def export_program(
         ValueError: the run does not fit in GPU memory, no step is given, a step is beyond the run's
             iterations, ``stream_order`` is not ``ctrl`` / ``data``, or a rank is on two
             communicators of one kind (the projection needs one).
+
+    ``share=False`` walks and encodes every rank node by node (the same bytes, slower: the tests' reference).
         RunMatrixError: the simulator refuses the run (its trace bound).
     """
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
@@ -261,19 +439,38 @@ def export_program(
     w0 = times.t0[steady_steps[0]]
     out_dir.mkdir(parents=True, exist_ok=True)
     files, counts = [], {}
+    srcs = sorted({times.source(it) for it in steady_steps})
     for stage in range(n_stages):
+        program = programs[stage]
+        kinds = sorted({x.kind for x in program if not isinstance(x, Compute)})
+        templates: dict[tuple, _Template] = {}
         for r in stage_rank_range(sim.model, stage, n_stages):
             meta = {"source": SOURCE_NAME, "run_id": spec.run_id, "rank": r, "world_size": world,
                     "gpus_per_node": gpn, "steady_steps": len(steady_steps), "first_step": steady_steps[0],
                     "dependencies": "step program", "stream_order": f"{stream_order}_deps"}  # fmt: skip
-            st = _Rank(r, stream_order, w0)
             path = out_dir / f"{prefix}.{r}.et"
+            if not share:  # every rank walked, node by node (the reference the tests hold the templates to)
+                st = _Rank(r, stream_order, w0)
+                with EtWriter(path, meta) as w:
+                    for node in _rank_nodes(st, stage, program, steady_steps, times, rep_of[r], comm_of, comms,
+                                            pg, tag_no, gpn):  # fmt: skip
+                        w.write(node)
+                files.append(path)
+                counts[r] = st.counts
+                continue
+            key, idx = _class_key(r, rep_of[r], program, kinds, srcs, times, comm_of, comms)
+            tpl = templates.get(key)
+            if tpl is None:
+                st = _Rank(r, stream_order, w0, refs=[])
+                nodes = list(_rank_nodes(st, stage, program, steady_steps, times, rep_of[r], comm_of, comms, pg,
+                                         tag_no, gpn))  # fmt: skip
+                tpl = _Template(r, nodes, st.refs or [], idx, st.counts)
+                if len(templates) < _MAX_TEMPLATES:
+                    templates[key] = tpl
             with EtWriter(path, meta) as w:
-                for node in _rank_nodes(st, stage, programs[stage], steady_steps, times, rep_of[r], comm_of,
-                                        comms, pg, tag_no, gpn):  # fmt: skip
-                    w.write(node)
+                w.write_records(tpl.encode(_maps(tpl.rank, r, kinds, comm_of, comms, pg, gpn), idx, times, w0), tpl.n)
             files.append(path)
-            counts[r] = st.counts
+            counts[r] = dict(tpl.counts)
     groups = out_dir / f"{prefix}.comm_groups.json"
     atomic_write_text(groups, json.dumps({pg[i]: list(comms[i].ranks) for i in order}, indent=1) + "\n")
     order_files = sorted(range(len(files)), key=lambda i: int(files[i].name.rsplit(".", 2)[1]))

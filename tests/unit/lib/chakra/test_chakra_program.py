@@ -6,6 +6,7 @@ pipeline traffic is matched send/receive pairs; the stream order goes to ctrl_de
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from pathlib import Path
 
@@ -142,3 +143,67 @@ def test_without_the_waits_the_replay_is_short(exported, tmp_path):
     (tmp_path / "s.comm_groups.json").write_text((out / "s.comm_groups.json").read_text())
     makespan, _ = replay(tmp_path, "s", _network(spec, tmp_path, "s"))
     assert makespan < (1 - TOLERANCE) * sum(summary.step_ns) / 1e9
+
+
+def _toml_of(name: str, job: dict, nodes: int, gpn: int, tmp: Path) -> Path:
+    lines = [f"[workloads.{name}]", f'framework = "{job["framework"]}"']
+    for sect in ("model", "parallel", "train"):
+        lines.append(f"[workloads.{name}.{sect}]")
+        for k, v in job[sect].items():
+            lines.append(
+                f"{k} = " + (f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
+            )
+    lines += ["[[run]]", f'workload = "{name}"', 'gpu = "h100"', f"nodes = {nodes}", f"gpus_per_node = {gpn}"]
+    path = tmp / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _shapes(tmp: Path) -> list[tuple[str, Path]]:
+    """Jobs of several shapes: the 3-D job with TP inside a host and across hosts (2 GPUs a host), and
+    a DeepSeek-V2 MoE job cut to 4 layers with expert parallelism (all-to-all) over PP 2 x TP 2 x DP 2."""
+    jobs = tomllib.loads(EXAMPLE.read_text())["workloads"]
+    small = jobs["llama3_8b_3d"]
+    small["model"]["layers"] = 4
+    small["parallel"].update(tp=2, pp=2, dp=2)
+    small["train"].update(global_batch=8, iterations=3, seq_len=2048)
+    moe = jobs["deepseek_v2"]
+    moe["model"].update(layers=4, experts=8)
+    moe["parallel"].update(tp=2, pp=2, dp=2, ep=4, first_stage_layers=2)
+    moe["train"].update(global_batch=8, seq_len=1024)
+    return [
+        ("s2x4", _toml_of("s3d", small, 2, 4, tmp)),
+        ("s4x2", _toml_of("s3d", small, 4, 2, tmp / "x2")),
+        ("moe", _toml_of("dsv2", moe, 2, 4, tmp / "moe")),
+    ]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize(("stream_order", "compress"), [("ctrl", True), ("data", True), ("ctrl", False)])
+def test_alike_ranks_encoded_once_give_the_walks_bytes(tmp_path, monkeypatch, stream_order, compress):
+    """The export encodes one rank of a class of alike ranks and fills in the others' times, streams,
+    pg_name and peers (program._Template); every file is byte-identical (sha256) to the rank walked
+    node by node and encoded field by field through protobuf (``share=False``, the export before).
+    ``compress=False``: every rank simulated (as when a stage's ranks differ, e.g. the 1,024-GPU job),
+    so each rank reads its times from its own DAG nodes."""
+    from phantora_assets.lib.sim import analytic
+
+    if not compress:
+        init = analytic.AnalyticSimulator.__init__
+        monkeypatch.setattr(
+            analytic.AnalyticSimulator, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "compress": False})
+        )
+    (tmp_path / "x2").mkdir()
+    (tmp_path / "moe").mkdir()
+    for label, toml in _shapes(tmp_path):
+        (spec,) = load_run_matrix(toml)
+        shared, walked = tmp_path / f"{label}_shared", tmp_path / f"{label}_walked"
+        a = export_program(spec, [1, 2], shared, "j", stream_order)
+        b = export_program(spec, [1, 2], walked, "j", stream_order, share=False)
+        assert len(a.files) == spec.world_size, label
+        assert _digests(shared) == _digests(walked), label
+        assert a.nodes == b.nodes, label
+        assert a.symmetry.startswith("one rank" if compress else "every rank"), label
