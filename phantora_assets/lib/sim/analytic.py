@@ -255,7 +255,7 @@ class AnalyticSimulator:
         return total
 
     # --------------------------------------------------------------- main loop
-    def run(self) -> SimulationResult:
+    def run(self) -> SimulationResult:  # noqa: C901, PLR0915 (the run: its rules, the DAG, its iterations, the timeline)
         spec, model = self.spec, self.model
         memory = estimate_memory(model)
         if not memory.fits:
