@@ -75,6 +75,7 @@ from phantora_assets.lib.workload.collectives import (
     ONE_RANK_A_STAGE,
     compute_hosts,
     representatives,
+    scope_keeps,
     trace_events,
 )
 from phantora_assets.lib.workload.dag import build_dag, stage_rank_range
@@ -419,6 +420,10 @@ class AnalyticSimulator:
                 "a cycle (a pipeline schedule whose sends and receives do not match): a generator bug"
             )
         self.n_nodes, self.n_flows = len(kind), len(flow_end)
+        # a timeline of scope one rank a stage leaves out the communicators inside one host (scope_keeps): their
+        # flows' ends are checked (group_ends) and not held. They were most of raw_timeline's memory at TP 32 in
+        # a host: every TP call's ends on each of the stage's TP communicators, about 1 KB a row emitted
+        kept = None if self.scope == EVERY_RANK else [scope_keeps(c.ranks, self.G) for c in comm_list]
         flow_groups: dict[int, list[tuple[int, np.ndarray]]] = {}
         for n, first in flow_first.items():
             item = what[n]
@@ -426,11 +431,12 @@ class AnalyticSimulator:
             rep_ends = flow_end[first : first + len(src)]
             orbit = self._orbit_cache.get(self._flow_key(item, comm_list[who[n]])) if representatives else None
             if orbit is None:
-                flow_groups[n] = [(who[n], rep_ends)]
-                continue
-            o_first, rep_net = orbit_first[n]
-            o_ends = None if o_first < 0 else flow_end[o_first : o_first + orbit.n_net]
-            flow_groups[n] = group_ends(item, orbit, rep_ends, o_ends, float(start[n]), rep_net)
+                groups = [(who[n], rep_ends)]
+            else:
+                o_first, rep_net = orbit_first[n]
+                o_ends = None if o_first < 0 else flow_end[o_first : o_first + orbit.n_net]
+                groups = group_ends(item, orbit, rep_ends, o_ends, float(start[n]), rep_net)
+            flow_groups[n] = groups if kept is None else [g for g in groups if kept[g[0]]]
         if representatives:
             stages = [list(stage_rank_range(model, st, n_stages)) for st in range(n_stages)]
             ranks_of = {ranks[0]: ranks for ranks in stages}

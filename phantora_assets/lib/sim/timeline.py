@@ -111,7 +111,9 @@ class SimulatedDag:
         start, end: per node, its start and end (ns, float).
         flow_groups: a collective node -> (communicator index, per-flow end ns) of every communicator
             the node stands for, in the order the full DAG issues the call on them (one, its own, when
-            the DAG is every rank's; its group when it is one rank a stage: ``lib/sim/symmetry.py``).
+            the DAG is every rank's; its group when it is one rank a stage: ``lib/sim/symmetry.py``); for a
+            timeline of scope one rank a stage, of those the timeline holds only (``scope_keeps``: none of a
+            communicator inside one host).
         ranks_of: a rank with compute nodes -> the ranks whose compute it stands for (itself alone, or
             its pipeline stage's ranks in order).
         comm_list: the communicators, indexed by ``who`` of a collective node.

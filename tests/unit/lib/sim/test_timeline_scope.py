@@ -225,3 +225,32 @@ def test_the_whole_hosts_hold_their_hosts_compute_and_stand_for_the_hosts_counte
 )
 def test_the_whole_hosts_from_the_layout(table, nodes, gpus, alike, expected):
     assert compute_hosts(run_spec_of(table, nodes, gpus, "h100", "rule"), alike) == expected
+
+
+def test_the_scoped_simulation_holds_no_host_local_flows_and_emits_the_full_rows_in_order(both):
+    # TP 32 in a host (the photonic-rail strong-scaling job): the simulated DAG held every TP call's flow ends on
+    # each TP communicator of the stage, 16 M of them against 129 K emitted at a twentieth of its batch, about
+    # 1 KB a row emitted, though the scoped timeline drops them. Held no more; the simulation is the same DAG
+    # (step times equal the every-rank run's) and the rows are the full timeline's, filtered, in its order.
+    spec, full, _ = both
+    patch = pytest.MonkeyPatch()
+    patch.setattr(analytic, "MAX_TRACE_EVENTS", trace_events_per_step(spec) * spec.wl.train.iterations - 1)
+    try:
+        sim = AnalyticSimulator(spec, keep_schedule=True)
+        result = sim.run()
+    finally:
+        patch.undo()
+    assert result.scope == ONE_RANK_A_STAGE and sim.simulated is not None and result.timeline is not None
+    dag = sim.simulated[0]
+    G = spec.gpus_per_node
+    held = {ci for groups in dag.flow_groups.values() for ci, _ in groups}
+    assert held and all(len({r // G for r in dag.comm_list[ci].ranks}) > 1 for ci in held)
+    assert result.iteration_ns == AnalyticSimulator(spec).run().iteration_ns
+    # the full timeline's rows the scope keeps: flows of communicators with a flow between hosts, compute of
+    # ranks 0 and 4 (host-1 and host-3, device 0), in the full timeline's order
+    comm = full["kind"] == "communication"
+    spanning = set(full.loc[comm & (full["src_host"] != full["dst_host"]), "comm_id_hex"])
+    first = (full["kind"] == "computation") & full["src_host"].isin(["host-1", "host-3"]) & (full["stream_device"] == 0)
+    expected = full[(comm & full["comm_id_hex"].isin(spanning)) | first].drop(columns="event_id")
+    scoped = result.timeline.frame().drop(columns="event_id")
+    pd.testing.assert_frame_equal(scoped.reset_index(drop=True), expected.reset_index(drop=True))
