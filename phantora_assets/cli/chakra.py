@@ -7,7 +7,8 @@ build --run RUN_ID``): a run of the embedded simulator (source ``analytic``) fro
 (``lib/chakra/program.py``: the dependencies the simulator runs, streamed rank by rank; its steady steps
 from ``steps.parquet``), any other from its timeline (``lib/chakra/export.py``). Exit 2 with a
 message naming the run or file: an unknown run_id, a run not built, a run that does not fit in GPU
-memory (it has no trace: a rebuild cannot help), or a trace that breaks a rule.
+memory (it has no trace: a rebuild cannot help), a trace that breaks a rule, a ``--prefix`` that is
+not a plain file name, or an OUT_DIR that is not a folder or cannot be written.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def cmd_chakra(args: argparse.Namespace) -> int:
             paths.chrome_trace(spec), pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), Path(args.out_dir),
             args.prefix or spec.run_id, spec.run_id, spec.gpus_per_node, spec.world_size,
         )  # fmt: skip
-    except (FileRuleError, ValueError) as exc:
+    except (FileRuleError, ValueError, OSError) as exc:
         print(f"chakra: {exc}", file=sys.stderr)
         return 2
     steps = summary.steady_steps
@@ -83,7 +84,7 @@ def _export_program(spec, steps_path: Path, out_dir: Path, prefix: str, stream_o
     steady = sorted(int(s) for s in steps.loc[steps["steady"], "step"])
     try:
         summary = export_program(spec, steady, out_dir, prefix, stream_order)
-    except (RunMatrixError, ValueError) as exc:
+    except (RunMatrixError, ValueError, OSError) as exc:  # OSError: OUT_DIR cannot be made or written
         print(f"chakra: {exc}", file=sys.stderr)
         return 2
     print(f"{spec.run_id}: steady steps {steady[0]}..{steady[-1]} ({len(steady)}) as Chakra ETs from the step program "

@@ -85,6 +85,20 @@ class ExportSummary:
     steady_steps: list[int]
 
 
+def check_out(out_dir: Path, prefix: str) -> None:
+    """Refuse, before any work, an export that would not land as ``out_dir/<prefix>.<rank>.et``.
+
+    Raises:
+        ValueError: ``prefix`` is not a plain file name (empty, ``.`` / ``..``, or holding a path
+            separator: it would write into another folder, ``../x`` outside ``out_dir``), or
+            ``out_dir`` exists and is not a folder.
+    """
+    if prefix in ("", ".", "..") or "/" in prefix or "\\" in prefix or "\0" in prefix:
+        raise ValueError(f"prefix {prefix!r}: a plain file name (no path separator, not '.' or '..') is needed")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir}: exists and is not a folder; the ETs are written into a folder")
+
+
 def _steps_of(flows: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """The step of every flow's collective (module docstring)."""
     step_by_id = dict(zip(table["flow_id"], table["step"]))
@@ -147,8 +161,9 @@ def export_run(  # noqa: C901, PLR0912, PLR0915 (one pass over the run's collect
     Raises:
         TraceFormatError: the trace breaks a rule (``rank placement``: a GPU beyond the layout,
             ``communicator ranks``: a communicator's ranks are not 0..n-1), naming the file.
-        ValueError: the run has no steady step.
+        ValueError: the run has no steady step; ``out_dir`` / ``prefix`` as :func:`check_out`.
     """
+    check_out(out_dir, prefix)
     steady = steps[steps["steady"]].sort_values("start_us")
     if steady.empty:
         raise ValueError(f"{trace}: the run has no steady step to export")

@@ -41,6 +41,7 @@ replays a broadcast with it). No Dagster import.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,7 @@ from phantora_assets.lib.chakra.et_io import (
     length_prefix,
     node_head,
 )
-from phantora_assets.lib.chakra.export import SOURCE_NAME, ExportSummary
+from phantora_assets.lib.chakra.export import SOURCE_NAME, ExportSummary, check_out
 from phantora_assets.lib.run.spec import RunSpec
 from phantora_assets.lib.sim.timeline import COMPUTE_STREAM_ID, IterationTimes, SimulatedDag
 from phantora_assets.lib.sim.workload_types import AllToAll, Collective, Communicator, Compute, Item, SendRecv
@@ -197,8 +198,9 @@ def _rank_nodes(  # noqa: PLR0913, PLR0915 (build_dag's rules in program order, 
             if ci is None or len(comms[ci].ranks) == 1:  # not on this rank, or a group of one: no traffic, no time
                 continue
             c = comms[ci]
-            j = seen.get((ci, item.tag), 0) if item.kind != "pp" else 0
-            seen[(ci, item.tag)] = j + 1
+            calls = seen.get((ci, item.tag), 0)
+            seen[(ci, item.tag)] = calls + 1
+            j = calls if item.kind != "pp" else 0
             n = times.calls[(src, comm_of[(rep, item.kind)], item.tag)][j]
             span = times.span(it, n)
             base = {"pg_name": pg[ci], "stream": dev | (13 + ci)}
@@ -211,8 +213,13 @@ def _rank_nodes(  # noqa: PLR0913, PLR0915 (build_dag's rules in program order, 
                 size = item.count * DTYPE_BYTES[item.dtype]
                 pp = item.kind == "pp"
                 for q, (a, b) in enumerate(item.pairs):
+                    # one tag a call: a tag the program issues again in the step (a context-parallel
+                    # ring exchange, once a micro-batch) numbers each call apart (its j-th issue), as
+                    # ASTRA-sim's analytical backend keys a message by (tag, src, dst, size, chunk)
+                    # (CallbackTracker) and two in flight with one key are one message (issue 42)
+                    call_no = k * tag_no[""] + tag_no[item.tag] + calls
                     pair = {"comm_src": c.ranks[a], "comm_dst": c.ranks[b], "comm_size": size,
-                            "comm_tag": 1 + ((k * len(tag_no) + tag_no[item.tag]) * 64 + q) % (2**31 - 1)}  # fmt: skip
+                            "comm_tag": 1 + (call_no * 64 + q) % (2**31 - 1)}  # fmt: skip
                     if c.ranks[a] == r:
                         made.append(st.node(f"{item.tag}.send", COMM_SEND_NODE, span, data, ctrl, **pair, **base))
                     if c.ranks[b] == r:
@@ -388,6 +395,21 @@ def _class_key(
     return (tuple(shape), tuple(lens)), np.asarray(idx, dtype=np.int64)
 
 
+def _tag_numbers(programs: list[list[Item]]) -> dict[str, int]:
+    """A send / receive tag's first call number; a tag issued c times in a stage's step takes c
+    numbers (its calls apart, :func:`_rank_nodes`); ``""``: the numbers a step."""
+    issues: dict[str, int] = {}
+    for p in programs:
+        for t, c in Counter(x.tag for x in p if isinstance(x, SendRecv)).items():
+            issues[t] = max(issues.get(t, 0), c)
+    tag_no: dict[str, int] = {}
+    first = 0
+    for t in sorted(issues):
+        tag_no[t], first = first, first + issues[t]
+    tag_no[""] = first
+    return tag_no
+
+
 @dataclass(frozen=True)
 class ProgramExport(ExportSummary):
     """:class:`ExportSummary` plus the simulated duration (ns) of each exported step and the symmetry
@@ -406,15 +428,17 @@ def export_program(
     Raises:
         ValueError: the run does not fit in GPU memory, no step is given, a step is beyond the run's
             iterations, ``stream_order`` is not ``ctrl`` / ``data``, or a rank is on two
-            communicators of one kind (the projection needs one).
+            communicators of one kind (the projection needs one); ``out_dir`` / ``prefix`` as
+            ``export.check_out`` (checked before the simulation).
+        RunMatrixError: the simulator refuses the run (its trace bound).
 
     ``share=False`` walks and encodes every rank node by node (the same bytes, slower: the tests' reference).
-        RunMatrixError: the simulator refuses the run (its trace bound).
     """
     from phantora_assets.lib.sim.analytic import AnalyticSimulator
 
     if stream_order not in STREAM_ORDERS:
         raise ValueError(f"stream order {stream_order!r}: one of {', '.join(STREAM_ORDERS)}")
+    check_out(out_dir, prefix)
     sim = AnalyticSimulator(spec, emit=False, keep_schedule=True)
     if not steady_steps or min(steady_steps) < 1 or max(steady_steps) >= sim.iterations:
         raise ValueError(f"{spec.run_id}: steps {steady_steps} are not steady steps of its {sim.iterations} iterations")
@@ -432,7 +456,7 @@ def export_program(
                 raise ValueError(f"{spec.run_id}: rank {r} is on two {c.kind} communicators; the export needs one")
     order = sorted(range(len(comms)), key=lambda i: (list(comms[i].ranks), comms[i].name))
     pg = {i: str(k + 1) for k, i in enumerate(order)}
-    tag_no = {t: i for i, t in enumerate(sorted({x.tag for p in programs for x in p if isinstance(x, SendRecv)}))}
+    tag_no = _tag_numbers(programs)
     n_stages = len(programs)
     rep_of = {r: rep for rep, ranks in dag.ranks_of.items() for r in ranks}
     world, gpn = spec.world_size, spec.gpus_per_node

@@ -207,3 +207,70 @@ def test_alike_ranks_encoded_once_give_the_walks_bytes(tmp_path, monkeypatch, st
         assert _digests(shared) == _digests(walked), label
         assert a.nodes == b.nodes, label
         assert a.symmetry.startswith("one rank" if compress else "every rank"), label
+
+
+def _cp_job(tmp: Path) -> Path:
+    """The 3-D job's Llama block as a Megatron job with context parallelism: CP 2 x PP 2 x DP 2 on 2 hosts
+    of 4 GPUs, 4 layers, 4 micro-batches of 1,024 tokens (the ring exchange runs once a layer a
+    micro-batch, under one tag)."""
+    job = tomllib.loads(EXAMPLE.read_text())["workloads"]["llama3_8b_3d"]
+    job["framework"] = "megatron"
+    job["model"]["layers"] = 4
+    job["parallel"] = {"tp": 1, "pp": 2, "dp": 2, "cp": 2, "zero": 1, "pp_schedule": "1f1b"}
+    job["train"] = {"seq_len": 1024, "micro_batch": 1, "global_batch": 8, "recompute": "none", "iterations": 3}
+    return _toml_of("cp", job, 2, 4, tmp)
+
+
+def test_every_send_has_its_own_tag_and_one_receive(tmp_path):
+    """A send and its receive are one message: (comm_src, comm_dst, comm_tag) names one call, since
+    ASTRA-sim's analytical backend keys a message by (tag, src, dst, size, chunk) (its
+    ``CallbackTracker``), and two in flight under one key are taken as one. The context-parallel ring
+    exchange issues one tag once a micro-batch (4 a step here): each call needs its own tag (before:
+    the 4 calls of a step shared one). Every send matches exactly one receive of the same size on the peer."""
+    (spec,) = load_run_matrix(_cp_job(tmp_path))
+    assert spec.parallelism == "pp=2,cp=2,dp=2"
+    out = tmp_path / "et"
+    export_program(spec, [1, 2], out, "c")
+    sends: dict[tuple, int] = {}
+    recvs: dict[tuple, int] = {}
+    n_send = n_recv = 0
+    for rank in range(spec.world_size):
+        for n in read_et(out / f"c.{rank}.et").nodes:
+            key = (n.attrs.get("pg_name"), n.attrs.get("comm_src"), n.attrs.get("comm_dst"), n.attrs.get("comm_tag"))
+            if n.type == 5:
+                n_send += 1
+                assert n.attrs["comm_src"] == rank
+                sends[key] = n.attrs["comm_size"]
+            elif n.type == 6:
+                n_recv += 1
+                assert n.attrs["comm_dst"] == rank
+                recvs[key] = n.attrs["comm_size"]
+    assert any(".cp_ring" in n.name for n in read_et(out / "c.0.et").nodes)
+    assert len(sends) == n_send and len(recvs) == n_recv  # no two calls share a key
+    assert sends == recvs
+    assert _digests(out) == _digests_of(spec, tmp_path / "walked")
+
+
+def _digests_of(spec, out: Path) -> dict[str, str]:
+    export_program(spec, [1, 2], out, "c", share=False)
+    return _digests(out)
+
+
+@pytest.mark.parametrize("prefix", ["../escaped", "a/b", "", ".."])
+def test_a_prefix_with_a_path_is_refused_and_nothing_is_written(exported, tmp_path, prefix):
+    """``OUT_DIR/P.<rank>.et``: a prefix holding a path separator wrote elsewhere (before: ``../escaped``
+    put every ET and the comm groups beside OUT_DIR, ``a/b`` into a new sub-folder)."""
+    spec, _, _ = exported
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="plain file name"):
+        export_program(spec, [1], out, prefix)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []
+
+
+def test_an_out_dir_that_is_a_file_is_refused(exported, tmp_path):
+    """Before: ``FileExistsError`` from ``mkdir`` after the whole simulation (a traceback from the CLI)."""
+    spec, _, _ = exported
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is not a folder"):
+        export_program(spec, [1], tmp_path / "f", "p")
+    assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "x"
