@@ -417,7 +417,7 @@ def job_size(
     sweep_events = 0
     if dict(spec.reconfig).get("sweep_delays_ms"):  # reconfig_sim: min(iterations, 2), the warm-up included
         sweep_events = trace_events(spec, EVERY_RANK, min(int(spec.wl.train.iterations), 2), True)
-    s_comp, s_flows, s_net, s_keys = _step_flows(spec, scope, False)
+    s_comp, s_flows, s_net, _ = _step_flows(spec, scope, False)
     if warmup and n >= 1:
         w_comp, w_flows, w_net, _ = _step_flows(spec, scope, True)
         comp, fl, net = w_comp + s_comp * (n - 1), w_flows + s_flows * (n - 1), w_net + s_net * (n - 1)
