@@ -365,18 +365,10 @@ def _build_in(
             _say_fault(e.fault.line(f"run {e.what}", str(data_dir)))
             return 1
         except (BuildAborted, KeyboardInterrupt) as e:
-            why = str(e) if isinstance(e, BuildAborted) else _why(e)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
-                signal.signal(sig, signal.SIG_IGN)  # clean-up short (restored by _signals_interrupt)
-            runs.stop(why)
-            sweep_temp_files(data_dir)
-            try:  # after a hang-up the terminal may be gone (EIO): the exit code still tells
-                msg = f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)"
-                print(msg, file=sys.stderr)
-            except OSError:
-                pass
-            return _signal_code(e) if isinstance(e, KeyboardInterrupt) else 1
+            return _stopped(runs, data_dir, e)
         except Exception as e:
+            if (stop := _interrupt_behind(e)) is not None:
+                return _stopped(runs, data_dir, stop)
             if resource_fault(e) is not None:  # the instance's own writes (said by build_runs)
                 _stop_quietly(runs, "a resource fault", data_dir)
             raise
@@ -533,6 +525,36 @@ def _stop_quietly(runs: BuildRuns, why: str, data_dir: Path) -> None:
         runs.stop(why)
     with contextlib.suppress(Exception):
         sweep_temp_files(data_dir)
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or signal (``_Terminated``) an exception was raised while handling, or None: a signal that
+    arrives inside a library call can come out as the library's own error (SQLite's "database is locked" from
+    the rollback that SQLAlchemy runs after the interrupt cut a write short), and is still the signal."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _stopped(runs: BuildRuns, data_dir: Path, e: BaseException) -> int:
+    """Stop the workers after ``e`` (a ``BuildAborted`` or an interrupt), record the runs, remove temporary
+    files and say so; the build's exit code (128 + the signal, 130 Ctrl-C, 1 aborted)."""
+    why = _why(e) if isinstance(e, KeyboardInterrupt) else str(e)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the
+        signal.signal(sig, signal.SIG_IGN)  # clean-up short (restored by _signals_interrupt)
+    runs.stop(why)
+    sweep_temp_files(data_dir)
+    try:  # after a hang-up the terminal may be gone (EIO): the exit code still tells
+        msg = f"\nbuild stopped: {why}; nothing half-written (outputs are replaced atomically)"
+        print(msg, file=sys.stderr)
+    except OSError:
+        pass
+    return _signal_code(e) if isinstance(e, KeyboardInterrupt) else 1
 
 
 def _why(e: KeyboardInterrupt) -> str:

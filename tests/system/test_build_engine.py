@@ -597,3 +597,23 @@ def test_a_run_sees_the_launchers_environment_as_of_its_launch(
     assert (old / "perfdb" / "l40s" / "perf_db.json").is_file()
     assert (new / "perfdb" / "h100" / "perf_db.json").is_file()
     assert not (old / "perfdb" / "h100").exists()
+
+
+def test_a_signal_a_library_turned_into_its_own_error_still_stops_the_build() -> None:
+    """Seen under load: SIGTERM arrived inside SQLite's executemany, SQLAlchemy's rollback then raised
+    "database is locked" from it, and the build ended in a traceback instead of exit 143. The error a
+    signal was raised under is that signal."""
+    import sqlite3
+
+    from phantora_assets.cli.build import _interrupt_behind, _signal_code, _Terminated
+
+    term = _Terminated(signal.SIGTERM)
+    try:
+        try:
+            raise term
+        except _Terminated as inner:
+            raise sqlite3.OperationalError("database is locked") from inner
+    except sqlite3.OperationalError as e:
+        stop = _interrupt_behind(e)
+    assert stop is term and _signal_code(stop) == 143
+    assert _interrupt_behind(sqlite3.OperationalError("database is locked")) is None
